@@ -1,0 +1,99 @@
+"""Typed batches: dataclasses of tensors that the train step takes as they are. Imports only torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+class TensorBatch:
+    """Mixin for dataclasses whose fields are all tensors (dim 0 = batch)."""
+
+    def to(self, device: torch.device | str, float_dtype: torch.dtype | None = None, non_blocking: bool = False):
+        """Move every field to `device`; floating fields are cast to `float_dtype` when given
+        (features travel as float16 and become float32 or bf16 on the device)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            t: Tensor = getattr(self, f.name)
+            t = t.to(device, non_blocking=non_blocking)
+            if float_dtype is not None and t.is_floating_point():
+                t = t.to(float_dtype)
+            out[f.name] = t
+        return type(self)(**out)
+
+    def pin_memory(self):
+        return type(self)(**{f.name: getattr(self, f.name).pin_memory() for f in dataclasses.fields(self)})
+
+    def __len__(self) -> int:
+        return getattr(self, dataclasses.fields(self)[0].name).shape[0]
+
+
+@dataclass
+class LxmertBatch(TensorBatch):
+    """One pretraining batch, built by `xmodal.data.masking` (15 % / 80-10-10 rules already applied)."""
+
+    input_ids: Tensor  # (B, T) long, masked words replaced
+    attention_mask: Tensor  # (B, T) bool, True = real token
+    mlm_labels: Tensor  # (B, T) long, original id at masked words, -100 elsewhere
+    visual_feats: Tensor  # (B, N, F) after object masking (float16 from the store)
+    boxes: Tensor  # (B, N, 4) normalised x1 y1 x2 y2
+    visual_mask: Tensor  # (B, N) bool, True = real object
+    obj_masked: Tensor  # (B, N) bool, objects chosen for masked object prediction
+    feat_targets: Tensor  # (B, N, F) original features (regression targets)
+    obj_labels: Tensor  # (B, N) long detector object class, -100 = none
+    obj_conf: Tensor  # (B, N) float detector confidence
+    attr_labels: Tensor  # (B, N) long detector attribute class, -100 = none
+    attr_conf: Tensor  # (B, N) float
+    is_matched: Tensor  # (B,) long, 1 = the sentence belongs to the image
+    qa_labels: Tensor  # (B,) long answer index, -100 = not a question, unknown answer, or mismatched
+
+    @classmethod
+    def random(
+        cls,
+        batch_size: int,
+        *,
+        vocab_size: int,
+        visual_feat_dim: int,
+        num_object_labels: int,
+        num_attr_labels: int,
+        num_qa_labels: int,
+        seq_len: int = 20,
+        num_objects: int = 36,
+        mask_prob: float = 0.15,
+        generator: torch.Generator | None = None,
+    ) -> LxmertBatch:
+        """A batch of random inputs with the pretraining masks applied at their paper rates:
+        for benchmarks and tests that need shapes, not meaning."""
+        g = generator
+        b, t, n = batch_size, seq_len, num_objects
+        lengths = torch.randint(t // 2, t + 1, (b,), generator=g)
+        attention_mask = torch.arange(t)[None, :] < lengths[:, None]
+        input_ids = torch.randint(5, vocab_size, (b, t), generator=g) * attention_mask
+        word_masked = (torch.rand(b, t, generator=g) < mask_prob) & attention_mask
+        word_masked[:, 0] = False
+        mlm_labels = torch.where(word_masked, input_ids, torch.full_like(input_ids, -100))
+        feats = torch.randn(b, n, visual_feat_dim, generator=g).abs().half()
+        obj_masked = torch.rand(b, n, generator=g) < mask_prob
+        xy = torch.rand(b, n, 2, generator=g) * 0.5
+        is_matched = (torch.rand(b, generator=g) < 0.5).long()
+        is_question = torch.rand(b, generator=g) < 1 / 3
+        qa = torch.randint(0, num_qa_labels, (b,), generator=g)
+        return cls(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            mlm_labels=mlm_labels,
+            visual_feats=feats.masked_fill(obj_masked[..., None], 0.0),
+            boxes=torch.cat([xy, xy + 0.5 * torch.rand(b, n, 2, generator=g)], -1),
+            visual_mask=torch.ones(b, n, dtype=torch.bool),
+            obj_masked=obj_masked,
+            feat_targets=feats,
+            obj_labels=torch.randint(0, num_object_labels, (b, n), generator=g),
+            obj_conf=torch.rand(b, n, generator=g),
+            attr_labels=torch.randint(0, num_attr_labels, (b, n), generator=g),
+            attr_conf=torch.rand(b, n, generator=g),
+            is_matched=is_matched,
+            qa_labels=torch.where(is_question & (is_matched == 1), qa, torch.full_like(qa, -100)),
+        )

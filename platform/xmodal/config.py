@@ -1,0 +1,238 @@
+"""Typed experiment configs: YAML files plus dotted `--set key=value` overrides.
+
+Every section forbids unknown keys. Errors name the file, the dotted key, the
+bad value and what was expected. Model sections start from a named preset and
+take overrides on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
+from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert import LxmertConfig
+from xmodal.objectives.pretraining import PretrainTasks
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value; the message says which and what was expected."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-6, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    grad_clip: float = Field(1.0, ge=0)  # 0 = off
+
+
+class TrainConfig(Section):
+    epochs: int = Field(20, ge=1)
+    batch_size: int = Field(256, ge=1)  # global samples per optimizer step
+    grad_accum: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)  # stop early (smoke runs)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 on GPU, fp32 on CPU
+    compile: bool = False
+    eval_every: int = Field(500, ge=1)  # steps
+    checkpoint_every: int = Field(500, ge=1)  # steps
+    keep_best: int = Field(2, ge=1)
+    best_metric: str = "eval/match_acc"
+    best_mode: Literal["max", "min"] = "max"
+    log_every: int = Field(20, ge=1)
+    seed: int = 0
+    # Test-only switch: rank 1 (or 0 with one worker) exits once at this step to exercise FailureConfig.
+    fail_at_step: int | None = None
+
+
+class ScaleConfig(Section):
+    num_workers: int = Field(1, ge=1)
+    gpus_per_worker: float = Field(0, ge=0)
+    # Leave CPUs for Ray Data's read tasks: workers holding every CPU starve the pipeline.
+    cpus_per_worker: float = Field(0.5, gt=0)
+    max_failures: int = Field(2, ge=0)
+    storage_path: str | None = None  # default: ./runs (env XMODAL_STORAGE_PATH on a cluster)
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    resources_per_worker: dict[str, float] = Field(default_factory=dict)  # extra custom resources
+
+
+class MlflowConfig(Section):
+    tracking_uri: str | None = None  # default: sqlite:///mlflow.db (env MLFLOW_TRACKING_URI wins)
+    experiment: str = "xmodal-pretrain"
+    run_name: str | None = None  # also the Ray Train run name: rerun with the same name to resume
+    system_metrics: bool = True
+
+
+class TaskSchedule(Section):
+    # The paper adds QA only in the last 10 of 20 epochs.
+    qa_from_fraction: float = Field(0.5, ge=0, lt=1)
+
+
+class LxmertDataConfig(Section):
+    store: str | None = None  # None = the embedded synthetic store, built on first use
+    synthetic: SyntheticLxmertOptions = Field(default_factory=lambda: SyntheticLxmertOptions(
+        num_images=1500, num_objects=36, feat_dim=64, num_object_labels=40, num_attr_labels=8,
+        num_answers=60, sentences_per_image=4))
+    masking: MaskingOptions = Field(default_factory=MaskingOptions)
+    eval_batches: int | None = None  # cap on minival batches per evaluation
+
+
+def _resolve_preset(data: Any, presets: dict[str, Any], default: str) -> Any:
+    """`preset: NAME` plus `model: {overrides}` -> a full model dict (overrides on top of the preset)."""
+    if not isinstance(data, dict):
+        return data
+    name = data.get("preset", default)
+    if name not in presets:
+        return data  # the Literal check on `preset` reports it
+    overrides = data.get("model") or {}
+    if isinstance(overrides, dict) and not dataclasses.is_dataclass(overrides):
+        data = {**data, "model": {**dataclasses.asdict(presets[name]), **overrides}}
+    return data
+
+
+class PretrainConfig(Section):
+    """LXMERT pretraining: `jobs/pretrain.py`."""
+
+    preset: Literal["small", "paper", "tiny"] = "small"
+    model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
+    tasks: PretrainTasks = Field(default_factory=PretrainTasks)
+    schedule: TaskSchedule = Field(default_factory=TaskSchedule)
+    data: LxmertDataConfig = Field(default_factory=LxmertDataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    # The embedded default: minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(
+        epochs=6, batch_size=64, eval_every=100, checkpoint_every=100))
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return _resolve_preset(data, LXMERT_PRESETS, cls.model_fields["preset"].default)
+
+    @model_validator(mode="after")
+    def _check(self) -> PretrainConfig:
+        if not self.tasks.enabled():
+            raise ValueError("tasks: every pretraining task is switched off; enable at least one of "
+                             "mlm, obj_feat, obj_label, matching, qa")
+        return self
+
+
+# ---------------------------------------------------------------- loading and overrides
+
+
+def _valid_keys(model: type, loc: tuple) -> list[str]:
+    """The field names valid at `loc` (for 'unknown key' errors)."""
+    typ: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = _fields_of(typ)
+        if part not in fields:
+            return []
+        typ = fields[part]
+    return sorted(_fields_of(typ))
+
+
+def _fields_of(typ: Any) -> dict[str, Any]:
+    if isinstance(typ, type) and issubclass(typ, BaseModel):
+        return {k: f.annotation for k, f in typ.model_fields.items()}
+    if dataclasses.is_dataclass(typ):
+        hints = typing.get_type_hints(typ)
+        return {f.name: hints.get(f.name) for f in dataclasses.fields(typ)}
+    return {}
+
+
+def format_validation_error(err: ValidationError, model: type, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        key = ".".join(str(p) for p in loc) or "<top level>"
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            lines.append(f"  {key}: unknown key (value {e.get('input')!r}); valid keys here: "
+                         f"{', '.join(_valid_keys(model, loc))}")
+        else:
+            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.epochs=3")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {e}") from None
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = dict(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {'.'.join(path)}: {part!r} is a value, not a section")
+            node[part] = child = dict(child)
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of config sections at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_config(model: type[Section], path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict | None = None) -> Any:
+    """YAML file (optional) + dotted overrides -> a validated config of type `model`."""
+    data = dict(base or {})
+    source = "defaults"
+    if path is not None:
+        data.update(read_yaml(path))
+        source = str(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source += " + --set " + " ".join(overrides)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, model, source)) from None
+
+
+def flatten(cfg: BaseModel | dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}, for MLflow params."""
+    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,110 @@
+"""Attention blocks shared by LXMERT and MulT.
+
+Imports only torch. Every attention in the project goes through
+`torch.nn.functional.scaled_dot_product_attention` so that the fused kernels
+(flash / memory-efficient on GPU, the flash CPU kernel on CPU) apply.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def padding_to_attn_mask(key_valid: Tensor | None) -> Tensor | None:
+    """(B, S) bool, True = a real key  ->  (B, 1, 1, S) bool mask for SDPA (True = attend)."""
+    if key_valid is None:
+        return None
+    return key_valid[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self- (context=None) and cross-attention.
+
+    One (3D, D) input projection holds W_q, W_k, W_v: self-attention projects
+    with one matmul; cross-attention uses the first third on the queries and the
+    last two thirds on the context (views, no copy).
+
+    `pad_head_dim_to`: when the head dimension is not a multiple of it, q/k/v are
+    zero-padded per head and SDPA is given the true `scale`, so the fused
+    kernels (which need head_dim % 8 == 0) apply. Zero padding leaves q.k and
+    the first head_dim output columns unchanged.
+    """
+
+    def __init__(self, dim: int, num_heads: int, dropout: float = 0.0, pad_head_dim_to: int = 1):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.dropout = dropout
+        self.padded_head_dim = math.ceil(self.head_dim / pad_head_dim_to) * pad_head_dim_to
+        self.in_proj = nn.Linear(dim, 3 * dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        x = x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+        if self.padded_head_dim != self.head_dim:
+            x = F.pad(x, (0, self.padded_head_dim - self.head_dim))
+        return x
+
+    def forward(
+        self,
+        x: Tensor,  # (B, T, D) queries
+        context: Tensor | None = None,  # (B, S, D) keys/values; None = self-attention
+        attn_mask: Tensor | None = None,  # bool (True = attend) or additive float, broadcast to (B, H, T, S)
+        is_causal: bool = False,
+    ) -> Tensor:
+        if context is None:
+            q, k, v = self.in_proj(x).chunk(3, dim=-1)
+        else:
+            w, b = self.in_proj.weight, self.in_proj.bias
+            q = F.linear(x, w[: self.dim], b[: self.dim])
+            k, v = F.linear(context, w[self.dim :], b[self.dim :]).chunk(2, dim=-1)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            scale=1.0 / math.sqrt(self.head_dim),
+        )  # (B, H, T, d_pad)
+        if self.padded_head_dim != self.head_dim:
+            out = out[..., : self.head_dim]
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.dim)  # (B, T, D)
+        return self.out_proj(out)
+
+
+class PostLNAttention(nn.Module):
+    """BERT-style attention sub-layer: LayerNorm(x + Dropout(MHA(x, context)))."""
+
+    def __init__(self, dim: int, num_heads: int, dropout: float, attention_dropout: float, eps: float):
+        super().__init__()
+        self.attn = MultiHeadAttention(dim, num_heads, attention_dropout)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x: Tensor, context: Tensor | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        return self.norm(x + self.dropout(self.attn(x, context, attn_mask)))
+
+
+class PostLNFeedForward(nn.Module):
+    """BERT-style feed-forward sub-layer: LayerNorm(x + Dropout(W_2 GeLU(W_1 x)))."""
+
+    def __init__(self, dim: int, ffn_dim: int, dropout: float, eps: float):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, dim)
+        self.dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(x + self.dropout(self.fc2(F.gelu(self.fc1(x)))))

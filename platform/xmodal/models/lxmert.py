@@ -1,0 +1,275 @@
+"""LXMERT (Tan & Bansal, 2019): encoders and pretraining heads. Imports only torch.
+
+Paper sections: §2 (model), §3.1 (pretraining tasks). Where the paper and the
+reference code (airsplay/lxmert) differ, `LxmertConfig` has an option that
+defaults to the paper.
+
+Shapes: B batch, T words, N objects, D hidden, F visual feature dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from xmodal.models.attention import PostLNAttention, PostLNFeedForward, padding_to_attn_mask
+
+
+@dataclass
+class LxmertConfig:
+    # Validated by the experiment config (pydantic reads this attribute; no import needed here).
+    __pydantic_config__ = {"extra": "forbid"}
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_heads: int = 12
+    ffn_size: int = 3072
+    l_layers: int = 9  # N_L language layers
+    r_layers: int = 5  # N_R object-relationship layers
+    x_layers: int = 5  # N_X cross-modality layers
+    max_positions: int = 512
+    # The paper embeds word + position; the reference (BERT) also adds a token-type embedding.
+    token_type_embedding: bool = False
+    visual_feat_dim: int = 2048
+    visual_pos_dim: int = 4
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    # The reference shares ONE cross-attention module between both directions.
+    shared_cross_attention: bool = True
+    # The reference passes [CLS] through a tanh pooler; off = the raw [CLS] state (paper §2.3).
+    pooler: bool = True
+    num_object_labels: int = 1600
+    num_attr_labels: int = 400
+    num_qa_labels: int = 9500
+
+    def replace(self, **changes) -> LxmertConfig:
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS: dict[str, LxmertConfig] = {
+    "paper": LxmertConfig(token_type_embedding=True),
+    # Trains on a 2-core CPU in minutes on the synthetic store.
+    "small": LxmertConfig(
+        hidden_size=128, num_heads=4, ffn_size=512, l_layers=2, r_layers=1, x_layers=2,
+        max_positions=64, dropout=0.0, attention_dropout=0.0,
+    ),
+    # Unit tests.
+    "tiny": LxmertConfig(
+        vocab_size=120, hidden_size=32, num_heads=4, ffn_size=64, l_layers=1, r_layers=1, x_layers=1,
+        max_positions=32, visual_feat_dim=24, num_object_labels=12, num_attr_labels=6, num_qa_labels=10,
+        dropout=0.0, attention_dropout=0.0,
+    ),
+}
+
+
+def preset(name: str) -> LxmertConfig:
+    if name not in PRESETS:
+        raise KeyError(f"unknown LXMERT preset {name!r}; valid presets: {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+class LxmertOutput(NamedTuple):
+    lang: Tensor  # (B, T, D)
+    visn: Tensor  # (B, N, D)
+    pooled: Tensor  # (B, D) cross-modality output
+
+
+class WordEmbedding(nn.Module):
+    """LayerNorm(WordEmbed(w) + IdxEmbed(i) [+ TypeEmbed(0)]) (paper §2.1)."""
+
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=0)
+        self.position = nn.Embedding(c.max_positions, c.hidden_size)
+        self.token_type = nn.Embedding(2, c.hidden_size) if c.token_type_embedding else None
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        x = self.word(input_ids) + self.position.weight[: input_ids.shape[1]]  # (B, T, D)
+        if self.token_type is not None:
+            x = x + self.token_type.weight[0]
+        return self.dropout(self.norm(x))
+
+
+class ObjectEmbedding(nn.Module):
+    """Eq. 1: v = (LayerNorm(W_f f + b_f) + LayerNorm(W_p p + b_p)) / 2."""
+
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        self.feat_fc = nn.Linear(c.visual_feat_dim, c.hidden_size)
+        self.feat_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.box_fc = nn.Linear(c.visual_pos_dim, c.hidden_size)
+        self.box_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, feats: Tensor, boxes: Tensor) -> Tensor:
+        f = self.feat_norm(self.feat_fc(feats))  # (B, N, D)
+        p = self.box_norm(self.box_fc(boxes))  # (B, N, D)
+        return self.dropout((f + p) / 2)
+
+
+class SingleModalityLayer(nn.Module):
+    """A language or object-relationship layer: self-attention then feed-forward (BERT layer)."""
+
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        self.attn = PostLNAttention(c.hidden_size, c.num_heads, c.dropout, c.attention_dropout, c.layer_norm_eps)
+        self.ffn = PostLNFeedForward(c.hidden_size, c.ffn_size, c.dropout, c.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        return self.ffn(self.attn(x, attn_mask=mask))
+
+
+class CrossModalityLayer(nn.Module):
+    """Paper §2.2: bi-directional cross-attention, then self-attention, then feed-forward."""
+
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        args = (c.hidden_size, c.num_heads, c.dropout, c.attention_dropout, c.layer_norm_eps)
+        self.cross_l = PostLNAttention(*args)  # language queries vision
+        self.cross_v = self.cross_l if c.shared_cross_attention else PostLNAttention(*args)
+        self.self_l = PostLNAttention(*args)
+        self.self_v = PostLNAttention(*args)
+        self.ffn_l = PostLNFeedForward(c.hidden_size, c.ffn_size, c.dropout, c.layer_norm_eps)
+        self.ffn_v = PostLNFeedForward(c.hidden_size, c.ffn_size, c.dropout, c.layer_norm_eps)
+
+    def forward(self, lang: Tensor, visn: Tensor, lang_mask: Tensor | None, visn_mask: Tensor | None):
+        # Both directions read the layer k-1 outputs.
+        lang_x = self.cross_l(lang, visn, visn_mask)  # (B, T, D)
+        visn_x = self.cross_v(visn, lang, lang_mask)  # (B, N, D)
+        lang = self.ffn_l(self.self_l(lang_x, attn_mask=lang_mask))
+        visn = self.ffn_v(self.self_v(visn_x, attn_mask=visn_mask))
+        return lang, visn
+
+
+class LxmertEncoder(nn.Module):
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        self.config = c
+        self.word_embedding = WordEmbedding(c)
+        self.object_embedding = ObjectEmbedding(c)
+        self.lang_layers = nn.ModuleList(SingleModalityLayer(c) for _ in range(c.l_layers))
+        self.visn_layers = nn.ModuleList(SingleModalityLayer(c) for _ in range(c.r_layers))
+        self.x_layers = nn.ModuleList(CrossModalityLayer(c) for _ in range(c.x_layers))
+        self.pooler = nn.Linear(c.hidden_size, c.hidden_size) if c.pooler else None
+
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, T) long
+        attention_mask: Tensor | None,  # (B, T) bool, True = real token
+        visual_feats: Tensor,  # (B, N, F)
+        boxes: Tensor,  # (B, N, 4) in [0, 1]
+        visual_mask: Tensor | None = None,  # (B, N) bool, True = real object
+    ) -> LxmertOutput:
+        lang_mask = padding_to_attn_mask(attention_mask)
+        visn_mask = padding_to_attn_mask(visual_mask)
+        lang = self.word_embedding(input_ids)
+        visn = self.object_embedding(visual_feats.to(lang.dtype), boxes.to(lang.dtype))
+        for layer in self.lang_layers:
+            lang = layer(lang, lang_mask)
+        for layer in self.visn_layers:
+            visn = layer(visn, visn_mask)
+        for layer in self.x_layers:
+            lang, visn = layer(lang, visn, lang_mask, visn_mask)
+        cls = lang[:, 0]  # (B, D)
+        pooled = torch.tanh(self.pooler(cls)) if self.pooler is not None else cls
+        return LxmertOutput(lang, visn, pooled)
+
+
+class HeadTransform(nn.Module):
+    """dense -> GeLU -> LayerNorm, in front of the MLM and object heads (BERT)."""
+
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(F.gelu(self.dense(x)))
+
+
+class MaskedLMHead(nn.Module):
+    """Decoder tied to the word embedding (paper §3.1.1)."""
+
+    def __init__(self, c: LxmertConfig, word_embedding: nn.Embedding):
+        super().__init__()
+        self.transform = HeadTransform(c)
+        self.decoder_weight = word_embedding.weight  # tied: the same Parameter
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size))
+
+    def forward(self, h: Tensor) -> Tensor:  # (..., D) -> (..., V)
+        return F.linear(self.transform(h), self.decoder_weight, self.bias)
+
+
+class ObjectHeads(nn.Module):
+    """Masked object prediction (§3.1.2): RoI-feature regression and detected-label classification."""
+
+    def __init__(self, c: LxmertConfig):
+        super().__init__()
+        self.transform = HeadTransform(c)
+        self.obj = nn.Linear(c.hidden_size, c.num_object_labels)
+        self.attr = nn.Linear(c.hidden_size, c.num_attr_labels)
+        self.feat = nn.Linear(c.hidden_size, c.visual_feat_dim)
+
+
+class AnswerHead(nn.Module):
+    """Image QA classifier over the answer table: Linear, GeLU, LayerNorm, Linear (reference)."""
+
+    def __init__(self, c: LxmertConfig, num_answers: int):
+        super().__init__()
+        self.fc1 = nn.Linear(c.hidden_size, 2 * c.hidden_size)
+        self.norm = nn.LayerNorm(2 * c.hidden_size, eps=c.layer_norm_eps)
+        self.fc2 = nn.Linear(2 * c.hidden_size, num_answers)
+
+    def forward(self, pooled: Tensor) -> Tensor:  # (B, D) -> (B, A)
+        return self.fc2(self.norm(F.gelu(self.fc1(pooled))))
+
+
+class LxmertForPretraining(nn.Module):
+    """Encoder plus the heads of the five pretraining tasks.
+
+    The heads are applied by `xmodal.objectives.pretraining` only where a loss
+    needs them (the vocabulary projection only at masked words); `all_logits`
+    applies every head everywhere, for parity checks and inspection.
+    """
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = LxmertEncoder(config)
+        self.mlm_head = MaskedLMHead(config, self.encoder.word_embedding.word)
+        self.match_head = nn.Linear(config.hidden_size, 2)
+        self.object_heads = ObjectHeads(config)
+        self.qa_head = AnswerHead(config, config.num_qa_labels)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m: nn.Module) -> None:
+        # BERT initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def forward(self, input_ids, attention_mask, visual_feats, boxes, visual_mask=None) -> LxmertOutput:
+        return self.encoder(input_ids, attention_mask, visual_feats, boxes, visual_mask)
+
+    def all_logits(self, out: LxmertOutput) -> dict[str, Tensor]:
+        hv = self.object_heads.transform(out.visn)  # (B, N, D)
+        return {
+            "mlm": self.mlm_head(out.lang),  # (B, T, V)
+            "match": self.match_head(out.pooled),  # (B, 2)
+            "obj": self.object_heads.obj(hv),  # (B, N, 1600)
+            "attr": self.object_heads.attr(hv),  # (B, N, 400)
+            "feat": self.object_heads.feat(hv),  # (B, N, F)
+            "qa": self.qa_head(out.pooled),  # (B, A)
+        }

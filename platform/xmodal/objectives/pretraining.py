@@ -1,0 +1,175 @@
+"""LXMERT's five pretraining tasks (paper §3.1) as separately switchable losses. Imports only torch.
+
+Tasks (names used everywhere: config, logs, MLflow):
+  mlm        masked cross-modality language modelling
+  obj_feat   RoI-feature regression on masked objects
+  obj_label  detected-label classification (objects + attributes)
+  matching   cross-modality matching
+  qa         image question answering (matched pairs only)
+
+Heads are applied only where a loss needs them: the vocabulary projection at
+masked words, the feature regressor at masked objects, the label classifiers at
+the objects the label loss covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xmodal.batches import LxmertBatch
+from xmodal.models.lxmert import LxmertForPretraining
+
+TASKS: tuple[str, ...] = ("mlm", "obj_feat", "obj_label", "matching", "qa")
+IGNORE = -100
+
+
+@dataclass
+class PretrainTasks:
+    __pydantic_config__ = {"extra": "forbid"}
+
+    mlm: bool = True
+    obj_feat: bool = True
+    obj_label: bool = True
+    matching: bool = True
+    qa: bool = True
+    # Paper: L2; reference: SmoothL1 averaged over the feature dims.
+    feat_loss: Literal["l2", "smooth_l1"] = "l2"
+    # Paper: masked objects; reference: all objects, weighted by detector confidence.
+    label_objects: Literal["masked", "all"] = "masked"
+    label_confidence_weighted: bool = False
+    # Reference multiplies the visual losses by 1 / 0.15; the paper sums with equal weights.
+    visual_loss_scale: float = 1.0
+
+    def enabled(self) -> tuple[str, ...]:
+        return tuple(t for t in TASKS if getattr(self, t))
+
+    @classmethod
+    def reference(cls) -> PretrainTasks:
+        return cls(feat_loss="smooth_l1", label_objects="all", label_confidence_weighted=True,
+                   visual_loss_scale=1 / 0.15)
+
+    def replace(self, **changes) -> PretrainTasks:
+        return dataclasses.replace(self, **changes)
+
+
+def _mean(x: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Mean that is 0 (with a graph) on an empty selection."""
+    if weight is None:
+        return x.sum() / max(x.numel(), 1)
+    return (x * weight).sum() / max(x.numel(), 1)
+
+
+def pretraining_losses(
+    model: LxmertForPretraining,
+    batch: LxmertBatch,
+    tasks: PretrainTasks,
+    active: tuple[str, ...] | None = None,
+    with_metrics: bool = False,
+) -> dict[str, Tensor]:
+    """Forward pass and the enabled tasks' losses.
+
+    `active` narrows the enabled tasks for this step (the paper's schedule adds
+    QA only in the last half). Returns {"loss": sum, "loss/<task>": ...} and,
+    with `with_metrics`, "<metric>/correct" and "<metric>/count" sums that can be
+    reduced across workers before dividing.
+    """
+    run = tuple(t for t in tasks.enabled() if active is None or t in active)
+    out = model(batch.input_ids, batch.attention_mask, batch.visual_feats, batch.boxes, batch.visual_mask)
+    res: dict[str, Tensor] = {}
+
+    if "mlm" in run:
+        sel = batch.mlm_labels != IGNORE  # (B, T)
+        logits = model.mlm_head(out.lang[sel])  # (M, V) at masked words only
+        target = batch.mlm_labels[sel]
+        res["loss/mlm"] = _mean(F.cross_entropy(logits.float(), target, reduction="none"))
+        if with_metrics:
+            res["mlm_acc/correct"] = (logits.argmax(-1) == target).sum()
+            res["mlm_acc/count"] = target.new_tensor(target.numel())
+
+    if "obj_feat" in run or "obj_label" in run:
+        masked = batch.obj_masked & batch.visual_mask  # (B, N)
+        need = masked if tasks.label_objects == "masked" or "obj_label" not in run else batch.visual_mask
+        h = model.object_heads.transform(out.visn[need])  # (K, D)
+        masked_in_need = masked[need]  # (K,)
+
+        if "obj_feat" in run:
+            pred = model.object_heads.feat(h[masked_in_need]).float()  # (M, F)
+            target = batch.feat_targets[masked].float()
+            if tasks.feat_loss == "l2":
+                per_obj = F.mse_loss(pred, target, reduction="none").mean(-1)
+            else:
+                per_obj = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
+            res["loss/obj_feat"] = tasks.visual_loss_scale * _mean(per_obj)
+            if with_metrics:
+                res["feat_mse/correct"] = F.mse_loss(pred, target, reduction="none").mean(-1).sum().detach()
+                res["feat_mse/count"] = batch.obj_labels.new_tensor(pred.shape[0])
+
+        if "obj_label" in run:
+            total = h.new_zeros((), dtype=torch.float32)
+            for name, head, labels, conf in (
+                ("obj", model.object_heads.obj, batch.obj_labels[need], batch.obj_conf[need]),
+                ("attr", model.object_heads.attr, batch.attr_labels[need], batch.attr_conf[need]),
+            ):
+                keep = labels != IGNORE
+                logits = head(h[keep]).float()
+                ce = F.cross_entropy(logits, labels[keep], reduction="none")
+                weight = conf[keep].float() if tasks.label_confidence_weighted else None
+                total = total + _mean(ce, weight)
+                if with_metrics:
+                    res[f"{name}_acc/correct"] = (logits.argmax(-1) == labels[keep]).sum()
+                    res[f"{name}_acc/count"] = labels.new_tensor(int(keep.sum()))
+            res["loss/obj_label"] = tasks.visual_loss_scale * total
+
+    if "matching" in run:
+        logits = model.match_head(out.pooled).float()  # (B, 2)
+        res["loss/matching"] = F.cross_entropy(logits, batch.is_matched)
+        if with_metrics:
+            res["match_acc/correct"] = (logits.argmax(-1) == batch.is_matched).sum()
+            res["match_acc/count"] = batch.is_matched.new_tensor(batch.is_matched.numel())
+
+    if "qa" in run:
+        # Only matched pairs carry a QA target (paper §3.1.3).
+        sel = (batch.qa_labels != IGNORE) & (batch.is_matched == 1)  # (B,)
+        logits = model.qa_head(out.pooled[sel]).float()  # (Q, A)
+        target = batch.qa_labels[sel]
+        res["loss/qa"] = _mean(F.cross_entropy(logits, target, reduction="none"))
+        if with_metrics:
+            res["qa_acc/correct"] = (logits.argmax(-1) == target).sum()
+            res["qa_acc/count"] = target.new_tensor(target.numel())
+
+    res["loss"] = sum(res[f"loss/{t}"] for t in run)
+    return res
+
+
+class PretrainingObjective(torch.nn.Module):
+    """Model + task config as one module whose forward returns the loss dict.
+
+    The training layer wraps this (DDP, compile), so every head runs inside the
+    wrapped forward. Heads of disabled tasks are frozen: they never receive a
+    gradient, and DDP does not wait for one.
+    """
+
+    def __init__(self, model: LxmertForPretraining, tasks: PretrainTasks):
+        super().__init__()
+        self.model = model
+        self.tasks = tasks
+        for task, head in (("matching", model.match_head), ("qa", model.qa_head)):
+            head.requires_grad_(getattr(tasks, task))
+        heads = model.object_heads
+        heads.feat.requires_grad_(tasks.obj_feat)
+        heads.obj.requires_grad_(tasks.obj_label)
+        heads.attr.requires_grad_(tasks.obj_label)
+        heads.transform.requires_grad_(tasks.obj_feat or tasks.obj_label)
+        if not tasks.mlm:
+            model.mlm_head.transform.requires_grad_(False)
+            model.mlm_head.bias.requires_grad_(False)
+
+    def forward(self, batch: LxmertBatch, active: tuple[str, ...] | None = None,
+                with_metrics: bool = False) -> dict[str, Tensor]:
+        return pretraining_losses(self.model, batch, self.tasks, active, with_metrics)

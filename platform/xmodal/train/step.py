@@ -1,0 +1,106 @@
+"""The train step every task uses (LXMERT pretraining, fine-tuning, MulT). Imports only torch.
+
+The training loop, `jobs/benchmark.py` and the tests call `train_step`; it is
+the only place that does forward, backward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class TrainState:
+    model: nn.Module  # the objective module (possibly DDP-wrapped or compiled); forward(batch) -> {"loss", ...}
+    optimizer: torch.optim.Optimizer
+    scheduler: Any | None = None
+    scaler: torch.amp.GradScaler | None = None  # only for float16; bf16 needs none
+    grad_clip: float = 0.0
+    autocast_dtype: torch.dtype | None = None
+    step: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """'auto' = bf16 autocast on CUDA, fp32 elsewhere."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def linear_warmup_decay(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
+    """Linear warm-up to the peak lr, then linear decay to 0 (BERT / reference schedule)."""
+    warmup = max(1, math.ceil(total_steps * warmup_ratio)) if warmup_ratio > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6,
+          fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW without weight decay on biases and LayerNorm weights (BERT convention)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if fused is None:
+        fused = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def train_step(state: TrainState, micro_batches: Sequence[Any], **forward_kwargs) -> dict[str, Tensor]:
+    """Forward, loss, backward over the micro-batches (gradient accumulation), clip, optimizer step.
+
+    Returns the detached mean of each loss entry (tensors: no host sync here).
+    """
+    model = state.model
+    model.train()
+    n = len(micro_batches)
+    device = next(model.parameters()).device
+    sums: dict[str, Tensor] = {}
+    for i, batch in enumerate(micro_batches):
+        # Under DDP only the last micro-batch all-reduces the gradients.
+        sync = contextlib.nullcontext() if i == n - 1 or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with autocast(device, state.autocast_dtype):
+                out = model(batch, **forward_kwargs)
+            loss = out["loss"] / n
+            if state.scaler is not None:
+                state.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        for k, v in out.items():
+            if k == "loss" or k.startswith("loss/"):
+                sums[k] = sums.get(k, 0) + v.detach().float() / n
+    if state.scaler is not None:
+        state.scaler.unscale_(state.optimizer)
+    if state.grad_clip > 0:
+        sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), state.grad_clip).detach()
+    if state.scaler is not None:
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+    else:
+        state.optimizer.step()
+    if state.scheduler is not None:
+        state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    return sums
