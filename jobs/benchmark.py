@@ -1,0 +1,11 @@
+"""Benchmarks: `python jobs/benchmark.py {lxmert,data,mult} [options]` (each subcommand has --help).
+
+Runs where torch (and transformers, for the LXMERT peer) are installed; Ray is not needed.
+"""
+
+import sys
+
+from xmodal.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

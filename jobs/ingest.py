@@ -1,0 +1,8 @@
+"""Build a feature store: `python jobs/ingest.py SOURCE OUT_DIR [options]` (SOURCE --help lists options)."""
+
+import sys
+
+from xmodal.data.ingest import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,23 @@
+"""Shared fixtures. One local Ray for the whole session (starting Ray costs seconds)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A fresh local Ray cluster shared by the tests that need one.
+
+    Four logical CPUs on a 2-core machine: Train workers take fractions and
+    Ray Data's read tasks need CPUs of their own. The dashboard stays on
+    (Tune with ASHA needs it to free stopped trials' resources).
+    """
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(address="local", num_cpus=4, include_dashboard=True, log_to_driver=True,
+             object_store_memory=1_000_000_000)
+    yield ray
+    ray.shutdown()
