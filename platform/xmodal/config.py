@@ -126,7 +126,28 @@ class PretrainConfig(Section):
         if not self.tasks.enabled():
             raise ValueError("tasks: every pretraining task is switched off; enable at least one of "
                              "mlm, obj_feat, obj_label, matching, qa")
+        valid = pretraining_eval_metrics(self.tasks)
+        if self.train.best_metric not in valid:
+            raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured with these tasks; "
+                             f"valid: {', '.join(valid)}")
         return self
+
+
+# task -> the minival metrics it produces (objectives.pretraining names them)
+PRETRAIN_TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "mlm": ("mlm_acc",),
+    "obj_feat": ("feat_mse",),
+    "obj_label": ("obj_acc", "attr_acc"),
+    "matching": ("match_acc",),
+    "qa": ("qa_acc",),
+}
+
+
+def pretraining_eval_metrics(tasks: PretrainTasks) -> list[str]:
+    names = ["eval/loss"]
+    for t in tasks.enabled():
+        names += [f"eval/loss/{t}"] + [f"eval/{m}" for m in PRETRAIN_TASK_METRICS[t]]
+    return names
 
 
 # ---------------------------------------------------------------- loading and overrides

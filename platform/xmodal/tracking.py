@@ -1,0 +1,163 @@
+"""MLflow: where runs are logged, run naming and lookup, parent/child runs, artifacts.
+
+The only module that talks to MLflow. The driver creates the database, the
+experiment and the run (several processes creating a new SQLite database at
+once fail); rank 0 of the training workers logs into that run by id.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+RUN_NAME_TAG = "xmodal.run_name"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def _mlflow():
+    try:
+        import mlflow
+    except ImportError as e:  # pragma: no cover - mlflow is a runtime dependency
+        raise ImportError("xmodal.tracking needs mlflow: pip install 'mlflow>=3'") from e
+    return mlflow
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """Explicit config > $MLFLOW_TRACKING_URI > ./mlflow.db. Relative SQLite paths become absolute,
+    because Train workers run in a Ray session folder, not the job's working directory."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    elif "://" not in uri:
+        raise ValueError(f"mlflow.tracking_uri {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another "
+                         "MLflow URI scheme")
+    return uri
+
+
+def ui_command(uri: str) -> str:
+    if uri.startswith("sqlite:"):
+        return f"mlflow ui --backend-store-uri {uri}"
+    return f"open {uri} in a browser (MLflow server)"
+
+
+def client(uri: str):
+    return _mlflow().tracking.MlflowClient(tracking_uri=uri)
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name)
+    except Exception:  # created concurrently by another driver
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def find_run(uri: str, experiment_id: str, run_name: str) -> Any | None:
+    """The run created earlier under `run_name` (tagged), for resuming into the same run."""
+    runs = client(uri).search_runs(
+        [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def create_run(uri: str, experiment_id: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
+               parent_run_id: str | None = None) -> str:
+    """A new RUNNING run with params and tags logged in batches (MLflow caps a batch at 100 params)."""
+    mlflow = _mlflow()
+    c = client(uri)
+    all_tags = {RUN_NAME_TAG: run_name, **tags}
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    run = c.create_run(experiment_id, run_name=run_name, tags=all_tags)
+    items = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        c.log_batch(run.info.run_id, params=items[i:i + 100])
+    return run.info.run_id
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class RunLogger:
+    """Logs metrics into an existing run from a training worker (rank 0).
+
+    After a restart, steps at or below the last step already in MLflow are
+    skipped, so a run's metric history has neither duplicates nor a restart.
+    """
+
+    def __init__(self, uri: str, run_id: str, system_metrics: bool = False, watch_key: str = "train/loss"):
+        self.uri = uri
+        self.run_id = run_id
+        self.client = client(uri)
+        history = self.client.get_metric_history(run_id, watch_key)
+        self.logged_up_to = max((m.step for m in history), default=-1)
+        self._system = None
+        if system_metrics:
+            self._start_system_metrics()
+
+    def _start_system_metrics(self) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        except ImportError:
+            return
+        try:
+            self._system = SystemMetricsMonitor(self.run_id, resume_logging=True)
+            self._system.start()
+        except Exception as e:  # psutil missing or no permission: training goes on without them
+            print(f"[xmodal] system metrics unavailable: {e}")
+            self._system = None
+
+    def log(self, metrics: dict[str, float], step: int, force: bool = False) -> None:
+        if step <= self.logged_up_to and not force:
+            return
+        mlflow = _mlflow()
+        ts = int(time.time() * 1000)
+        items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 500])
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def close(self) -> None:
+        if self._system is not None:
+            self._system.finish()
+            self._system = None
+
+
+def log_artifacts(uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
+    client(uri).log_artifacts(run_id, str(local_dir), artifact_path)
+
+
+def log_artifact(uri: str, run_id: str, local_path: str | Path, artifact_path: str | None = None) -> None:
+    client(uri).log_artifact(run_id, str(local_path), artifact_path)
+
+
+def set_terminated(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    client(uri).set_terminated(run_id, status=status)
+
+
+def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
+    c = client(uri)
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+
+
+def mark_running(uri: str, run_id: str) -> None:
+    """Re-open a run that a dead driver left FAILED/KILLED, when it is resumed."""
+    client(uri).update_run(run_id, status="RUNNING")

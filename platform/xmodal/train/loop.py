@@ -1,0 +1,138 @@
+"""One training loop for every task. Imports only torch.
+
+`fit` drives `train_step` over epochs; everything task- or platform-specific
+(logging, evaluation, checkpoints, fault injection) happens in `hooks`.
+Works in one process or under torch.distributed (DDP): workers stop an epoch
+together when any of them runs out of batches, so no collective ever hangs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from xmodal.train.step import TrainState, autocast, train_step
+
+
+class Hooks(Protocol):
+    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None: ...
+    def at_end(self, state: TrainState, epoch: int, pos: int) -> None: ...
+
+
+def fit(
+    state: TrainState,
+    data: Callable[[int, int], Iterable[Any]],  # (epoch, micro-batches to skip) -> micro-batches
+    hooks: Hooks,
+    *,
+    epochs: int,
+    total_steps: int,
+    grad_accum: int = 1,
+    start: tuple[int, int] = (0, 0),  # (epoch, optimizer steps already done in it), from a checkpoint
+    step_kwargs: Callable[[int], dict[str, Any]] = lambda epoch: {},
+) -> None:
+    epoch, pos = start
+    while epoch < epochs and state.step < total_steps:
+        micro = synced(data(epoch, pos * grad_accum), device_of(state.model))
+        while state.step < total_steps and (group := list(itertools.islice(micro, grad_accum))):
+            if len(group) < grad_accum:
+                break  # a partial accumulation group at the end of an epoch is dropped
+            losses = train_step(state, group, **step_kwargs(epoch))
+            pos += 1
+            hooks.after_step(state, epoch, pos, losses)
+        epoch, pos = epoch + 1, 0
+    hooks.at_end(state, epoch, pos)
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def synced(batches: Iterable[Any], device: torch.device) -> Iterator[Any]:
+    """Yield batches while EVERY worker still has one (all-reduce MIN of a flag per batch)."""
+    it = iter(batches)
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    while True:
+        batch = next(it, None)
+        if distributed:
+            flag = torch.tensor([0 if batch is None else 1], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if int(flag.item()) == 0:
+                return
+        elif batch is None:
+            return
+        yield batch
+
+
+def all_reduce_sums(sums: dict[str, torch.Tensor | float], device: torch.device) -> dict[str, float]:
+    """Sum a dict of scalars over all workers (keys must match on every worker)."""
+    keys = sorted(sums)
+    if not keys:
+        return {}
+    vec = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(vec)
+    return dict(zip(keys, vec.tolist(), strict=True))
+
+
+@torch.no_grad()
+def evaluate_sums(model: torch.nn.Module, batches: Iterable[Any], to_device: Callable[[Any], Any],
+                  autocast_dtype: torch.dtype | None, max_batches: int | None = None,
+                  **forward_kwargs) -> dict[str, float]:
+    """Run the objective with metrics over `batches`; return {key: sum over samples} reduced over workers.
+
+    Metric entries come as "<name>/correct" and "<name>/count"; losses are weighted by batch size.
+    """
+    device = device_of(model)
+    model.eval()
+    sums: dict[str, float] = {}
+    n = 0
+    for i, batch in enumerate(synced(batches, device)):
+        if max_batches is not None and i >= max_batches:
+            break
+        batch = to_device(batch)
+        with autocast(device, autocast_dtype):
+            out = model(batch, with_metrics=True, **forward_kwargs)
+        size = len(batch)
+        for k, v in out.items():
+            weight = size if (k == "loss" or k.startswith("loss/")) else 1
+            sums[k] = sums.get(k, 0.0) + float(v) * weight
+        n += size
+    sums["samples"] = float(n)
+    return all_reduce_sums(sums, device)
+
+
+def ratios(sums: dict[str, float], prefix: str = "eval/") -> dict[str, float]:
+    """{"x/correct", "x/count", "loss/y", "samples"} sums -> {"eval/x": correct/count, "eval/loss/y": mean}."""
+    out: dict[str, float] = {}
+    n = max(sums.get("samples", 0.0), 1.0)
+    for k, v in sums.items():
+        if k.endswith("/correct"):
+            name = k[: -len("/correct")]
+            out[prefix + name] = v / max(sums.get(name + "/count", 0.0), 1.0)
+        elif k == "loss" or k.startswith("loss/"):
+            out[prefix + k] = v / n
+    return out
+
+
+class Throughput:
+    """Samples/s over the last logging window and an ETA from the steps left."""
+
+    def __init__(self, start_step: int, total_steps: int):
+        self.total = total_steps
+        self.t0, self.s0, self.samples = time.perf_counter(), start_step, 0
+
+    def add(self, samples: int) -> None:
+        self.samples += samples
+
+    def read(self, step: int) -> tuple[float, float]:
+        now = time.perf_counter()
+        dt = max(now - self.t0, 1e-9)
+        rate, steps_per_s = self.samples / dt, (step - self.s0) / dt
+        eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
+        self.t0, self.s0, self.samples = now, step, 0
+        return rate, eta

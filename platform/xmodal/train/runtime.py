@@ -1,0 +1,34 @@
+"""The one place where a model is put on its device, compiled, wrapped for data parallelism,
+and given its optimizer, schedule and precision. Imports only torch."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from xmodal.config import OptimConfig, TrainConfig
+from xmodal.train.step import TrainState, adamw, linear_warmup_decay, resolve_precision
+
+
+def prepare(objective: nn.Module, device: torch.device, train: TrainConfig, optim: OptimConfig,
+            total_steps: int, find_unused_parameters: bool = False,
+            optimizer: str = "adamw") -> TrainState:
+    objective = objective.to(device)
+    # The optimizer holds the plain module's parameters; DDP and compile wrap the same tensors.
+    if optimizer == "adamw":
+        opt = adamw(objective, optim.lr, optim.weight_decay, optim.betas, optim.eps)
+    else:  # Adam without decoupled weight decay (the MulT reference)
+        params = [p for p in objective.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
+                               weight_decay=optim.weight_decay)
+    scheduler = linear_warmup_decay(opt, total_steps, optim.warmup_ratio)
+    model: nn.Module = objective
+    if train.compile:
+        model = torch.compile(model, dynamic=True)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=find_unused_parameters)
+    return TrainState(model=model, optimizer=opt, scheduler=scheduler, grad_clip=optim.grad_clip,
+                      autocast_dtype=resolve_precision(train.precision, device))
