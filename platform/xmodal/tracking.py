@@ -161,3 +161,61 @@ def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
 def mark_running(uri: str, run_id: str) -> None:
     """Re-open a run that a dead driver left FAILED/KILLED, when it is resumed."""
     client(uri).update_run(run_id, status="RUNNING")
+
+
+# ---------------------------------------------------------------- sweeps and reports (xmodal.sweep, xmodal.report)
+
+
+def get_experiment_id(uri: str, name: str) -> str | None:
+    """The id of an existing experiment, or None (reports must not create experiments)."""
+    exp = client(uri).get_experiment_by_name(name)
+    return exp.experiment_id if exp is not None else None
+
+
+def get_run(uri: str, run_id: str) -> Any:
+    return client(uri).get_run(run_id)
+
+
+def search_runs(uri: str, experiment_ids: list[str], filter_string: str = "") -> list[Any]:
+    """Every matching run (all pages), oldest first."""
+    c = client(uri)
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = c.search_runs(experiment_ids, filter_string=filter_string, max_results=1000,
+                             order_by=["attributes.start_time ASC"], page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def child_runs(uri: str, parent_run_id: str) -> list[Any]:
+    """The runs tagged as children of `parent_run_id`, oldest first."""
+    parent = client(uri).get_run(parent_run_id)
+    return search_runs(uri, [parent.info.experiment_id], f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
+
+
+def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric, by step (the last value logged wins for a repeated step)."""
+    by_step: dict[int, tuple[int, float]] = {}
+    for m in client(uri).get_metric_history(run_id, key):
+        if m.step not in by_step or m.timestamp >= by_step[m.step][0]:
+            by_step[m.step] = (m.timestamp, m.value)
+    return [(s, v) for s, (_, v) in sorted(by_step.items())]
+
+
+def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    mlflow = _mlflow()
+    ts = int(time.time() * 1000)
+    items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
+    for i in range(0, len(items), 500):
+        client(uri).log_batch(run_id, metrics=items[i:i + 500])
+
+
+def log_params(uri: str, run_id: str, params: dict[str, Any]) -> None:
+    """Params in batches of 100; re-logging an identical value (a resumed run) is allowed by MLflow."""
+    mlflow = _mlflow()
+    items = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client(uri).log_batch(run_id, params=items[i:i + 100])

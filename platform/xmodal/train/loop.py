@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from xmodal.train.checkpoint import unwrap
 from xmodal.train.step import TrainState, autocast, train_step
 
 
@@ -83,27 +84,37 @@ def all_reduce_sums(sums: dict[str, torch.Tensor | float], device: torch.device)
 def evaluate_sums(model: torch.nn.Module, batches: Iterable[Any], to_device: Callable[[Any], Any],
                   autocast_dtype: torch.dtype | None, max_batches: int | None = None,
                   **forward_kwargs) -> dict[str, float]:
-    """Run the objective with metrics over `batches`; return {key: sum over samples} reduced over workers.
+    """Run the objective with metrics over this worker's `batches`; return sums reduced over workers.
 
     Metric entries come as "<name>/correct" and "<name>/count"; losses are weighted by batch size.
+    Workers may hold different numbers of batches: the plain module runs (no DDP collectives in the
+    forward), and the only collective is the final all-reduce.
     """
-    device = device_of(model)
-    model.eval()
+    module = unwrap(model)
+    device = device_of(module)
+    module.eval()
     sums: dict[str, float] = {}
     n = 0
-    for i, batch in enumerate(synced(batches, device)):
-        if max_batches is not None and i >= max_batches:
-            break
+    for batch in itertools.islice(batches, max_batches):
         batch = to_device(batch)
         with autocast(device, autocast_dtype):
-            out = model(batch, with_metrics=True, **forward_kwargs)
+            out = module(batch, with_metrics=True, **forward_kwargs)
         size = len(batch)
         for k, v in out.items():
             weight = size if (k == "loss" or k.startswith("loss/")) else 1
             sums[k] = sums.get(k, 0.0) + float(v) * weight
         n += size
     sums["samples"] = float(n)
-    return all_reduce_sums(sums, device)
+    keys = sorted(sums)
+    # Every worker must all-reduce the same keys: a worker without batches contributes zeros.
+    gathered = [None] * (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+    if len(gathered) > 1:
+        dist.all_gather_object(gathered, keys)
+        keys = sorted(set().union(*gathered))
+    total = all_reduce_sums({k: sums.get(k, 0.0) for k in keys}, device)
+    if total["samples"] == 0:
+        raise RuntimeError("evaluation saw no samples: the evaluation split yields no batch on any worker")
+    return total
 
 
 def ratios(sums: dict[str, float], prefix: str = "eval/") -> dict[str, float]:
@@ -124,14 +135,17 @@ class Throughput:
 
     def __init__(self, start_step: int, total_steps: int):
         self.total = total_steps
-        self.t0, self.s0, self.samples = time.perf_counter(), start_step, 0
+        self.t0, self.s0, self.samples = None, start_step, 0
 
     def add(self, samples: int) -> None:
+        if self.t0 is None:  # the clock starts at the first step, not during pipeline warm-up
+            self.t0, self.s0 = time.perf_counter(), self.s0 + 1
+            return
         self.samples += samples
 
     def read(self, step: int) -> tuple[float, float]:
         now = time.perf_counter()
-        dt = max(now - self.t0, 1e-9)
+        dt = max(now - (self.t0 or now), 1e-9)
         rate, steps_per_s = self.samples / dt, (step - self.s0) / dt
         eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
         self.t0, self.s0, self.samples = now, step, 0

@@ -9,9 +9,9 @@ run `xmodal.train.loop.fit`, and report checkpoints + minival metrics.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -105,7 +105,7 @@ def prepare_run(cfg: PretrainConfig, source: str = "defaults", parent_run_id: st
     """
     store = resolve_store(cfg)
     cfg = with_store_dims(cfg, store.manifest)
-    micro, total_steps = plan_steps(cfg, store.manifest.sentences["train"])
+    micro, total_steps = plan_steps(cfg, store.manifest.sentences("train"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     name = cfg.mlflow.run_name or f"pretrain-{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
@@ -147,12 +147,15 @@ def run_pretraining(cfg: PretrainConfig, source: str = "defaults") -> dict[str, 
 def build_trainer(plan: PretrainPlan, store, callbacks: list | None = None):
     """A TorchTrainer for the plan; sweeps pass Tune's report callback."""
     require_ray()
+    import ray.data
     import ray.train
     from ray.train.torch import TorchTrainer
 
     from xmodal.data.pipeline import lxmert_dataset
 
     connect()
+    # Per-operator progress bars from every split coordinator swamp the job's log; training prints its own.
+    ray.data.DataContext.get_current().enable_progress_bars = False
     cfg = PretrainConfig.model_validate(plan.config)
     s = cfg.scale
     resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
@@ -170,7 +173,8 @@ def build_trainer(plan: PretrainPlan, store, callbacks: list | None = None):
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=cfg.train.keep_best, checkpoint_score_attribute=cfg.train.best_metric,
                 checkpoint_score_order=cfg.train.best_mode)),
-        datasets={"train": lxmert_dataset(store, "train"), "minival": lxmert_dataset(store, "minival")},
+        # Minival is read by each worker straight from the store (see pretrain_worker.evaluate).
+        datasets={"train": lxmert_dataset(store, "train", seed=cfg.train.seed)},
     )
 
 
@@ -195,7 +199,8 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from xmodal.data.masking import BatchBuilder
+    from xmodal.data.loader import iter_local_batches
+    from xmodal.data.masking import LxmertBatchBuilder
     from xmodal.data.pipeline import iter_lxmert_batches
     from xmodal.data.store import open_store
 
@@ -223,8 +228,8 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
             meta = ckpt.restore(d, state)
 
     store = open_store(plan.store)
-    builder = BatchBuilder(store.manifest, cfg.data.masking)
-    train_shard, val_shard = ray.train.get_dataset_shard("train"), ray.train.get_dataset_shard("minival")
+    builder = LxmertBatchBuilder.from_store(store, cfg.data.masking)
+    train_shard = ray.train.get_dataset_shard("train")
     float_dtype = torch.float32  # features travel as float16; autocast handles bf16
 
     def to_device(batch):
@@ -232,12 +237,16 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
 
     def data(epoch: int, skip: int):
         batches = iter_lxmert_batches(train_shard, builder, plan.micro_batch, epoch=epoch,
-                                      seed=cfg.train.seed, rank=rank)
-        return map(to_device, itertools.islice(batches, skip, None))
+                                      seed=cfg.train.seed, rank=rank, start_batch=skip,
+                                      pin_memory=device.type == "cuda")
+        return map(to_device, batches)
 
     def evaluate() -> dict[str, float]:
-        batches = iter_lxmert_batches(val_shard, builder, plan.micro_batch, epoch=0,
-                                      seed=cfg.train.seed + 1, rank=rank)
+        # A fixed minival (same masks every time), each worker reading disjoint row groups straight
+        # from the store: a Ray Data execution per evaluation costs seconds of start-up.
+        batches = iter_local_batches(store, "minival", builder, plan.micro_batch, epoch=0,
+                                     seed=cfg.train.seed + 1, rank=rank, world_size=world, shuffle=False,
+                                     drop_last=False)
         return ratios(evaluate_sums(state.model, batches, to_device, state.autocast_dtype,
                                     cfg.data.eval_batches))
 
@@ -270,6 +279,10 @@ class PretrainHooks:
         self.window: dict[str, float] = {}
         self.window_steps = 0
         self.last_metrics: dict[str, float] = {}
+        if self.logger is not None and "step" in meta:
+            # Marks the restart in MLflow: training continued from this checkpointed step.
+            self.logger.log({"train/resumed_from_step": meta["step"]}, meta["step"], force=True)
+            say(f"[xmodal] resumed from checkpoint at step {meta['step']} (epoch {meta.get('epoch')})")
 
     def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None:
         t = self.cfg.train
@@ -287,9 +300,9 @@ class PretrainHooks:
             metrics.update({"train/lr": state.scheduler.get_last_lr()[0], "train/samples_per_s": rate,
                             "train/epoch": epoch})
             if self.rank == 0:
-                print(f"[xmodal] step {state.step}/{self.plan.total_steps} epoch {epoch} "
+                say(f"[xmodal] step {state.step}/{self.plan.total_steps} epoch {epoch} "
                       f"loss {metrics.get('train/loss', float('nan')):.4f} {rate:,.0f} samples/s "
-                      f"ETA {_fmt_eta(eta)}", flush=True)
+                      f"ETA {_fmt_eta(eta)}")
                 self.logger.log(metrics, state.step)
         if state.step % t.eval_every == 0:
             self._eval_and_checkpoint(state, epoch, pos, finished=False)
@@ -307,9 +320,9 @@ class PretrainHooks:
         score = metrics.get(self.cfg.train.best_metric)
         if score is not None and (self.best is None or (score > self.best) == (self.cfg.train.best_mode == "max")):
             self.best = score
-        if self.rank == 0:
+        if self.rank == 0 and rerun_eval:
             shown = " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in sorted(metrics.items()))
-            print(f"[xmodal] eval @ step {state.step}: {shown}", flush=True)
+            say(f"[xmodal] eval @ step {state.step}: {shown}")
             self.logger.log(metrics, state.step)
         report = {**metrics, "step": state.step, "epoch": epoch}
         if self.rank == 0:
@@ -329,8 +342,14 @@ class PretrainHooks:
             return
         Path(marker).parent.mkdir(parents=True, exist_ok=True)
         Path(marker).write_text(json.dumps({"step": step, "time": time.time()}))
-        print(f"[xmodal] fault injection: worker {self.rank} exits at step {step}", flush=True)
+        say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
         os._exit(1)
+
+
+def say(message: str) -> None:
+    """Progress from a Train worker. Ray Train patches `print` into its logger and, when another
+    library has wrapped sys.stdout (MLflow does), also tees it: lines came out twice."""
+    print(message, file=sys.__stdout__)
 
 
 def _fmt_eta(seconds: float) -> str:

@@ -1,0 +1,140 @@
+"""Ablation reports from MLflow runs made directly through xmodal.tracking (no Ray, no training)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+
+import pytest
+
+from conftest import PYTHON, REPO
+from xmodal import tracking
+from xmodal.report import ReportError, make_report
+from xmodal.sweep import tags as T
+
+KEYS = ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss", "train.seed"]
+
+
+def sweep(uri: str, exp: str, name: str, metric: str = "eval/match_acc", mode: str = "max") -> str:
+    return tracking.create_run(uri, exp, name, {"metric": metric},
+                               {T.KIND: "sweep", T.SWEEP: name, T.METRIC: metric, T.MODE: mode})
+
+
+def trial(uri: str, exp: str, parent: str, name: str, params: dict, history: list[float], status="FINISHED",
+          extra_tags: dict | None = None) -> str:
+    """A child run like a sweep trial's: ablation tags, per-report eval metrics, a final status."""
+    tags = {T.KIND: "trial", T.SWEEP: "s", T.TRIAL_ID: name, T.ABLATION_KEYS: json.dumps(KEYS),
+            T.SEED: str(params.get("train.seed", 0)), **{T.ABLATION + k: str(v) for k, v in params.items()},
+            **(extra_tags or {})}
+    run_id = tracking.create_run(uri, exp, name, {}, tags, parent)
+    for i, v in enumerate(history):
+        tracking.log_metrics(uri, run_id, {"eval/match_acc": v, "eval/loss": 1 - v, "eval/loss/mlm": 2 - v},
+                             step=10 * (i + 1))
+    tracking.set_terminated(uri, run_id, status)
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One database for the module (creating an MLflow database costs seconds). Artifacts go under the
+    working directory (MLflow's default artifact root), so work in the temporary folder."""
+    tmp = tmp_path_factory.mktemp("mlflow")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(tmp)
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    exp = tracking.ensure_experiment(uri, "xmodal-sweep-demo")
+    parent = sweep(uri, exp, "demo-1")
+    # configuration A (x_layers 1, no obj_feat): two seeds
+    trial(uri, exp, parent, "a0", {"model.x_layers": 1, "tasks.obj_feat": False, "train.seed": 0}, [0.5, 0.6])
+    trial(uri, exp, parent, "a1", {"model.x_layers": 1, "tasks.obj_feat": False, "train.seed": 1}, [0.5, 0.8])
+    # configuration B (x_layers 2, obj_feat with smooth_l1): one finished, one stopped early
+    trial(uri, exp, parent, "b0", {"model.x_layers": 2, "tasks.obj_feat": True, "tasks.feat_loss": "smooth_l1",
+                                   "train.seed": 0}, [0.6, 0.9])
+    trial(uri, exp, parent, "b1", {"model.x_layers": 2, "tasks.obj_feat": True, "tasks.feat_loss": "smooth_l1",
+                                   "train.seed": 1}, [0.1], "KILLED", {T.EARLY_STOPPED: "true"})
+    # configuration C: stopped early only
+    trial(uri, exp, parent, "c0", {"model.x_layers": 3, "tasks.obj_feat": True, "tasks.feat_loss": "l2",
+                                   "train.seed": 0}, [0.2], "KILLED", {T.EARLY_STOPPED: "true"})
+    # left out: a failed trial and an orphan the driver closed
+    trial(uri, exp, parent, "f0", {"model.x_layers": 3, "tasks.obj_feat": False, "train.seed": 0}, [0.3], "FAILED")
+    trial(uri, exp, parent, "o0", {"model.x_layers": 1, "tasks.obj_feat": False, "train.seed": 0}, [0.99],
+          "KILLED", {T.ORPHANED: "true"})
+    yield uri, exp, parent
+    mp.undo()
+
+
+def rows_of(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_one_row_per_configuration_with_mean_and_std_over_seeds(store, tmp_path):
+    uri, _, parent = store
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
+    assert rep.metric == "eval/match_acc" and rep.keys == ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss"]
+    assert rep.skipped == {"failed": 1}
+    rows = rows_of(tmp_path / "out" / "table.csv")
+    assert [(r["model.x_layers"], r["tasks.obj_feat"], r["tasks.feat_loss"]) for r in rows] == [
+        ("2", "True", "smooth_l1"), ("1", "False", "-"), ("3", "True", "l2")]  # best first; all-stopped last
+    b, a, c = rows
+    assert (b["runs"], b["finished"], b["early_stopped"], b["seeds"]) == ("2", "1", "1", "0;1")
+    assert float(b["eval/match_acc mean"]) == pytest.approx(0.9) and b["eval/match_acc n"] == "1"
+    assert float(a["eval/match_acc mean"]) == pytest.approx(0.7)
+    assert float(a["eval/match_acc std"]) == pytest.approx(math.sqrt(0.02))  # sample std of 0.6, 0.8
+    assert float(a["eval/loss mean"]) == pytest.approx(0.3)
+    assert float(c["eval/match_acc mean"]) == pytest.approx(0.2)
+    assert "eval/loss/mlm mean" not in b  # per-task losses are not summary columns
+
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| model.x_layers | tasks.obj_feat | tasks.feat_loss | runs | eval/match_acc | eval/loss |" in md
+    assert "| 1 | False | - | 2 | 0.7000 ± 0.1414 |" in md
+    assert "| 2 | True | smooth_l1 | 2 (1 stopped early) | 0.9000 |" in md
+    assert "0.2000 †" in md and "Left out: 1 failed run(s)." in md
+
+
+def test_plots_exist_and_are_logged_to_the_parent(store, tmp_path):
+    uri, _, parent = store
+    make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
+    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert pngs == ["eval_match_acc_vs_model.x_layers.png", "eval_match_acc_vs_tasks.feat_loss.png",
+                    "eval_match_acc_vs_tasks.obj_feat.png", "learning_curves_eval_match_acc.png"]
+    for p in pngs:
+        assert (tmp_path / "out" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    logged = {a.path for a in tracking.client(uri).list_artifacts(parent, "report")}
+    assert {"report/table.md", "report/table.csv", "report/learning_curves_eval_match_acc.png"} <= logged
+
+
+def test_an_experiment_report_groups_runs_of_several_sweeps(store, tmp_path):
+    uri, exp, _ = store
+    other = sweep(uri, exp, "demo-2")
+    trial(uri, exp, other, "a2", {"model.x_layers": 1, "tasks.obj_feat": False, "train.seed": 2}, [0.7])
+    rep = make_report(uri, experiment="xmodal-sweep-demo", out_dir=tmp_path / "exp")
+    a = next(r for r in rep.rows if r.params["model.x_layers"] == 1)
+    assert len(a.runs) == 3 and a.stats["eval/match_acc"][0] == pytest.approx(0.7)
+    assert a.stats["eval/match_acc"][2] == 3
+    assert {x.path for x in tracking.client(uri).list_artifacts(other, "report_experiment")}
+
+
+def test_metric_override_and_errors(store, tmp_path):
+    uri, _, parent = store
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", metric="eval/loss", log=False)
+    assert rep.columns[0] == "eval/loss"
+    with pytest.raises(ReportError, match="experiment 'nope' not found.*xmodal-sweep-demo"):
+        make_report(uri, experiment="nope", out_dir=tmp_path / "x")
+    with pytest.raises(ReportError, match="parent run 'deadbeef' not found"):
+        make_report(uri, parent_run_id="deadbeef", out_dir=tmp_path / "x")
+    with pytest.raises(ReportError, match="no MLflow database"):
+        make_report(f"sqlite:///{tmp_path / 'missing.db'}", experiment="x", out_dir=tmp_path / "x")
+
+
+def test_the_command_line(store, tmp_path):
+    uri, _, parent = store
+    out = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--parent-run", parent, "--tracking-uri", uri,
+                          "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| 2 | True | smooth_l1 |" in out.stdout and (tmp_path / "cli" / "table.csv").exists()
+    bad = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--experiment", "nope", "--tracking-uri", uri],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "experiment 'nope' not found" in bad.stderr

@@ -1,0 +1,156 @@
+"""The pretraining job end to end: real Ray, real MLflow (SQLite), real Parquet stores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, REPO, RayHead, kill_tree, ray_env, wait_job
+from xmodal import tracking
+from xmodal.config import ConfigError, PretrainConfig, load_config
+
+PRETRAIN = str(REPO / "jobs" / "pretrain.py")
+TASK_METRICS = ["train/loss/mlm", "train/loss/obj_feat", "train/loss/obj_label", "train/loss/matching",
+                "eval/mlm_acc", "eval/obj_acc", "eval/attr_acc", "eval/feat_mse", "eval/match_acc", "eval/qa_acc"]
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    """A small synthetic store built through the real ingest CLI."""
+    out = tmp_path_factory.mktemp("store") / "lxmert"
+    subprocess.run([PYTHON, str(REPO / "jobs" / "ingest.py"), "synthetic", str(out), "--num-images", "160",
+                    "--feat-dim", "16", "--num-objects", "8", "--num-object-labels", "10",
+                    "--num-attr-labels", "4", "--num-answers", "20"], check=True, cwd=REPO)
+    return out
+
+
+def tiny_args(tmp: Path, store: Path, name: str, *extra: str) -> list[str]:
+    return ["--store", str(store), "--storage-path", str(tmp / "runs"), "--run-name", name,
+            "--set", "preset=tiny", "--set", "train.epochs=2", "--set", "train.batch_size=16",
+            "--set", "train.eval_every=6", "--set", "train.log_every=2", "--set", "data.eval_batches=4",
+            "--set", f"mlflow.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", *extra]
+
+
+def the_run(tmp: Path, name: str, experiment: str = "xmodal-pretrain"):
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    exp = tracking.client(uri).get_experiment_by_name(experiment)
+    runs = tracking.client(uri).search_runs([exp.experiment_id], f"tags.`xmodal.run_name` = '{name}'")
+    assert len(runs) == 1, f"expected one MLflow run named {name}, found {len(runs)}"
+    return uri, runs[0]
+
+
+def steps_of(uri: str, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in tracking.client(uri).get_metric_history(run_id, key))
+
+
+# ---------------------------------------------------------------- bad input, before Ray starts
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.epoch=3"], "train.epoch: unknown key"),
+    (["--set", "train.epochs=three"], "train.epochs"),
+    (["--store", "/nonexistent/store"], "data.store: '/nonexistent/store' does not exist"),
+])
+def test_bad_config_fails_before_ray_starts(tmp_path, args, message):
+    out = subprocess.run([PYTHON, PRETRAIN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=ray_env())
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr
+    assert "Started a local Ray instance" not in out.stdout + out.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_batch_size_must_split_over_workers(tiny_store):
+    cfg = load_config(PretrainConfig, overrides=[f"data.store={tiny_store}", "train.batch_size=10",
+                                                 "scale.num_workers=4"])
+    from xmodal.train.pretrain import prepare_run
+
+    with pytest.raises(ConfigError, match="train.batch_size 10 must be divisible"):
+        prepare_run(cfg)
+
+
+# ---------------------------------------------------------------- through `ray job submit`
+
+
+@pytest.mark.slow
+def test_job_submit_logs_a_finished_run(tmp_path, tiny_store):
+    head = RayHead(tmp_path)
+    try:
+        job = head.submit([PYTHON, PRETRAIN, *tiny_args(tmp_path, tiny_store, "submitted",
+                                                        "--num-workers", "2")])
+        status = wait_job(head.client(), job, timeout=400)
+        logs = head.client().get_job_logs(job)
+        assert status == "SUCCEEDED", logs[-4000:]
+    finally:
+        head.stop()
+    assert "mlflow ui --backend-store-uri" in logs and "samples/s" in logs and "ETA" in logs
+    uri, run = the_run(tmp_path, "submitted")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.hidden_size"] == "32" and run.data.params["scale.num_workers"] == "2"
+    assert run.data.tags["model"] == "lxmert" and run.data.tags["git_commit"]
+    for key in TASK_METRICS + ["train/lr", "train/samples_per_s"]:
+        assert key in run.data.metrics, key
+    artifacts = {a.path for a in tracking.client(uri).list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts and "model" in artifacts
+    model_files = {a.path for a in tracking.client(uri).list_artifacts(run.info.run_id, "model")}
+    assert "model/model.pt" in model_files
+
+
+# ---------------------------------------------------------------- faults
+
+
+@pytest.mark.slow
+def test_worker_failure_resumes_from_checkpoint_into_one_history(tmp_path, tiny_store, ray_local):
+    from xmodal.train.pretrain import run_pretraining
+
+    cfg = load_config(PretrainConfig, overrides=[
+        f"data.store={tiny_store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=faulty",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "preset=tiny", "train.epochs=2",
+        "train.batch_size=16", "train.eval_every=4", "train.log_every=1", "train.fail_at_step=10",
+        "scale.num_workers=2", "scale.max_failures=2", "data.eval_batches=2", "mlflow.system_metrics=false"])
+    result = run_pretraining(cfg)
+    assert (tmp_path / "runs" / "faulty" / ".fail_injected").exists()
+    uri, run = the_run(tmp_path, "faulty")
+    assert run.info.status == "FINISHED" and run.info.run_id == result["run_id"]
+    resumed = tracking.client(uri).get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert len(resumed) == 1 and 0 < resumed[0].value < 10  # continued from a checkpoint, not from 0
+    steps = steps_of(uri, run.info.run_id, "train/loss")
+    assert steps == list(range(1, steps[-1] + 1))  # every step once: no gap, no restart
+    with result["checkpoint"].as_directory() as d:
+        meta = json.loads((Path(d) / "meta.json").read_text())
+    assert meta["finished"] and meta["step"] == steps[-1]
+
+
+@pytest.mark.slow
+def test_driver_killed_midway_resumes_into_the_same_run(tmp_path, tiny_store):
+    cmd = [PYTHON, PRETRAIN, *tiny_args(tmp_path, tiny_store, "restarted", "--set", "train.epochs=4",
+                                        "--set", "train.eval_every=4", "--set", "mlflow.system_metrics=false")]
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(), start_new_session=True,
+                             stdout=open(tmp_path / "first.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 300
+        run_dir = tmp_path / "runs" / "restarted"
+        while not list(run_dir.glob("checkpoint_*")) and time.time() < deadline and first.poll() is None:
+            time.sleep(1)
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        time.sleep(2)
+    finally:
+        kill_tree(first.pid, grace=3)
+    second = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=500)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resuming run 'restarted'" in second.stdout
+    uri, run = the_run(tmp_path, "restarted")
+    assert run.info.status == "FINISHED"
+    resumed = tracking.client(uri).get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert len(resumed) == 1 and resumed[0].value >= 4
+    steps = steps_of(uri, run.info.run_id, "train/loss")
+    assert steps == sorted(set(steps)) and steps[-1] > resumed[0].value
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
