@@ -349,7 +349,7 @@ class PretrainHooks:
 def say(message: str) -> None:
     """Progress from a Train worker. Ray Train patches `print` into its logger and, when another
     library has wrapped sys.stdout (MLflow does), also tees it: lines came out twice."""
-    print(message, file=sys.__stdout__)
+    print(message, file=sys.__stdout__, flush=True)
 
 
 def _fmt_eta(seconds: float) -> str:
