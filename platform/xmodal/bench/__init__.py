@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
+from xmodal.cli import dispatch
 
-# name -> module implementing it (imported only when chosen, so `lxmert` needs no pyarrow, `data` no transformers)
-BENCHMARKS: dict[str, str] = {
-    "lxmert": "xmodal.bench.lxmert",
-    "data": "xmodal.bench.data",
-    "mult": "xmodal.bench.mult",
+# name -> (module implementing it, one-line help); imported only when chosen, so `lxmert` needs no
+# pyarrow and `data` no transformers.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "lxmert": ("xmodal.bench.lxmert", "LXMERT train step: ours vs transformers' LxmertForPreTraining"),
+    "data": ("xmodal.bench.data", "LXMERT input pipeline: ready batches/s vs the reference loader's work"),
+    "mult": ("xmodal.bench.mult", "MulT train step at unaligned MOSEI shapes"),
 }
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="benchmark.py", description=__doc__)
-    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
-    for name, module in BENCHMARKS.items():
-        mod = importlib.import_module(module)
-        mod.add_arguments(sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0]))
-    args = parser.parse_args(argv)
-    return importlib.import_module(BENCHMARKS[args.benchmark]).run(args)
+    return dispatch("benchmark.py", __doc__, BENCHMARKS, argv)

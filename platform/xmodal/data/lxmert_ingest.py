@@ -1,0 +1,472 @@
+"""Reference LXMERT feature TSV + pretraining JSON -> feature store (`python jobs/ingest.py lxmert OUT ...`).
+
+Inputs (FACTS.md "Reference data formats"):
+- TSV, no header, one image a line: img_id, img_h, img_w, objects_id (b64 int64[N]), objects_conf
+  (b64 float32[N]), attrs_id (b64 int64[N]), attrs_conf (b64 float32[N]), num_boxes, boxes (b64
+  float32[N*4], pixel x1 y1 x2 y2), features (b64 float32[N*2048]).
+- JSON: a list of {"img_id", "sentf": {source: [sentence, ...]}, "labelf": {source: [{answer: score}, ...]}}.
+
+Order of work, so that bad input fails before the expensive part and nothing is left behind:
+1. parse and check every JSON record; build the answer table and the tokenizer; tokenise all
+   sentences (fixed length, [CLS] ... [SEP]);
+2. pre-scan the TSVs' first column: duplicate images and sentences whose image has no features
+   fail here, before any base64 is decoded;
+3. stream the TSVs, decode and check each used line (field count, base64, box count, feature width,
+   finite values, boxes inside the image, label ranges), normalise the boxes by the image size,
+   cast features to float16, and append to the train or minival shards (split by a hash of img_id,
+   so no image is in both and the split does not depend on file order).
+Images with features but no sentence are not stored (counted in the manifest as dropped_images).
+QA targets: each question keeps all its known answers with their soft scores (a raw answer is
+normalised first; variants that normalise alike keep the highest score); the batch builder draws
+one per sample in proportion to the scores (MaskingOptions.qa_target="argmax" takes the best).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import json
+import math
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from xmodal.data.answers import AnswerError, AnswerTable
+from xmodal.data.store import ImageBlock, LxmertStore, StoreError, StoreWriter, check_target, concat_ranges
+from xmodal.data.tokenizer import TokenizerError, WordPieceTokenizer
+
+TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
+                               "num_boxes", "boxes", "features")
+BOX_TOLERANCE_PX = 1.0  # detector boxes may poke a pixel past the border; more than that is bad data
+
+
+class IngestError(ValueError):
+    """Bad input: the message names the file, the line or record, the field, the value and what was expected."""
+
+
+# ============================================================================ JSON
+
+
+@dataclass
+class Corpus:
+    """All sentences of the JSON files, grouped by image."""
+
+    sentences: list[str] = field(default_factory=list)
+    labels: list[dict[str, float] | None] = field(default_factory=list)  # per sentence; None = not a question
+    by_image: dict[str, list[int]] = field(default_factory=dict)  # img_id -> sentence indices
+    first_seen: dict[str, str] = field(default_factory=dict)  # img_id -> "file: record #i"
+
+
+def _fail(where: str, msg: str) -> IngestError:
+    return IngestError(f"{where}: {msg}")
+
+
+def load_pretrain_json(path: Path, corpus: Corpus) -> None:
+    """Parse and check one pretraining JSON file into `corpus` (records of one image are merged)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise _fail(f"{path}: line {e.lineno} column {e.colno}", f"not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise _fail(str(path), f"not UTF-8 text ({e})") from None
+    if not isinstance(data, list):
+        raise _fail(str(path), f"expected a JSON list of {{\"img_id\", \"sentf\", \"labelf\"}} records, "
+                               f"got {type(data).__name__}")
+    for i, rec in enumerate(data):
+        where = f"{path}: record #{i}"
+        if not isinstance(rec, dict):
+            raise _fail(where, f"expected an object with img_id, sentf, labelf, got {type(rec).__name__}")
+        img_id = rec.get("img_id")
+        if not isinstance(img_id, str) or not img_id:
+            raise _fail(where, f"field 'img_id': expected a non-empty string, got {img_id!r}")
+        where = f"{where} (img_id {img_id!r})"
+        sentf = rec.get("sentf")
+        if not isinstance(sentf, dict):
+            raise _fail(where, f"field 'sentf': expected {{source: [sentence, ...]}}, got {type(sentf).__name__}")
+        labelf = rec.get("labelf", {})
+        if labelf is None:
+            labelf = {}
+        if not isinstance(labelf, dict):
+            raise _fail(where, f"field 'labelf': expected {{source: [{{answer: score}}, ...]}}, "
+                               f"got {type(labelf).__name__}")
+        for source in labelf:
+            if source not in sentf:
+                raise _fail(where, f"field 'labelf.{source}': no sentences 'sentf.{source}' for these labels")
+        indices = corpus.by_image.setdefault(img_id, [])
+        corpus.first_seen.setdefault(img_id, where)
+        for source, sents in sentf.items():
+            if not isinstance(sents, list):
+                raise _fail(where, f"field 'sentf.{source}': expected a list of sentences, got {type(sents).__name__}")
+            labels = labelf.get(source)
+            if labels is not None:
+                if not isinstance(labels, list) or len(labels) != len(sents):
+                    n = len(labels) if isinstance(labels, list) else type(labels).__name__
+                    raise _fail(where, f"field 'labelf.{source}': expected a list of {len(sents)} label dicts "
+                                       f"(one per sentence), got {n}")
+            for j, s in enumerate(sents):
+                if not isinstance(s, str):
+                    raise _fail(where, f"field 'sentf.{source}[{j}]': expected a string, got {s!r:.60}")
+                label = None
+                if labels is not None:
+                    label = labels[j]
+                    if not isinstance(label, dict):
+                        raise _fail(where, f"field 'labelf.{source}[{j}]': expected {{answer: score}}, "
+                                           f"got {label!r:.60}")
+                    for a, sc in label.items():
+                        if isinstance(sc, bool) or not isinstance(sc, (int, float)) or not math.isfinite(sc) \
+                                or sc < 0:
+                            raise _fail(where, f"field 'labelf.{source}[{j}][{a!r}]': expected a finite score "
+                                               f">= 0, got {sc!r}")
+                indices.append(len(corpus.sentences))
+                corpus.sentences.append(s)
+                corpus.labels.append(label)
+
+
+def answer_arrays(corpus: Corpus, table: AnswerTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """Per-sentence known answers -> (offsets (S+1,), labels (A,), scores (A,), counters)."""
+    counts = np.zeros(len(corpus.sentences), dtype=np.int64)
+    labels: list[int] = []
+    scores: list[float] = []
+    unknown = unanswerable = 0
+    for s, raw in enumerate(corpus.labels):
+        if raw is None:
+            continue
+        best: dict[int, float] = {}
+        for a, sc in raw.items():
+            label = table.index(a)
+            if label is None:
+                unknown += 1
+            else:
+                best[label] = max(best.get(label, 0.0), float(sc))
+        if not best:
+            unanswerable += 1
+        counts[s] = len(best)
+        labels.extend(best.keys())
+        scores.extend(best.values())
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return (offsets, np.array(labels, dtype=np.int32), np.array(scores, dtype=np.float32),
+            {"unknown_answers": unknown, "unanswerable_questions": unanswerable})
+
+
+# ============================================================================ TSV
+
+
+def _b64(value: str, name: str, dtype: type, where: str) -> np.ndarray:
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise _fail(where, f"field {name!r}: invalid base64 ({e}); value starts {value[:24]!r}") from None
+    size = np.dtype(dtype).itemsize
+    if len(raw) % size:
+        raise _fail(where, f"field {name!r}: decodes to {len(raw)} bytes, not a whole number of "
+                           f"{np.dtype(dtype).name} ({size} bytes each)")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def _int(value: str, name: str, where: str, minimum: int = 1) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise _fail(where, f"field {name!r}: expected an integer, got {value[:40]!r}") from None
+    if v < minimum:
+        raise _fail(where, f"field {name!r}: expected >= {minimum}, got {v}")
+    return v
+
+
+@dataclass
+class TsvImage:
+    img_id: str
+    img_h: int
+    img_w: int
+    num_boxes: int
+    obj_ids: np.ndarray  # (n,) int32
+    obj_conf: np.ndarray  # (n,) float32
+    attr_ids: np.ndarray
+    attr_conf: np.ndarray
+    boxes: np.ndarray  # (n, 4) float32 normalised
+    features: np.ndarray  # (n, F) float16
+
+
+def parse_tsv_line(line: str, where: str, *, feat_dim: int | None, num_objects: int, num_object_labels: int,
+                   num_attr_labels: int) -> TsvImage:
+    """Decode and check one reference TSV line (`where` = "file:line" for errors)."""
+    fields = line.rstrip("\r\n").split("\t")
+    if len(fields) != len(TSV_FIELDS):
+        raise _fail(where, f"expected {len(TSV_FIELDS)} tab-separated fields ({', '.join(TSV_FIELDS)}), "
+                           f"got {len(fields)}")
+    img_id = fields[0]
+    where = f"{where} (img_id {img_id!r})"
+    h, w = _int(fields[1], "img_h", where), _int(fields[2], "img_w", where)
+    n = _int(fields[7], "num_boxes", where)
+    if n > num_objects:
+        raise _fail(where, f"field 'num_boxes': {n} boxes, the store holds at most --num-objects {num_objects}")
+    arrays = {}
+    for name, dtype, per_box in (("objects_id", np.int64, 1), ("objects_conf", np.float32, 1),
+                                 ("attrs_id", np.int64, 1), ("attrs_conf", np.float32, 1),
+                                 ("boxes", np.float32, 4)):
+        a = _b64(fields[TSV_FIELDS.index(name)], name, dtype, where)
+        if a.size != n * per_box:
+            raise _fail(where, f"field {name!r}: {a.size} values, expected num_boxes * {per_box} = {n * per_box} "
+                               "(wrong number of boxes)")
+        arrays[name] = a
+    feats = _b64(fields[9], "features", np.float32, where)
+    if feats.size % n:
+        raise _fail(where, f"field 'features': {feats.size} float32 values is not a whole number per box "
+                           f"(num_boxes={n}); expected num_boxes * feature width")
+    width = feats.size // n
+    if feat_dim is not None and width != feat_dim:
+        raise _fail(where, f"field 'features': width {width} per box ({feats.size} values / {n} boxes), "
+                           f"expected {feat_dim} (--feat-dim, else the width of the first image)")
+    feats = feats.reshape(n, width)
+    if not np.isfinite(feats).all():
+        bad = np.argwhere(~np.isfinite(feats))[0]
+        raise _fail(where, f"field 'features': non-finite value {feats[bad[0], bad[1]]} at box {bad[0]}, dim {bad[1]}")
+    peak = float(np.abs(feats).max()) if feats.size else 0.0
+    if peak > float(np.finfo(np.float16).max):
+        raise _fail(where, f"field 'features': value {peak:g} does not fit float16 (max 65504)")
+    for name, limit in (("objects_id", num_object_labels), ("attrs_id", num_attr_labels)):
+        ids = arrays[name]
+        bad = np.nonzero((ids < 0) | (ids >= limit))[0]
+        if len(bad):
+            raise _fail(where, f"field {name!r}: id {int(ids[bad[0]])} at box {bad[0]} outside [0, {limit}) "
+                               f"(--num-{'object' if name == 'objects_id' else 'attr'}-labels {limit})")
+    for name in ("objects_conf", "attrs_conf"):
+        c = arrays[name]
+        bad = np.nonzero(~np.isfinite(c) | (c < 0) | (c > 1.0 + 1e-3))[0]
+        if len(bad):
+            raise _fail(where, f"field {name!r}: confidence {c[bad[0]]} at box {bad[0]}, expected in [0, 1]")
+    boxes = arrays["boxes"].reshape(n, 4)
+    t = BOX_TOLERANCE_PX
+    bad = ~np.isfinite(boxes).all(1) | (boxes[:, 0] < -t) | (boxes[:, 1] < -t) | (boxes[:, 2] > w + t) \
+        | (boxes[:, 3] > h + t) | (boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])
+    if bad.any():
+        i = int(np.nonzero(bad)[0][0])
+        raise _fail(where, f"field 'boxes': box {i} = {boxes[i].tolist()} (x1 y1 x2 y2, pixels) is not inside "
+                           f"the {w}x{h} image (expected 0 <= x1 <= x2 <= img_w, 0 <= y1 <= y2 <= img_h)")
+    norm = np.clip(boxes / np.array([w, h, w, h], np.float32), 0.0, 1.0)
+    return TsvImage(img_id=img_id, img_h=h, img_w=w, num_boxes=n, obj_ids=arrays["objects_id"].astype(np.int32),
+                    obj_conf=np.clip(arrays["objects_conf"], 0, 1), attr_ids=arrays["attrs_id"].astype(np.int32),
+                    attr_conf=np.clip(arrays["attrs_conf"], 0, 1), boxes=norm, features=feats.astype(np.float16))
+
+
+def scan_tsv_ids(paths: list[Path], progress: bool) -> dict[str, str]:
+    """img_id -> "file:line" from the first column only (no decoding); duplicates fail here."""
+    seen: dict[str, str] = {}
+    bar = _bar(sum(p.stat().st_size for p in paths), "scan TSV", "B", progress)
+    for p in paths:
+        with open(p, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                bar.update(len(line))
+                if not line.strip():
+                    continue
+                img_id = line.split(b"\t", 1)[0].decode("utf-8", errors="replace")
+                where = f"{p}:{lineno}"
+                if img_id in seen:
+                    raise _fail(where, f"img_id {img_id!r} already has features at {seen[img_id]}")
+                seen[img_id] = where
+    bar.close()
+    return seen
+
+
+def _bar(total: int, desc: str, unit: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
+                disable=not enabled, smoothing=0.1)
+
+
+def minival_by_hash(img_id: str, fraction: float) -> bool:
+    """Stable, order-independent split by image: crc32(img_id) / 2**32 < fraction."""
+    return zlib.crc32(img_id.encode("utf-8")) < fraction * 2**32
+
+
+# ============================================================================ the ingest
+
+
+def _block(images: list[TsvImage], corpus: Corpus, tokens: np.ndarray, ans: tuple[np.ndarray, ...],
+           num_objects: int, feat_dim: int) -> ImageBlock:
+    k, n = len(images), num_objects
+    feats = np.zeros((k, n, feat_dim), np.float16)
+    boxes = np.zeros((k, n, 4), np.float32)
+    ints = {name: np.full((k, n), -1, np.int32) for name in ("obj_ids", "attr_ids")}
+    confs = {name: np.zeros((k, n), np.float32) for name in ("obj_conf", "attr_conf")}
+    for i, im in enumerate(images):  # per image (not per object or token): k <= a few hundred
+        m = im.num_boxes
+        feats[i, :m], boxes[i, :m] = im.features, im.boxes
+        ints["obj_ids"][i, :m], ints["attr_ids"][i, :m] = im.obj_ids, im.attr_ids
+        confs["obj_conf"][i, :m], confs["attr_conf"][i, :m] = im.obj_conf, im.attr_conf
+    sent_lists = [corpus.by_image[im.img_id] for im in images]
+    sents = np.fromiter((s for lst in sent_lists for s in lst), dtype=np.int64)
+    ans_off, ans_lab, ans_score = ans
+    a0, a1 = ans_off[sents], ans_off[sents + 1]
+    idx = concat_ranges(a0, a1)
+    return ImageBlock(
+        img_id=np.array([im.img_id for im in images], dtype=object),
+        img_h=np.array([im.img_h for im in images], np.int32), img_w=np.array([im.img_w for im in images], np.int32),
+        num_boxes=np.array([im.num_boxes for im in images], np.int32), features=feats, boxes=boxes,
+        obj_ids=ints["obj_ids"], obj_conf=confs["obj_conf"], attr_ids=ints["attr_ids"], attr_conf=confs["attr_conf"],
+        sent_offsets=np.concatenate([[0], np.cumsum([len(s) for s in sent_lists])]).astype(np.int64),
+        input_ids=tokens[sents],
+        ans_offsets=np.concatenate([[0], np.cumsum(a1 - a0)]).astype(np.int64),
+        ans_ids=ans_lab[idx], ans_scores=ans_score[idx])
+
+
+def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str | Path], *,
+                  vocab: str | Path | None = None, answers: str | Path | None = None, num_answers: int = 9500,
+                  vocab_size: int = 30522, minival_fraction: float = 0.1, max_seq_len: int = 20,
+                  num_objects: int = 36, feat_dim: int | None = None, num_object_labels: int = 1600,
+                  num_attr_labels: int = 400, images_per_shard: int = 256, row_group_images: int = 32,
+                  allow_missing_images: bool = False, overwrite: bool = False,
+                  progress: bool = True) -> LxmertStore:
+    """Build a store from reference files; see the module docstring for the checks and their order."""
+    out_path = Path(out).expanduser().resolve()
+    check_target(out_path, overwrite)  # before reading anything
+    tsv_paths = [Path(p).expanduser().resolve() for p in tsv]
+    json_paths = [Path(p).expanduser().resolve() for p in json_files]
+    if not tsv_paths or not json_paths:
+        raise IngestError("need at least one --tsv feature file and one --json sentence file")
+    for p in [*tsv_paths, *json_paths, *(Path(x) for x in (vocab, answers) if x is not None)]:
+        if not Path(p).is_file():
+            raise IngestError(f"{p}: input file does not exist")
+    if not 0 <= minival_fraction < 1:
+        raise IngestError(f"--minival-fraction {minival_fraction}: expected a fraction in [0, 1)")
+
+    # 1. sentences, answers, tokens
+    corpus = Corpus()
+    for p in json_paths:
+        load_pretrain_json(p, corpus)
+    if answers is not None:
+        table = AnswerTable.from_reference(answers, limit=num_answers)
+    else:
+        table = AnswerTable.most_frequent((a for lab in corpus.labels if lab for a in lab), num_answers)
+        if len(table) == 0:
+            table = AnswerTable(["yes"])  # a corpus without questions still needs a (1-answer) QA head
+    ans = answer_arrays(corpus, table)
+    counters = dict(ans[3])
+    if vocab is not None:
+        tokenizer = WordPieceTokenizer.from_vocab(vocab, max_seq_len)
+    else:
+        tokenizer = WordPieceTokenizer.train(corpus.sentences, max_seq_len, vocab_size=vocab_size)
+    tokens, counters["truncated_sentences"] = tokenizer.encode(corpus.sentences)  # (S, T) int32
+
+    # 2. which images have features (first column only)
+    located = scan_tsv_ids(tsv_paths, progress)
+    missing = [i for i in corpus.by_image if i not in located and corpus.by_image[i]]
+    if missing and not allow_missing_images:
+        first = missing[0]
+        raise _fail(corpus.first_seen[first], f"img_id {first!r} has sentences but no features in any --tsv file "
+                                              f"({len(missing)} such image(s); --allow-missing-images drops them)")
+    for i in missing:
+        del corpus.by_image[i]
+    counters["dropped_images"] = sum(1 for i in located if not corpus.by_image.get(i))
+
+    # 3. decode, check, write
+    options = {"vocab": str(vocab) if vocab else None, "answers": str(answers) if answers else None,
+               "num_answers": num_answers, "vocab_size": vocab_size, "minival_fraction": minival_fraction,
+               "max_seq_len": max_seq_len, "num_objects": num_objects, "feat_dim": feat_dim,
+               "num_object_labels": num_object_labels, "num_attr_labels": num_attr_labels,
+               "images_per_shard": images_per_shard, "row_group_images": row_group_images,
+               "allow_missing_images": allow_missing_images, "missing_images": len(missing)}
+    used = sum(1 for i in located if corpus.by_image.get(i))
+    writer: StoreWriter | None = None
+    buffers: dict[str, list[TsvImage]] = {"train": [], "minival": []}
+    chunk = max(1, min(images_per_shard, 64))
+    try:
+        bar = _bar(used, "decode TSV", "img", progress)
+        for where, line in _tsv_lines(tsv_paths):
+            img_id = line.split("\t", 1)[0]
+            if not corpus.by_image.get(img_id):
+                continue
+            im = parse_tsv_line(line, where, feat_dim=feat_dim, num_objects=num_objects,
+                                num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
+            if writer is None:
+                feat_dim = im.features.shape[1]
+                options["feat_dim"] = feat_dim
+                writer = StoreWriter(out_path, num_objects=num_objects, feat_dim=feat_dim, max_seq_len=max_seq_len,
+                                     images_per_shard=images_per_shard, row_group_images=row_group_images,
+                                     overwrite=overwrite)
+            split = "minival" if minival_by_hash(img_id, minival_fraction) else "train"
+            buffers[split].append(im)
+            if len(buffers[split]) >= chunk:
+                writer.add(split, _block(buffers[split], corpus, tokens, ans[:3], num_objects, feat_dim))
+                buffers[split] = []
+            bar.update(1)
+        bar.close()
+        if writer is None:
+            raise IngestError("no image has both features and sentences: nothing to write")
+        for split, images in buffers.items():
+            if images:
+                writer.add(split, _block(images, corpus, tokens, ans[:3], num_objects, feat_dim))
+        return writer.finish(tokenizer=tokenizer, answers=table, source="lxmert",
+                             num_object_labels=num_object_labels, num_attr_labels=num_attr_labels,
+                             inputs=[str(p) for p in [*tsv_paths, *json_paths]], options=options, **counters)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+def _tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
+    for p in paths:
+        with open(p, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise _fail(f"{p}:{lineno}", f"not UTF-8 text ({e})") from None
+                yield f"{p}:{lineno}", line
+
+
+# ============================================================================ CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Reference LXMERT feature TSV + pretraining JSON (airsplay/lxmert formats)."""
+    parser.add_argument("out", help="store directory to create")
+    parser.add_argument("--tsv", action="append", required=True, help="feature TSV (repeatable)")
+    parser.add_argument("--json", action="append", required=True, help="pretraining JSON (repeatable)")
+    parser.add_argument("--vocab", help="BERT vocab.txt (default: train a WordPiece vocabulary on the sentences)")
+    parser.add_argument("--vocab-size", type=int, default=30522, help="size of a trained vocabulary")
+    parser.add_argument("--answers", help="reference all_ans.json (default: the most frequent answers)")
+    parser.add_argument("--num-answers", type=int, default=9500, help="answer table size (default 9500)")
+    parser.add_argument("--minival-fraction", type=float, default=0.1,
+                        help="fraction of images held out as minival, by a hash of img_id (default 0.1)")
+    parser.add_argument("--max-seq-len", type=int, default=20, help="tokens per sentence incl. [CLS]/[SEP]")
+    parser.add_argument("--num-objects", type=int, default=36, help="object slots per image")
+    parser.add_argument("--feat-dim", type=int, default=None, help="feature width (default: from the first line)")
+    parser.add_argument("--num-object-labels", type=int, default=1600)
+    parser.add_argument("--num-attr-labels", type=int, default=400)
+    parser.add_argument("--images-per-shard", type=int, default=256)
+    parser.add_argument("--allow-missing-images", action="store_true",
+                        help="drop sentences whose image has no features instead of failing")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        store = ingest_lxmert(args.out, args.tsv, args.json, vocab=args.vocab, answers=args.answers,
+                              num_answers=args.num_answers, vocab_size=args.vocab_size,
+                              minival_fraction=args.minival_fraction, max_seq_len=args.max_seq_len,
+                              num_objects=args.num_objects, feat_dim=args.feat_dim,
+                              num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
+                              images_per_shard=args.images_per_shard,
+                              allow_missing_images=args.allow_missing_images, overwrite=args.overwrite,
+                              progress=not args.no_progress)
+    except (IngestError, StoreError, AnswerError, TokenizerError) as e:
+        print(f"error: {e}")
+        return 2
+    m = store.manifest
+    print(store)
+    print(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "
+          f"questions without a known answer {m.unanswerable_questions}, truncated sentences "
+          f"{m.truncated_sentences}, images without sentences {m.dropped_images}")
+    return 0

@@ -1,0 +1,97 @@
+"""The synthetic corpus is learnable: features identify classes, sentences follow from the objects."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from refdata import SMALL
+
+from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.data.store import LxmertStore, StoreError
+from xmodal.data.synthetic import build_synthetic_store, class_names, colour_names, ensure_synthetic_store
+
+
+def test_nearest_prototype_classifier_far_above_chance(small_store: LxmertStore):
+    train, val = small_store.read_split("train"), small_store.read_split("minival")
+    labels = small_store.manifest.num_object_labels
+    x, y = train.features.reshape(-1, train.features.shape[-1]).astype(np.float32), train.obj_ids.reshape(-1)
+    centroids = np.stack([x[y == c].mean(0) for c in range(labels)])  # (L, F) from the data alone
+    xv, yv = val.features.reshape(-1, val.features.shape[-1]).astype(np.float32), val.obj_ids.reshape(-1)
+    pred = ((xv[:, None, :] - centroids[None]) ** 2).sum(-1).argmin(1)
+    acc = (pred == yv).mean()
+    assert acc > 0.9 > 10 / labels, f"nearest-centroid accuracy {acc:.3f} (chance {1 / labels:.3f})"
+
+
+def _fg(store: LxmertStore) -> int:
+    n = store.manifest.num_object_labels
+    return n - max(1, n // 5)
+
+
+def test_sentences_follow_from_the_objects(small_store: LxmertStore):
+    block, tok, table = small_store.read_split("train"), small_store.tokenizer(), small_store.answers()
+    n_fg = _fg(small_store)
+    names = {w: c for c, w in enumerate(class_names(n_fg))}
+    names.update({w + "s": c for w, c in list(names.items())})
+    colours = colour_names(small_store.manifest.num_attr_labels)
+    checked = {"caption": 0, "color": 0, "count": 0, "presence": 0}
+    absent_in_other = []
+    for k in range(block.num_images):
+        present = set(block.obj_ids[k][block.obj_ids[k] < n_fg].tolist())
+        for s in range(block.sent_offsets[k], block.sent_offsets[k + 1]):
+            words = tok.decode(block.input_ids[s]).replace("?", " ?").split()
+            named = {names[w] for w in words if w in names}
+            a0, a1 = block.ans_offsets[s], block.ans_offsets[s + 1]
+            answer = table.answer(int(block.ans_ids[a0])) if a1 > a0 else None
+            if words[-1] != "?":
+                assert named and named <= present, f"caption {' '.join(words)!r} names absent objects"
+                checked["caption"] += 1
+                other = block.obj_ids[(k + 1) % block.num_images]
+                absent_in_other.append(not named <= set(other.tolist()))
+            elif words[:3] == ["what", "color", "is"]:
+                (c,) = named
+                attrs = block.attr_ids[k][block.obj_ids[k] == c]
+                assert len(set(attrs.tolist())) == 1 and answer == colours[attrs[0]]
+                checked["color"] += 1
+            elif words[:2] == ["how", "many"]:
+                (c,) = named
+                assert answer == str(int((block.obj_ids[k] == c).sum()))
+                checked["count"] += 1
+            else:
+                (c,) = named
+                assert answer == ("yes" if c in present else "no")
+                checked["presence"] += 1
+    assert min(checked.values()) > 50, checked
+    # A caption of another image (what a mismatch shows) names objects absent here.
+    assert np.mean(absent_in_other) > 0.8
+
+
+def test_builds_in_seconds_and_supports_paper_dims(tmp_path: Path):
+    o = SyntheticLxmertOptions(num_images=2000, feat_dim=64, num_object_labels=40, num_attr_labels=8, num_answers=60,
+                               sentences_per_image=4)
+    t = time.perf_counter()
+    store = build_synthetic_store(tmp_path / "default", o)
+    took = time.perf_counter() - t
+    assert took < 10, f"2000 images took {took:.1f} s"
+    assert store.manifest.images("train") == 1800 and store.manifest.images("minival") == 200
+
+    paper = SyntheticLxmertOptions(num_images=12, images_per_shard=8)  # 36 x 2048, 1600 / 400 classes, 9500 answers
+    store = build_synthetic_store(tmp_path / "paper", paper)
+    m = store.manifest
+    assert (m.num_objects, m.feat_dim, m.num_object_labels, m.num_attr_labels) == (36, 2048, 1600, 400)
+    assert m.num_answers <= 9500 and store.read_split("train").features.shape[1:] == (36, 2048)
+
+
+def test_ensure_synthetic_store_reuses_or_refuses(tmp_path: Path):
+    o = dataclasses.replace(SMALL, num_images=40)
+    path = tmp_path / "syn"
+    first = ensure_synthetic_store(path, o)
+    stamp = (path / "manifest.json").stat().st_mtime_ns
+    again = ensure_synthetic_store(path, dataclasses.replace(o))
+    assert again.manifest == first.manifest and (path / "manifest.json").stat().st_mtime_ns == stamp
+    with pytest.raises(StoreError, match=r"feat_dim: store has 16, asked for 24"):
+        ensure_synthetic_store(path, dataclasses.replace(o, feat_dim=24))
+    assert (path / "manifest.json").stat().st_mtime_ns == stamp
