@@ -64,4 +64,4 @@ def test_override_syntax_errors():
 
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config(PretrainConfig))
-    assert flat["model.hidden_size"] == 128 and flat["tasks.mlm"] is True and flat["optim.lr"] == 1e-4
+    assert flat["model.hidden_size"] == 128 and flat["tasks.mlm"] is True and flat["optim.lr"] == 5e-4

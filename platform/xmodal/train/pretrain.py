@@ -3,53 +3,34 @@
 Driver: validate and resolve everything (store, dims, MLflow run, storage path)
 before Ray starts; build a TorchTrainer; after `fit()` log the final model and
 close the MLflow run. Workers: build the model, restore the latest checkpoint,
-run `xmodal.train.loop.fit`, and report checkpoints + minival metrics.
+run `xmodal.train.loop.fit`; `xmodal.train.job.RunHooks` logs, evaluates on
+minival and reports checkpoints. The sweep layer calls prepare_run /
+build_trainer / finish_run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from xmodal import tracking
 from xmodal.config import ConfigError, PretrainConfig, flatten
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.cluster import connect, require_ray, storage_path
-from xmodal.train.loop import Throughput, all_reduce_sums, evaluate_sums, fit, ratios
+from xmodal.train.cluster import connect, storage_path
+from xmodal.train.job import RunHooks, RunPlan, fail_marker, finish_run, make_trainer, open_run
+from xmodal.train.loop import evaluate_sums, fit, ratios
 from xmodal.train.runtime import prepare
-from xmodal.train.step import TrainState
 
 DEFAULT_STORE = "data/synthetic_lxmert"
 
 
 # ---------------------------------------------------------------- driver
-
-
-@dataclass
-class PretrainPlan:
-    """Everything a worker needs, resolved on the driver (plain JSON-able data)."""
-
-    config: dict[str, Any]
-    store: str
-    tracking_uri: str
-    run_id: str
-    run_name: str
-    storage: str
-    total_steps: int
-    micro_batch: int
-    fail_marker: str | None
 
 
 def resolve_store(cfg: PretrainConfig):
@@ -111,21 +92,13 @@ def prepare_run(cfg: PretrainConfig, source: str = "defaults", parent_run_id: st
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
     storage = storage_path(cfg.scale.storage_path)
 
-    exp_id = tracking.ensure_experiment(uri, cfg.mlflow.experiment)
-    existing = tracking.find_run(uri, exp_id, name)
-    if existing is not None:
-        run_id = existing.info.run_id
-        tracking.mark_running(uri, run_id)
-        print(f"[xmodal] resuming run {name!r} (MLflow run {run_id})")
-    else:
-        tags = {"model": "lxmert", "task": "pretrain", "preset": cfg.preset, "store": str(store.path),
-                "git_commit": tracking.git_commit(), "config_source": source, **(extra_tags or {})}
-        run_id = tracking.create_run(uri, exp_id, name, flatten(cfg), tags, parent_run_id)
-    plan = PretrainPlan(
+    tags = {"model": "lxmert", "task": "pretrain", "preset": cfg.preset, "store": str(store.path),
+            "config_source": source, **(extra_tags or {})}
+    run_id = open_run(uri, cfg.mlflow.experiment, name, flatten(cfg), tags, parent_run_id)
+    plan = RunPlan(
         config=cfg.model_dump(mode="json"), store=str(store.path), tracking_uri=uri, run_id=run_id,
         run_name=name, storage=storage, total_steps=total_steps, micro_batch=micro,
-        fail_marker=(str(Path(storage) / name / ".fail_injected")
-                     if cfg.train.fail_at_step is not None and "://" not in storage else None))
+        fail_marker=fail_marker(storage, name) if cfg.train.fail_at_step is not None else None)
     return plan, store
 
 
@@ -144,52 +117,15 @@ def run_pretraining(cfg: PretrainConfig, source: str = "defaults") -> dict[str, 
             "metrics": result.metrics}
 
 
-def build_trainer(plan: PretrainPlan, store, callbacks: list | None = None):
+def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
     """A TorchTrainer for the plan; sweeps pass Tune's report callback."""
-    require_ray()
-    import ray.data
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
+    connect()
     from xmodal.data.pipeline import lxmert_dataset
 
-    connect()
-    # Per-operator progress bars from every split coordinator swamp the job's log; training prints its own.
-    ray.data.DataContext.get_current().enable_progress_bars = False
     cfg = PretrainConfig.model_validate(plan.config)
-    s = cfg.scale
-    resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
-    if s.gpus_per_worker:
-        resources["GPU"] = s.gpus_per_worker
-    return TorchTrainer(
-        pretrain_worker,
-        train_loop_config=dataclasses.asdict(plan),
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=s.num_workers, use_gpu=s.gpus_per_worker > 0, resources_per_worker=resources,
-            placement_strategy=s.placement_strategy),
-        run_config=ray.train.RunConfig(
-            name=plan.run_name, storage_path=plan.storage, callbacks=callbacks,
-            failure_config=ray.train.FailureConfig(max_failures=s.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(
-                num_to_keep=cfg.train.keep_best, checkpoint_score_attribute=cfg.train.best_metric,
-                checkpoint_score_order=cfg.train.best_mode)),
-        # Minival is read by each worker straight from the store (see pretrain_worker.evaluate).
-        datasets={"train": lxmert_dataset(store, "train", seed=cfg.train.seed)},
-    )
-
-
-def finish_run(plan: PretrainPlan, checkpoint) -> None:
-    """Log the resolved config and the final model as artifacts, then mark the MLflow run finished."""
-    uri, run_id = plan.tracking_uri, plan.run_id
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg_file = Path(tmp) / "config.yaml"
-        cfg_file.write_text(yaml.safe_dump(plan.config, sort_keys=False))
-        tracking.log_artifact(uri, run_id, cfg_file)
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
-                tracking.log_artifact(uri, run_id, Path(d) / f, "model")
-    tracking.set_terminated(uri, run_id, "FINISHED")
+    # Minival is read by each worker straight from the store (see pretrain_worker.evaluate).
+    datasets = {"train": lxmert_dataset(store, "train", seed=cfg.train.seed)}
+    return make_trainer(pretrain_worker, plan, cfg.scale, cfg.train, datasets, callbacks)
 
 
 # ---------------------------------------------------------------- worker
@@ -204,7 +140,7 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     from xmodal.data.pipeline import iter_lxmert_batches
     from xmodal.data.store import open_store
 
-    plan = PretrainPlan(**plan_dict)
+    plan = RunPlan(**plan_dict)
     cfg = PretrainConfig.model_validate(plan.config)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -257,104 +193,9 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     def step_kwargs(epoch: int) -> dict[str, Any]:
         return {"active": all_tasks if epoch >= qa_from else no_qa}
 
-    hooks = PretrainHooks(plan, cfg, rank, world, device, evaluate, meta)
+    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta)
     fit(state, data, hooks, epochs=cfg.train.epochs, total_steps=plan.total_steps,
         grad_accum=cfg.train.grad_accum, start=(meta.get("epoch", 0), meta.get("pos", 0)),
         step_kwargs=step_kwargs)
 
 
-class PretrainHooks:
-    """Logging, evaluation, checkpoints and the test-only fault switch, run on every worker
-    (collectives need all of them); only rank 0 prints and writes to MLflow."""
-
-    def __init__(self, plan: PretrainPlan, cfg: PretrainConfig, rank: int, world: int,
-                 device: torch.device, evaluate, meta: dict[str, Any]):
-        self.plan, self.cfg, self.rank, self.world, self.device = plan, cfg, rank, world, device
-        self.evaluate = evaluate
-        self.last_eval_step = meta.get("step", -1)
-        self.best = meta.get("best")
-        self.meter = Throughput(meta.get("step", 0), plan.total_steps)
-        self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, cfg.mlflow.system_metrics)
-                       if rank == 0 else None)
-        self.window: dict[str, float] = {}
-        self.window_steps = 0
-        self.last_metrics: dict[str, float] = {}
-        if self.logger is not None and "step" in meta:
-            # Marks the restart in MLflow: training continued from this checkpointed step.
-            self.logger.log({"train/resumed_from_step": meta["step"]}, meta["step"], force=True)
-            say(f"[xmodal] resumed from checkpoint at step {meta['step']} (epoch {meta.get('epoch')})")
-
-    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None:
-        t = self.cfg.train
-        self.meter.add(t.batch_size)
-        self._maybe_fail(state.step)
-        for k, v in losses.items():
-            self.window[k] = self.window.get(k, 0.0) + float(v)
-        self.window_steps += 1
-        if state.step % t.log_every == 0:
-            sums = all_reduce_sums(self.window, self.device)
-            n = self.window_steps * self.world
-            metrics = {f"train/{k}": v / n for k, v in sums.items()}
-            self.window, self.window_steps = {}, 0
-            rate, eta = self.meter.read(state.step)
-            metrics.update({"train/lr": state.scheduler.get_last_lr()[0], "train/samples_per_s": rate,
-                            "train/epoch": epoch})
-            if self.rank == 0:
-                say(f"[xmodal] step {state.step}/{self.plan.total_steps} epoch {epoch} "
-                      f"loss {metrics.get('train/loss', float('nan')):.4f} {rate:,.0f} samples/s "
-                      f"ETA {_fmt_eta(eta)}")
-                self.logger.log(metrics, state.step)
-        if state.step % t.eval_every == 0:
-            self._eval_and_checkpoint(state, epoch, pos, finished=False)
-
-    def at_end(self, state: TrainState, epoch: int, pos: int) -> None:
-        self._eval_and_checkpoint(state, epoch, pos, finished=True, rerun_eval=state.step != self.last_eval_step or not self.last_metrics)
-        if self.logger is not None:
-            self.logger.close()
-
-    def _eval_and_checkpoint(self, state, epoch, pos, finished, rerun_eval=True) -> None:
-        import ray.train
-
-        metrics = self.evaluate() if rerun_eval else dict(self.last_metrics)
-        self.last_eval_step, self.last_metrics = state.step, metrics
-        score = metrics.get(self.cfg.train.best_metric)
-        if score is not None and (self.best is None or (score > self.best) == (self.cfg.train.best_mode == "max")):
-            self.best = score
-        if self.rank == 0 and rerun_eval:
-            shown = " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in sorted(metrics.items()))
-            say(f"[xmodal] eval @ step {state.step}: {shown}")
-            self.logger.log(metrics, state.step)
-        report = {**metrics, "step": state.step, "epoch": epoch}
-        if self.rank == 0:
-            with tempfile.TemporaryDirectory() as tmp:
-                ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
-                                       "run_id": self.plan.run_id, "config": self.plan.config})
-                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(report)
-
-    def _maybe_fail(self, step: int) -> None:
-        """Test-only: one worker exits once at `train.fail_at_step` to exercise FailureConfig."""
-        marker = self.plan.fail_marker
-        if self.cfg.train.fail_at_step != step or marker is None or self.rank != min(1, self.world - 1):
-            return
-        if Path(marker).exists():
-            return
-        Path(marker).parent.mkdir(parents=True, exist_ok=True)
-        Path(marker).write_text(json.dumps({"step": step, "time": time.time()}))
-        say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
-        os._exit(1)
-
-
-def say(message: str) -> None:
-    """Progress from a Train worker. Ray Train patches `print` into its logger and, when another
-    library has wrapped sys.stdout (MLflow does), also tees it: lines came out twice."""
-    print(message, file=sys.__stdout__, flush=True)
-
-
-def _fmt_eta(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

@@ -1,0 +1,222 @@
+"""What every Ray Train job shares: the run plan, the MLflow run, the TorchTrainer, the hooks
+that log, evaluate, checkpoint and inject faults on the workers, and the end of a run.
+
+Task modules (`train/pretrain.py`, `train/mult.py`) supply the model, data and evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from xmodal import tracking
+from xmodal.config import ScaleConfig, TrainConfig
+from xmodal.train import checkpoint as ckpt
+from xmodal.train.cluster import require_ray
+from xmodal.train.loop import Throughput, all_reduce_sums
+from xmodal.train.step import TrainState
+
+
+@dataclass
+class RunPlan:
+    """Everything a worker needs, resolved on the driver (plain JSON-able data)."""
+
+    config: dict[str, Any]
+    store: str
+    tracking_uri: str
+    run_id: str
+    run_name: str
+    storage: str
+    total_steps: int
+    micro_batch: int
+    fail_marker: str | None
+
+
+
+
+def fail_marker(storage: str, name: str) -> str | None:
+    """Where the test-only fault switch records that it fired (local storage only)."""
+    return None if "://" in storage else str(Path(storage) / name / ".fail_injected")
+
+
+def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
+             parent_run_id: str | None = None) -> str:
+    """The MLflow run named `name` (resumed: marked running again) or a new one with params and tags."""
+    exp_id = tracking.ensure_experiment(uri, experiment)
+    existing = tracking.find_run(uri, exp_id, name)
+    if existing is not None:
+        tracking.mark_running(uri, existing.info.run_id)
+        print(f"[xmodal] resuming run {name!r} (MLflow run {existing.info.run_id})")
+        return existing.info.run_id
+    return tracking.create_run(uri, exp_id, name, params, {"git_commit": tracking.git_commit(), **tags},
+                               parent_run_id)
+
+
+def make_trainer(worker: Callable[[dict], None], plan: RunPlan, scale: ScaleConfig, train: TrainConfig,
+                 datasets: dict[str, Any], callbacks: list | None = None):
+    """A TorchTrainer: CPUs left for Ray Data, failures retried, the best checkpoints kept."""
+    require_ray()
+    import ray.data
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    # Per-operator progress bars from every split coordinator swamp the job's log; training prints its own.
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
+    if scale.gpus_per_worker:
+        resources["GPU"] = scale.gpus_per_worker
+    return TorchTrainer(
+        worker,
+        train_loop_config=dataclasses.asdict(plan),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scale.num_workers, use_gpu=scale.gpus_per_worker > 0, resources_per_worker=resources,
+            placement_strategy=scale.placement_strategy),
+        run_config=ray.train.RunConfig(
+            name=plan.run_name, storage_path=plan.storage, callbacks=callbacks,
+            failure_config=ray.train.FailureConfig(max_failures=scale.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=train.keep_best, checkpoint_score_attribute=train.best_metric,
+                checkpoint_score_order=train.best_mode)),
+        datasets=datasets,
+    )
+
+
+def finish_run(plan: RunPlan, checkpoint) -> None:
+    """Log the resolved config and the final model as artifacts, then mark the MLflow run finished."""
+    uri, run_id = plan.tracking_uri, plan.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_file = Path(tmp) / "config.yaml"
+        cfg_file.write_text(yaml.safe_dump(plan.config, sort_keys=False))
+        tracking.log_artifact(uri, run_id, cfg_file)
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
+                tracking.log_artifact(uri, run_id, Path(d) / f, "model")
+    tracking.set_terminated(uri, run_id, "FINISHED")
+
+
+class RunHooks:
+    """Logging, evaluation, checkpoints and the test-only fault switch, run on every worker
+    (collectives need all of them); only rank 0 prints and writes to MLflow."""
+
+    def __init__(self, plan: RunPlan, train: TrainConfig, system_metrics: bool, rank: int, world: int,
+                 device: torch.device, evaluate: Callable[[], dict[str, float]], meta: dict[str, Any],
+                 on_checkpoint: Callable[[TrainState, Path, bool], None] | None = None,
+                 on_end: Callable[[TrainState], dict[str, float]] | None = None):
+        """`on_checkpoint(state, folder, is_new_best)` adds files to a checkpoint (rank 0);
+        `on_end(state)` runs on every worker after the final checkpoint (e.g. the test split on
+        the selected model) and its metrics are logged and reported."""
+        self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
+        self.on_checkpoint, self.on_end = on_checkpoint, on_end
+        self.evaluate = evaluate
+        self.last_eval_step = meta.get("step", -1)
+        self.best = meta.get("best")
+        self.meter = Throughput(meta.get("step", 0), plan.total_steps)
+        self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics)
+                       if rank == 0 else None)
+        self.window: dict[str, float] = {}
+        self.window_steps = 0
+        self.last_metrics: dict[str, float] = {}
+        if self.logger is not None and "step" in meta:
+            # Marks the restart in MLflow: training continued from this checkpointed step.
+            self.logger.log({"train/resumed_from_step": meta["step"]}, meta["step"], force=True)
+            say(f"[xmodal] resumed from checkpoint at step {meta['step']} (epoch {meta.get('epoch')})")
+
+    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None:
+        t = self.train
+        self.meter.add(t.batch_size)
+        self._maybe_fail(state.step)
+        for k, v in losses.items():
+            self.window[k] = self.window.get(k, 0.0) + float(v)
+        self.window_steps += 1
+        if state.step % t.log_every == 0:
+            sums = all_reduce_sums(self.window, self.device)
+            n = self.window_steps * self.world
+            metrics = {f"train/{k}": v / n for k, v in sums.items()}
+            self.window, self.window_steps = {}, 0
+            rate, eta = self.meter.read(state.step)
+            metrics.update({"train/lr": state.scheduler.get_last_lr()[0], "train/samples_per_s": rate,
+                            "train/epoch": epoch})
+            if self.rank == 0:
+                say(f"[xmodal] step {state.step}/{self.plan.total_steps} epoch {epoch} "
+                    f"loss {metrics.get('train/loss', float('nan')):.4f} {rate:,.0f} samples/s "
+                    f"ETA {_fmt_eta(eta)}")
+                self.logger.log(metrics, state.step)
+        if state.step % t.eval_every == 0:
+            self._eval_and_checkpoint(state, epoch, pos, finished=False)
+
+    def at_end(self, state: TrainState, epoch: int, pos: int) -> None:
+        import ray.train
+
+        rerun = state.step != self.last_eval_step or not self.last_metrics
+        self._eval_and_checkpoint(state, epoch, pos, finished=True, rerun_eval=rerun)
+        if self.on_end is not None:
+            final = self.on_end(state)
+            if self.rank == 0:
+                say("[xmodal] final: " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final.items())))
+                self.logger.log(final, state.step, force=True)
+            ray.train.report({**self.last_metrics, **final, "step": state.step, "epoch": epoch})
+        if self.logger is not None:
+            self.logger.close()
+
+    def _eval_and_checkpoint(self, state, epoch, pos, finished, rerun_eval=True) -> None:
+        import ray.train
+
+        metrics = self.evaluate() if rerun_eval else dict(self.last_metrics)
+        self.last_eval_step, self.last_metrics = state.step, metrics
+        score = metrics.get(self.train.best_metric)
+        new_best = score is not None and (
+            self.best is None or (score > self.best) == (self.train.best_mode == "max"))
+        if new_best:
+            self.best = score
+        if self.rank == 0 and rerun_eval:
+            shown = " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in sorted(metrics.items()))
+            say(f"[xmodal] eval @ step {state.step}: {shown}")
+            self.logger.log(metrics, state.step)
+        report = {**metrics, "step": state.step, "epoch": epoch}
+        if self.rank == 0:
+            with tempfile.TemporaryDirectory() as tmp:
+                ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
+                                       "run_id": self.plan.run_id, "config": self.plan.config})
+                if self.on_checkpoint is not None:
+                    self.on_checkpoint(state, Path(tmp), new_best)
+                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        else:
+            ray.train.report(report)
+
+    def _maybe_fail(self, step: int) -> None:
+        """Test-only: one worker exits once at `train.fail_at_step` to exercise FailureConfig."""
+        marker = self.plan.fail_marker
+        if self.train.fail_at_step != step or marker is None or self.rank != min(1, self.world - 1):
+            return
+        if Path(marker).exists():
+            return
+        Path(marker).parent.mkdir(parents=True, exist_ok=True)
+        Path(marker).write_text(json.dumps({"step": step, "time": time.time()}))
+        say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
+        os._exit(1)
+
+
+def say(message: str) -> None:
+    """Progress from a Train worker. Ray Train patches `print` into its logger and, when another
+    library has wrapped sys.stdout (MLflow does), also tees it: lines came out twice."""
+    print(message, file=sys.__stdout__, flush=True)
+
+
+def _fmt_eta(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
