@@ -104,13 +104,19 @@ class RayHead:
         self.nodes.append(subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                            cwd=REPO, start_new_session=True))
 
-    def add_worker_node(self, tmp: Path, num_cpus: int, resources: str | None = None) -> None:
+    def add_worker_node(self, tmp: Path, num_cpus: int, resources: str | None = None,
+                        temp_dir: str | None = None) -> None:
+        """`temp_dir` (short: socket paths live under it) gives the node a session folder of its own. Nodes
+        sharing one re-extract each other's runtime_env packages in place, deleting a running job's
+        working directory (`ray job submit --working-dir`)."""
         cmd = [RAY, "start", "--block", f"--address={self.address}", f"--num-cpus={num_cpus}",
                "--object-store-memory=500000000", "--memory=4000000000", "--disable-usage-stats",
                f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
                f"--runtime-env-agent-port={free_port()}"]
         if resources:
             cmd.append(f"--resources={resources}")
+        if temp_dir:
+            cmd.append(f"--temp-dir={temp_dir}")
         self._start(cmd, tmp / f"node{len(self.nodes)}.log")
 
     def client(self):

@@ -65,3 +65,21 @@ def test_override_syntax_errors():
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config(PretrainConfig))
     assert flat["model.hidden_size"] == 128 and flat["tasks.mlm"] is True and flat["optim.lr"] == 5e-4
+
+
+def test_partial_section_override_keeps_the_jobs_other_defaults():
+    from xmodal.config import MultTrainConfig
+
+    cfg = load_config(PretrainConfig, overrides=["train.epochs=2"])
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr) == (2, 64, 5e-4)
+    mult = load_config(MultTrainConfig, overrides=["train.epochs=3"])
+    assert (mult.train.epochs, mult.train.best_metric, mult.optim.grad_clip) == (3, "valid/mae", 0.8)
+
+
+def test_mult_config_rejects_bad_model_values():
+    from xmodal.config import MultTrainConfig
+
+    with pytest.raises(ConfigError, match="model.variant.*'full'.*'early_fusion'.*'xx'"):
+        load_config(MultTrainConfig, overrides=["model.variant=xx"])
+    with pytest.raises(ConfigError, match="MultConfig.dim = 31: expected a multiple of num_heads = 5"):
+        load_config(MultTrainConfig, overrides=["model.dim=31"])

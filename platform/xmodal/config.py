@@ -15,9 +15,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from xmodal.data.mult_synthetic import SyntheticMultOptions
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.mult import PRESETS as MULT_PRESETS
+from xmodal.models.mult import MultConfig
 from xmodal.objectives.pretraining import PretrainTasks
 
 
@@ -151,6 +154,39 @@ def pretraining_eval_metrics(tasks: PretrainTasks) -> list[str]:
     return names
 
 
+class MultDataConfig(Section):
+    store: str | None = None  # None = the embedded synthetic store, built on first use
+    synthetic: SyntheticMultOptions = Field(default_factory=SyntheticMultOptions)
+
+
+class MultTrainConfig(Section):
+    """MulT training: `jobs/train_mult.py`. Defaults: the reference code's model and optimiser
+    (Adam 1e-3, clip 0.8, L1) on the embedded synthetic store."""
+
+    preset: Literal["reference", "paper_mosei", "paper_mosi", "paper_iemocap", "tiny"] = "reference"
+    model: MultConfig = Field(default_factory=lambda: MULT_PRESETS["reference"])
+    regression_loss: Literal["l1", "l2", "smooth_l1"] = "l1"
+    data: MultDataConfig = Field(default_factory=MultDataConfig)
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(
+        lr=1e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(
+        epochs=12, batch_size=24, eval_every=50, log_every=10, best_metric="valid/mae", best_mode="min"))
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-mult"))
+    # One training per seed; the parent MLflow run gets each metric's mean and std.
+    seeds: list[int] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return _resolve_preset(data, MULT_PRESETS, cls.model_fields["preset"].default)
+
+    @model_validator(mode="after")
+    def _check(self) -> MultTrainConfig:
+        self.model.validate()
+        return self
+
+
 # ---------------------------------------------------------------- loading and overrides
 
 
@@ -184,6 +220,8 @@ def format_validation_error(err: ValidationError, model: type, source: str) -> s
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             lines.append(f"  {key}: unknown key (value {e.get('input')!r}); valid keys here: "
                          f"{', '.join(_valid_keys(model, loc))}")
+        elif not loc:  # a cross-field check: its message names the keys
+            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)
@@ -217,6 +255,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
@@ -232,11 +277,17 @@ def read_yaml(path: str | Path) -> dict:
 
 def load_config(model: type[Section], path: str | Path | None = None, overrides: list[str] | None = None,
                 base: dict | None = None) -> Any:
-    """YAML file (optional) + dotted overrides -> a validated config of type `model`."""
-    data = dict(base or {})
+    """YAML file (optional) + dotted overrides -> a validated config of type `model`.
+
+    Files and overrides are merged into the config's own defaults, so `--set train.epochs=2`
+    keeps the job's other `train` defaults. The model section is the exception: it is
+    overrides on top of the chosen preset.
+    """
+    defaults = model().model_dump(mode="python", exclude={"model", "preset"})
+    data = deep_merge(defaults, base or {})
     source = "defaults"
     if path is not None:
-        data.update(read_yaml(path))
+        data = deep_merge(data, read_yaml(path))
         source = str(path)
     if overrides:
         data = apply_overrides(data, overrides)
