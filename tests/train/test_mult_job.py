@@ -1,0 +1,56 @@
+"""The MulT job end to end on the shared local Ray: selection on validation, test once, seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from xmodal import tracking
+from xmodal.config import ConfigError, MultTrainConfig, load_config
+
+
+@pytest.fixture(scope="module")
+def mult_store(tmp_path_factory):
+    from xmodal.data.mult_synthetic import SyntheticMultOptions, build_synthetic_store
+
+    path = tmp_path_factory.mktemp("mult") / "store"
+    return build_synthetic_store(path, SyntheticMultOptions(num_samples=240))
+
+
+def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
+    from xmodal.train.mult import prepare_run
+
+    cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", "train.best_metric=valid/bleu",
+                                                  f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    with pytest.raises(ConfigError, match="train.best_metric: 'valid/bleu'.*valid/mae"):
+        prepare_run(cfg)
+    assert not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.slow
+def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path, ray_local):
+    from xmodal.train.mult import run_mult
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(MultTrainConfig, overrides=[
+        f"data.store={mult_store.path}", f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}",
+        "preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "seeds=[1, 2]",
+        "scale.num_workers=2", "mlflow.run_name=seeded", "mlflow.system_metrics=false"])
+    out = run_mult(cfg)
+    c = tracking.client(uri)
+    parent = c.get_run(out["run_id"])
+    assert parent.info.status == "FINISHED"
+    children = c.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{out['run_id']}'")
+    assert sorted(r.data.params["train.seed"] for r in children) == ["1", "2"]
+    maes = []
+    for child in children:
+        m = child.data.metrics
+        assert child.info.status == "FINISHED"
+        for key in ("test/mae", "test/corr", "test/acc7", "test/acc2", "test/f1", "test/acc2_has0", "best_valid/mae"):
+            assert key in m, key
+        # The selected model is the best on validation: no logged validation MAE beats it.
+        hist = [x.value for x in c.get_metric_history(child.info.run_id, "valid/mae")]
+        assert m["best_valid/mae"] == pytest.approx(min(hist))
+        maes.append(m["test/mae"])
+    pm = parent.data.metrics
+    assert pm["test/mae_mean"] == pytest.approx(sum(maes) / 2)
+    assert pm["test/mae_std"] == pytest.approx(abs(maes[0] - maes[1]) / 2 ** 0.5)
