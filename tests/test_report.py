@@ -57,6 +57,8 @@ def store(tmp_path_factory):
     # configuration C: stopped early only
     trial(uri, exp, parent, "c0", {"model.x_layers": 3, "tasks.obj_feat": True, "tasks.feat_loss": "l2",
                                    "train.seed": 0}, [0.2], "KILLED", {T.EARLY_STOPPED: "true"})
+    # configuration D: its best evaluation came first (the run keeps that checkpoint: selected on validation)
+    trial(uri, exp, parent, "d0", {"model.x_layers": 4, "tasks.obj_feat": False, "train.seed": 0}, [0.95, 0.4])
     # left out: a failed trial and an orphan the driver closed
     trial(uri, exp, parent, "f0", {"model.x_layers": 3, "tasks.obj_feat": False, "train.seed": 0}, [0.3], "FAILED")
     trial(uri, exp, parent, "o0", {"model.x_layers": 1, "tasks.obj_feat": False, "train.seed": 0}, [0.99],
@@ -77,8 +79,10 @@ def test_one_row_per_configuration_with_mean_and_std_over_seeds(store, tmp_path)
     assert rep.skipped == {"failed": 1}
     rows = rows_of(tmp_path / "out" / "table.csv")
     assert [(r["model.x_layers"], r["tasks.obj_feat"], r["tasks.feat_loss"]) for r in rows] == [
-        ("2", "True", "smooth_l1"), ("1", "False", "-"), ("3", "True", "l2")]  # best first; all-stopped last
-    b, a, c = rows
+        ("4", "False", "-"), ("2", "True", "smooth_l1"), ("1", "False", "-"), ("3", "True", "l2")]
+    d, b, a, c = rows  # best first; all-stopped last
+    assert float(d["eval/match_acc mean"]) == pytest.approx(0.95)  # its best evaluation, not its last
+    assert float(d["eval/loss mean"]) == pytest.approx(0.6)  # other columns: the last evaluation
     assert (b["runs"], b["finished"], b["early_stopped"], b["seeds"]) == ("2", "1", "1", "0;1")
     assert float(b["eval/match_acc mean"]) == pytest.approx(0.9) and b["eval/match_acc n"] == "1"
     assert float(a["eval/match_acc mean"]) == pytest.approx(0.7)
@@ -98,6 +102,7 @@ def test_plots_exist_and_are_logged_to_the_parent(store, tmp_path):
     uri, _, parent = store
     make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    assert "| 4 | False | - | 1 | 0.9500 |" in (tmp_path / "out" / "table.md").read_text()
     assert pngs == ["eval_match_acc_vs_model.x_layers.png", "eval_match_acc_vs_tasks.feat_loss.png",
                     "eval_match_acc_vs_tasks.obj_feat.png", "learning_curves_eval_match_acc.png"]
     for p in pngs:
@@ -138,3 +143,30 @@ def test_the_command_line(store, tmp_path):
     bad = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--experiment", "nope", "--tracking-uri", uri],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "experiment 'nope' not found" in bad.stderr
+
+
+def test_a_job_that_logs_its_selected_model_and_test_metrics(tmp_path, monkeypatch):
+    """MulT logs valid/* at every evaluation and, at the end, best_valid/* (the validation-selected
+    model) and test/* (that model on the test split, once): the table shows those."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    exp = tracking.ensure_experiment(uri, "xmodal-sweep-mult")
+    parent = sweep(uri, exp, "mult-1", metric="valid/mae", mode="min")
+    for name, variant, seed, hist, best, test in [("f0", "full", 0, [0.9, 0.7, 0.8], 0.7, 0.72),
+                                                  ("f1", "full", 1, [0.8, 0.6, 0.65], 0.6, 0.66),
+                                                  ("e0", "early_fusion", 0, [0.9, 0.85], 0.85, 0.88)]:
+        tags = {T.KIND: "trial", T.ABLATION_KEYS: json.dumps(["model.variant"]), T.SEED: str(seed),
+                T.ABLATION + "model.variant": variant}
+        run_id = tracking.create_run(uri, exp, name, {}, tags, parent)
+        for i, v in enumerate(hist):
+            tracking.log_metrics(uri, run_id, {"valid/mae": v, "valid/corr": 1 - v}, step=i + 1)
+        tracking.log_metrics(uri, run_id, {"best_valid/mae": best, "best_valid/corr": 1 - best, "test/mae": test},
+                             step=len(hist))
+        tracking.set_terminated(uri, run_id)
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o")
+    assert rep.columns == ["valid/mae", "valid/corr", "test/mae"]
+    full, early = rep.rows
+    assert full.params == {"model.variant": "full"} and len(full.runs) == 2
+    assert full.stats["valid/mae"][0] == pytest.approx(0.65) and full.stats["test/mae"][0] == pytest.approx(0.69)
+    assert full.stats["valid/corr"][0] == pytest.approx(0.35)  # the selected model's, not the last
+    assert early.stats["valid/mae"][0] == pytest.approx(0.85)

@@ -211,11 +211,3 @@ def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0)
     items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
     for i in range(0, len(items), 500):
         client(uri).log_batch(run_id, metrics=items[i:i + 500])
-
-
-def log_params(uri: str, run_id: str, params: dict[str, Any]) -> None:
-    """Params in batches of 100; re-logging an identical value (a resumed run) is allowed by MLflow."""
-    mlflow = _mlflow()
-    items = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        client(uri).log_batch(run_id, params=items[i:i + 100])

@@ -1,0 +1,41 @@
+"""Ablation report from MLflow: comparison table (Markdown + CSV) and plots (PNG).
+
+    python jobs/report.py (--experiment NAME | --parent-run RUN_ID) [--out DIR] [--metric KEY]
+        [--tracking-uri URI] [--no-log]
+
+One row per configuration (runs that differ only in their seed are grouped: mean ± std). The files
+go to --out (default reports/NAME) and are logged to the sweep's parent run.
+"""
+
+import argparse
+import sys
+
+from xmodal.report import ReportError, make_report
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--experiment", help="every sweep in this MLflow experiment (e.g. xmodal-sweep-lxmert_tasks)")
+    which.add_argument("--parent-run", help="one sweep: its MLflow parent run id")
+    p.add_argument("--out", help="output folder (default reports/NAME)")
+    p.add_argument("--metric", help="sort and plot by this metric (default: the sweep's)")
+    p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
+    args = p.parse_args(argv)
+    try:
+        from xmodal import tracking
+
+        uri = tracking.resolve_tracking_uri(args.tracking_uri)
+        rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=args.out,
+                          metric=args.metric, log=not args.no_log)
+    except (ReportError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(open(f"{rep.out_dir}/table.md").read())
+    print(f"[xmodal] report written to {rep.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,366 @@
+"""Ablation sweeps on Ray Tune + Optuna: a search-space file -> one Tune experiment, one MLflow parent
+run, and per trial one Ray Train run logged as a child run. The only module that imports Tune/Optuna.
+
+    xmodal.sweep.plan.plan_sweep(options)  every check on the space and config, before Ray starts
+    run_sweep(plan)      store, parent run, Tuner (new or restored), best-trial summary, report
+
+Trials (`run_trial`) call the job's prepare_run / build_trainer / finish_run; the job never imports
+this package. What the trial function cannot do, the driver does through `SweepCallback`: code after
+`trainer.fit()` never runs for a trial the scheduler stops, so the driver marks its child run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from xmodal import tracking
+from xmodal.config import ConfigError, flatten
+from xmodal.sweep import tags as T
+from xmodal.sweep.jobs import check_with_store, config_class, job_module
+from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
+from xmodal.sweep.space import (
+    AshaSpec,
+    DefineByRun,
+    SearchSpace,
+    config_has,
+    set_dotted,
+    validate_config,
+    with_assignments,
+)
+
+SETUP_FILE = "xmodal_sweep.json"  # the trials' common setup, beside Tune's state (read back by --resume)
+# Trials take 1 CPU by default and starve their own Train workers; the trial function only waits.
+TRIAL_RESOURCES = {"CPU": 0.01}
+# Tune saves its experiment state at most every 10 s by default; a driver killed in between forgets
+# trials it had started. The state is small: save it often.
+TUNE_STATE_PERIOD_S = "2"
+
+
+def _resolve_store(plan: SweepPlan, job) -> dict[str, Any]:
+    """Build or open the data store once in the driver and give trials its absolute path: trials run
+    in their own working directories, and concurrent trials must not build the same store."""
+    resolve = getattr(job, "resolve_store", None)
+    cls = config_class(plan.space.job)
+    if resolve is None or not config_has(cls, "data.store"):
+        return plan.base
+    cfg = validate_config(cls, plan.base, str(plan.space_path))
+    try:
+        store = resolve(cfg)
+    except ConfigError:
+        raise
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{plan.space_path}: data store: {e}") from None
+    try:
+        check_with_store(plan.space.job, job, cfg, store)
+    except ConfigError as e:
+        raise ConfigError(f"{plan.space_path}: with the store {store.path}: {e}") from None
+    return set_dotted(plan.base, "data.store", str(store.path))
+
+
+# ---------------------------------------------------------------- MLflow parent run
+
+
+def _space_params(space: SearchSpace) -> dict[str, Any]:
+    params = flatten(space.model_dump(mode="json", exclude={"parameters", "try_first", "base", "description"}))
+    for name, p in space.parameters.items():
+        params[f"parameters.{name}"] = json.dumps(p.model_dump(mode="json", exclude_none=True))
+    params["try_first"] = json.dumps(space.try_first)
+    return params
+
+
+def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
+    """(experiment id, parent run id): found again by its name tag when resuming, else created with the
+    space file and the resolved sweep as artifacts."""
+    uri = plan.tracking_uri
+    exp_id = tracking.ensure_experiment(uri, plan.experiment)
+    existing = tracking.find_run(uri, exp_id, plan.name)
+    if existing is not None:
+        tracking.mark_running(uri, existing.info.run_id)
+        print(f"[xmodal] continuing sweep {plan.name!r} (MLflow parent run {existing.info.run_id})")
+        return exp_id, existing.info.run_id
+    s = plan.space
+    run_id = tracking.create_run(uri, exp_id, plan.name, _space_params(s), {
+        T.KIND: "sweep", T.SWEEP: plan.name, T.JOB: s.job, T.METRIC: s.metric, T.MODE: s.mode,
+        T.SPACE: str(plan.space_path), "git_commit": tracking.git_commit(),
+        "mlflow.note.content": s.description or f"ablation sweep over {', '.join(s.parameters)}"})
+    tracking.log_artifact(uri, run_id, plan.space_path, "space")
+    with tempfile.TemporaryDirectory() as tmp:
+        resolved = Path(tmp) / "sweep.yaml"
+        resolved.write_text(yaml.safe_dump({"name": plan.name, "storage": plan.path,
+                                            "space": s.model_dump(mode="json"), "base_config": plan.base},
+                                           sort_keys=False))
+        tracking.log_artifact(uri, run_id, resolved, "space")
+    return exp_id, run_id
+
+
+# ---------------------------------------------------------------- the trial
+
+
+def trial_tags(setup: dict[str, Any], space: SearchSpace, chosen: dict[str, Any], trial_id: str,
+               cfg: Any) -> dict[str, str]:
+    tags = {T.KIND: "trial", T.SWEEP: setup["sweep"], T.TRIAL_ID: trial_id,
+            T.ABLATION_KEYS: json.dumps(list(space.parameters)), T.METRIC: space.metric, T.MODE: space.mode}
+    tags.update({T.ABLATION + k: str(v) for k, v in chosen.items()})
+    seed = getattr(getattr(cfg, "train", None), "seed", None)
+    if seed is not None:
+        tags[T.SEED] = str(seed)
+    return tags
+
+
+def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
+    """One trial = one Ray Train run of the space's job, reporting to Tune through its callback.
+
+    `config` holds only the searched values (Optuna's define-by-run); `setup` (job, space, base config,
+    sweep and parent run) comes through `tune.with_parameters`, so Tune's tables show the parameters only.
+    """
+    chosen = dict(config)
+    trial_id = tune.get_context().get_trial_id()
+    run_name = trial_run_name(setup["sweep"], trial_id)
+    if _replay_finished(setup, run_name):
+        return
+    space = SearchSpace.model_validate(setup["space"])
+    cls, job = config_class(setup["job"]), job_module(setup["job"])
+    raw = with_assignments(setup["base"], space.assignments(chosen))
+    if config_has(cls, "mlflow.run_name"):
+        raw = set_dotted(raw, "mlflow.run_name", run_name)
+    source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
+    cfg = validate_config(cls, raw, source)
+    plan, store = job.prepare_run(cfg, source, parent_run_id=setup["parent_run_id"],
+                                  extra_tags=trial_tags(setup, space, chosen, trial_id, cfg))
+    total = getattr(plan, "total_steps", None)
+    if total is not None:
+        tracking.set_tags(plan.tracking_uri, plan.run_id, {T.TOTAL_STEPS: str(total)})
+    result = job.build_trainer(plan, store, callbacks=[TuneReportCallback()]).fit()
+    job.finish_run(plan, result.checkpoint)
+
+
+def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
+    """A trial that finished while Tune's saved state still had it running (the driver died in between)
+    is restored as running. Its MLflow run is FINISHED (finish_run sets that last): report its final
+    metrics to Tune instead of training it again."""
+    run = tracking.find_run(setup["tracking_uri"], setup["experiment_id"], run_name)
+    if run is None or run.info.status != "FINISHED" or run.data.tags.get(T.EARLY_STOPPED) == "true":
+        return False
+    metrics: dict[str, Any] = {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
+    if T.TOTAL_STEPS in run.data.tags:
+        metrics["step"] = int(run.data.tags[T.TOTAL_STEPS])
+    print(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics from "
+          f"MLflow run {run.info.run_id} instead of training it again", flush=True)
+    tune.report(metrics)
+    return True
+
+
+def _trial_name(trial) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+# ---------------------------------------------------------------- driver-side bookkeeping
+
+
+class SweepCallback(tune.Callback):
+    """Marks child runs from the driver: early-stopped trials (KILLED, xmodal.early_stopped=true), errored
+    trials (FAILED), and at the end trials the driver started but Tune's saved state forgot (a driver
+    killed between two state saves): those are KILLED and tagged xmodal.orphaned."""
+
+    def __init__(self, uri: str, experiment_id: str, sweep: str, parent_run_id: str):
+        self.uri, self.experiment_id, self.sweep, self.parent_run_id = uri, experiment_id, sweep, parent_run_id
+        self._stopped: dict[str, int] = {}
+
+    def _child(self, trial_id: str):
+        return tracking.find_run(self.uri, self.experiment_id, trial_run_name(self.sweep, trial_id))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        # Tune sets done=True on the result that the scheduler answered with STOP (a trial that ends on
+        # its own reports done=False and then returns).
+        if result.get("done"):
+            self._stopped[trial.trial_id] = int(result.get("training_iteration", 0))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        run = self._child(trial.trial_id)
+        if run is None:
+            return
+        if trial.trial_id not in self._stopped:
+            tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "false"})
+            return
+        reports = self._stopped.pop(trial.trial_id)
+        step, total = trial.last_result.get("step"), run.data.tags.get(T.TOTAL_STEPS)
+        trained_out = step is not None and total is not None and int(step) >= int(total)
+        if trained_out:
+            # Stopped on its final report (only when max_t exceeds a trial's reports): nothing was cut
+            # short, but finish_run may not have logged the final model.
+            tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "false", T.STOPPED_AT: str(reports)})
+            tracking.set_terminated(self.uri, run.info.run_id, "FINISHED")
+        else:
+            tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "true", T.STOPPED_AT: str(reports)})
+            tracking.set_terminated(self.uri, run.info.run_id, "KILLED")
+            print(f"[xmodal] trial {trial.trial_id} stopped early after {reports} reports "
+                  f"(MLflow run {run.info.run_id} marked KILLED)", flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        run = self._child(trial.trial_id)
+        if run is not None:
+            tracking.set_tags(self.uri, run.info.run_id, {T.ERROR: str(trial.error_file or "see Tune logs")[:500]})
+            tracking.set_terminated(self.uri, run.info.run_id, "FAILED")
+
+    def on_experiment_end(self, trials, **info):
+        known = {t.trial_id for t in trials}
+        for run in tracking.child_runs(self.uri, self.parent_run_id):
+            if run.info.status == "RUNNING" and run.data.tags.get(T.TRIAL_ID) not in known:
+                tracking.set_tags(self.uri, run.info.run_id, {T.ORPHANED: "true"})
+                tracking.set_terminated(self.uri, run.info.run_id, "KILLED")
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experiment_id: str):
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), TRIAL_RESOURCES)
+    if plan.resume:
+        # The trial function must be passed again; search state, scheduler and callbacks come back
+        # from the experiment folder. Finished trials are kept, unfinished ones continue (their Train
+        # runs, named by trial id, resume from their latest checkpoints).
+        return tune.Tuner.restore(plan.path, trainable, resume_unfinished=True, resume_errored=True)
+    s = plan.space
+    search = OptunaSearch(space=DefineByRun(s.parameters), metric=s.metric, mode=s.mode, seed=s.seed,
+                          points_to_evaluate=[dict(p) for p in s.try_first] or None)
+    if isinstance(s.scheduler, AshaSpec):
+        a = s.scheduler
+        # max_t is a full trial's number of reports. Rungs go strictly below it and trials are never cut
+        # at max_t itself: a trial stopped on its final report would lose finish_run (code after fit()).
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=max(a.max_t - 1, a.grace_period),
+                                  grace_period=a.grace_period, reduction_factor=a.reduction_factor,
+                                  stop_last_trials=False)
+    else:
+        scheduler = FIFOScheduler()
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=search, scheduler=scheduler, metric=s.metric, mode=s.mode, num_samples=s.num_samples,
+            max_concurrent_trials=s.max_concurrent, trial_name_creator=_trial_name,
+            trial_dirname_creator=_trial_name),
+        run_config=tune.RunConfig(
+            name=plan.name, storage_path=plan.root, failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[SweepCallback(plan.tracking_uri, experiment_id, plan.name, parent_run_id)]),
+    )
+
+
+def _sweep_setup(plan: SweepPlan, parent_run_id: str, experiment_id: str) -> dict[str, Any]:
+    """The trials' setup. A resumed sweep continues with the setup it was started with (saved beside
+    Tune's state); settings changed on the command line since are reported and ignored."""
+    setup = plan.setup(parent_run_id, experiment_id)
+    if "://" in plan.root:
+        return setup
+    saved = Path(plan.path) / SETUP_FILE
+    if plan.resume and saved.exists():
+        before = {**json.loads(saved.read_text()), "parent_run_id": parent_run_id, "experiment_id": experiment_id}
+        changed = [k for k in setup if before.get(k) != setup[k]]
+        if changed:
+            print(f"[xmodal] --resume continues sweep {plan.name!r} as it was started; ignoring changes to: "
+                  f"{', '.join(changed)}", flush=True)
+        return before
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({k: v for k, v in setup.items() if k not in ("parent_run_id", "experiment_id")},
+                                indent=1))
+    return setup
+
+
+def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) -> dict[str, Any]:
+    """The best trial as tags and a metric on the parent run. Each trial counts with its best report
+    (scope "all"): the score of the checkpoint it selects on validation (train.best_metric is the
+    sweep's metric)."""
+    s, uri = plan.space, plan.tracking_uri
+    errors = [r for r in results if r.error is not None]
+    # Tune ends fit() early on Ctrl-C: trials never started, or stopped midway, have no done=True result.
+    unfinished = s.num_samples - len(results) + sum(
+        1 for r in results if r.error is None and not (r.metrics or {}).get("done", False))
+    summary: dict[str, Any] = {"trials": len(results), "errors": len(errors), "unfinished": unfinished,
+                               "best": None}
+    try:
+        best = results.get_best_result(metric=s.metric, mode=s.mode, scope="all", filter_nan_and_inf=True)
+    except (RuntimeError, KeyError, ValueError):
+        best = None
+    metrics = {"sweep/trials": len(results), "sweep/errors": len(errors)}
+    if best is not None and best.metrics and s.metric in best.metrics:
+        trial_id = best.metrics.get("trial_id", "")
+        chosen = dict(best.config or {})
+        child = tracking.find_run(uri, experiment_id, trial_run_name(plan.name, trial_id))
+        tags = {T.BEST + "trial_id": trial_id, T.BEST + "run_id": child.info.run_id if child else ""}
+        tags.update({T.BEST + k: str(v) for k, v in chosen.items()})
+        tracking.set_tags(uri, parent_run_id, tags)
+        df = best.metrics_dataframe
+        values = df[s.metric].dropna() if df is not None and s.metric in df else None
+        score = float(values.max() if s.mode == "max" else values.min()) if values is not None and len(values) \
+            else float(best.metrics[s.metric])
+        metrics[f"best/{s.metric}"] = score
+        summary["best"] = {"trial_id": trial_id, "params": chosen, s.metric: score,
+                           "run_id": tags[T.BEST + "run_id"]}
+    tracking.log_metrics(uri, parent_run_id, metrics)
+    return summary
+
+
+def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
+    """Run (or with opts.resume continue) a sweep; returns {"name", "path", "parent_run_id", ...}."""
+    plan = opts if isinstance(opts, SweepPlan) else plan_sweep(opts)
+    job = job_module(plan.space.job)
+    plan.base = _resolve_store(plan, job)
+
+    from xmodal.train.cluster import connect
+
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_PERIOD_S)
+    connect()
+    experiment_id, parent_run_id = open_parent_run(plan)
+    setup = _sweep_setup(plan, parent_run_id, experiment_id)
+    uri = plan.tracking_uri
+    print(f"[xmodal] sweep {plan.name!r}: {plan.space.num_samples} trials of {plan.space.job}, at most "
+          f"{plan.space.max_concurrent} at a time; Tune state in {plan.path}", flush=True)
+    try:
+        results = _tuner(plan, setup, parent_run_id, experiment_id).fit()
+        summary = summarise(plan, results, parent_run_id, experiment_id)
+    except KeyboardInterrupt:
+        tracking.set_terminated(uri, parent_run_id, "KILLED")
+        raise
+    except BaseException:
+        tracking.set_terminated(uri, parent_run_id, "FAILED")
+        raise
+    report_dir = None
+    if plan.report:
+        report_dir = _report(plan, parent_run_id)
+    status = "FINISHED" if summary["best"] is not None else "FAILED"
+    if summary["unfinished"]:
+        status = "KILLED"  # --resume marks it RUNNING again
+        print(f"[xmodal] sweep interrupted with {summary['unfinished']} of {plan.space.num_samples} trials "
+              f"unfinished: continue it with --resume --name {plan.name}", flush=True)
+    tracking.set_terminated(uri, parent_run_id, status)
+    if summary["best"]:
+        b = summary["best"]
+        print(f"[xmodal] best trial {b['trial_id']}: {plan.space.metric} = {b[plan.space.metric]:.4f} with "
+              + ", ".join(f"{k}={v}" for k, v in b["params"].items()), flush=True)
+    if summary["errors"]:
+        print(f"[xmodal] {summary['errors']} of {summary['trials']} trials failed; see {plan.path}", flush=True)
+    print(f"[xmodal] MLflow parent run {parent_run_id} in experiment {plan.experiment!r}; view it: "
+          f"{tracking.ui_command(uri)}", flush=True)
+    return {"name": plan.name, "path": plan.path, "parent_run_id": parent_run_id, "tracking_uri": uri,
+            "experiment": plan.experiment, "report": report_dir, **summary}
+
+
+def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
+    from xmodal.report import make_report
+
+    out = Path(plan.path) / "report" if "://" not in plan.root else Path(tempfile.mkdtemp()) / "report"
+    try:
+        make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=out)
+    except Exception as e:  # the sweep's results are in MLflow either way
+        print(f"[xmodal] report failed: {e}; rerun `python jobs/report.py --parent-run {parent_run_id}`", flush=True)
+        return None
+    print(f"[xmodal] report: {out}", flush=True)
+    return str(out)

@@ -1,0 +1,572 @@
+"""Search-space files: a typed schema, loading, and validation against the trial job's config.
+
+A space file names the job every trial runs, its base config, the metric, the scheduler and the
+parameters (dotted config keys, or named options that set several keys at once). Everything is
+checked here, before Ray starts: the file's own schema (unknown keys are errors), the ranges,
+the conditions, the configurations to try first, and every parameter value against the job's
+pydantic config (each choice value, both ends of each range, and every combination when the
+space is small). Imports no Ray and no Optuna: `DefineByRun` only calls a trial's `suggest_*`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from xmodal.config import ConfigError, apply_overrides, format_validation_error
+
+Scalar = bool | int | float | str
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# Keys the sweep sets itself for every trial (where the job's config has them).
+SWEEP_OWNED = ("mlflow.", "scale.storage_path", "data.store", "data.synthetic.")
+# Above this many combinations of probe values, parameters are checked one at a time only.
+MAX_COMBINATIONS = 256
+
+
+class SpaceError(ConfigError):
+    """A bad search-space file; the message names the file, the key and what was expected."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- parameters
+
+
+class _Param(_Strict):
+    # `when: {other: value}` or `when: {other: [v1, v2]}`: the parameter exists only in trials where
+    # every named (earlier) parameter took one of the listed values.
+    when: dict[str, Scalar | list[Scalar]] | None = None
+
+    def conditions(self) -> dict[str, list[Scalar]]:
+        return {k: (v if isinstance(v, list) else [v]) for k, v in (self.when or {}).items()}
+
+    def active(self, chosen: dict[str, Any]) -> bool:
+        return all(k in chosen and _member(chosen[k], vs) for k, vs in self.conditions().items())
+
+    def assignments(self, name: str, value: Any) -> dict[str, Any]:
+        """Dotted config key -> value that this parameter's value stands for."""
+        return {name: value}
+
+
+class IntParam(_Param):
+    type: Literal["int"]
+    low: int
+    high: int
+    step: int = Field(1, ge=1)
+    log: bool = False
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.low >= self.high:
+            out.append(f"low ({self.low}) must be below high ({self.high})")
+        if self.log and self.low <= 0:
+            out.append(f"log: true needs low > 0 (got low={self.low})")
+        if self.log and self.step != 1:
+            out.append("log: true cannot be combined with step != 1 (Optuna refuses it)")
+        if self.low < self.high and (self.high - self.low) % self.step:
+            out.append(f"high - low ({self.high - self.low}) must be a multiple of step ({self.step})")
+        return out
+
+    def contains(self, v: Any) -> bool:
+        return (isinstance(v, int) and not isinstance(v, bool) and self.low <= v <= self.high
+                and (v - self.low) % self.step == 0)
+
+    def describe(self) -> str:
+        return f"an integer in [{self.low}, {self.high}]" + (f" in steps of {self.step}" if self.step > 1 else "")
+
+    def probes(self) -> list[Any]:
+        return [self.low, self.high]
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        return trial.suggest_int(name, self.low, self.high, step=self.step, log=self.log)
+
+
+class FloatParam(_Param):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = Field(None, gt=0)
+
+    def problems(self) -> list[str]:
+        out = []
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            out.append(f"low and high must be finite numbers (got {self.low}, {self.high})")
+        elif self.low >= self.high:
+            out.append(f"low ({self.low:g}) must be below high ({self.high:g})")
+        if self.log and self.low <= 0:
+            out.append(f"log: true needs low > 0 (got low={self.low:g})")
+        if self.log and self.step is not None:
+            out.append("log: true cannot be combined with step (Optuna refuses it)")
+        return out
+
+    def contains(self, v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and self.low <= v <= self.high
+
+    def describe(self) -> str:
+        return f"a number in [{self.low:g}, {self.high:g}]" + (" (log scale)" if self.log else "")
+
+    def probes(self) -> list[Any]:
+        return [self.low, self.high]
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+
+
+class ChoiceParam(_Param):
+    """`values: [...]` (the parameter is a config key) or `options: {label: {key: value, ...}}`
+    (the parameter is a label; each option sets several config keys, e.g. a pretraining-task subset)."""
+
+    type: Literal["choice"]
+    values: list[Scalar] | None = None
+    options: dict[str, dict[str, Any]] | None = None
+
+    def problems(self) -> list[str]:
+        if (self.values is None) == (self.options is None):
+            return ["give exactly one of `values` (a list) or `options` (label -> {dotted key: value})"]
+        labels = self.labels()
+        if not labels:
+            return ["needs at least one value"]
+        out = []
+        seen: list[Any] = []
+        for v in labels:
+            if _member(v, seen):
+                out.append(f"value {v!r} is listed twice")
+            seen.append(v)
+        for label, mapping in (self.options or {}).items():
+            for key in mapping:
+                if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", str(key)):
+                    out.append(f"option {label!r}: {key!r} is not a dotted config key")
+        return out
+
+    def labels(self) -> list[Any]:
+        return list(self.values) if self.values is not None else list(self.options or {})
+
+    def contains(self, v: Any) -> bool:
+        return _member(v, self.labels())
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(repr(v) for v in self.labels())
+
+    def probes(self) -> list[Any]:
+        return self.labels()
+
+    def assignments(self, name: str, value: Any) -> dict[str, Any]:
+        if self.options is not None:
+            return dict(self.options[value])
+        return {name: value}
+
+    def suggest(self, trial: Any, name: str) -> Any:
+        return trial.suggest_categorical(name, self.labels())
+
+
+Param = Annotated[IntParam | FloatParam | ChoiceParam, Field(discriminator="type")]
+
+
+def _member(v: Any, values: list[Any]) -> bool:
+    """`v in values` that tells True from 1 and 1.0 from "1.0"."""
+    return any(type(v) is type(x) and v == x for x in values) or (
+        isinstance(v, int | float) and not isinstance(v, bool)
+        and any(isinstance(x, int | float) and not isinstance(x, bool) and v == x for x in values))
+
+
+# ---------------------------------------------------------------- the file
+
+
+class AshaSpec(_Strict):
+    """Asynchronous successive halving; time is counted in reports (one per evaluation)."""
+
+    type: Literal["asha"]
+    # A full trial's number of reports (evaluations). Rungs lie at grace_period * reduction_factor**k
+    # below it; how long a trial trains is the job config's (train.max_steps / epochs), never cut at max_t.
+    max_t: int = Field(ge=2)
+    grace_period: int = Field(1, ge=1)  # no trial is stopped before this many reports
+    reduction_factor: float = Field(2, gt=1)
+
+
+class FifoSpec(_Strict):
+    """No early stopping: every trial runs to its end."""
+
+    type: Literal["fifo"]
+
+
+class BaseSpec(_Strict):
+    file: str | None = None  # a config YAML, relative to the space file
+    config: dict[str, Any] = Field(default_factory=dict)  # inline config sections, merged over `file`
+    set: list[str] = Field(default_factory=list)  # dotted KEY=VALUE overrides, applied last
+
+
+class SearchSpace(_Strict):
+    job: Literal["pretrain", "mult", "pretrain_finetune"]
+    description: str = ""
+    name: str | None = Field(None, pattern=NAME_RE)  # default: <file stem>-<timestamp>
+    experiment: str | None = None  # MLflow experiment; default: xmodal-sweep-<file stem>
+    base: BaseSpec = Field(default_factory=BaseSpec)
+    metric: str
+    mode: Literal["max", "min"]
+    num_samples: int = Field(8, ge=1)
+    max_concurrent: int = Field(2, ge=1)
+    gpus_per_trial: float = Field(0, ge=0)
+    seed: int = 0  # the sampler's seed, and the trials' train.seed unless base or a parameter sets it
+    scheduler: Annotated[AshaSpec | FifoSpec, Field(discriminator="type")]
+    parameters: dict[str, Param] = Field(min_length=1)
+    try_first: list[dict[str, Scalar]] = Field(default_factory=list)
+
+    def assignments(self, chosen: dict[str, Any]) -> dict[str, Any]:
+        """A trial's parameter values -> the dotted config keys they set."""
+        out: dict[str, Any] = {}
+        for name, p in self.parameters.items():
+            if name in chosen:
+                out.update(p.assignments(name, chosen[name]))
+        return out
+
+    def config_keys(self) -> dict[str, list[str]]:
+        """Config key -> the parameters that set it."""
+        out: dict[str, list[str]] = {}
+        for name, p in self.parameters.items():
+            keys = [name] if not isinstance(p, ChoiceParam) or p.options is None else \
+                sorted({k for m in p.options.values() for k in m})
+            for k in keys:
+                out.setdefault(k, []).append(name)
+        return out
+
+
+class DefineByRun:
+    """Optuna define-by-run function of a space: conditional parameters are suggested only when their
+    condition holds. A plain class (not a closure) because Tune saves the searcher with pickle."""
+
+    def __init__(self, parameters: dict[str, Any]):
+        self.parameters = dict(parameters)
+
+    def __call__(self, trial: Any) -> None:
+        chosen: dict[str, Any] = {}
+        for name, p in self.parameters.items():
+            if p.active(chosen):
+                chosen[name] = p.suggest(trial, name)
+
+
+# ---------------------------------------------------------------- loading
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-9` as a string; a search space means the number."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _read_mapping(p: Path, prefix: str, what: str = "") -> dict:
+    if not p.is_file():
+        raise SpaceError(f"{prefix}config file {str(p)!r} does not exist")
+    try:
+        data = yaml.load(p.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise SpaceError(f"{prefix}{p}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpaceError(f"{prefix}{p}: expected a mapping {what}at the top level, got {type(data).__name__}")
+    return data
+
+
+def _loc(loc: tuple) -> str:
+    parts = [p for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    if len(parts) >= 2 and parts[0] == "parameters":
+        rest = [p for p in parts[2:] if p not in ("int", "float", "choice")]
+        return f"parameters.{parts[1]}" + ("".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest))
+    if len(parts) >= 2 and parts[0] == "scheduler" and parts[1] in ("asha", "fifo"):
+        parts = [parts[0], *parts[2:]]
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(parts)) \
+        or "<top level>"
+
+
+def _schema_error(err: ValidationError, source: str) -> SpaceError:
+    lines = [f"invalid search space ({source}):"]
+    for e in err.errors():
+        key = _loc(tuple(e["loc"]))
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key; {_valid_here(e['loc'])}")
+        elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            tags = "int, float, choice" if e["loc"][:1] == ("parameters",) else "asha, fifo"
+            given = e.get("input", {}).get("type") if isinstance(e.get("input"), dict) else None
+            lines.append(f"  {key}: `type` must be one of {tags} (got {given!r})" if given is not None
+                         else f"  {key}: needs a `type`: one of {tags}")
+        elif e["type"] == "missing":
+            lines.append(f"  {key}: required" + _REQUIRED_HINTS.get(key, ""))
+        else:
+            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+    return SpaceError("\n".join(lines))
+
+
+_REQUIRED_HINTS = {
+    "scheduler": " ({type: asha, max_t: REPORTS, grace_period: 1, reduction_factor: 2} or {type: fifo})",
+    "mode": " (max or min)",
+    "metric": " (a metric every trial reports, e.g. eval/match_acc)",
+    "job": " (pretrain, mult or pretrain_finetune)",
+}
+
+
+def _valid_here(loc: tuple) -> str:
+    models: dict[str, type[BaseModel]] = {"int": IntParam, "float": FloatParam, "choice": ChoiceParam,
+                                          "asha": AshaSpec, "fifo": FifoSpec}
+    model: type[BaseModel] = SearchSpace
+    if loc[:1] == ("parameters",) and len(loc) > 3:
+        model = models.get(loc[2], ChoiceParam)
+    elif loc[:1] == ("scheduler",) and len(loc) > 2:
+        model = models.get(loc[1], AshaSpec)
+    elif loc[:1] == ("base",) and len(loc) > 1:
+        model = BaseSpec
+    return "valid keys here: " + ", ".join(model.model_fields)
+
+
+def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> SearchSpace:
+    """Parse and check a space file on its own (no job config needed). `overrides` replace top-level
+    fields (the command line's --num-samples etc.)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpaceError(f"search space {str(p)!r} does not exist")
+    data = _read_mapping(p, "", "(job, base, metric, mode, scheduler, parameters, ...) ")
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        space = SearchSpace.model_validate(data)
+    except ValidationError as e:
+        raise _schema_error(e, str(p)) from None
+    problems = structure_problems(space)
+    if problems:
+        raise SpaceError(f"invalid search space ({p}):\n" + "\n".join(f"  {x}" for x in problems))
+    return space
+
+
+def structure_problems(space: SearchSpace) -> list[str]:
+    """What is wrong with ranges, conditions, overlaps and try_first, without looking at any config."""
+    out: list[str] = []
+    names = list(space.parameters)
+    for i, (name, p) in enumerate(space.parameters.items()):
+        where = f"parameters.{name}"
+        if not re.match(NAME_RE, name):
+            out.append(f"{where}: a parameter name is a dotted config key or a label of letters, digits, . _ -")
+        out += [f"{where}: {x}" for x in p.problems()]
+        for ref, allowed in p.conditions().items():
+            if ref not in space.parameters:
+                out.append(f"{where}.when: {ref!r} is not a parameter of this space; parameters: {', '.join(names)}")
+            elif names.index(ref) >= i:
+                out.append(f"{where}.when: {ref!r} must be declared before {name!r} (conditions refer to "
+                           "earlier parameters)")
+            else:
+                target = space.parameters[ref]
+                for v in allowed:
+                    if not target.contains(v):
+                        out.append(f"{where}.when: {ref}={v!r} can never happen; {ref} is {target.describe()}")
+    for key, setters in space.config_keys().items():
+        if len(setters) > 1:
+            out.append(f"parameters: config key {key!r} is set by more than one parameter ({', '.join(setters)})")
+        if key.startswith(SWEEP_OWNED) or key in (s.rstrip(".") for s in SWEEP_OWNED):
+            out.append(f"parameters: {key!r} cannot be searched: the sweep sets mlflow.*, scale.storage_path "
+                       "and the data store for every trial (the store is resolved once per sweep)")
+    if len(space.try_first) > space.num_samples:
+        out.append(f"try_first: {len(space.try_first)} configurations but num_samples is {space.num_samples}")
+    for i, point in enumerate(space.try_first):
+        out += [f"try_first[{i}]: {x}" for x in point_problems(space, point)]
+    if isinstance(space.scheduler, AshaSpec) and space.scheduler.grace_period >= space.scheduler.max_t:
+        out.append(f"scheduler.grace_period ({space.scheduler.grace_period}) must be below max_t "
+                   f"({space.scheduler.max_t}): trials can only be stopped before their last report")
+    return out
+
+
+def point_problems(space: SearchSpace, point: dict[str, Any]) -> list[str]:
+    out = []
+    for key in point:
+        if key not in space.parameters:
+            out.append(f"{key!r} is not a parameter of this space; parameters: {', '.join(space.parameters)}")
+    fixed: dict[str, Any] = {}
+    for name, p in space.parameters.items():
+        undecided = [ref for ref in p.conditions() if ref not in point and ref in space.parameters]
+        if name in point:
+            if not p.contains(point[name]):
+                out.append(f"{name}={point[name]!r} is outside the space; {name} is {p.describe()}")
+            elif undecided:
+                out.append(f"{name} depends on {', '.join(undecided)}, which this configuration does not fix")
+            elif not p.active(fixed):
+                out.append(f"{name} is given but its condition does not hold here (when: {p.when})")
+            else:
+                fixed[name] = point[name]
+    return out
+
+
+# ---------------------------------------------------------------- base config and trial configs
+
+
+def set_dotted(data: dict, key: str, value: Any, where: str = "") -> dict:
+    """A copy of the nested dict with `a.b.c` set (sections created as needed)."""
+    data = dict(data)
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = {}
+        elif not isinstance(child, dict):
+            raise SpaceError(f"{where}{key}: {part!r} is a value, not a section")
+        node[part] = child = dict(child)
+        node = child
+    node[parts[-1]] = copy.deepcopy(value)
+    return data
+
+
+def get_dotted(data: dict, key: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def with_assignments(base: dict, assignments: dict[str, Any], where: str = "") -> dict:
+    data = copy.deepcopy(base)
+    for key, value in assignments.items():
+        data = set_dotted(data, key, value, where)
+    return data
+
+
+def base_config(space: SearchSpace, space_path: str | Path, extra_sets: list[str] | None = None) -> dict:
+    """The trials' common raw config: `base.file`, then `base.config`, then `base.set`, then --set."""
+    data: dict[str, Any] = {}
+    if space.base.file:
+        f = Path(space.base.file)
+        if not f.is_absolute():
+            f = Path(space_path).resolve().parent / f
+        data = _read_mapping(f, f"{space_path}: base.file: ")
+    data = deep_merge(data, space.base.config)
+    try:
+        return apply_overrides(data, list(space.base.set) + list(extra_sets or []))
+    except ConfigError as e:
+        raise SpaceError(f"{space_path}: base.set / --set: {e}") from None
+
+
+def config_has(model: type, key: str) -> bool:
+    """Whether the config class has the dotted field `key` (pydantic sections or dataclasses)."""
+    import dataclasses
+
+    typ: Any = model
+    for part in key.split("."):
+        if isinstance(typ, type) and issubclass(typ, BaseModel):
+            field = typ.model_fields.get(part)
+            typ = field.annotation if field is not None else None
+        elif dataclasses.is_dataclass(typ):
+            import typing
+
+            hints = typing.get_type_hints(typ)
+            typ = hints.get(part) if part in {f.name for f in dataclasses.fields(typ)} else None
+        else:
+            return False
+        if typ is None:
+            return False
+    return True
+
+
+def validate_config(config_cls: type, raw: dict, source: str) -> Any:
+    try:
+        return config_cls.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, config_cls, source)) from None
+
+
+def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str) -> Any:
+    """Check the base config and every parameter value against the job's config, before any trial.
+
+    Each value is applied on top of the base together with the values its conditions need; both ends
+    of numeric ranges and every choice are tried, and every combination when there are few.
+    Returns the validated base config.
+    """
+    job = f"the {space.job} config ({config_cls.__name__})"
+    try:
+        base_cfg = validate_config(config_cls, base, f"{source}: base config")
+    except ConfigError as e:
+        raise SpaceError(str(e)) from None
+    problems: list[str] = []
+    for key in space.config_keys():
+        section = key.split(".")[0]
+        if not config_has(config_cls, section):
+            problems.append(f"parameters: {key!r}: {section!r} is not a section of {job}; valid: "
+                            f"{', '.join(config_cls.model_fields)}")
+    if problems:
+        raise SpaceError(f"invalid search space ({source}):\n" + "\n".join(f"  {x}" for x in problems))
+
+    def check(chosen: dict[str, Any], what: str, allowed: str | None) -> str | None:
+        raw = with_assignments(base, space.assignments(chosen), f"{source}: ")
+        try:
+            validate_config(config_cls, raw, "")
+        except ConfigError as e:
+            detail = str(e).split("\n", 1)[-1]
+            return f"{what} is rejected by {job}:\n{detail}" + (f"\n    (the space allows {allowed})" if allowed
+                                                                 else "")
+        return None
+
+    for name, p in space.parameters.items():
+        needs = _condition_values(space, name)
+        for v in p.probes():
+            allowed = p.describe() if isinstance(p, ChoiceParam) else None
+            msg = check({**needs, name: v}, f"parameter {name!r} = {v!r}", allowed)
+            if msg:
+                problems.append(msg)
+    for i, point in enumerate(space.try_first):
+        msg = check(dict(point), f"try_first[{i}] {point}", None)
+        if msg:
+            problems.append(msg)
+    if not problems:
+        combos = _combinations(space)
+        if combos is not None:
+            for chosen in combos:
+                msg = check(chosen, "the combination " + ", ".join(f"{k}={v!r}" for k, v in chosen.items()), None)
+                if msg:
+                    problems.append(msg)
+                    break
+    if problems:
+        raise SpaceError(f"invalid search space ({source}):\n" + "\n".join(f"  {x}" for x in problems))
+    return base_cfg
+
+
+def _condition_values(space: SearchSpace, name: str) -> dict[str, Any]:
+    """Values of the parameters `name`'s conditions need (recursively): the first allowed of each."""
+    out: dict[str, Any] = {}
+    for ref, allowed in space.parameters[name].conditions().items():
+        out.update(_condition_values(space, ref))
+        out[ref] = allowed[0]
+    return out
+
+
+def _combinations(space: SearchSpace) -> list[dict[str, Any]] | None:
+    """Every combination of probe values that the conditions allow, or None when there are too many."""
+    sizes = [len(p.probes()) for p in space.parameters.values()]
+    if math.prod(sizes) > MAX_COMBINATIONS:
+        return None
+    out: list[dict[str, Any]] = [{}]
+    for name, p in space.parameters.items():
+        nxt = []
+        for chosen in out:
+            if p.active(chosen):
+                nxt += [{**chosen, name: v} for v in p.probes()]
+            else:
+                nxt.append(chosen)
+        out = nxt
+    unique = {repr(sorted(c.items(), key=lambda kv: kv[0])): c for c in out}
+    return list(unique.values())

@@ -1,0 +1,21 @@
+"""MLflow tag names shared by the sweep driver, its trials and the reports (no imports)."""
+
+KIND = "xmodal.kind"  # "sweep" on the parent run, "trial" on each child
+SWEEP = "xmodal.sweep"  # the sweep's name, on the parent and every child
+TRIAL_ID = "xmodal.trial_id"
+ABLATION_KEYS = "xmodal.ablation_keys"  # JSON list of the space's parameter names, on every child
+ABLATION = "xmodal.ablation."  # + parameter name -> the value this trial took (absent: condition false)
+SEED = "xmodal.seed"  # the trial's train.seed (runs that differ only in it are replicates)
+TOTAL_STEPS = "xmodal.total_steps"  # set by the trial before fit(): tells a finished run from a stopped one
+EARLY_STOPPED = "xmodal.early_stopped"  # "true" on trials the scheduler stopped before their end
+STOPPED_AT = "xmodal.stopped_at_report"
+ORPHANED = "xmodal.orphaned"  # a trial the driver had started but Tune's saved state had not recorded
+ERROR = "xmodal.error"
+METRIC = "xmodal.sweep.metric"
+MODE = "xmodal.sweep.mode"
+JOB = "xmodal.sweep.job"
+SPACE = "xmodal.sweep.space"
+BEST = "xmodal.best."  # + trial_id / run_id / parameter name, on the parent at the end
+
+# Parameters that make replicates rather than configurations: reports group runs over them.
+REPLICATE_KEYS = ("train.seed",)

@@ -1,0 +1,237 @@
+"""Real sweeps on tiny configs: Ray Tune + Optuna + ASHA, Ray Train trials, MLflow parent/child runs,
+reports, and a driver killed midway and resumed. Each Trainer start costs 20-30 s on 2 cores, so the
+sweeps are small: 4 trials (3 for the resume), two at a time, a few steps each."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, REPO, kill_tree, ray_env
+from xmodal import tracking
+from xmodal.sweep import tags as T
+
+SWEEP = str(REPO / "jobs" / "sweep.py")
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    from xmodal.data.options import SyntheticLxmertOptions
+    from xmodal.data.synthetic import build_synthetic_store
+
+    out = tmp_path_factory.mktemp("store") / "lxmert"
+    build_synthetic_store(out, SyntheticLxmertOptions(num_images=160, feat_dim=16, num_objects=8,
+                                                      num_object_labels=10, num_attr_labels=4, num_answers=20))
+    return out
+
+
+def space_file(tmp: Path, store: Path, body: str, train: str) -> Path:
+    """A space on the tiny preset, 16 sentences a step; `train` sets steps and evaluations (= reports)."""
+    head = f"""
+    job: pretrain
+    base:
+      config:
+        preset: tiny
+        data: {{store: {store}, eval_batches: 2}}
+        train: {{epochs: 2, batch_size: 16, log_every: 2, {train}}}
+        mlflow: {{system_metrics: false, tracking_uri: "sqlite:///{tmp / 'mlflow.db'}"}}
+    max_concurrent: 2
+    seed: 0
+    """
+    p = tmp / "space.yaml"
+    p.write_text(textwrap.dedent(head) + textwrap.dedent(body))
+    return p
+
+
+def children(uri: str, parent: str) -> list:
+    return [r for r in tracking.child_runs(uri, parent) if r.data.tags.get(T.ORPHANED) != "true"]
+
+
+# ---------------------------------------------------------------- one sweep: children, conditions, ASHA, report
+
+
+ASHA_SPACE = """
+metric: eval/loss/mlm
+mode: min
+num_samples: 4
+# 6 steps, a report every 2 plus the final one: 4 reports. Rungs at 1 and 2 reports.
+scheduler: {type: asha, max_t: 4, grace_period: 1, reduction_factor: 2}
+parameters:
+  optim.lr: {type: choice, values: [1e-2, 1e-9]}      # 1e-9 learns nothing: ASHA must stop it
+  tasks.obj_feat: {type: choice, values: [true, false]}
+  tasks.feat_loss: {type: choice, values: [l2, smooth_l1], when: {tasks.obj_feat: true}}
+try_first:                                            # the good ones first, so that the rungs are set
+  - {optim.lr: 1e-2, tasks.obj_feat: true, tasks.feat_loss: smooth_l1}
+  - {optim.lr: 1e-2, tasks.obj_feat: false}
+  - {optim.lr: 1e-9}
+  - {optim.lr: 1e-9}
+"""
+
+
+@pytest.mark.slow
+def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_store, ray_local, monkeypatch):
+    from xmodal.sweep.plan import SweepOptions
+    from xmodal.sweep.runner import run_sweep
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "2")  # what run_sweep sets, undone after the test
+    space = space_file(tmp_path, tiny_store, ASHA_SPACE, "max_steps: 6, eval_every: 2")
+    result = run_sweep(SweepOptions(space=str(space), storage_path=str(tmp_path / "runs")))
+    uri, parent_id = result["tracking_uri"], result["parent_run_id"]
+    assert result["errors"] == 0 and result["trials"] == 4 and result["unfinished"] == 0
+
+    parent = tracking.get_run(uri, parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags[T.KIND] == "sweep"
+    assert parent.data.params["num_samples"] == "4" and parent.data.params["scheduler.max_t"] == "4"
+    assert parent.data.tags[T.BEST + "optim.lr"] == "0.01"
+    assert parent.data.metrics["best/eval/loss/mlm"] == pytest.approx(result["best"]["eval/loss/mlm"])
+    assert {"space/space.yaml", "space/sweep.yaml"} <= {
+        a.path for a in tracking.client(uri).list_artifacts(parent_id, "space")}
+
+    runs = children(uri, parent_id)
+    assert len(runs) == 4 and len({r.data.tags[T.TRIAL_ID] for r in runs}) == 4
+    stopped = []
+    for r in runs:
+        tags, params = r.data.tags, r.data.params
+        assert tags[T.KIND] == "trial" and tags[tracking.PARENT_TAG] == parent_id
+        # searched values: in the run's params (the resolved config) and its ablation tags
+        assert params["optim.lr"] == tags[T.ABLATION + "optim.lr"]
+        assert params["tasks.obj_feat"] == tags[T.ABLATION + "tasks.obj_feat"]
+        # the conditional parameter exists exactly where its condition holds
+        has_cond = T.ABLATION + "tasks.feat_loss" in tags
+        assert has_cond == (tags[T.ABLATION + "tasks.obj_feat"] == "True"), tags
+        if has_cond:
+            assert params["tasks.feat_loss"] == tags[T.ABLATION + "tasks.feat_loss"]
+        assert params["train.best_metric"] == "eval/loss/mlm" and params["preset"] == "tiny"
+        if tags.get(T.EARLY_STOPPED) == "true":
+            stopped.append(r)
+            assert r.info.status == "KILLED" and int(tags[T.STOPPED_AT]) < 4
+        else:
+            assert r.info.status == "FINISHED" and tags[T.EARLY_STOPPED] == "false"
+            steps = [s for s, _ in tracking.metric_history(uri, r.info.run_id, "eval/loss/mlm")]
+            assert steps == [2, 4, 6]
+            arts = {a.path for a in tracking.client(uri).list_artifacts(r.info.run_id)}
+            assert {"config.yaml", "model"} <= arts
+    # Every 1e-9 trial starts after a good one has set the first rung, and is worse: stopped there.
+    # (ASHA may also stop the second good trial when it reaches a rung behind an equally good one.)
+    assert stopped and all(r in stopped for r in runs if r.data.params["optim.lr"] == "1e-09")
+    assert any(r.info.status == "FINISHED" and r.data.params["optim.lr"] == "0.01" for r in runs)
+
+    # the report written at the end: one row per configuration, values = the runs' final metrics
+    out = Path(result["report"])
+    with open(out / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    configs: dict[tuple, list] = {}
+    for r in runs:
+        key = tuple(r.data.tags.get(T.ABLATION + k, "-") for k in ("optim.lr", "tasks.obj_feat", "tasks.feat_loss"))
+        configs.setdefault(key, []).append(r)
+    assert len(rows) == len(configs)
+    for row in rows:
+        group = configs[(row["optim.lr"], row["tasks.obj_feat"], row["tasks.feat_loss"])]
+        used = [r for r in group if r.info.status == "FINISHED"] or group
+        # each run counts with its best evaluation (mode min): the checkpoint it keeps
+        best = [min(v for _, v in tracking.metric_history(uri, r.info.run_id, "eval/loss/mlm")) for r in used]
+        mean = sum(best) / len(best)
+        assert float(row["eval/loss/mlm mean"]) == pytest.approx(mean)
+        assert int(row["runs"]) == len(group)
+    assert rows[0]["optim.lr"] == "0.01" and rows[0]["finished"] == "1"  # sorted best first
+    assert len(list(out.glob("*.png"))) == 4  # metric vs each of the 3 parameters + learning curves
+    logged = {a.path for a in tracking.client(uri).list_artifacts(parent_id, "report")}
+    assert "report/table.md" in logged
+
+
+# ---------------------------------------------------------------- the driver killed midway, resumed
+
+
+RESUME_SPACE = """
+metric: eval/loss/mlm
+mode: min
+num_samples: 3
+scheduler: {type: fifo}
+parameters:
+  train.max_steps: {type: choice, values: [2, 8]}
+  optim.lr: {type: float, low: 1e-3, high: 1e-2, log: true}
+try_first:
+  - {train.max_steps: 2}   # finishes first: the driver is killed then
+  - {train.max_steps: 8}   # still running at the kill: resumed from its checkpoint
+  - {train.max_steps: 2}
+"""
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL whatever a killed driver left behind: it ran in a session of its own, so everything it
+    started has its pid as session id (by pid, never `ray stop`: the shared test Ray lives on)."""
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and os.getsid(p.pid) == sid:
+                p.send_signal(signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            pass
+
+
+def start_driver(tmp: Path, space: Path, address: str, log: str, *extra: str) -> subprocess.Popen:
+    """`jobs/sweep.py` as its own process, attached to the shared test Ray the way a job attaches to its
+    cluster (RAY_ADDRESS): killing the driver ends its trials and Train runs, not the cluster, and no
+    second Ray runs on the machine (Train's placement-group cleaner cannot tell two local Rays apart)."""
+    return subprocess.Popen([PYTHON, SWEEP, str(space), "--name", "resumable", "--storage-path",
+                             str(tmp / "runs"), "--no-report", *extra], cwd=tmp, env=ray_env(RAY_ADDRESS=address),
+                            start_new_session=True, stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, tiny_store, ray_local):
+    address = ray_local.get_runtime_context().gcs_address
+    space = space_file(tmp_path, tiny_store, RESUME_SPACE, "eval_every: 4")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = start_driver(tmp_path, space, address, "first.log")
+    finished_before: dict[str, float] = {}
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            time.sleep(2)
+            # Touch MLflow only once the driver has created its database: two processes creating a new
+            # SQLite database at once fail. The driver prints this line after its parent run exists.
+            if "[xmodal] sweep 'resumable'" not in (tmp_path / "first.log").read_text():
+                continue
+            exp = tracking.get_experiment_id(uri, "xmodal-sweep-space")
+            runs = tracking.search_runs(uri, [exp], f"tags.`{T.KIND}` = 'trial'")
+            finished_before = {r.info.run_id: r.info.end_time for r in runs if r.info.status == "FINISHED"}
+            if finished_before:
+                break
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        assert finished_before, "no trial finished in time:\n" + (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        kill_tree(first.pid, grace=3)
+        kill_session(first.pid)
+
+    second = start_driver(tmp_path, space, address, "second.log", "--resume")
+    try:
+        second.wait(timeout=400)
+    finally:
+        kill_tree(second.pid, grace=3)
+        kill_session(second.pid)
+    log = (tmp_path / "second.log").read_text()
+    assert second.returncode == 0, log[-4000:]
+    assert "continuing sweep 'resumable'" in log
+
+    parent = tracking.find_run(uri, tracking.get_experiment_id(uri, "xmodal-sweep-space"), "resumable")
+    assert parent.info.status == "FINISHED"
+    runs = children(uri, parent.info.run_id)
+    names = [r.info.run_name for r in runs]
+    assert len(runs) == 3 and len(set(names)) == 3, names  # the total asked for; no trial twice
+    assert all(r.info.status == "FINISHED" for r in runs)
+    for run_id, end in finished_before.items():  # finished before the kill: not run again
+        assert tracking.get_run(uri, run_id).info.end_time == end
+    states = sorted((tmp_path / "runs" / "resumable").glob("experiment_state-*.json"))
+    tune_trials = json.loads(states[-1].read_text())
+    assert len(tune_trials["trial_data"]) == 3
