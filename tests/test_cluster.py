@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PYTHON, RAY, REPO, RayHead, free_port, kill_tree, wait_job
 from xmodal import tracking
+from xmodal_testing import PYTHON, RAY, REPO, RayHead, free_port, kill_tree, wait_job
 
 CLUSTER_YAML = REPO / "cluster.yaml"
 SCALE_OUT_DOC = REPO / "docs" / "scale_out.md"

@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, REPO
 from xmodal import tracking
 from xmodal.report import ReportError, make_report
 from xmodal.sweep import tags as T
+from xmodal_testing import PYTHON, REPO
 
 KEYS = ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss", "train.seed"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import xmodal.config
-from conftest import PYTHON, REPO, ray_env
 from xmodal.config import PretrainConfig
 from xmodal.sweep.plan import SweepOptions, plan_sweep
 from xmodal.sweep.space import DefineByRun, SpaceError, load_space, validate_space, with_assignments
+from xmodal_testing import PYTHON, REPO, ray_env
 
 SPACES = REPO / "search_spaces"
 

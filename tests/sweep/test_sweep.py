@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, REPO, kill_tree, ray_env
 from xmodal import tracking
 from xmodal.sweep import tags as T
+from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, REPO, RayHead, kill_tree, ray_env, wait_job
 from xmodal import tracking
 from xmodal.config import ConfigError, PretrainConfig, load_config
+from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env, wait_job
 
 PRETRAIN = str(REPO / "jobs" / "pretrain.py")
 TASK_METRICS = ["train/loss/mlm", "train/loss/obj_feat", "train/loss/obj_label", "train/loss/matching",

@@ -1,0 +1,145 @@
+"""Shared test helpers: processes, Ray heads owned by a test, job waiting.
+
+A plain module (not conftest.py): tests/data has a conftest of its own, so `from conftest import`
+would find whichever conftest was imported first.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_tree(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM a process and all its descendants, then SIGKILL what is left.
+
+    By pid, not `ray stop` (which stops every Ray node on the machine, including
+    the shared test cluster); some Ray agents ignore SIGTERM.
+    """
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    procs = [root, *root.children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def ray_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+class RayHead:
+    """A `ray start --head --block` node owned by the test (stopped by pid)."""
+
+    def __init__(self, tmp: Path, num_cpus: int = 4, resources: str | None = None):
+        self.port, self.dash_port = free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard = f"http://127.0.0.1:{self.dash_port}"
+        import secrets
+
+        # Token authentication, as on a real cluster: every process that talks to the cluster carries it.
+        self.token = secrets.token_hex(32)
+        self.env = ray_env(RAY_AUTH_TOKEN=self.token)
+        self.nodes: list[subprocess.Popen] = []
+        cmd = [RAY, "start", "--head", "--block", f"--port={self.port}", f"--dashboard-port={self.dash_port}",
+               "--dashboard-host=127.0.0.1", f"--num-cpus={num_cpus}", "--disable-usage-stats",
+               "--object-store-memory=500000000", "--memory=4000000000",
+               f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+               f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+        if resources:
+            cmd.append(f"--resources={resources}")
+        self._start(cmd, tmp / "head.log")
+        self.wait_ready()
+
+    def _start(self, cmd: list[str], log: Path) -> None:
+        out = open(log, "w")  # noqa: SIM115 - kept open for the node's lifetime
+        self.nodes.append(subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                           cwd=REPO, start_new_session=True))
+
+    def add_worker_node(self, tmp: Path, num_cpus: int, resources: str | None = None,
+                        temp_dir: str | None = None) -> None:
+        """`temp_dir` (short: socket paths live under it) gives the node a session folder of its own. Nodes
+        sharing one re-extract each other's runtime_env packages in place, deleting a running job's
+        working directory (`ray job submit --working-dir`)."""
+        cmd = [RAY, "start", "--block", f"--address={self.address}", f"--num-cpus={num_cpus}",
+               "--object-store-memory=500000000", "--memory=4000000000", "--disable-usage-stats",
+               f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+               f"--runtime-env-agent-port={free_port()}"]
+        if resources:
+            cmd.append(f"--resources={resources}")
+        if temp_dir:
+            cmd.append(f"--temp-dir={temp_dir}")
+        self._start(cmd, tmp / f"node{len(self.nodes)}.log")
+
+    def client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.dashboard, headers={"Authorization": f"Bearer {self.token}"})
+
+    def submit(self, entrypoint: list[str], cwd: Path = REPO) -> str:
+        """`ray job submit --no-wait` through the real CLI; returns the job id."""
+        out = subprocess.run([RAY, "job", "submit", f"--address={self.dashboard}", "--no-wait", "--", *entrypoint],
+                             env=self.env, cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        for word in (out.stdout + out.stderr).split():
+            if word.strip("'\"").startswith("raysubmit_"):
+                return word.strip("'\".")
+        raise AssertionError(f"no job id in: {out.stdout}{out.stderr}")
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                self.client().list_jobs()
+                return
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(2)
+
+    def stop(self) -> None:
+        for p in reversed(self.nodes):
+            kill_tree(p.pid)
+
+
+def wait_job(client, job_id: str, timeout: float) -> str:
+    from ray.job_submission import JobStatus
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = client.get_job_status(job_id)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            return status
+        time.sleep(2)
+    raise TimeoutError(f"job {job_id} still {client.get_job_status(job_id)} after {timeout} s:\n"
+                       f"{client.get_job_logs(job_id)[-5000:]}")
