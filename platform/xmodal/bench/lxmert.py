@@ -1,0 +1,328 @@
+"""LXMERT train step: samples/s, peak memory and MFU of ours vs transformers' LxmertForPreTraining.
+
+Both models get the same config, the same batch (`LxmertBatch.random`), the same precision and go
+through the same `xmodal.train.step.train_step` (forward, all five pretraining losses, backward,
+AdamW step). Ours: `PretrainingObjective` + `adamw`. transformers': `LxmertForPreTraining` with its
+own losses (labels, obj_labels, matched_label, ans) + `torch.optim.AdamW`.
+
+CUDA: the models run one after the other, so torch.cuda.max_memory_allocated is each one's own;
+MFU = FLOPs counted by FlopCounterMode (forward + backward) x steps/s / --peak-tflops.
+CPU: both models stay built and the timed steps alternate in rounds, so the noise of a shared
+machine falls on both; memory = peak live CPU tensor bytes in one step (profiler memory timeline).
+
+Needs torch and transformers only (no Ray, MLflow or pyarrow); transformers is imported in `run()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from xmodal.batches import LxmertBatch
+from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
+from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
+from xmodal.train.step import TrainState, adamw, autocast, resolve_precision, train_step
+
+H200_BF16_DENSE_TFLOPS = 989.0
+SEQ_LEN, NUM_OBJECTS = 20, 36  # paper: sentences of at most 20 tokens, 36 objects
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16 = bf16 autocast for both models")
+    p.add_argument("--compile", action="store_true", help="torch.compile both training modules")
+    p.add_argument("--compile-mode", default="default",
+                   choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
+                   help="torch.compile mode (with --compile)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per model")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per model first (compile happens here)")
+    p.add_argument("--losses", choices=("paper", "reference"), default="paper",
+                   help="our task options: 'paper' = the platform defaults (L2, labels on masked objects); "
+                        "'reference' = transformers' semantics (SmoothL1, labels on all objects weighted by "
+                        "confidence, x1/0.15)")
+    p.add_argument("--only", choices=("both", "ours", "transformers"), default="both")
+    p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS,
+                   help="accelerator peak for MFU (H200 dense bf16: 989)")
+    p.add_argument("--peer-optimizer", choices=("default", "fused"), default="default",
+                   help="transformers' AdamW: torch's default implementation, or fused like ours")
+    p.add_argument("--rounds", type=int, default=4, help="CPU: timed steps are split into alternating rounds")
+    p.add_argument("--threads", type=int, default=0, help="CPU: torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP count")
+    p.add_argument("--seed", type=int, default=0)
+
+
+@dataclass
+class Contender:
+    name: str
+    build: Callable[[], tuple[nn.Module, torch.optim.Optimizer]]
+    state: TrainState | None = None
+    params: int = 0
+    flops_per_step: int | None = None  # forward + backward, counted
+    elapsed_s: float = 0.0
+    steps: int = 0
+    step_times: list[float] = field(default_factory=list)
+    peak_mem_bytes: int | None = None
+    final_loss: float = float("nan")
+
+    def samples_per_s(self, batch_size: int) -> float:
+        return self.steps * batch_size / self.elapsed_s
+
+    def median_step_ms(self) -> float:
+        return 1e3 * (statistics.median(self.step_times) if self.step_times else self.elapsed_s / self.steps)
+
+
+class HFPretraining(nn.Module):
+    """transformers' LxmertForPreTraining behind the objective interface: forward(batch) -> {"loss"}.
+
+    Its own losses: MLM CE over all positions with ignore_index; matching CE; QA CE on `ans`
+    (-100 where there is no question or the pair is mismatched); obj/attr CE on all objects weighted
+    by the detector confidence; SmoothL1 feature regression weighted by the mask (reference code).
+    """
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        self.hf = hf_model
+
+    def forward(self, b: LxmertBatch) -> dict[str, torch.Tensor]:
+        out = self.hf(
+            input_ids=b.input_ids,
+            visual_feats=b.visual_feats,
+            visual_pos=b.boxes,
+            attention_mask=b.attention_mask.long(),
+            visual_attention_mask=b.visual_mask.long(),
+            labels=b.mlm_labels,
+            obj_labels={
+                "obj": (b.obj_labels, b.obj_conf),
+                "attr": (b.attr_labels, b.attr_conf),
+                "feat": (b.feat_targets, b.obj_masked.to(b.feat_targets.dtype)),
+            },
+            matched_label=b.is_matched,
+            ans=b.qa_labels,
+            return_dict=True,
+        )
+        return {"loss": out.loss}
+
+
+# ---- measuring ---------------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_flops(module: nn.Module, batch: LxmertBatch, device: torch.device, dtype) -> int:
+    """FLOPs of one forward + backward (eager, uncompiled; the optimizer step is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module.train()
+    with FlopCounterMode(display=False) as counter:
+        with autocast(device, dtype):
+            loss = module(batch)["loss"]
+        loss.backward()
+    module.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def setup(c: Contender, batch: LxmertBatch, args, device: torch.device) -> None:
+    """Build (seeded), count parameters and FLOPs, wrap in torch.compile, run the warm-up steps."""
+    dtype = resolve_precision(args.precision, device)
+    torch.manual_seed(args.seed)
+    module, opt = c.build()
+    c.params = sum(p.numel() for p in module.parameters())
+    if args.flops:
+        c.flops_per_step = count_flops(module, batch, device, dtype)
+    model = torch.compile(module, mode=args.compile_mode) if args.compile else module
+    c.state = TrainState(model=model, optimizer=opt, autocast_dtype=dtype)
+    for _ in range(args.warmup):
+        train_step(c.state, [batch])
+    _sync(device)
+
+
+def time_steps(c: Contender, batch: LxmertBatch, n: int, device: torch.device) -> None:
+    start = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = train_step(c.state, [batch])
+        if device.type == "cpu":  # per-step times on CPU only: a CUDA sync per step would drain the queue
+            c.step_times.append(time.perf_counter() - t0)
+    _sync(device)
+    c.elapsed_s += time.perf_counter() - start
+    c.steps += n
+    c.final_loss = float(out["loss"])
+
+
+def teardown(c: Contender, device: torch.device) -> None:
+    c.state = None
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def cpu_peak_tensor_bytes(c: Contender, batch: LxmertBatch) -> int | None:
+    """Peak bytes of live CPU tensors during one train step: parameters, optimizer state, the batch,
+    activations and gradients (the CPU analogue of torch.cuda.max_memory_allocated), from the
+    torch.profiler memory timeline. None when the profiler cannot provide it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            train_step(c.state, [batch])
+        timeline = prof._memory_profile().timeline  # private API (torch >= 2.1): guarded
+    except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the benchmark
+        print(f"note: no CPU memory figure for {c.name} ({type(err).__name__}: {err})")
+        return None
+    live = peak = 0
+    for _, action, (key, _), size in timeline:
+        if key.device.type != "cpu":
+            continue
+        if action.name in ("PREEXISTING", "CREATE"):
+            live += size
+        elif action.name == "DESTROY":
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+# ---- the two contenders ------------------------------------------------------------------------
+
+def build_ours(config: LxmertConfig, tasks: PretrainTasks, device: torch.device, lr: float):
+    def build():
+        with torch.device(device):
+            objective = PretrainingObjective(LxmertForPretraining(config), tasks)
+        return objective, adamw(objective, lr=lr, weight_decay=0.01)
+    return build
+
+
+def build_transformers(hf_config, device: torch.device, lr: float, fused_adamw: bool):
+    def build():
+        from transformers import LxmertForPreTraining
+
+        with torch.device(device):
+            module = HFPretraining(LxmertForPreTraining(hf_config))
+        # As a transformers user would: torch.optim.AdamW with its default implementation
+        # (for-each on CUDA, per-parameter loop on CPU); --peer-optimizer fused gives it ours.
+        decay = [p for p in module.parameters() if p.ndim >= 2]
+        no_decay = [p for p in module.parameters() if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=lr, eps=1e-6, fused=True if fused_adamw else None)
+        return module, opt
+    return build
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 2**20:,.1f} MiB" if n < 10 * 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def print_table(cs: list[Contender], args, device: torch.device) -> None:
+    mfu_on = device.type == "cuda" and args.flops
+    head = f"{'model':<14}{'params':>10}{'samples/s':>12}{'median ms':>11}{'peak memory':>14}{'GFLOP/sample':>14}"
+    head += f"{'MFU':>8}" if mfu_on else ""
+    print(head)
+    print("-" * len(head))
+    for c in cs:
+        sps = c.samples_per_s(args.batch)
+        gflop = "n/a" if c.flops_per_step is None else f"{c.flops_per_step / args.batch / 1e9:,.3f}"
+        line = (f"{c.name:<14}{c.params / 1e6:>9.2f}M{sps:>12,.1f}{c.median_step_ms():>11.2f}"
+                f"{_fmt_bytes(c.peak_mem_bytes):>14}{gflop:>14}")
+        if mfu_on:
+            mfu = c.flops_per_step * sps / args.batch / (args.peak_tflops * 1e12)
+            line += f"{100 * mfu:>7.1f}%"
+        print(line + f"   final loss {c.final_loss:.3f}")
+    if len(cs) == 2:
+        ours, theirs = cs
+        line = f"ratio xmodal/transformers: {ours.samples_per_s(args.batch) / theirs.samples_per_s(args.batch):.2f}x samples/s"
+        if ours.peak_mem_bytes and theirs.peak_mem_bytes:
+            line += f", {ours.peak_mem_bytes / theirs.peak_mem_bytes:.2f}x peak memory"
+        print(line)
+
+
+def run(args: argparse.Namespace) -> int:
+    import transformers
+
+    from xmodal.models.lxmert_hf import config_to_hf
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but torch.cuda.is_available() is False")
+        return 2
+    if args.steps < 1 or args.batch < 1:
+        print("error: --steps and --batch must be at least 1")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 training on Hopper uses TF32; same for both
+        torch.backends.cudnn.allow_tf32 = True
+    lr = 1e-4
+
+    # transformers' LXMERT always adds token-type embedding 0; ours gets it too so the configs are equal.
+    config = preset(args.preset).replace(token_type_embedding=True)
+    hf_config = transformers.LxmertConfig() if args.preset == "paper" else config_to_hf(config)
+    tasks = PretrainTasks.reference() if args.losses == "reference" else PretrainTasks()
+    batch = LxmertBatch.random(
+        args.batch, vocab_size=config.vocab_size, visual_feat_dim=config.visual_feat_dim,
+        num_object_labels=config.num_object_labels, num_attr_labels=config.num_attr_labels,
+        num_qa_labels=config.num_qa_labels, seq_len=SEQ_LEN, num_objects=NUM_OBJECTS,
+        generator=torch.Generator().manual_seed(args.seed),
+    ).to(device, float_dtype=torch.float32)  # features travel as fp16; both models take fp32 (autocast casts)
+
+    where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    compiled = f"on ({args.compile_mode})" if args.compile else "off"
+    print(f"LXMERT train step: preset={args.preset} batch={args.batch} T={SEQ_LEN} N={NUM_OBJECTS} "
+          f"precision={args.precision} device={device.type} ({where}) compile={compiled} "
+          f"steps={args.steps} warmup={args.warmup}")
+    memory = ("torch.cuda.max_memory_allocated, models run one after the other" if device.type == "cuda" else
+              "peak live CPU tensor bytes in one step (torch.profiler memory timeline); "
+              "timing interleaved in rounds")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}; our losses: {args.losses}; "
+          f"peer optimizer: {args.peer_optimizer} AdamW; memory: {memory}")
+
+    cs = []
+    if args.only in ("both", "ours"):
+        cs.append(Contender("xmodal", build_ours(config, tasks, device, lr)))
+    if args.only in ("both", "transformers"):
+        cs.append(Contender("transformers", build_transformers(hf_config, device, lr, args.peer_optimizer == "fused")))
+
+    if device.type == "cuda":
+        # One model at a time, so that max_memory_allocated is that model's alone.
+        for c in cs:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            setup(c, batch, args, device)
+            time_steps(c, batch, args.steps, device)
+            c.peak_mem_bytes = torch.cuda.max_memory_allocated(device)
+            teardown(c, device)
+    else:
+        # Both models live; alternating rounds spread the noise of a shared CPU over both.
+        for c in cs:
+            setup(c, batch, args, device)
+            c.peak_mem_bytes = cpu_peak_tensor_bytes(c, batch)
+        rounds = max(1, min(args.rounds, args.steps))
+        for r in range(rounds):
+            n = args.steps // rounds + (1 if r < args.steps % rounds else 0)
+            for c in (cs if r % 2 == 0 else cs[::-1]):
+                time_steps(c, batch, n, device)
+        for c in cs:
+            teardown(c, device)
+
+    print()
+    print_table(cs, args, device)
+    if device.type == "cuda" and args.flops:
+        print(f"MFU = counted FLOPs (forward + backward, FlopCounterMode) x steps/s / {args.peak_tflops:g} TFLOP/s")
+    return 0
