@@ -97,3 +97,67 @@ class LxmertBatch(TensorBatch):
             is_matched=is_matched,
             qa_labels=torch.where(is_question & (is_matched == 1), qa, torch.full_like(qa, -100)),
         )
+
+
+@dataclass
+class MultBatch(TensorBatch):
+    """One MulT batch: three unaligned sequences zero-padded at the END, their true lengths, labels.
+
+    Built by `xmodal.data.mult_store` (numpy) or `xmodal.data.mult_pipeline` (Ray Data).
+    `to(device, float_dtype)` casts only the three feature tensors: labels stay float32
+    (a bf16 sentiment score would be off by up to 0.008).
+    """
+
+    text: Tensor  # (B, T_l, F_l) float16 from the store
+    audio: Tensor  # (B, T_a, F_a)
+    vision: Tensor  # (B, T_v, F_v)
+    text_lengths: Tensor  # (B,) long, true lengths, each >= 1
+    audio_lengths: Tensor  # (B,) long
+    vision_lengths: Tensor  # (B,) long
+    labels: Tensor  # (B, 1) float32 sentiment in [-3, 3], or (B, 4) long class per emotion (IEMOCAP)
+    index: Tensor  # (B,) long row of the sample in its split (joins predictions with ids)
+
+    FEATURES = ("text", "audio", "vision")
+
+    def to(self, device: torch.device | str, float_dtype: torch.dtype | None = None, non_blocking: bool = False):
+        out = {}
+        for f in dataclasses.fields(self):
+            t: Tensor = getattr(self, f.name).to(device, non_blocking=non_blocking)
+            if float_dtype is not None and f.name in self.FEATURES:
+                t = t.to(float_dtype)
+            out[f.name] = t
+        return type(self)(**out)
+
+    def lengths(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.text_lengths, self.audio_lengths, self.vision_lengths
+
+    @classmethod
+    def random(
+        cls,
+        batch_size: int,
+        *,
+        dims: tuple[int, int, int] = (300, 74, 35),
+        seq_lens: tuple[int, int, int] = (50, 500, 500),
+        variable_lengths: bool = False,
+        num_emotions: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> MultBatch:
+        """Random inputs of the given shapes (default: unaligned MOSEI), for benchmarks and tests
+        that need shapes, not meaning. `variable_lengths`: true lengths drawn in [T/2, T] and the
+        padding zeroed; otherwise every step is real. `num_emotions` > 0: IEMOCAP-style labels."""
+        g, b = generator, batch_size
+        feats, lens = [], []
+        for dim, t in zip(dims, seq_lens, strict=True):
+            x = torch.randn(b, t, dim, generator=g)
+            if variable_lengths:
+                n = torch.randint(max(1, t // 2), t + 1, (b,), generator=g)
+                x = x * (torch.arange(t)[None, :] < n[:, None])[..., None]
+            else:
+                n = torch.full((b,), t)
+            feats.append(x.half())
+            lens.append(n.long())
+        if num_emotions:
+            labels = torch.randint(0, 2, (b, num_emotions), generator=g)
+        else:
+            labels = (torch.rand(b, 1, generator=g) * 6 - 3).float()
+        return cls(*feats, *lens, labels=labels, index=torch.arange(b))

@@ -108,3 +108,91 @@ class PostLNFeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.norm(x + self.dropout(self.fc2(F.gelu(self.fc1(x)))))
+
+
+# ---------------------------------------------------------------------------
+# Helpers for models that call SDPA on their own head-split tensors (MulT runs
+# several directions as one batched call, so it cannot hold one
+# MultiHeadAttention per direction). Same conventions as above: bool masks are
+# True = attend; a zero-padded head dimension needs the true `scale`.
+# ---------------------------------------------------------------------------
+
+
+def padded_head_dim(head_dim: int, multiple: int) -> int:
+    """The head dimension rounded up to `multiple` (fused SDPA kernels need head_dim % 8 == 0)."""
+    return math.ceil(head_dim / multiple) * multiple
+
+
+def offset_causal_allowed(
+    t: int,
+    s: int,
+    *,
+    q_lengths: Tensor | None = None,  # (N,) true query lengths (end padding); None = all t
+    k_lengths: Tensor | None = None,  # (N,) true key lengths; None = all s
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Bool (t, s) or (N, 1, t, s) mask, True = attend: query i sees key j iff j <= i + |S - T|.
+
+    This is the causal mask of the MulT reference (`triu(-inf, 1 + |S - T|)`).
+    For S >= T it is the lower-right causal mask (the last query sees every
+    key); for S < T the window keeps its top-left anchor and is widened by
+    T - S, so no query row is ever empty. With lengths, S and T are each
+    sample's true lengths and keys at j >= S_n are masked too; padded query
+    rows always see key 0, so SDPA never meets an all-masked row.
+    """
+    i = torch.arange(t, device=device)
+    j = torch.arange(s, device=device)
+    if q_lengths is None and k_lengths is None:
+        return j[None, :] <= i[:, None] + abs(s - t)
+    ref = q_lengths if q_lengths is not None else k_lengths
+    n = ref.shape[0]
+    ql = q_lengths if q_lengths is not None else torch.full((n,), t, device=ref.device, dtype=ref.dtype)
+    kl = k_lengths if k_lengths is not None else torch.full((n,), s, device=ref.device, dtype=ref.dtype)
+    offset = (kl - ql).abs()  # (N,)
+    allowed = j[None, None, :] <= i[None, :, None] + offset[:, None, None]  # (N, t, s)
+    allowed = allowed & (j[None, None, :] < kl[:, None, None])
+    return allowed[:, None]  # (N, 1, t, s)
+
+
+def key_padding_allowed(k_lengths: Tensor, s: int) -> Tensor:
+    """(N,) true key lengths -> (N, 1, 1, s) bool, True = a real key."""
+    return (torch.arange(s, device=k_lengths.device)[None, :] < k_lengths[:, None])[:, None, None, :]
+
+
+def offset_causal_mask(t: int, s: int, device: torch.device | str | None = None) -> tuple[object | None, bool]:
+    """(attn_mask, is_causal) for SDPA implementing `offset_causal_allowed(t, s)` without lengths,
+    in the form that keeps the fused kernels usable:
+
+    - S == T: `is_causal=True` (flash / memory-efficient kernels);
+    - S > T: `causal_lower_right(T, S)` (a CausalBias: flash / memory-efficient kernels
+      with their native lower-right alignment; a materialised bool mask under
+      torch.compile, which does not trace CausalBias);
+    - S < T and T >= 2S - 1: no mask at all (every key is visible to every query);
+    - otherwise a bool (t, s) mask.
+    """
+    if s == t:
+        return None, True
+    if s > t:
+        if torch.compiler.is_compiling():
+            return offset_causal_allowed(t, s, device=device), False
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(t, s), False
+    if t >= 2 * s - 1:
+        return None, False
+    return offset_causal_allowed(t, s, device=device), False
+
+
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Bool mask (True = attend) -> additive float mask of `dtype` (0 / -inf).
+
+    Built once and reused by every layer (SDPA would convert a bool mask on each
+    call). The last dimension is allocated to a multiple of 16 and sliced back,
+    so the memory-efficient CUDA kernel takes it without padding it per call.
+    """
+    s = allowed.shape[-1]
+    s16 = math.ceil(s / 16) * 16
+    out = torch.full((*allowed.shape[:-1], s16), float("-inf"), dtype=dtype, device=allowed.device)
+    out = out[..., :s]
+    out.masked_fill_(allowed, 0.0)
+    return out

@@ -1,0 +1,309 @@
+"""MulT sentiment pickles (reference or MMSA format) -> a MulT store.
+
+    python jobs/ingest.py mult OUT --pickle PATH --format reference|mmsa [--dataset mosi|mosei|iemocap]
+                                   [--overwrite] [--shard-rows N]
+
+Formats (papers/FACTS.md):
+- reference (yaohungt/Multimodal-Transformer, `{mosi,mosei_senti,iemocap}_data[_noalign].pkl`):
+  {train, valid, test} -> {"text" [N, T_l, 300], "audio" [N, T_a, d_a], "vision" [N, T_v, d_v],
+  "labels" [N, 1, 1] sentiment or [N, 4, 2] one-hot (IEMOCAP), "id"}; sequences zero-padded at
+  the FRONT: the true length is what follows the leading all-zero steps. Audio may hold -inf.
+- mmsa (thuiar/MMSA): {train, valid, test} -> {"raw_text", "text", "audio", "vision",
+  "audio_lengths", "vision_lengths", "regression_labels", "id"}; padded at the END; text length
+  = up to the last non-zero step.
+
+Non-finite feature values (the reference's audio -inf, any NaN) become 0 and values beyond
+float16's range are clipped to it; both are counted in the manifest's `stats`. A clip whose
+sequence is empty keeps one zero step (length 1), also counted.
+
+Pickle files execute code when loaded: they are read with an unpickler that admits only numpy
+arrays, numpy dtypes / scalars and plain containers; anything else (os.system, a class from
+some module) is refused with an error naming the file and the global it asked for. Everything
+is converted in memory first and written through `write_store` (temporary directory renamed
+into place): a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xmodal.data.mult_store import DEFAULT_SHARD_ROWS, MODALITIES, SPLITS, MultSplit, write_store
+from xmodal.data.store import StoreError, check_target
+
+FORMATS = ("reference", "mmsa")
+DATASETS = ("mosi", "mosei", "iemocap")
+F16_MAX = float(np.finfo(np.float16).max)
+
+
+class IngestError(ValueError):
+    """Bad input: the message names the file, the key and what was expected."""
+
+
+# ============================================================================ safe unpickling
+
+# (module, name) pairs a numpy-array pickle needs, for numpy 1.x and 2.x module paths.
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("_codecs", "encode"),  # how Python 3 writes bytes in protocol 2 (numpy array buffers)
+    ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"), ("builtins", "complex"),
+    ("builtins", "list"), ("builtins", "dict"), ("builtins", "tuple"),
+})
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays and plain containers only; refuses every other global."""
+
+    def __init__(self, file, where: str):
+        super().__init__(file, encoding="latin1")  # latin1: numpy arrays pickled by Python 2
+        self.where = where
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise IngestError(f"{self.where}: refused to unpickle global {module}.{name}: only numpy arrays, "
+                          "dtypes and plain containers are allowed (a pickle can run code when loaded)")
+
+    def persistent_load(self, pid):
+        raise IngestError(f"{self.where}: refused a persistent id in the pickle; expected plain data")
+
+
+def safe_load(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise IngestError(f"{path}: no such file (--pickle)")
+    with open(path, "rb") as f:
+        try:
+            return RestrictedUnpickler(f, str(path)).load()
+        except IngestError:
+            raise
+        except Exception as e:  # truncated or not a pickle at all
+            raise IngestError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from e
+
+
+# ============================================================================ conversion
+
+
+class _Stats:
+    def __init__(self):
+        self.nonfinite = dict.fromkeys(MODALITIES, 0)
+        self.clipped = dict.fromkeys(MODALITIES, 0)
+        self.empty = dict.fromkeys(MODALITIES, 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"nonfinite_replaced_by_0": self.nonfinite, "clipped_to_float16": self.clipped,
+                "empty_sequences_given_one_zero_step": self.empty}
+
+
+def _array(d: dict, key: str, where: str, ndim: int | None = None, n: int | None = None) -> np.ndarray:
+    if key not in d:
+        raise IngestError(f"{where}: no key {key!r}; the split has {sorted(map(str, d))}")
+    a = np.asarray(d[key])
+    if ndim is not None and a.ndim != ndim:
+        raise IngestError(f"{where}[{key!r}]: shape {a.shape}; expected {ndim} dimensions")
+    if n is not None and a.shape[0] != n:
+        raise IngestError(f"{where}[{key!r}]: {a.shape[0]} rows; expected {n} like 'text'")
+    return a
+
+
+def _clean(x: np.ndarray, modality: str, stats: _Stats, where: str) -> np.ndarray:
+    if x.dtype.kind not in "fiu":
+        raise IngestError(f"{where}[{modality!r}]: dtype {x.dtype}; expected numbers")
+    x = x.astype(np.float32, copy=True)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        stats.nonfinite[modality] += int(bad.sum())
+        x[bad] = 0.0
+    big = np.abs(x) > F16_MAX
+    if big.any():
+        stats.clipped[modality] += int(big.sum())
+        np.clip(x, -F16_MAX, F16_MAX, out=x)
+    return x
+
+
+def _front_lengths(x: np.ndarray) -> np.ndarray:
+    """True lengths of front-padded (N, T, F) sequences: T minus the leading all-zero steps."""
+    nz = (x != 0).any(axis=2)  # (N, T)
+    return np.where(nz.any(1), x.shape[1] - nz.argmax(1), 0)
+
+
+def _end_lengths(x: np.ndarray) -> np.ndarray:
+    """True lengths of end-padded (N, T, F) sequences: up to the last step that is not all zero."""
+    nz = (x != 0).any(axis=2)
+    return np.where(nz.any(1), x.shape[1] - nz[:, ::-1].argmax(1), 0)
+
+
+def _pack(x: np.ndarray, lengths: np.ndarray, front: bool, modality: str, stats: _Stats) -> tuple[np.ndarray, np.ndarray]:
+    """Padded (N, T, F) -> packed (sum(lengths), F) float16; empty sequences keep one zero step."""
+    n, t, _ = x.shape
+    lengths = lengths.astype(np.int64)
+    empty = lengths == 0
+    stats.empty[modality] += int(empty.sum())
+    lengths = np.maximum(lengths, 1)
+    pos = np.arange(t)[None, :]
+    keep = pos >= (t - lengths)[:, None] if front else pos < lengths[:, None]
+    if t == 0:
+        x, keep = np.zeros((n, 1, x.shape[2]), np.float32), np.ones((n, 1), bool)
+    return x[keep].astype(np.float16), lengths
+
+
+def _ids(d: dict, n: int, split: str) -> np.ndarray:
+    if "id" not in d:
+        return np.array([f"{split}-{i}" for i in range(n)], dtype=object)
+    raw = d["id"]
+
+    def text(v) -> str:
+        if isinstance(v, bytes):
+            return v.decode("utf-8", "replace")
+        if isinstance(v, np.ndarray) and v.ndim > 0 or isinstance(v, list | tuple):
+            return "_".join(text(u) for u in (v.tolist() if isinstance(v, np.ndarray) else v))
+        if isinstance(v, np.ndarray):
+            return text(v.item())
+        return str(v)
+
+    ids = [text(v) for v in (raw if not isinstance(raw, np.ndarray) or raw.ndim else [raw.item()])]
+    if len(ids) != n:
+        raise IngestError(f"split {split!r}: {len(ids)} ids for {n} clips")
+    return np.array(ids, dtype=object)
+
+
+def _check_splits(data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise IngestError(f"{where}: top level is {type(data).__name__}; expected a dict of splits {list(SPLITS)}")
+    missing = [s for s in SPLITS if s not in data]
+    if missing:
+        raise IngestError(f"{where}: no split {missing[0]!r}; the pickle has {sorted(map(str, data))}, "
+                          f"expected {list(SPLITS)}")
+
+
+def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
+    stats, out = _Stats(), {}
+    _check_splits(data, where)
+    for split in SPLITS:
+        d, w = data[split], f"{where}[{split!r}]"
+        if not isinstance(d, dict):
+            raise IngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, labels")
+        text = _array(d, "text", w, 3)
+        n = text.shape[0]
+        raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
+        labels = _array(d, "labels", w, None, n)
+        if labels.size == n:
+            labels = labels.reshape(n).astype(np.float32)
+        elif labels.shape[1:] == (4, 2):
+            labels = labels.argmax(-1).astype(np.int64)  # one-hot -> class per emotion (reference dataset.py)
+        else:
+            raise IngestError(f"{w}['labels']: shape {labels.shape}; expected [N, 1, 1] (sentiment) or "
+                              "[N, 4, 2] (IEMOCAP one-hot)")
+        values, lengths = {}, {}
+        for m in MODALITIES:
+            x = _clean(raw[m], m, stats, w)
+            values[m], lengths[m] = _pack(x, _front_lengths(x), True, m, stats)
+        out[split] = MultSplit(split, _ids(d, n, split), labels, values, lengths)
+    return out, stats
+
+
+def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
+    stats, out = _Stats(), {}
+    _check_splits(data, where)
+    for split in SPLITS:
+        d, w = data[split], f"{where}[{split!r}]"
+        if not isinstance(d, dict):
+            raise IngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, ...")
+        if "text" not in d and "text_bert" in d:
+            raise IngestError(f"{w}: only 'text_bert' (BERT token ids); this ingest needs 'text' features")
+        text = _array(d, "text", w, 3)
+        n = text.shape[0]
+        raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
+        labels = _array(d, "regression_labels", w, None, n)
+        if labels.size != n:
+            raise IngestError(f"{w}['regression_labels']: shape {labels.shape}; expected one score per clip")
+        values, lengths = {}, {}
+        for m in MODALITIES:
+            x = _clean(raw[m], m, stats, w)
+            if m == "text":
+                lens = _end_lengths(x)
+            else:
+                key = f"{m}_lengths"
+                lens = _array(d, key, w, None, n).reshape(n)
+                if lens.dtype.kind not in "iuf" or (lens < 0).any() or (lens > x.shape[1]).any():
+                    i = int(np.flatnonzero((lens < 0) | (lens > x.shape[1]))[0]) if lens.dtype.kind in "iuf" else 0
+                    raise IngestError(f"{w}[{key!r}][{i}] = {lens[i].item()!r}; expected an integer in [0, {x.shape[1]}]")
+                lens = lens.astype(np.int64)
+            values[m], lengths[m] = _pack(x, lens, False, m, stats)
+        out[split] = MultSplit(split, _ids(d, n, split), labels.reshape(n).astype(np.float32), values, lengths)
+    return out, stats
+
+
+def _infer_dataset(path: Path, splits: dict[str, MultSplit]) -> str:
+    if splits["train"].task == "emotions":
+        return "iemocap"
+    name = path.name.lower()
+    for d in DATASETS:
+        if d in name:
+            return d
+    return "unknown"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | None = None, *,
+           overwrite: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS):
+    """Convert one pickle into a store at `out`; returns the opened MultStore."""
+    out, pickle_path = Path(out).expanduser().resolve(), Path(pickle_path).expanduser()
+    if fmt not in FORMATS:
+        raise IngestError(f"--format {fmt!r}; expected one of {list(FORMATS)}")
+    if dataset is not None and dataset not in DATASETS:
+        raise IngestError(f"--dataset {dataset!r}; expected one of {list(DATASETS)}")
+    check_target(out, overwrite)  # before the (possibly long) load
+    data = safe_load(pickle_path)
+    splits, stats = (from_reference if fmt == "reference" else from_mmsa)(data, str(pickle_path))
+    task = splits["train"].task
+    if dataset == "iemocap" and task != "emotions":
+        raise IngestError(f"{pickle_path}: --dataset iemocap but the labels are sentiment scores; expected [N, 4, 2]")
+    if dataset in ("mosi", "mosei") and task != "sentiment":
+        raise IngestError(f"{pickle_path}: --dataset {dataset} but the labels are IEMOCAP emotions")
+    dataset = dataset or _infer_dataset(pickle_path, splits)
+    source = {"format": fmt, "path": str(pickle_path.resolve()), "bytes": pickle_path.stat().st_size,
+              "sha256": _sha256(pickle_path)}
+    return write_store(out, splits, dataset=dataset, source=source, overwrite=overwrite, shard_rows=shard_rows,
+                       stats=stats.as_dict())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", help="store directory to create")
+    p.add_argument("--pickle", required=True, help="the dataset pickle")
+    p.add_argument("--format", choices=FORMATS, required=True,
+                   help="reference: yaohungt/Multimodal-Transformer (front padding); mmsa: thuiar/MMSA (end padding)")
+    p.add_argument("--dataset", choices=DATASETS, default=None, help="default: from the labels and the file name")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, help="clips per Parquet shard")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        store = ingest(args.out, args.pickle, args.format, args.dataset, overwrite=args.overwrite,
+                       shard_rows=args.shard_rows)
+    except (IngestError, StoreError) as e:
+        print(f"ingest mult: {e}", file=sys.stderr)
+        return 1
+    m = store.manifest
+    print(f"wrote {store.path}: {m.dataset} ({m.task}), rows {m.rows}, dims {m.dims}, max lengths {m.max_len}")
+    if any(v for d in m.stats.values() for v in d.values()):
+        print(f"  cleaned: {m.stats}")
+    return 0
