@@ -163,6 +163,7 @@ def time_steps(c: Contender, batch: LxmertBatch, n: int, device: torch.device) -
 
 def teardown(c: Contender, device: torch.device) -> None:
     c.state = None
+    torch._dynamo.reset()  # compiled graphs hold the model's tensors; free them for the next contender
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
