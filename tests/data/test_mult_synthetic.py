@@ -1,5 +1,6 @@
 """Synthetic MulT data: its construction, the CLI, and that it takes two modalities to learn it:
-a tiny full MulT trained briefly with train_step beats chance and the text-only transformer."""
+a tiny full MulT trained briefly with train_step is far above chance, and far above every
+unimodal variant (text, audio, vision only) trained the same way."""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def test_cli_builds_a_store(tmp_path: Path, capsys):
     assert "num_samples = 5: expected >= 10" in capsys.readouterr().err
 
 
-def _train_and_score(variant: str, splits, steps: int) -> dict[str, float]:
-    torch.manual_seed(0)
+UNIMODAL = ("unimodal_l", "unimodal_a", "unimodal_v")
+
+
+def _train_and_score(variant: str, splits, steps: int, seed: int = 0) -> dict[str, float]:
+    """Train a tiny `variant` for `steps` steps; its metrics on valid + test (200 clips of 1000)."""
+    torch.manual_seed(seed)
     dims = splits["train"].dims()
     cfg = preset("tiny").replace(variant=variant, l_dim=dims["text"], a_dim=dims["audio"], v_dim=dims["vision"],
                                  dim=32, num_heads=4, layers=1, self_layers=1, a_kernel=1, v_kernel=1)
@@ -61,7 +66,7 @@ def _train_and_score(variant: str, splits, steps: int) -> dict[str, float]:
     state = TrainState(model=obj, optimizer=torch.optim.Adam(obj.parameters(), lr=3e-3), grad_clip=0.8)
     step, epoch = 0, 0
     while step < steps:
-        for batch in splits["train"].batches(32, shuffle=True, seed=0, epoch=epoch, drop_last=True):
+        for batch in splits["train"].batches(32, shuffle=True, seed=seed, epoch=epoch, drop_last=True):
             train_step(state, [batch.to("cpu", float_dtype=torch.float32)])
             step += 1
             if step == steps:
@@ -69,17 +74,23 @@ def _train_and_score(variant: str, splits, steps: int) -> dict[str, float]:
         epoch += 1
     obj.eval()
     with torch.no_grad():
-        res = [obj(b.to("cpu", float_dtype=torch.float32), with_metrics=True) for b in splits["valid"].batches(128)]
+        res = [obj(b.to("cpu", float_dtype=torch.float32), with_metrics=True)
+               for split in ("valid", "test") for b in splits[split].batches(128)]
     return sentiment_metrics(torch.cat([r["outputs"] for r in res]).numpy(),
                              torch.cat([r["labels"] for r in res]).numpy())
 
 
-def test_full_mult_learns_what_text_alone_cannot(one_thread):
+def test_full_mult_learns_what_no_single_modality_can(one_thread):
     splits = generate(SyntheticMultOptions(num_samples=1000, text_len=(3, 6), seed=0))
-    full = _train_and_score("full", splits, steps=350)
-    text_only = _train_and_score("unimodal_l", splits, steps=350)
-    # Chance: Acc2 0.5 and MAE 2 (= mean |label|, predicting 0). Measured here for data / init seeds 0-3
-    # (300-350 steps): full Acc2 >= 0.92, MAE <= 0.44; text only Acc2 <= 0.59, MAE >= 1.68.
-    assert full["acc2"] > 0.8 and full["mae"] < 0.8, full
-    assert text_only["acc2"] < 0.65 and text_only["mae"] > 1.4, text_only
-    assert full["mae"] < text_only["mae"] - 0.8
+    scores = {v: _train_and_score(v, splits, steps=350) for v in ("full", *UNIMODAL)}
+    report = ", ".join(f"{v}: acc2 {m['acc2']:.3f} mae {m['mae']:.3f}" for v, m in scores.items())
+    # Chance: Acc2 0.5 and MAE 2 (= mean |label|, predicting 0); no single stream knows the sign.
+    # Measured at 350 steps, 8 runs ((data, init) seeds (0-3, 0), (0, 1), (0, 2), (1, 1), (2, 2)): full Acc2 >= 0.985,
+    # MAE <= 0.22; every unimodal variant Acc2 <= 0.61, MAE >= 1.85 (still chance at 1500 steps), while the
+    # rule="text" / "audio" controls are learnt by unimodal_l / unimodal_a (Acc2 >= 0.995): not for lack of capacity.
+    full = scores["full"]
+    assert full["acc2"] >= 0.9 and full["mae"] < 0.5, report
+    for v in UNIMODAL:
+        uni = scores[v]
+        assert uni["acc2"] < 0.7 and uni["mae"] > 1.5, f"{v} learns the label alone: {report}"
+        assert uni["acc2"] <= full["acc2"] - 0.25 and uni["mae"] >= full["mae"] + 1.2, f"{v} vs full: {report}"
