@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 
 def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv: list[str]) -> int:
@@ -17,3 +18,41 @@ def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv
             importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
     return importlib.import_module(table[args.command][0]).run(args)
+
+
+# flag -> dotted config key: the options every training job takes (README "Jobs")
+JOB_FLAGS: dict[str, tuple[str, str]] = {
+    "store": ("data.store", "feature store directory (default: the embedded synthetic store)"),
+    "num_workers": ("scale.num_workers", "Ray Train workers"),
+    "gpus_per_worker": ("scale.gpus_per_worker", "GPUs per worker (0 = CPU)"),
+    "storage_path": ("scale.storage_path", "checkpoints: a local path, s3://... or a shared mount"),
+    "experiment": ("mlflow.experiment", "MLflow experiment"),
+    "run_name": ("mlflow.run_name", "MLflow and Ray Train run name; rerun with it to resume"),
+    "seed": ("train.seed", "random seed"),
+}
+
+
+def job_main(argv: list[str], *, doc: str | None, config_class: type, run, sections: str,
+             extra: dict[str, tuple[str, str, str]] | None = None) -> int:
+    """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
+    (plus `extra`: flag -> (dotted key, value template, help)), validated into `config_class` and
+    handed to `run(cfg, source=...)`. A bad config is reported as one clear line and exit code 2."""
+    from xmodal.config import ConfigError, load_config
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help=f"YAML config file (sections: {sections})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
+    flags = {flag: (key, "{}", help_text) for flag, (key, help_text) in JOB_FLAGS.items()}
+    flags.update(extra or {})
+    for flag, (key, _, help_text) in flags.items():
+        p.add_argument("--" + flag.replace("_", "-"), help=f"{help_text} (= --set {key}=...)")
+    args = p.parse_args(argv)
+    overrides = [f"{key}={template.format(getattr(args, flag))}" for flag, (key, template, _) in flags.items()
+                 if getattr(args, flag) is not None]
+    try:
+        cfg = load_config(config_class, args.config, overrides + args.set)
+        run(cfg, source=args.config or "defaults")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

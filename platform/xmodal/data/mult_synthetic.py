@@ -29,61 +29,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
 from xmodal.data.mult_store import MODALITIES, MultSplit, MultStore, write_store
+from xmodal.data.options import EVENT_STEPS, SyntheticMultOptions
 from xmodal.data.store import StoreError
-
-EVENT_STEPS = 3
-
-
-@dataclass
-class SyntheticMultOptions:
-    """The synthetic MulT corpus (validated by the experiment config)."""
-
-    __pydantic_config__ = {"extra": "forbid"}
-
-    num_samples: int = 2000
-    valid_fraction: float = 0.1
-    test_fraction: float = 0.1
-    text_dim: int = 16
-    audio_dim: int = 8
-    vision_dim: int = 6
-    text_len: tuple[int, int] = (6, 12)  # inclusive range of words
-    audio_rate: float = 3.0  # audio steps per word
-    vision_rate: float = 2.0  # vision steps per word
-    vocab_size: int = 40  # filler words
-    event_strength: float = 3.0
-    noise: float = 0.5
-    label_noise: float = 0.0
-    # How the label is made: "product" (the default, needs text AND audio), or controls:
-    # "text" = polarity x intensity, "audio" = +-2 from the event, "sum" = polarity x intensity / 2 +- 1.5.
-    rule: Literal["product", "text", "audio", "sum"] = "product"
-    seed: int = 0
-
-    def check(self) -> None:
-        def bad(field: str, expected: str):
-            raise ValueError(f"SyntheticMultOptions.{field} = {getattr(self, field)!r}: expected {expected}")
-
-        if self.num_samples < 10:
-            bad("num_samples", ">= 10")
-        if not (0 < self.valid_fraction < 1 and 0 < self.test_fraction < 1
-                and self.valid_fraction + self.test_fraction < 1):
-            bad("valid_fraction", "valid and test fractions in (0, 1) summing below 1")
-        lo, hi = self.text_len
-        if not 1 <= lo <= hi:
-            bad("text_len", "(min, max) with 1 <= min <= max")
-        if min(self.audio_rate, self.vision_rate) * lo < EVENT_STEPS:
-            bad("audio_rate", f"rates such that the shortest audio / vision sequence holds {EVENT_STEPS} steps")
-        if self.rule not in ("product", "text", "audio", "sum"):
-            bad("rule", "one of 'product', 'text', 'audio', 'sum'")
-        for f in ("text_dim", "audio_dim", "vision_dim", "vocab_size"):
-            if getattr(self, f) < 1:
-                bad(f, "a positive integer")
 
 
 def _patterns(rng: np.random.Generator, dim: int, k: int) -> np.ndarray:

@@ -42,3 +42,51 @@ class SyntheticLxmertOptions:
     question_fraction: float = 1 / 3  # paper: about a third of the sentences are questions
     feature_noise: float = 0.5  # std of the Gaussian noise added to each object's prototype
     images_per_shard: int = 256
+
+
+EVENT_STEPS = 3  # steps of the synthetic MulT audio event
+
+
+@dataclass
+class SyntheticMultOptions:
+    """The synthetic MulT corpus (validated by the experiment config)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+
+    num_samples: int = 2000
+    valid_fraction: float = 0.1
+    test_fraction: float = 0.1
+    text_dim: int = 16
+    audio_dim: int = 8
+    vision_dim: int = 6
+    text_len: tuple[int, int] = (6, 12)  # inclusive range of words
+    audio_rate: float = 3.0  # audio steps per word
+    vision_rate: float = 2.0  # vision steps per word
+    vocab_size: int = 40  # filler words
+    event_strength: float = 3.0
+    noise: float = 0.5
+    label_noise: float = 0.0
+    # How the label is made: "product" (the default, needs text AND audio), or controls:
+    # "text" = polarity x intensity, "audio" = +-2 from the event, "sum" = polarity x intensity / 2 +- 1.5.
+    rule: Literal["product", "text", "audio", "sum"] = "product"
+    seed: int = 0
+
+    def check(self) -> None:
+        def bad(field: str, expected: str):
+            raise ValueError(f"SyntheticMultOptions.{field} = {getattr(self, field)!r}: expected {expected}")
+
+        if self.num_samples < 10:
+            bad("num_samples", ">= 10")
+        if not (0 < self.valid_fraction < 1 and 0 < self.test_fraction < 1
+                and self.valid_fraction + self.test_fraction < 1):
+            bad("valid_fraction", "valid and test fractions in (0, 1) summing below 1")
+        lo, hi = self.text_len
+        if not 1 <= lo <= hi:
+            bad("text_len", "(min, max) with 1 <= min <= max")
+        if min(self.audio_rate, self.vision_rate) * lo < EVENT_STEPS:
+            bad("audio_rate", f"rates such that the shortest audio / vision sequence holds {EVENT_STEPS} steps")
+        if self.rule not in ("product", "text", "audio", "sum"):
+            bad("rule", "one of 'product', 'text', 'audio', 'sum'")
+        for f in ("text_dim", "audio_dim", "vision_dim", "vocab_size"):
+            if getattr(self, f) < 1:
+                bad(f, "a positive integer")

@@ -92,6 +92,23 @@ def make_trainer(worker: Callable[[dict], None], plan: RunPlan, scale: ScaleConf
     )
 
 
+def run_job(prepare_run: Callable, build_trainer: Callable, cfg, source: str,
+            parent_run_id: str | None = None) -> dict[str, Any]:
+    """One run of a job module's prepare_run / build_trainer: train, log the final artifacts, mark
+    the MLflow run FINISHED (or FAILED on any error) and print how to open it."""
+    plan, store = prepare_run(cfg, source, parent_run_id)
+    try:
+        result = build_trainer(plan, store).fit()
+        finish_run(plan, result.checkpoint)
+    except BaseException:
+        tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
+        raise
+    print(f"[xmodal] finished MLflow run {plan.run_id} ({plan.run_name})")
+    print(f"[xmodal] view it: {tracking.ui_command(plan.tracking_uri)}")
+    return {"run_id": plan.run_id, "run_name": plan.run_name, "tracking_uri": plan.tracking_uri,
+            "checkpoint": result.checkpoint, "metrics": result.metrics}
+
+
 def finish_run(plan: RunPlan, checkpoint) -> None:
     """Log the resolved config and the final model as artifacts, then mark the MLflow run finished."""
     uri, run_id = plan.tracking_uri, plan.run_id
@@ -188,7 +205,8 @@ class RunHooks:
         if self.rank == 0:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
-                                       "run_id": self.plan.run_id, "config": self.plan.config})
+                                       "run_id": self.plan.run_id, "config": self.plan.config,
+                                       "store": self.plan.store})
                 if self.on_checkpoint is not None:
                     self.on_checkpoint(state, Path(tmp), new_best)
                 ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp))

@@ -26,7 +26,15 @@ from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cluster import connect, storage_path
-from xmodal.train.job import RunHooks, RunPlan, fail_marker, finish_run, make_trainer, open_run
+from xmodal.train.job import (
+    RunHooks,
+    RunPlan,
+    fail_marker,
+    finish_run,  # noqa: F401  (the sweep runner calls <job>.finish_run)
+    make_trainer,
+    open_run,
+    run_job,
+)
 from xmodal.train.loop import autocast, fit
 from xmodal.train.runtime import prepare
 
@@ -146,17 +154,7 @@ def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _run_one(cfg: MultTrainConfig, source: str, parent_run_id: str | None = None) -> dict[str, Any]:
-    plan, store = prepare_run(cfg, source, parent_run_id)
-    try:
-        result = build_trainer(plan, store).fit()
-        finish_run(plan, result.checkpoint)
-    except BaseException:
-        tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
-        raise
-    print(f"[xmodal] finished MLflow run {plan.run_id} ({plan.run_name})")
-    print(f"[xmodal] view it: {tracking.ui_command(plan.tracking_uri)}")
-    return {"run_id": plan.run_id, "tracking_uri": plan.tracking_uri, "checkpoint": result.checkpoint,
-            "metrics": result.metrics}
+    return run_job(prepare_run, build_trainer, cfg, source, parent_run_id)
 
 
 # ---------------------------------------------------------------- worker

@@ -23,7 +23,15 @@ from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cluster import connect, storage_path
-from xmodal.train.job import RunHooks, RunPlan, fail_marker, finish_run, make_trainer, open_run
+from xmodal.train.job import (
+    RunHooks,
+    RunPlan,
+    fail_marker,
+    finish_run,  # noqa: F401  (the sweep runner calls <job>.finish_run)
+    make_trainer,
+    open_run,
+    run_job,
+)
 from xmodal.train.loop import evaluate_sums, fit, ratios
 from xmodal.train.runtime import prepare
 
@@ -104,17 +112,7 @@ def prepare_run(cfg: PretrainConfig, source: str = "defaults", parent_run_id: st
 
 def run_pretraining(cfg: PretrainConfig, source: str = "defaults") -> dict[str, Any]:
     """Run (or resume) one pretraining run; returns {"run_id", "tracking_uri", "checkpoint", "metrics"}."""
-    plan, store = prepare_run(cfg, source)
-    try:
-        result = build_trainer(plan, store).fit()
-        finish_run(plan, result.checkpoint)
-    except BaseException:
-        tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
-        raise
-    print(f"[xmodal] finished MLflow run {plan.run_id} ({plan.run_name})")
-    print(f"[xmodal] view it: {tracking.ui_command(plan.tracking_uri)}")
-    return {"run_id": plan.run_id, "tracking_uri": plan.tracking_uri, "checkpoint": result.checkpoint,
-            "metrics": result.metrics}
+    return run_job(prepare_run, build_trainer, cfg, source)
 
 
 def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
