@@ -161,3 +161,36 @@ class MultBatch(TensorBatch):
         else:
             labels = (torch.rand(b, 1, generator=g) * 6 - 3).float()
         return cls(*feats, *lens, labels=labels, index=torch.arange(b))
+
+
+@dataclass
+class VqaBatch(TensorBatch):
+    """One VQA- or GQA-style fine-tuning batch (built by `xmodal.data.finetune`)."""
+
+    input_ids: Tensor  # (B, T) long question tokens, [CLS] first, [SEP] last, [PAD] after
+    attention_mask: Tensor  # (B, T) bool, True = real token
+    visual_feats: Tensor  # (B, N, F) float16 from the store
+    boxes: Tensor  # (B, N, 4) normalised x1 y1 x2 y2
+    visual_mask: Tensor  # (B, N) bool, True = real object
+    targets: Tensor  # (B, A) float32 soft score of every answer of the table (GQA: one-hot); all 0 = none known
+    index: Tensor  # (B,) long row of the question in its split (joins predictions with question ids)
+
+    def to(self, device: torch.device | str, float_dtype: torch.dtype | None = None, non_blocking: bool = False):
+        out = super().to(device, None, non_blocking)
+        if float_dtype is not None:  # features only: soft scores stay float32
+            out.visual_feats = out.visual_feats.to(float_dtype)
+            out.boxes = out.boxes.to(float_dtype)
+        return out
+
+
+@dataclass
+class Nlvr2Batch(TensorBatch):
+    """One NLVR2-style batch: a statement about a pair of images (Appendix B)."""
+
+    input_ids: Tensor  # (B, T) long statement tokens
+    attention_mask: Tensor  # (B, T) bool
+    visual_feats: Tensor  # (B, 2, N, F) float16: img0, img1
+    boxes: Tensor  # (B, 2, N, 4)
+    visual_mask: Tensor  # (B, 2, N) bool
+    labels: Tensor  # (B,) long, 1 = the statement is true of the pair
+    index: Tensor  # (B,) long row of the example in its split (joins predictions with identifiers)

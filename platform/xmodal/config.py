@@ -15,8 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from xmodal.data.mult_synthetic import SyntheticMultOptions
-from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
+from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions, SyntheticMultOptions
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.models.mult import PRESETS as MULT_PRESETS
@@ -185,6 +184,89 @@ class MultTrainConfig(Section):
     def _check(self) -> MultTrainConfig:
         self.model.validate()
         return self
+
+
+class FinetuneInit(Section):
+    """Where the encoder's weights come from (`jobs/finetune.py --init ...`)."""
+
+    # latest: the newest FINISHED pretraining run on the same image store, else scratch (with a note);
+    # run: an MLflow run id (its logged model); checkpoint: a checkpoint folder or its model.pt;
+    # transformers: a transformers LxmertForPreTraining directory (config.json + weights), via the adapter.
+    source: Literal["latest", "scratch", "run", "checkpoint", "transformers"] = "latest"
+    run_id: str | None = None
+    path: str | None = None
+    pretrain_experiment: str = "xmodal-pretrain"  # where `latest` and `run` look
+    # The reference's trick: the answer head starts from the pretraining QA head where answers overlap.
+    answer_head_from_qa: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> FinetuneInit:
+        if self.source == "run" and not self.run_id:
+            raise ValueError("init.run_id: required with init.source=run (an MLflow run id of a pretraining run)")
+        if self.source in ("checkpoint", "transformers") and not self.path:
+            raise ValueError(f"init.path: required with init.source={self.source}")
+        return self
+
+
+class FinetuneDataConfig(Section):
+    # A fine-tuning set (`python jobs/ingest.py vqa|gqa|nlvr2|synthetic-vqa|synthetic-nlvr2 DIR`), which
+    # names its image store. None = the embedded synthetic set of the task, built on first use from the
+    # embedded synthetic image store (the pretraining job's).
+    store: str | None = None
+    synthetic: SyntheticLxmertOptions = Field(default_factory=lambda: LxmertDataConfig().synthetic)
+    eval_batches: int | None = None  # cap on validation batches per evaluation
+
+
+class FinetuneConfig(Section):
+    """LXMERT fine-tuning: `jobs/finetune.py --task vqa|gqa|nlvr2`. The model section applies to a
+    from-scratch run; initialised from pretrained weights, the architecture is the checkpoint's."""
+
+    task: Literal["vqa", "gqa", "nlvr2"] = "vqa"
+    preset: Literal["small", "paper", "tiny"] = "small"
+    model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
+    init: FinetuneInit = Field(default_factory=FinetuneInit)
+    # Paper (Appendix B): one sigmoid logit with binary cross-entropy; reference: 2-way softmax.
+    nlvr2_output: Literal["sigmoid", "softmax"] = "sigmoid"
+    # Reference: BCE on the soft scores (VQA; its GQA default too); "ce": cross-entropy on the top answer.
+    qa_loss: Literal["bce", "ce"] = "bce"
+    data: FinetuneDataConfig = Field(default_factory=FinetuneDataConfig)
+    # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default (small model, CPU) uses 1e-4.
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_ratio=0.1))
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(
+        epochs=4, batch_size=32, eval_every=50, checkpoint_every=50, log_every=10, best_metric="valid/accuracy"))
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-finetune"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return _resolve_preset(data, LXMERT_PRESETS, cls.model_fields["preset"].default)
+
+    @model_validator(mode="after")
+    def _check(self) -> FinetuneConfig:
+        valid = finetune_metrics(self.task)
+        if self.train.best_metric not in valid:
+            raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured on {self.task}; "
+                             f"valid: {', '.join(valid)}")
+        return self
+
+
+def finetune_metrics(task: str) -> list[str]:
+    """The validation metrics a fine-tuning task logs (VQA accuracy is the soft score of the answer)."""
+    return ["valid/accuracy", "valid/loss"] + (["valid/consistency"] if task == "nlvr2" else [])
+
+
+class PretrainFinetuneConfig(Section):
+    """A pretrain-then-fine-tune chain: one sweep trial, scored by downstream accuracy (paper Tables 3-5).
+
+    The fine-tuning stage always starts from the pretraining stage's final model (its `init` is
+    replaced). `mlflow` and `scale` apply to both stages: one experiment, runs `<run_name>-pretrain`
+    and `<run_name>`, one storage path."""
+
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-chain"))
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
 
 
 # ---------------------------------------------------------------- loading and overrides

@@ -211,3 +211,19 @@ def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0)
     items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
     for i in range(0, len(items), 500):
         client(uri).log_batch(run_id, metrics=items[i:i + 500])
+
+
+def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str | Path) -> Path:
+    """Copy a run's artifact (file or folder) into `dst_dir`; returns the local path."""
+    Path(dst_dir).mkdir(parents=True, exist_ok=True)
+    return Path(client(uri).download_artifacts(run_id, artifact_path, str(dst_dir)))
+
+
+def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> Any | None:
+    """The most recently started FINISHED run of `experiment` with these tag values, or None."""
+    exp_id = get_experiment_id(uri, experiment)
+    if exp_id is None:
+        return None
+    where = " and ".join(["attributes.status = 'FINISHED'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
+    runs = search_runs(uri, [exp_id], where)
+    return runs[-1] if runs else None

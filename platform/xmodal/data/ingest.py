@@ -10,6 +10,12 @@ SOURCES: dict[str, tuple[str, str]] = {
     "synthetic": ("xmodal.data.synthetic", "learnable synthetic LXMERT corpus -> LXMERT store"),
     "mult": ("xmodal.data.mult_ingest", "reference / MMSA sentiment pickles -> MulT store"),
     "mult-synthetic": ("xmodal.data.mult_synthetic", "learnable synthetic unaligned streams -> MulT store"),
+    "vqa": ("xmodal.data.finetune_ingest", "reference VQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
+    "gqa": ("xmodal.data.finetune_ingest", "reference GQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
+    "nlvr2": ("xmodal.data.finetune_ingest", "reference NLVR2 JSON -> fine-tuning set over an LXMERT store"),
+    "synthetic-vqa": ("xmodal.data.finetune_synthetic", "learnable synthetic VQA over a synthetic LXMERT store"),
+    "synthetic-gqa": ("xmodal.data.finetune_synthetic", "learnable synthetic GQA over a synthetic LXMERT store"),
+    "synthetic-nlvr2": ("xmodal.data.finetune_synthetic", "learnable synthetic NLVR2 over a synthetic LXMERT store"),
 }
 
 

@@ -331,13 +331,18 @@ def _read_file(file: Path, loader: str) -> dict[str, Tensor]:
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
+def config_from_hf_dir(path: str | os.PathLike) -> LxmertConfig:
+    """Our config from a transformers checkpoint directory's config.json (weights not read)."""
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file} not found: expected a transformers checkpoint directory")
+    return config_from_hf(json.loads(cfg_file.read_text()))
+
+
 def from_pretrained_dir(path: str | os.PathLike) -> LxmertForPretraining:
     """Our model from a local transformers `LxmertForPreTraining` checkpoint directory (no network)."""
     path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{cfg_file} not found: expected a transformers checkpoint directory")
-    config = config_from_hf(json.loads(cfg_file.read_text()))
+    config = config_from_hf_dir(path)
     model = LxmertForPretraining(config)
     try:
         load_hf_state_dict(model, _read_weights(path))

@@ -1,0 +1,31 @@
+"""LXMERT fine-tuning on Ray Train: VQA, GQA or NLVR2. With no arguments: the embedded default (local
+Ray, a synthetic VQA-style set built on first use from the embedded synthetic image store, starting
+from the newest finished pretraining run on that store, else from scratch; MLflow in ./mlflow.db).
+
+    python jobs/finetune.py [--task vqa|gqa|nlvr2] [--init latest|scratch|run|checkpoint|transformers]
+        [--init-run-id ID] [--init-path DIR] [--store SET_DIR] [--config FILE.yaml] [--set key=value ...]
+        [--num-workers N] [--gpus-per-worker G] [--storage-path PATH] [--experiment NAME] [--run-name NAME]
+
+Model selection on the validation split; every held-out split is then predicted once with the
+selected model, and the prediction files (reference submission formats) are logged to the run.
+"""
+
+import sys
+
+from xmodal.cli import job_main
+from xmodal.config import FinetuneConfig
+from xmodal.train.finetune import run_finetune
+
+
+def main(argv: list[str]) -> int:
+    return job_main(argv, doc=__doc__, config_class=FinetuneConfig, run=run_finetune,
+                    sections="task, preset, model, init, nlvr2_output, qa_loss, data, optim, train, scale, mlflow",
+                    extra={"task": ("task", "{}", "vqa, gqa or nlvr2"),
+                           "store": ("data.store", "{}", "fine-tuning set directory (jobs/ingest.py vqa|gqa|nlvr2)"),
+                           "init": ("init.source", "{}", "where the weights come from"),
+                           "init_run_id": ("init.run_id", "{}", "MLflow run id of a pretraining run"),
+                           "init_path": ("init.path", "{}", "checkpoint folder or transformers directory")})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,571 @@
+"""LXMERT fine-tuning sets (VQA, GQA, NLVR2) on disk, and their batches.
+
+A fine-tuning set references the images of an existing feature store (`xmodal.data.store`) by
+img_id; features are not copied, so a set is a few MB and several sets share one store:
+
+    DIR/manifest.json     task, store (absolute path + fingerprint), examples per split, answer count,
+                          counters of what the ingest ignored, where the set came from
+    DIR/answers.json      vqa/gqa: the answer table (label index = position), `AnswerTable.save`
+    DIR/<split>.parquet   one file per split
+
+Row schemas: vqa/gqa `question_id` string, `img_id` string, `input_ids` fixed_size_list<int32, T>,
+`answers` list<int32>, `scores` list<float32> (soft scores; GQA has one answer with score 1);
+nlvr2 `identifier`, `img0`, `img1` strings, `input_ids`, `label` int8 (1 = true, -1 = unknown, for an
+unlabelled test split). `input_ids` were tokenised with the store's tokenizer to the store's
+max_seq_len ([CLS] ... [SEP] [PAD]...), so a set is only valid with the store it was made from: the
+manifest keeps a fingerprint of the store (manifest minus its date, plus vocab.txt) and
+`open_finetune` refuses a store that no longer matches.
+
+Writes go to a hidden temporary directory beside the target that is renamed into place only when
+complete and re-opened; any error removes it. An existing set is replaced only with overwrite=True,
+and never a directory that is not a fine-tuning set (e.g. the feature store itself).
+
+Batches (`iter_finetune_batches`): fine-tuning sets are small, so the image features a split needs
+are read from the store once (only the row groups that hold them) and kept as float16 arrays; every
+epoch is a permutation fixed by (seed, epoch), cut into equal shares per rank (the remainder is
+dropped, so DDP ranks run the same number of steps). Imports numpy, pyarrow and torch only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from xmodal.batches import Nlvr2Batch, VqaBatch
+from xmodal.data.answers import AnswerError, AnswerTable
+from xmodal.data.store import MANIFEST_FILE, LxmertStore, concat_ranges, open_store
+from xmodal.data.tokenizer import VOCAB_FILE
+
+TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
+KIND = "lxmert-finetune"
+SCHEMA_VERSION = 1
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+class FinetuneError(ValueError):
+    """Bad input or a bad/inconsistent fine-tuning set; the message names the file, the record or key,
+    the value and what was expected."""
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise FinetuneError(f"task {task!r}: expected one of {', '.join(TASKS)}")
+    return task
+
+
+# ============================================================================ one split in memory
+
+
+@dataclass
+class FinetuneSplit:
+    """The E examples of one split as numpy arrays. vqa/gqa use the answer fields, nlvr2 `labels`."""
+
+    task: str
+    ids: np.ndarray  # (E,) object str: question_id (vqa/gqa) or identifier (nlvr2)
+    img_ids: np.ndarray  # (E,) object str (vqa/gqa) or (E, 2) img0, img1 (nlvr2)
+    input_ids: np.ndarray  # (E, T) int32 [CLS] ... [SEP] [PAD]...
+    ans_offsets: np.ndarray | None = None  # (E + 1,) int64: question e owns answers [o[e], o[e+1])
+    ans_ids: np.ndarray | None = None  # (M,) int32 answer-table labels
+    ans_scores: np.ndarray | None = None  # (M,) float32 soft scores
+    labels: np.ndarray | None = None  # (E,) int8: 1 true, 0 false, -1 unknown (nlvr2)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def is_qa(self) -> bool:
+        return self.task != "nlvr2"
+
+    def check(self, where: str, num_answers: int = 0) -> None:
+        """Shape/dtype/range consistency; a bug here must not reach the Parquet files."""
+        e = len(self)
+        if self.input_ids.ndim != 2 or self.input_ids.shape[0] != e or self.input_ids.dtype != np.int32:
+            raise FinetuneError(f"{where}: input_ids {self.input_ids.shape} {self.input_ids.dtype}, expected "
+                                f"({e}, T) int32")
+        if len(set(self.ids.tolist())) != e:
+            raise FinetuneError(f"{where}: example ids are not unique")
+        if self.is_qa:
+            if self.img_ids.shape != (e,):
+                raise FinetuneError(f"{where}: img_ids has shape {self.img_ids.shape}, expected ({e},)")
+            if self.ans_offsets is None or self.ans_ids is None or self.ans_scores is None:
+                raise FinetuneError(f"{where}: a {self.task} split needs answers")
+            o = self.ans_offsets
+            if o.shape != (e + 1,) or o[0] != 0 or np.any(np.diff(o) < 0) or o[-1] != len(self.ans_ids) \
+                    or self.ans_scores.shape != self.ans_ids.shape:
+                raise FinetuneError(f"{where}: answer offsets do not match the answer arrays")
+            if len(self.ans_ids) and (self.ans_ids.min() < 0 or self.ans_ids.max() >= num_answers):
+                raise FinetuneError(f"{where}: answer labels outside [0, {num_answers})")
+        else:
+            if self.img_ids.shape != (e, 2):
+                raise FinetuneError(f"{where}: img_ids has shape {self.img_ids.shape}, expected ({e}, 2)")
+            if self.labels is None or self.labels.shape != (e,) or not np.isin(self.labels, (-1, 0, 1)).all():
+                raise FinetuneError(f"{where}: nlvr2 labels must be ({e},) with values -1, 0, 1")
+
+    def targets(self, rows: np.ndarray, num_answers: int) -> np.ndarray:
+        """(B, A) float32 soft score of every answer for the questions `rows` (all 0 = none known)."""
+        assert self.ans_offsets is not None and self.ans_ids is not None and self.ans_scores is not None
+        starts, ends = self.ans_offsets[rows], self.ans_offsets[rows + 1]
+        picked = concat_ranges(starts, ends)  # (M',)
+        out = np.zeros((len(rows), num_answers), np.float32)  # (B, A)
+        out[np.repeat(np.arange(len(rows)), ends - starts), self.ans_ids[picked]] = self.ans_scores[picked]
+        return out
+
+
+def split_schema(task: str, max_seq_len: int) -> pa.Schema:
+    tokens = ("input_ids", pa.list_(pa.int32(), max_seq_len))
+    if task == "nlvr2":
+        return pa.schema([("identifier", pa.string()), ("img0", pa.string()), ("img1", pa.string()), tokens,
+                          ("label", pa.int8())])
+    return pa.schema([("question_id", pa.string()), ("img_id", pa.string()), tokens,
+                      ("answers", pa.list_(pa.int32())), ("scores", pa.list_(pa.float32()))])
+
+
+def split_to_table(sp: FinetuneSplit) -> pa.Table:
+    t = sp.input_ids.shape[1]
+    tokens = pa.FixedSizeListArray.from_arrays(pa.array(sp.input_ids.reshape(-1)), t)
+    strings = lambda a: pa.array([str(x) for x in a], pa.string())  # noqa: E731
+    if sp.is_qa:
+        assert sp.ans_offsets is not None and sp.ans_ids is not None and sp.ans_scores is not None
+        off = pa.array(sp.ans_offsets.astype(np.int32))
+        cols = [strings(sp.ids), strings(sp.img_ids), tokens,
+                pa.ListArray.from_arrays(off, pa.array(sp.ans_ids.astype(np.int32))),
+                pa.ListArray.from_arrays(off, pa.array(sp.ans_scores.astype(np.float32)))]
+    else:
+        assert sp.labels is not None
+        cols = [strings(sp.ids), strings(sp.img_ids[:, 0]), strings(sp.img_ids[:, 1]), tokens,
+                pa.array(sp.labels.astype(np.int8))]
+    return pa.Table.from_arrays(cols, schema=split_schema(sp.task, t))
+
+
+def _list_column(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """list<X> -> (offsets (E + 1,) int64 from 0, flat values)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    o = arr.offsets.to_numpy().astype(np.int64)
+    return o - o[0], arr.flatten().to_numpy(zero_copy_only=False)
+
+
+def table_to_split(table: pa.Table, task: str) -> FinetuneSplit:
+    def strings(name: str) -> np.ndarray:
+        return np.asarray(table.column(name).to_pylist(), dtype=object)
+
+    tok = table.column("input_ids").combine_chunks()
+    input_ids = tok.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    input_ids = input_ids.reshape(len(table), tok.type.list_size)
+    if task == "nlvr2":
+        return FinetuneSplit(task=task, ids=strings("identifier"),
+                             img_ids=np.stack([strings("img0"), strings("img1")], axis=1).reshape(-1, 2),
+                             input_ids=input_ids, labels=table.column("label").to_numpy().astype(np.int8))
+    offsets, ans = _list_column(table.column("answers"))
+    _, scores = _list_column(table.column("scores"))
+    return FinetuneSplit(task=task, ids=strings("question_id"), img_ids=strings("img_id"), input_ids=input_ids,
+                         ans_offsets=offsets, ans_ids=ans.astype(np.int32, copy=False),
+                         ans_scores=scores.astype(np.float32, copy=False))
+
+
+# ============================================================================ manifest
+
+
+@dataclass
+class FinetuneManifest:
+    """What `manifest.json` holds; `open_finetune` checks it against the files and the store."""
+
+    schema_version: int
+    kind: str  # always KIND: what makes a directory replaceable with overwrite=True
+    task: str  # vqa | gqa | nlvr2
+    store: str  # absolute path of the feature store whose images and tokenizer this set uses
+    store_fingerprint: str  # `store_fingerprint(store)` when the set was made
+    max_seq_len: int
+    splits: dict[str, int]  # split -> examples
+    num_answers: int  # answer table size (0 for nlvr2)
+    source: str  # "reference" (fine-tuning JSON) or "synthetic"
+    # Records the ingest left out or changed: missing_images (examples dropped), unknown_answers
+    # (answers dropped from a question's label). Totals, then per split.
+    ignored: dict[str, int] = field(default_factory=dict)
+    ignored_by_split: dict[str, dict[str, int]] = field(default_factory=dict)
+    missing_image_examples: list[dict[str, str]] = field(default_factory=list)  # up to 5
+    # Informational: unanswerable_questions (no answer left in the table), truncated_sentences.
+    stats: dict[str, int] = field(default_factory=dict)
+    inputs: dict[str, list[str]] = field(default_factory=dict)  # split -> absolute paths ingested
+    options: dict[str, Any] = field(default_factory=dict)  # what built it (synthetic sets)
+    created: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> FinetuneManifest:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FinetuneError(f"{where}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        if not isinstance(d, dict) or d.get("kind") != KIND:
+            raise FinetuneError(f"{where}: not a fine-tuning set manifest (expected \"kind\": {KIND!r})")
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise FinetuneError(f"{where}: schema_version {d.get('schema_version')!r}, this code reads "
+                                f"version {SCHEMA_VERSION}; re-create the set")
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        if missing := sorted(required - d.keys()):
+            raise FinetuneError(f"{where}: missing field(s) {', '.join(missing)}")
+        if unknown := sorted(d.keys() - {f.name for f in fields}):
+            raise FinetuneError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        m = cls(**d)
+        if m.task not in TASKS:
+            raise FinetuneError(f"{where}: task {m.task!r}, expected one of {', '.join(TASKS)}")
+        return m
+
+
+def store_fingerprint(store: LxmertStore) -> str:
+    """Identity of a store's contents: its manifest without the build date, and its vocabulary file.
+    Any rebuild that changes images, counts or token ids changes it (a synthetic store rebuilt with
+    the same options usually does too: its WordPiece training orders tied tokens differently)."""
+    d = dataclasses.asdict(store.manifest)
+    d.pop("created", None)
+    h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
+    h.update((store.path / VOCAB_FILE).read_bytes())
+    return h.hexdigest()[:16]
+
+
+# ============================================================================ the opened set
+
+
+@dataclass
+class SplitImages:
+    """The store images one split uses, in memory: K images, N objects, F features."""
+
+    img_ids: np.ndarray  # (K,) object str
+    features: np.ndarray  # (K, N, F) float16
+    boxes: np.ndarray  # (K, N, 4) float32 normalised x1 y1 x2 y2
+    visual_mask: np.ndarray  # (K, N) bool, True = real object
+    rows: np.ndarray  # (E,) vqa/gqa or (E, 2) nlvr2, int64: image of each example
+
+
+class FinetuneData:
+    """An opened, checked fine-tuning set. Splits and their images are loaded on first use and kept.
+    Pickles as (path, manifest, store): caches are rebuilt where it is unpickled."""
+
+    def __init__(self, path: Path, manifest: FinetuneManifest, store: LxmertStore, answers: AnswerTable | None):
+        self.path = path
+        self.manifest = manifest
+        self.store = store
+        self.answers = answers
+        self._splits: dict[str, FinetuneSplit] = {}
+        self._images: dict[str, SplitImages] = {}
+        self._store_index: dict[str, tuple[str, int]] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "manifest": self.manifest, "store": self.store, "answers": self.answers}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], state["manifest"], state["store"], state["answers"])
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{s} {n}" for s, n in self.manifest.splits.items())
+        return f"FinetuneData({str(self.path)!r}, {self.task}, {sizes}, store {str(self.store.path)!r})"
+
+    @property
+    def task(self) -> str:
+        return self.manifest.task
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(self.manifest.splits)
+
+    @property
+    def num_answers(self) -> int:
+        return self.manifest.num_answers
+
+    def _check_split(self, name: str) -> None:
+        if name not in self.manifest.splits:
+            raise FinetuneError(f"{self.path}: no split {name!r}; it has {', '.join(self.manifest.splits)}")
+
+    def split(self, name: str) -> FinetuneSplit:
+        """The examples of split `name` (read once, then cached)."""
+        self._check_split(name)
+        if name not in self._splits:
+            p = self.path / f"{name}.parquet"
+            try:
+                table = pq.read_table(p)
+            except (OSError, pa.ArrowException) as e:
+                raise FinetuneError(f"{p}: cannot read ({type(e).__name__}: {e}); re-create the set") from None
+            sp = table_to_split(table, self.task)
+            sp.check(str(p), self.num_answers)
+            self._splits[name] = sp
+        return self._splits[name]
+
+    def ids(self, split: str) -> list[str]:
+        """question_id (vqa/gqa) or identifier (nlvr2) of each row of the split."""
+        return self.split(split).ids.tolist()
+
+    def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
+        """Batches per rank per epoch of `iter_finetune_batches` with these arguments."""
+        self._check_split(split)
+        return num_batches(self.manifest.splits[split], batch_size, world_size, drop_last)
+
+    # ----------------------------------------------------------------- images
+
+    def store_index(self) -> dict[str, tuple[str, int]]:
+        """img_id -> (shard file, row in the shard) over all the store's splits (reads img_id only)."""
+        if self._store_index is None:
+            index: dict[str, tuple[str, int]] = {}
+            for shards in self.store.manifest.shards.values():
+                for s in shards:
+                    ids = self.store.read_table(s.file, columns=["img_id"]).column("img_id").to_pylist()
+                    index.update((img, (s.file, r)) for r, img in enumerate(ids))
+            self._store_index = index
+        return self._store_index
+
+    def images(self, split: str) -> SplitImages:
+        """Features, boxes and masks of the images the split uses (read from the store once)."""
+        if split not in self._images:
+            sp = self.split(split)
+            uniq, inverse = np.unique(sp.img_ids.astype(str), return_inverse=True)
+            feats, boxes, nbox = _read_images(self.store, self.store_index(), uniq, f"{self.path} split {split!r}")
+            n = feats.shape[1]
+            self._images[split] = SplitImages(
+                img_ids=uniq.astype(object), features=feats, boxes=boxes,
+                visual_mask=np.arange(n)[None, :] < nbox[:, None],
+                rows=inverse.reshape(sp.img_ids.shape).astype(np.int64))
+        return self._images[split]
+
+
+def _tensor(col: pa.ChunkedArray) -> np.ndarray:
+    """A fixed_shape_tensor column -> (K, *shape) numpy."""
+    parts = [c.to_numpy_ndarray() for c in col.chunks]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _read_images(store: LxmertStore, index: Mapping[str, tuple[str, int]], img_ids: np.ndarray,
+                 where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(features (K, N, F) float16, boxes (K, N, 4) float32, num_boxes (K,)) of `img_ids`, reading only
+    the row groups that hold them."""
+    m = store.manifest
+    k = len(img_ids)
+    missing = [x for x in img_ids if x not in index]
+    if missing:
+        raise FinetuneError(f"{where}: {len(missing)} image(s) are not in the store {store.path} "
+                            f"(e.g. {missing[0]!r}); the store changed, re-create the set")
+    feats = np.zeros((k, m.num_objects, m.feat_dim), np.float16)
+    boxes = np.zeros((k, m.num_objects, 4), np.float32)
+    nbox = np.zeros(k, np.int64)
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for pos, img in enumerate(img_ids):
+        file, row = index[img]
+        by_file.setdefault(file, []).append((row, pos))
+    for file, wanted in by_file.items():
+        rows = np.array([r for r, _ in wanted], np.int64)
+        pos = np.array([p for _, p in wanted], np.int64)
+        md = pq.ParquetFile(store.path / file).metadata
+        sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        group = np.searchsorted(starts, rows, side="right") - 1  # row group of each wanted row
+        chosen = np.unique(group)
+        table = store.read_table(file, chosen.tolist(), columns=["num_boxes", "features", "boxes"])
+        # Row of each wanted image in the table of the chosen groups, concatenated in order.
+        base = np.zeros(len(sizes), np.int64)
+        base[chosen] = np.concatenate([[0], np.cumsum(sizes[chosen])[:-1]])
+        local = base[group] + rows - starts[group]
+        feats[pos] = _tensor(table.column("features"))[local]
+        boxes[pos] = _tensor(table.column("boxes"))[local]
+        nbox[pos] = table.column("num_boxes").to_numpy()[local]
+    return feats, boxes, nbox
+
+
+def open_finetune(path: str | Path, store: str | Path | None = None) -> FinetuneData:
+    """Open a fine-tuning set and check it: manifest, split files (schema, row counts), answer table, and
+    that the store (the recorded path, or `store` if it moved) is still the one the set was made from."""
+    root = Path(path).expanduser().resolve()
+    mpath = root / MANIFEST_FILE
+    if not mpath.is_file():
+        raise FinetuneError(f"{mpath}: missing; {root} is not a fine-tuning set (or its ingest did not finish)")
+    m = FinetuneManifest.from_json(mpath.read_text(), str(mpath))
+    for split, rows in m.splits.items():
+        p = root / f"{split}.parquet"
+        if not p.is_file():
+            raise FinetuneError(f"{p}: split file listed in {mpath.name} is missing")
+        try:
+            pf = pq.ParquetFile(p)
+            schema, got = pf.schema_arrow, pf.metadata.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise FinetuneError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+        want = split_schema(m.task, m.max_seq_len)
+        if not schema.equals(want):
+            raise FinetuneError(f"{p}: schema {schema.types} differs from the {m.task} schema {want.types} "
+                                f"(max_seq_len {m.max_seq_len})")
+        if got != rows:
+            raise FinetuneError(f"{p}: has {got} rows, manifest says {rows}")
+    answers = None
+    if m.task != "nlvr2":
+        try:
+            answers = AnswerTable.load(root)
+        except AnswerError as e:
+            raise FinetuneError(str(e)) from None
+        if len(answers) != m.num_answers:
+            raise FinetuneError(f"{root / AnswerTable.FILE}: has {len(answers)} answers, manifest says "
+                                f"num_answers={m.num_answers}")
+    st = open_store(store if store is not None else m.store)
+    if (fp := store_fingerprint(st)) != m.store_fingerprint:
+        raise FinetuneError(f"{root}: the store {st.path} is not the one this set was made from (fingerprint "
+                            f"{fp}, set has {m.store_fingerprint}): it was rebuilt, so token ids or images may "
+                            "differ; re-create the set")
+    return FinetuneData(root, m, st, answers)
+
+
+# ============================================================================ writing
+
+
+def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: Mapping[str, FinetuneSplit],
+                   answers: AnswerTable | None, source: str, overwrite: bool = False,
+                   ignored_by_split: Mapping[str, Mapping[str, int]] | None = None,
+                   missing_image_examples: list[dict[str, str]] | None = None,
+                   stats: Mapping[str, int] | None = None, inputs: Mapping[str, list[str]] | None = None,
+                   options: Mapping[str, Any] | None = None) -> FinetuneData:
+    """Write the splits as a fine-tuning set at `path`, atomically (temporary directory + rename)."""
+    check_task(task)
+    root = Path(path).expanduser().resolve()
+    if root == store.path or store.path in root.parents:
+        raise FinetuneError(f"{root}: inside the feature store {store.path}; write the set elsewhere")
+    if (task == "nlvr2") != (answers is None):
+        raise FinetuneError(f"task {task}: {'no answer table' if task == 'nlvr2' else 'an answer table'} expected")
+    if not splits:
+        raise FinetuneError(f"{root}: no split to write")
+    t = store.manifest.max_seq_len
+    for name, sp in splits.items():
+        if not _SPLIT_NAME.match(name):
+            raise FinetuneError(f"split name {name!r}: expected letters, digits, '_' or '-'")
+        if sp.task != task:
+            raise FinetuneError(f"split {name!r}: task {sp.task!r}, expected {task!r}")
+        if len(sp) == 0:
+            raise FinetuneError(f"split {name!r}: no examples to write")
+        if sp.input_ids.shape[1] != t:
+            raise FinetuneError(f"split {name!r}: {sp.input_ids.shape[1]} tokens per example, the store has "
+                                f"max_seq_len {t}")
+        sp.check(f"split {name!r}", len(answers) if answers is not None else 0)
+    _check_target(root, overwrite)
+    by_split = {s: dict(c) for s, c in (ignored_by_split or {}).items()}
+    totals: dict[str, int] = {}
+    for c in by_split.values():
+        for k, v in c.items():
+            totals[k] = totals.get(k, 0) + v
+    manifest = FinetuneManifest(
+        schema_version=SCHEMA_VERSION, kind=KIND, task=task, store=str(store.path),
+        store_fingerprint=store_fingerprint(store), max_seq_len=t, splits={s: len(sp) for s, sp in splits.items()},
+        num_answers=len(answers) if answers is not None else 0, source=source, ignored=totals,
+        ignored_by_split=by_split, missing_image_examples=list(missing_image_examples or []),
+        stats=dict(stats or {}), inputs={s: list(v) for s, v in (inputs or {}).items()}, options=dict(options or {}),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        for name, sp in splits.items():
+            pq.write_table(split_to_table(sp), tmp / f"{name}.parquet", row_group_size=1 << 16)
+        if answers is not None:
+            answers.save(tmp)
+        (tmp / MANIFEST_FILE).write_text(manifest.to_json())
+        open_finetune(tmp, store.path)  # check what was written before it becomes visible
+        _publish(tmp, root, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_finetune(root)
+
+
+def _check_target(path: Path, overwrite: bool) -> None:
+    """Refuse to replace an existing directory unless `overwrite`, and never one that is not a set."""
+    if not path.exists():
+        return
+    if path.is_dir() and not any(path.iterdir()):
+        return
+    if not overwrite:
+        raise FinetuneError(f"{path}: already exists; pass --overwrite to replace it")
+    try:
+        FinetuneManifest.from_json((path / MANIFEST_FILE).read_text(), str(path / MANIFEST_FILE))
+    except (OSError, FinetuneError):
+        raise FinetuneError(f"{path}: exists and is not a fine-tuning set; refusing to replace it even with "
+                            "--overwrite") from None
+
+
+def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
+    old = None
+    if path.exists():
+        _check_target(path, overwrite)
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if old is not None:
+            os.rename(old, path)  # put the previous set back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ============================================================================ batches
+
+
+def num_batches(num_examples: int, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
+    """Batches per rank: each rank gets num_examples // world_size examples."""
+    if batch_size < 1 or world_size < 1:
+        raise ValueError(f"batch_size={batch_size}, world_size={world_size}: expected >= 1")
+    per_rank = num_examples // world_size
+    return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
+
+
+def epoch_order(num_examples: int, *, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
+                shuffle: bool = True) -> np.ndarray:
+    """The rows rank `rank` visits in epoch `epoch`: a permutation fixed by (seed, epoch), the same on
+    every rank, cut to a multiple of world_size and dealt round-robin (disjoint, equal shares)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank}, world_size={world_size}: expected 0 <= rank < world_size")
+    if shuffle:
+        order = np.random.default_rng([seed & 0xFFFFFFFF, epoch, 0xF17E]).permutation(num_examples)
+    else:
+        order = np.arange(num_examples)
+    return order[: (num_examples // world_size) * world_size][rank::world_size]
+
+
+def iter_finetune_batches(data: FinetuneData, split: str, batch_size: int, *, seed: int, epoch: int,
+                          rank: int = 0, world_size: int = 1, shuffle: bool = True, drop_last: bool = True,
+                          start_batch: int = 0) -> Iterator[VqaBatch | Nlvr2Batch]:
+    """One epoch of one rank's batches, deterministic given (seed, epoch, rank, world_size).
+
+    `start_batch` skips batches (resume within an epoch) without building them. With world_size > 1
+    the last len(split) % world_size examples of the permutation are skipped, also with
+    drop_last=False: evaluate a whole split with world_size=1.
+    """
+    sp = data.split(split)
+    nb = num_batches(len(sp), batch_size, world_size, drop_last)
+    order = epoch_order(len(sp), seed=seed, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle)
+    im = data.images(split)
+    for b in range(max(0, start_batch), nb):
+        rows = order[b * batch_size:(b + 1) * batch_size]  # (B,)
+        ids = torch.from_numpy(sp.input_ids[rows].astype(np.int64))  # (B, T)
+        img = im.rows[rows]  # (B,) or (B, 2)
+        common = dict(input_ids=ids, attention_mask=ids != 0,
+                      visual_feats=torch.from_numpy(im.features[img]),  # (B, N, F) or (B, 2, N, F) float16
+                      boxes=torch.from_numpy(im.boxes[img]), visual_mask=torch.from_numpy(im.visual_mask[img]),
+                      index=torch.from_numpy(rows.astype(np.int64)))
+        if sp.is_qa:
+            yield VqaBatch(**common, targets=torch.from_numpy(sp.targets(rows, data.num_answers)))  # (B, A)
+        else:
+            assert sp.labels is not None
+            yield Nlvr2Batch(**common, labels=torch.from_numpy(sp.labels[rows].astype(np.int64)))

@@ -1,0 +1,415 @@
+"""Synthetic learnable fine-tuning sets over the synthetic feature store
+(`python jobs/ingest.py synthetic-vqa|synthetic-nlvr2 OUT --store STORE`).
+
+Both are built from the store's true labels (in a synthetic store, obj_ids / attr_ids are the true
+class and colour of every object; classes [0, n_fg) are named foreground, the last
+n_bg = max(1, L // 5) are background that no sentence names, as in `xmodal.data.synthetic`), so an
+oracle that reads those labels scores 100 %, and a model can only do as well by reading the
+features: a nearest-prototype classifier recovers class and colour from them (test_synthetic).
+"train" is made from the store's train images, "valid" from its minival images (never pretrained
+on), with a generator seeded apart from the pretraining corpus, so the questions are drawn anew.
+Sentences use the pretraining templates' vocabulary plus a few words the store's WordPiece
+vocabulary spells in pieces; a sentence that would hold [UNK] or be truncated is an error.
+
+synthetic VQA: per image `questions_per_image` questions of three kinds, equally likely:
+- colour   "what color is the cube ?"     -> the colour of that object group (1 of A colours);
+- count    "how many cubes are there ?"   -> "1".."4"; with probability `near_answer_prob` a
+  neighbouring count is also a label with score 0.3 (VQA-style soft scores, so BCE on soft scores
+  and soft-score accuracy differ from plain classification; the oracle's argmax still scores 1.0);
+- presence "is there a cone ?"            -> yes / no, balanced (an absent class is uniform over the
+  absent foreground classes, a present one is a group of the image).
+Chance: a text-only model knows the kind of question but not the image: presence 0.5, count about
+0.3 (the most common count), colour 1/A; over all questions about (0.5 + 0.3 + 1/A) / 3, and the
+most frequent answer is far below half of the questions. Measured on the default synthetic store
+(1,500 images, 8 colours): oracle 1.0; the best answer per question text, fitted on train, scores
+0.28 on valid (presence 0.51, count 0.26, colour 0.10).
+
+synthetic GQA (task="gqa"): the same questions, exact match (one answer, score 1).
+
+synthetic NLVR2: a statement about a pair of images, with `pairs_per_statement` (even) pairs per
+statement, half true and half false, identifiers "split-statement-pair-0" (NLVR2's
+"split-set_id-pair_id-sentence_id"; consistency = all pairs of one statement right). Templates, equally
+likely, each true only by looking at BOTH images:
+- both   "there is a red cube in both images": true pairs both hold a red cube group; false pairs
+         exactly one does (the other often holds a cube of another colour);
+- total  "there are three cubes in total": both images hold 1..t-1 cubes; true iff the counts add
+         up to t (t = 3 or 4: the store's vocabulary has no number words above four, and t = 2 could
+         be refuted by one image); true and false pairs draw each image's count alike;
+- one    "one image has two cubes": true iff EXACTLY one of the two images has exactly two cubes
+         (an XOR: each image alone says nothing about the label).
+Chance: every statement is true for exactly half of its pairs, so text alone is at 0.5 (and
+consistency at 2^-P for P pairs). One image alone: "one" and "total" about 0.5 by construction;
+"both" at most 0.75 (an image without the group shows the statement false). Measured on the
+default synthetic store (1,500 images, 40 classes, 8 colours): oracle 1.0; one image alone 0.75
+(both), ~0.5 (total, one).
+Imports numpy, pyarrow and torch only (via xmodal.data.finetune).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xmodal.data.answers import AnswerTable, normalize_answer
+from xmodal.data.finetune import FinetuneData, FinetuneError, FinetuneSplit, open_finetune, write_finetune
+from xmodal.data.store import MANIFEST_FILE, LxmertStore, StoreError, open_store
+from xmodal.data.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
+
+SPLITS: dict[str, str] = {"train": "train", "valid": "minival"}  # fine-tuning split -> store split
+_VQA, _NLVR2 = 0x51A, 0x2E7A  # generator streams apart from the pretraining corpus and each other
+
+
+@dataclass
+class ImageFacts:
+    """The true content of K images of a synthetic store, for n_fg foreground classes."""
+
+    img_ids: np.ndarray  # (K,) object str
+    count: np.ndarray  # (K, n_fg) int64 objects of each class
+    colour: np.ndarray  # (K, n_fg) int64 colour of the class's group, -1 = absent
+    class_names: list[str]  # (n_fg,)
+    colour_names: list[str]  # (A,)
+
+
+def _synthetic(store_path: str | Path) -> LxmertStore:
+    store = open_store(store_path)
+    if store.manifest.source != "synthetic":
+        raise FinetuneError(f"{store.path}: source {store.manifest.source!r}; synthetic fine-tuning sets need a "
+                            "synthetic store (jobs/ingest.py synthetic), whose object labels are the truth")
+    return store
+
+
+def image_facts(store: LxmertStore, store_split: str) -> ImageFacts:
+    """Count and colour of every foreground class in every image of a store split (from obj_ids/attr_ids)."""
+    m = store.manifest
+    n_fg = m.num_object_labels - max(1, m.num_object_labels // 5)
+    block = store.read_split(store_split)
+    obj, attr = block.obj_ids.astype(np.int64), block.attr_ids.astype(np.int64)  # (K, N)
+    k = block.num_images
+    fg = (obj >= 0) & (obj < n_fg)
+    img, slot = np.nonzero(fg)
+    count = np.zeros((k, n_fg), np.int64)
+    np.add.at(count, (img, obj[img, slot]), 1)
+    lo = np.full((k, n_fg), np.iinfo(np.int64).max)
+    hi = np.full((k, n_fg), -1)
+    np.minimum.at(lo, (img, obj[img, slot]), attr[img, slot])
+    np.maximum.at(hi, (img, obj[img, slot]), attr[img, slot])
+    if np.any((count > 0) & (lo != hi)) or count.max(initial=0) > MAX_COUNT:
+        raise FinetuneError(f"{store.path} split {store_split!r}: object groups with mixed colours or more than "
+                            f"{MAX_COUNT} objects: not a store built by xmodal.data.synthetic")
+    return ImageFacts(img_ids=block.img_id, count=count, colour=np.where(count > 0, hi, -1),
+                      class_names=class_names(n_fg), colour_names=colour_names(m.num_attr_labels))
+
+
+def _rng(store: LxmertStore, seed: int, split: str, stream: int) -> np.random.Generator:
+    return np.random.default_rng([int(store.manifest.options.get("seed", 0)), seed, list(SPLITS).index(split),
+                                  stream])
+
+
+def _encode(store: LxmertStore, sentences: list[str], what: str) -> np.ndarray:
+    """Token ids (S, T) int32; a sentence the store's vocabulary cannot spell or that is cut is an error."""
+    tok = store.tokenizer()
+    ids, truncated = tok.encode(sentences)
+    bad = [s for s, row in zip(sentences, ids, strict=True) if tok.unk_id in row]
+    if truncated:
+        bad += [s for s in dict.fromkeys(sentences) if tok.encode([s])[1]]
+    if bad:
+        row = tok.encode(bad[:1])[0][0]
+        raise FinetuneError(f"{what}: the store's vocabulary ({store.path}, max_seq_len {tok.max_seq_len}) cannot "
+                            f"hold {bad[0]!r} (it reads {tok.decode(row)!r}, {int((row != 0).sum())} tokens); use a "
+                            "store whose corpus spells these words, with a longer max_seq_len")
+    return ids
+
+
+def _splits(store: LxmertStore) -> list[str]:
+    out = [s for s, src in SPLITS.items() if store.manifest.shards.get(src)]
+    if "train" not in out:
+        raise FinetuneError(f"{store.path}: the store has no train images")
+    return out
+
+
+# ============================================================================ VQA
+
+
+def vqa_answer_table(facts: ImageFacts) -> AnswerTable:
+    answers = ["yes", "no", *(str(c) for c in range(1, MAX_COUNT + 1)), *facts.colour_names]
+    normal = [normalize_answer(a) for a in answers]
+    if len(set(normal)) != len(normal):
+        raise FinetuneError(f"synthetic answers are not distinct after normalisation: {normal}")
+    return AnswerTable(normal)
+
+
+def _vqa_split(facts: ImageFacts, rng: np.random.Generator, questions_per_image: int,
+               near_answer_prob: float) -> tuple[list[str], list[str], list[str], list[dict[str, float]]]:
+    names, colours = facts.class_names, facts.colour_names
+    n_fg = len(names)
+    ids, imgs, sents, labels = [], [], [], []
+    for k, img in enumerate(facts.img_ids):
+        present = np.nonzero(facts.count[k])[0]
+        absent = np.nonzero(facts.count[k] == 0)[0]
+        if not len(present):
+            continue
+        for q in range(questions_per_image):
+            kind = int(rng.integers(3))
+            c = int(rng.choice(present))
+            if kind == 0:
+                sent, label = f"what color is the {names[c]} ?", {colours[facts.colour[k, c]]: 1.0}
+            elif kind == 1:
+                n = int(facts.count[k, c])
+                sent, label = f"how many {names[c]}s are there ?", {str(n): 1.0}
+                near = [x for x in (n - 1, n + 1) if 1 <= x <= MAX_COUNT]
+                if rng.random() < near_answer_prob:
+                    label[str(int(rng.choice(near)))] = 0.3
+            elif rng.random() < 0.5 or not len(absent) or n_fg < 2:
+                sent, label = f"is there a {names[c]} ?", {"yes": 1.0}
+            else:
+                sent, label = f"is there a {names[int(rng.choice(absent))]} ?", {"no": 1.0}
+            ids.append(f"{img}-{q}")
+            imgs.append(str(img))
+            sents.append(sent)
+            labels.append(label)
+    return ids, imgs, sents, labels
+
+
+def synthetic_options(task: str, **options) -> dict[str, Any]:
+    """The full options of a synthetic set of `task` (defaults filled in), as its manifest records them."""
+    if task == "nlvr2":
+        full: dict[str, Any] = {"statements_per_image": 1.0, "pairs_per_statement": 4, "seed": 0}
+    elif task in ("vqa", "gqa"):
+        # GQA is exact match: one answer with score 1, no soft near answers.
+        full = {"questions_per_image": 3, "near_answer_prob": 0.25 if task == "vqa" else 0.0, "seed": 0}
+    else:
+        raise FinetuneError(f"task {task!r}: expected vqa, gqa or nlvr2")
+    if unknown := sorted(set(options) - set(full)):
+        raise FinetuneError(f"synthetic {task}: unknown option(s) {', '.join(unknown)}; expected {', '.join(full)}")
+    full.update({k: v for k, v in options.items() if v is not None})
+    return full
+
+
+def build_synthetic_vqa(store_path: str | Path, out_dir: str | Path, *, task: str = "vqa",
+                        questions_per_image: int = 3, near_answer_prob: float | None = None, seed: int = 0,
+                        overwrite: bool = False) -> FinetuneData:
+    """VQA-style questions about each image of the synthetic store (see the module docstring).
+    task="gqa": the same questions as a GQA set (exact match; near_answer_prob defaults to 0)."""
+    options = synthetic_options(task, questions_per_image=questions_per_image, near_answer_prob=near_answer_prob,
+                                seed=seed)
+    near_answer_prob = options["near_answer_prob"]
+    if task == "nlvr2" or questions_per_image < 1 or not 0 <= near_answer_prob <= 1 \
+            or (task == "gqa" and near_answer_prob):
+        raise FinetuneError(f"synthetic {task}: questions_per_image={questions_per_image} must be >= 1 and "
+                            f"near_answer_prob={near_answer_prob} in [0, 1] (0 for gqa); task vqa or gqa")
+    store = _synthetic(store_path)
+    splits: dict[str, FinetuneSplit] = {}
+    table: AnswerTable | None = None
+    for split in _splits(store):
+        facts = image_facts(store, SPLITS[split])
+        if table is None:
+            table = vqa_answer_table(facts)
+        ids, imgs, sents, labels = _vqa_split(facts, _rng(store, seed, split, _VQA), questions_per_image,
+                                              near_answer_prob)
+        if not ids:
+            raise FinetuneError(f"{store.path}: no foreground object in the {SPLITS[split]} images")
+        flat = [(table.index(a), s) for lab in labels for a, s in lab.items()]
+        splits[split] = FinetuneSplit(
+            task=task, ids=np.array(ids, dtype=object), img_ids=np.array(imgs, dtype=object),
+            input_ids=_encode(store, sents, f"synthetic {task} {split}"),
+            ans_offsets=np.concatenate([[0], np.cumsum([len(lab) for lab in labels])]).astype(np.int64),
+            ans_ids=np.array([a for a, _ in flat], np.int32), ans_scores=np.array([s for _, s in flat], np.float32))
+    return write_finetune(out_dir, task=task, store=store, splits=splits, answers=table, source="synthetic",
+                          overwrite=overwrite, options=options,
+                          ignored_by_split={s: {"missing_images": 0, "unknown_answers": 0} for s in splits})
+
+
+# ============================================================================ NLVR2
+
+Pair = tuple[int, int]
+
+
+def _pick(rng: np.random.Generator, near: np.ndarray, pool: np.ndarray, avoid: int = -1) -> int:
+    """An image of `pool`, half the time (when there is one) a near miss from `near`; not `avoid`."""
+    for _ in range(20):
+        src = near if len(near) and rng.random() < 0.5 else pool
+        x = int(rng.choice(src))
+        if x != avoid:
+            return x
+    return -1
+
+
+def _swap(rng: np.random.Generator, a: int, b: int) -> Pair:
+    return (b, a) if rng.random() < 0.5 else (a, b)
+
+
+def _both(f: ImageFacts, rng: np.random.Generator, anchor: int, c: int, p: int):
+    col = int(f.colour[anchor, c])
+    s, not_s = np.nonzero(f.colour[:, c] == col)[0], np.nonzero(f.colour[:, c] != col)[0]
+    near = np.nonzero((f.count[:, c] > 0) & (f.colour[:, c] != col))[0]
+    if len(s) < 2 or not len(not_s):
+        return None
+    true = [tuple(int(x) for x in rng.choice(s, 2, replace=False)) for _ in range(p)]
+    false = [_swap(rng, int(rng.choice(s)), _pick(rng, near, not_s)) for _ in range(p)]
+    return f"there is a {f.colour_names[col]} {f.class_names[c]} in both images", true, false
+
+
+def _total(f: ImageFacts, rng: np.random.Generator, anchor: int, c: int, p: int):
+    # Both images hold 1..t-1 objects of class c, drawn alike for true and false pairs, so that one
+    # image's count says nothing about the label: true pairs are the ways (x, t - x), false pairs two
+    # independent counts in 1..t-1 that do not add up to t (t = 2 has no false pair of that kind).
+    cnt = f.count[:, c]
+    by = {n: np.nonzero(cnt == n)[0] for n in range(1, MAX_COUNT + 1)}
+    totals = [t for t in (3, 4) if all(len(by[x]) >= 2 for x in range(1, t))]
+    if not totals:
+        return None
+    t = int(rng.choice(totals))
+    true: list[Pair] = []
+    false: list[Pair] = []
+    while len(true) < p:
+        x = int(rng.integers(1, t))
+        a = int(rng.choice(by[x]))
+        true.append((a, _pick(rng, by[t - x], by[t - x], avoid=a)))
+    while len(false) < p:
+        x, y = (int(v) for v in rng.integers(1, t, size=2))
+        if x + y != t:
+            a = int(rng.choice(by[x]))
+            false.append((a, _pick(rng, by[y], by[y], avoid=a)))
+    return f"there are {COUNT_WORDS[t]} {f.class_names[c]}s in total", true, false
+
+
+def _one(f: ImageFacts, rng: np.random.Generator, anchor: int, c: int, p: int):
+    n = int(f.count[anchor, c])
+    cnt = f.count[:, c]
+    h, not_h = np.nonzero(cnt == n)[0], np.nonzero(cnt != n)[0]
+    near = np.nonzero((cnt > 0) & (cnt != n))[0]
+    if len(h) < 2 or len(not_h) < 2:
+        return None
+    true = [_swap(rng, int(rng.choice(h)), _pick(rng, near, not_h)) for _ in range(p)]
+    false: list[Pair] = []
+    for _ in range(p):
+        if rng.random() < 0.5:
+            false.append(tuple(int(x) for x in rng.choice(h, 2, replace=False)))
+        else:
+            a = _pick(rng, near, not_h)
+            false.append((a, _pick(rng, near, not_h, avoid=a)))
+    return f"one image has {COUNT_WORDS[n]} {f.class_names[c]}{'s' if n > 1 else ''}", true, false
+
+
+TEMPLATES: dict[str, Callable] = {"both": _both, "total": _total, "one": _one}
+
+
+def _nlvr2_split(f: ImageFacts, rng: np.random.Generator, split: str, statements: int, pairs: int):
+    ids, imgs, sents, labels = [], [], [], []
+    candidates = np.nonzero(f.count.sum(1) > 0)[0]
+    names = list(TEMPLATES)
+    for s in range(statements):
+        for _ in range(200):
+            anchor = int(rng.choice(candidates))
+            c = int(rng.choice(np.nonzero(f.count[anchor])[0]))
+            made = TEMPLATES[names[int(rng.integers(len(names)))]](f, rng, anchor, c, pairs // 2)
+            if made is not None and all(-1 not in pair for pair in made[1] + made[2]):
+                break
+        else:
+            raise FinetuneError(f"synthetic nlvr2 {split}: found no statement with {pairs // 2} true and false "
+                                f"pairs among {len(f.img_ids)} images; the store split is too small")
+        text, true, false = made
+        pool = [(pair, 1) for pair in true] + [(pair, 0) for pair in false]
+        for j, i in enumerate(rng.permutation(len(pool))):
+            (a, b), label = pool[i]
+            ids.append(f"{split}-{s}-{j}-0")  # NLVR2: split-set_id-pair_id-sentence_id
+            imgs.append((str(f.img_ids[a]), str(f.img_ids[b])))
+            sents.append(text)
+            labels.append(label)
+    return ids, imgs, sents, labels
+
+
+def build_synthetic_nlvr2(store_path: str | Path, out_dir: str | Path, *, statements_per_image: float = 1.0,
+                          pairs_per_statement: int = 4, seed: int = 0, overwrite: bool = False) -> FinetuneData:
+    """NLVR2-style statements about pairs of images of the synthetic store (see the module docstring)."""
+    if pairs_per_statement < 2 or pairs_per_statement % 2 or statements_per_image <= 0:
+        raise FinetuneError(f"pairs_per_statement={pairs_per_statement} must be even and >= 2, "
+                            f"statements_per_image={statements_per_image} > 0")
+    store = _synthetic(store_path)
+    splits: dict[str, FinetuneSplit] = {}
+    for split in _splits(store):
+        facts = image_facts(store, SPLITS[split])
+        n = max(1, round(len(facts.img_ids) * statements_per_image))
+        ids, imgs, sents, labels = _nlvr2_split(facts, _rng(store, seed, split, _NLVR2), split, n, pairs_per_statement)
+        splits[split] = FinetuneSplit(task="nlvr2", ids=np.array(ids, dtype=object),
+                                      img_ids=np.array(imgs, dtype=object).reshape(-1, 2),
+                                      input_ids=_encode(store, sents, f"synthetic nlvr2 {split}"),
+                                      labels=np.array(labels, np.int8))
+    options = synthetic_options("nlvr2", statements_per_image=statements_per_image,
+                                pairs_per_statement=pairs_per_statement, seed=seed)
+    return write_finetune(out_dir, task="nlvr2", store=store, splits=splits, answers=None, source="synthetic",
+                          overwrite=overwrite, options=options,
+                          ignored_by_split={s: {"missing_images": 0} for s in splits})
+
+
+def ensure_synthetic_finetune(task: str, store_path: str | Path, out_dir: str | Path, **options) -> FinetuneData:
+    """The synthetic set of `task` at `out_dir`: built if missing, reused if it was built over this store
+    with the same options; one built otherwise is an error listing what differs (never replaced)."""
+    want = synthetic_options(task, **options)
+    p = Path(out_dir).expanduser().resolve()
+
+    def reuse() -> FinetuneData:
+        data = open_finetune(p, store_path)  # also checks the store is the one it was made from
+        m = data.manifest
+        if m.task != task or m.source != "synthetic" or m.options != want:
+            diff = [f"{k}: set has {m.options.get(k)!r}, asked for {v!r}" for k, v in want.items()
+                    if m.options.get(k) != v]
+            what = "; ".join(diff) if m.task == task and m.source == "synthetic" else f"{m.source} {m.task} set"
+            raise FinetuneError(f"{p}: exists but is not the synthetic {task} set asked for ({what}); use another "
+                                f"path or rebuild it with `python jobs/ingest.py synthetic-{task} --overwrite`")
+        return data
+
+    if (p / MANIFEST_FILE).is_file():
+        return reuse()
+    try:
+        if task == "nlvr2":
+            return build_synthetic_nlvr2(store_path, p, **want)
+        return build_synthetic_vqa(store_path, p, task=task, **want)
+    except FinetuneError:
+        if (p / MANIFEST_FILE).is_file():  # another process built it meanwhile
+            return reuse()
+        raise
+
+
+# ============================================================================ CLI
+
+_VQA_ONLY = ("questions_per_image", "near_answer_prob")
+_NLVR2_ONLY = ("statements_per_image", "pairs_per_statement")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Synthetic learnable VQA / NLVR2 sets over a synthetic feature store."""
+    parser.add_argument("out", help="fine-tuning set directory to create")
+    parser.add_argument("--store", required=True, help="synthetic feature store (jobs/ingest.py synthetic)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--questions-per-image", type=int, default=None, help="synthetic-vqa/gqa (default 3)")
+    parser.add_argument("--near-answer-prob", type=float, default=None,
+                        help="synthetic-vqa (default 0.25; gqa: 0, exact match)")
+    parser.add_argument("--statements-per-image", type=float, default=None, help="synthetic-nlvr2 (default 1.0)")
+    parser.add_argument("--pairs-per-statement", type=int, default=None, help="synthetic-nlvr2 (default 4)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing fine-tuning set")
+
+
+def run(args: argparse.Namespace) -> int:
+    task = args.command.removeprefix("synthetic-")
+    vqa = task != "nlvr2"
+    wrong = [k for k in (_NLVR2_ONLY if vqa else _VQA_ONLY) if getattr(args, k) is not None]
+    if wrong:
+        print(f"error: {args.command} does not take --{wrong[0].replace('_', '-')}")
+        return 2
+    opts = {k: getattr(args, k) for k in (_VQA_ONLY if vqa else _NLVR2_ONLY) if getattr(args, k) is not None}
+    if vqa:
+        opts["task"] = task
+    build = build_synthetic_vqa if vqa else build_synthetic_nlvr2
+    try:
+        data = build(args.store, args.out, seed=args.seed, overwrite=args.overwrite, **opts)
+    except (FinetuneError, StoreError) as e:
+        print(f"error: {e}")
+        return 2
+    print(data)
+    return 0

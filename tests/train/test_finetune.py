@@ -1,0 +1,121 @@
+"""The fine-tuning job and the pretrain-then-fine-tune chain end to end: real Ray (the shared local
+cluster), real MLflow (SQLite), real Parquet stores and fine-tuning sets."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from xmodal import tracking
+from xmodal.config import ConfigError, FinetuneConfig, PretrainFinetuneConfig, load_config
+from xmodal.data.finetune import open_finetune
+from xmodal.data.finetune_synthetic import build_synthetic_nlvr2, build_synthetic_vqa
+from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.data.synthetic import build_synthetic_store
+
+TINY = ["preset=tiny", "train.batch_size=16", "train.eval_every=4", "train.log_every=2",
+        "mlflow.system_metrics=false"]
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    store = build_synthetic_store(root / "images", SyntheticLxmertOptions(
+        num_images=160, num_objects=8, feat_dim=16, num_object_labels=40, num_attr_labels=8, num_answers=60,
+        sentences_per_image=6, minival_fraction=0.25))  # a corpus whose vocabulary spells the NLVR2 statements
+    vqa = build_synthetic_vqa(store.path, root / "vqa", questions_per_image=2)
+    nlvr2 = build_synthetic_nlvr2(store.path, root / "nlvr2")
+    return {"images": store.path, "vqa": vqa.path, "nlvr2": nlvr2.path}
+
+
+def config(tmp: Path, *overrides: str, cls=FinetuneConfig):
+    return load_config(cls, overrides=[f"mlflow.tracking_uri=sqlite:///{tmp / 'mlflow.db'}",
+                                       f"scale.storage_path={tmp / 'runs'}", *overrides])
+
+
+def artifact(uri: str, run_id: str, path: str, tmp: Path) -> Path:
+    return tracking.download_artifacts(uri, run_id, path, tmp / "artifacts" / run_id)
+
+
+# ---------------------------------------------------------------- bad input, before Ray starts
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["init.source=run", "init.run_id=0123456789abcdef"], "init.run_id: no MLflow run '0123456789abcdef'"),
+    (["init.source=checkpoint", "init.path={tmp}"], "is not a checkpoint: model.pt, meta.json missing"),
+    (["init.source=transformers", "init.path={tmp}"], "init.path: .*config.json not found"),
+    (["task=nlvr2"], "is a vqa set, but task='nlvr2'"),
+    (["data.store={tmp}/nowhere"], "data.store: '.*nowhere' does not exist"),
+    (["train.best_metric=valid/consistency"], "not measured on vqa; valid: valid/accuracy, valid/loss"),
+])
+def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
+    from xmodal.train.finetune import prepare_run
+
+    overrides = [o.format(tmp=tmp_path) for o in overrides]
+    with pytest.raises(ConfigError, match=message):
+        prepare_run(config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
+    assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_path, ray_local):
+    from xmodal.train.finetune import Init, build_objective, load_init, resolve_init
+    from xmodal.train.pretrain_finetune import STAGE_TAG, run_chain
+
+    cfg = config(tmp_path, *[f"pretrain.{o}" for o in TINY], *[f"finetune.{o}" for o in TINY],
+                 f"pretrain.data.store={sets['images']}", "pretrain.train.max_steps=8",
+                 f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
+                 cls=PretrainFinetuneConfig)
+    out = run_chain(cfg)
+    uri, c = out["tracking_uri"], tracking.client(out["tracking_uri"])
+    fine = c.get_run(out["run_id"])
+    pre_id = fine.data.tags["pretrain_run_id"]
+    pre = c.get_run(pre_id)
+    assert (pre.info.status, fine.info.status) == ("FINISHED", "FINISHED")
+    assert (pre.data.tags[STAGE_TAG], fine.data.tags[STAGE_TAG]) == ("pretrain", "finetune")
+    assert (fine.data.tags["init"], fine.data.tags["init_run_id"]) == ("run", pre_id)
+    m = fine.data.metrics
+    hist = [x.value for x in c.get_metric_history(fine.info.run_id, "valid/accuracy")]
+    assert len(hist) >= 2 and m["best_valid/accuracy"] == pytest.approx(max(hist))
+
+    # The reference submission shape, one prediction per validation question, answers from the table.
+    data = open_finetune(sets["vqa"])
+    preds = json.loads((artifact(uri, fine.info.run_id, "predictions", tmp_path) / "valid_predict.json").read_text())
+    assert sorted(p["question_id"] for p in preds) == sorted(data.ids("valid"))
+    assert {p["answer"] for p in preds} <= set(data.answers.answers)
+
+    # Initialising from that run by its id loads exactly the weights it saved.
+    fcfg = FinetuneConfig.model_validate(json.loads(json.dumps(cfg.finetune.model_dump(mode="json"))))
+    fcfg = fcfg.model_copy(update={"init": fcfg.init.model_copy(update={"source": "run", "run_id": pre_id})})
+    init, model_cfg = resolve_init(fcfg.model_copy(update={"mlflow": cfg.mlflow}), str(sets["images"]), uri,
+                                   tmp_path / "init")
+    assert isinstance(init, Init) and init.source == "run" and init.pretrain_answers
+    saved = torch.load(artifact(uri, pre_id, "model", tmp_path) / "model.pt", weights_only=True)
+    objective = build_objective(fcfg.model_copy(update={"model": model_cfg}), data.num_answers)
+    line = load_init(objective, init, list(data.answers.answers), True)
+    assert "answer head" in line
+    enc = objective.model.encoder.state_dict()
+    assert enc and all(torch.equal(v, saved[f"model.encoder.{k}"]) for k, v in enc.items())
+
+
+@pytest.mark.slow
+def test_nlvr2_on_two_workers_logs_consistency_and_the_prediction_csv(sets, tmp_path, ray_local):
+    from xmodal.train.finetune import run_finetune
+
+    out = run_finetune(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
+                              "train.epochs=2", "scale.num_workers=2", "mlflow.run_name=nlvr2"))
+    run = tracking.client(out["tracking_uri"]).get_run(out["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["init"] == "scratch"
+    assert {"valid/accuracy", "valid/consistency", "best_valid/consistency"} <= set(run.data.metrics)
+    rows = list(csv.reader((artifact(out["tracking_uri"], out["run_id"], "predictions", tmp_path)
+                            / "valid_predict.csv").open()))
+    ids = open_finetune(sets["nlvr2"]).ids("valid")
+    assert sorted(r[0] for r in rows) == sorted(ids)  # every pair predicted once, whatever the workers
+    assert {r[1] for r in rows} <= {"True", "False"}
