@@ -121,7 +121,9 @@ def collect(uri: str, experiment: str | None = None, parent_run_id: str | None =
             parent = tracking.get_run(uri, parent_run_id)
         except Exception as e:
             raise ReportError(f"parent run {parent_run_id!r} not found in {uri}: {e}") from None
-        runs, parents = tracking.child_runs(uri, parent_run_id), [parent]
+        # Children that are trials: a pretrain-then-fine-tune chain also logs its pretraining stage there.
+        runs = [r for r in tracking.child_runs(uri, parent_run_id) if r.data.tags.get(T.KIND) == "trial"]
+        parents = [parent]
     else:
         exp_id = tracking.get_experiment_id(uri, experiment)
         if exp_id is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import xmodal.config
-from xmodal.config import PretrainConfig
+from xmodal.config import PretrainConfig, PretrainFinetuneConfig
 from xmodal.sweep.plan import SweepOptions, plan_sweep
 from xmodal.sweep.space import DefineByRun, SpaceError, load_space, validate_space, with_assignments
 from xmodal_testing import PYTHON, REPO, ray_env
@@ -51,25 +51,26 @@ def replace(text: str, old: str, new: str) -> str:
 # ---------------------------------------------------------------- shipped spaces
 
 
-@pytest.mark.parametrize("name", ["lxmert_layers", "lxmert_tasks"])
-def test_shipped_lxmert_spaces_validate_against_the_pretraining_config(name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, job", [("lxmert_layers", "pretrain"), ("lxmert_tasks", "pretrain_finetune")])
+def test_shipped_lxmert_spaces_validate_against_their_job_config(name, job, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     p = plan_sweep(SweepOptions(space=str(SPACES / f"{name}.yaml")))
-    assert p.space.job == "pretrain" and p.name.startswith(f"{name}-")
+    assert p.space.job == job and p.name.startswith(f"{name}-")
     assert p.experiment == f"xmodal-sweep-{name}"
     assert p.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert p.base["scale"]["storage_path"] == str(tmp_path / "runs" / "sweeps" / p.name / "train")
     assert not (tmp_path / "mlflow.db").exists()  # planning writes nothing
 
 
-def test_task_subsets_keep_mlm_and_matching_on_and_map_onto_several_keys():
+def test_task_subsets_keep_mlm_and_matching_on_and_are_scored_downstream():
     space = load_space(SPACES / "lxmert_tasks.yaml")
     options = space.parameters["pretrain_tasks"].options
     assert set(options) == {"all", "no_vision", "feat_only", "label_only", "no_qa"}
-    assert all(o["tasks.matching"] and o["tasks.mlm"] for o in options.values()) and space.metric == "eval/mlm_acc"
+    assert all(o["pretrain.tasks.matching"] and o["pretrain.tasks.mlm"] for o in options.values())
+    assert space.metric == "valid/accuracy"  # the fine-tuning stage's metric, as the paper's tables
     raw = with_assignments({}, space.assignments({"pretrain_tasks": "no_vision"}))
-    cfg = PretrainConfig.model_validate(raw)
-    assert cfg.tasks.enabled() == ("mlm", "matching", "qa")
+    cfg = PretrainFinetuneConfig.model_validate(raw)
+    assert cfg.pretrain.tasks.enabled() == ("mlm", "matching", "qa")
 
 
 def test_mult_space_validates_once_the_mult_job_exists(tmp_path):

@@ -20,14 +20,11 @@ class Job:
     name: str
     module: str  # prepare_run / build_trainer / finish_run (and resolve_store when it has a data store)
     config_class: str  # in xmodal.config
-    # How the job checks a config against its store (model dims, metric names the store's task
-    # measures), called once in the driver so that a bad metric fails before any trial starts.
-    store_check: str | None = None  # "with_store_dims(cfg, store)" or "...(cfg, store.manifest)"
 
 
 JOBS: dict[str, Job] = {
-    "pretrain": Job("pretrain", "xmodal.train.pretrain", "PretrainConfig", "manifest"),
-    "mult": Job("mult", "xmodal.train.mult", "MultTrainConfig", "store"),
+    "pretrain": Job("pretrain", "xmodal.train.pretrain", "PretrainConfig"),
+    "mult": Job("mult", "xmodal.train.mult", "MultTrainConfig"),
     "pretrain_finetune": Job("pretrain_finetune", "xmodal.train.pretrain_finetune", "PretrainFinetuneConfig"),
 }
 
@@ -64,9 +61,9 @@ def job_module(name: str) -> ModuleType:
 
 
 def check_with_store(name: str, module: ModuleType, cfg, store) -> None:
-    """The job's own config-vs-store check (raises ConfigError), where the job has one."""
-    job = get_job(name)
+    """The job's own config-vs-store check, `with_store_dims(cfg, store)` (model dims, metric names the
+    store's task measures; raises ConfigError), called once in the driver so that a bad metric fails
+    before any trial starts. Jobs without a data store have none."""
     check = getattr(module, "with_store_dims", None)
-    if job.store_check is None or check is None:
-        return
-    check(cfg, store.manifest if job.store_check == "manifest" else store)
+    if check is not None:
+        check(cfg, store)

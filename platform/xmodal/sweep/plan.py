@@ -119,6 +119,8 @@ def plan_sweep(opts: SweepOptions) -> SweepPlan:
         "mlflow.tracking_uri": uri, "mlflow.experiment": experiment, "scale.storage_path": train_storage,
         # Trials keep their best checkpoints by the sweep's metric; the config checks it is measured.
         "train.best_metric": space.metric, "train.best_mode": space.mode,
+        # A pretrain-then-fine-tune chain is scored by its fine-tuning stage.
+        "finetune.train.best_metric": space.metric, "finetune.train.best_mode": space.mode,
     }
     if not get_dotted(base, "train.seed")[0] and "train.seed" not in space.config_keys():
         forced["train.seed"] = space.seed

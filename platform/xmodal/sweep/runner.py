@@ -151,7 +151,8 @@ def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
     run = tracking.find_run(setup["tracking_uri"], setup["experiment_id"], run_name)
     if run is None or run.info.status != "FINISHED" or run.data.tags.get(T.EARLY_STOPPED) == "true":
         return False
-    metrics: dict[str, Any] = {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
+    metrics: dict[str, Any] = {k: v for k, v in run.data.metrics.items()
+                               if not k.startswith(("train/", "system/"))}  # eval/, valid/, test/, best_*
     if T.TOTAL_STEPS in run.data.tags:
         metrics["step"] = int(run.data.tags[T.TOTAL_STEPS])
     print(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics from "

@@ -55,8 +55,9 @@ def resolve_store(cfg: PretrainConfig):
     return open_store(path)
 
 
-def with_store_dims(cfg: PretrainConfig, manifest) -> PretrainConfig:
+def with_store_dims(cfg: PretrainConfig, store) -> PretrainConfig:
     """The model's vocabulary, feature and label sizes come from the store."""
+    manifest = store.manifest
     dims = {
         "vocab_size": manifest.vocab_size,
         "visual_feat_dim": manifest.feat_dim,
@@ -93,7 +94,7 @@ def prepare_run(cfg: PretrainConfig, source: str = "defaults", parent_run_id: st
     Everything that can fail on bad input fails here, before Ray starts. Returns (plan, store).
     """
     store = resolve_store(cfg)
-    cfg = with_store_dims(cfg, store.manifest)
+    cfg = with_store_dims(cfg, store)
     micro, total_steps = plan_steps(cfg, store.manifest.sentences("train"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     name = cfg.mlflow.run_name or f"pretrain-{cfg.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
