@@ -119,3 +119,25 @@ def test_nlvr2_on_two_workers_logs_consistency_and_the_prediction_csv(sets, tmp_
     ids = open_finetune(sets["nlvr2"]).ids("valid")
     assert sorted(r[0] for r in rows) == sorted(ids)  # every pair predicted once, whatever the workers
     assert {r[1] for r in rows} <= {"True", "False"}
+
+
+def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from xmodal.models.lxmert_init import encoder_state_from_hf_dir
+    from xmodal.train.finetune import Init, _config, build_objective, load_init, prepare_run
+
+    data = open_finetune(sets["vqa"])
+    store = data.store.manifest
+    hf_cfg = transformers.LxmertConfig(
+        vocab_size=store.vocab_size, hidden_size=32, num_attention_heads=4, intermediate_size=48, l_layers=1,
+        r_layers=1, x_layers=1, max_position_embeddings=40, visual_feat_dim=store.feat_dim, num_qa_labels=7)
+    transformers.LxmertForPreTraining(hf_cfg).save_pretrained(tmp_path / "hf")
+    plan, _ = prepare_run(config(tmp_path, f"data.store={sets['vqa']}", "init.source=transformers",
+                                 f"init.path={tmp_path / 'hf'}", "mlflow.system_metrics=false"))
+    cfg = _config(plan)
+    assert (cfg.model.hidden_size, cfg.model.x_layers, cfg.model.token_type_embedding) == (32, 1, True)
+    objective = build_objective(cfg, data.num_answers)
+    line = load_init(objective, Init(**plan.config["_init"]), list(data.answers.answers), True)
+    assert line.startswith("encoder from transformers")  # no answer table in a transformers checkpoint
+    _, want = encoder_state_from_hf_dir(tmp_path / "hf")
+    assert all(torch.equal(v, want[f"encoder.{k}"]) for k, v in objective.model.encoder.state_dict().items())
