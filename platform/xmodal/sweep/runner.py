@@ -194,8 +194,10 @@ class SweepCallback(tune.Callback):
             tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "false"})
             return
         reports = self._stopped.pop(trial.trial_id)
+        # The job marks its last report `final`; older runs only had the total-steps tag to compare with.
         step, total = trial.last_result.get("step"), run.data.tags.get(T.TOTAL_STEPS)
-        trained_out = step is not None and total is not None and int(step) >= int(total)
+        trained_out = trial.last_result.get("final") == 1 or (
+            step is not None and total is not None and int(step) >= int(total))
         if trained_out:
             # Stopped on its final report (only when max_t exceeds a trial's reports): nothing was cut
             # short, but finish_run may not have logged the final model.

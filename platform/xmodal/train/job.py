@@ -183,7 +183,7 @@ class RunHooks:
             if self.rank == 0:
                 say("[xmodal] final: " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final.items())))
                 self.logger.log(final, state.step, force=True)
-            ray.train.report({**self.last_metrics, **final, "step": state.step, "epoch": epoch})
+            ray.train.report({**self.last_metrics, **final, "step": state.step, "epoch": epoch, "final": 1})
         if self.logger is not None:
             self.logger.close()
 
@@ -202,6 +202,8 @@ class RunHooks:
             say(f"[xmodal] eval @ step {state.step}: {shown}")
             self.logger.log(metrics, state.step)
         report = {**metrics, "step": state.step, "epoch": epoch}
+        if finished and self.on_end is None:
+            report["final"] = 1  # the run's last report (with on_end, that report comes after)
         if self.rank == 0:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
