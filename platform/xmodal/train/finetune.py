@@ -306,6 +306,13 @@ def split_metrics(task: str, data, split: str, p: dict[str, Any]) -> dict[str, f
     return {f"{split}/{k}": v for k, v in out.items()}
 
 
+def has_labels(sp) -> bool:
+    """Whether a split carries answers (VQA/GQA) or labels (NLVR2: -1 = unknown) to score against."""
+    if sp.labels is not None:
+        return bool((sp.labels >= 0).any())
+    return sp.ans_ids is not None and len(sp.ans_ids) > 0
+
+
 def write_predictions(task: str, data, split: str, p: dict[str, Any], folder: Path) -> Path:
     from xmodal.train.predictions import write_gqa_predictions, write_nlvr2_predictions, write_vqa_predictions
 
@@ -385,7 +392,7 @@ def finetune_worker(plan_dict: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for split in (s for s in data.splits if s != "train"):
                 p = predict_split(plain, data, split, plan.micro_batch, rank, world, device, state.autocast_dtype)
-                if split != "valid":
+                if split != "valid" and has_labels(data.split(split)):  # a test split may come unlabelled
                     final.update(split_metrics(cfg.task, data, split, p))
                 if rank == 0:
                     write_predictions(cfg.task, data, split, p, Path(tmp))
