@@ -33,7 +33,6 @@ import datetime
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 import uuid
@@ -49,7 +48,7 @@ import torch
 
 from xmodal.batches import Nlvr2Batch, VqaBatch
 from xmodal.data.answers import AnswerError, AnswerTable
-from xmodal.data.store import MANIFEST_FILE, LxmertStore, concat_ranges, open_store
+from xmodal.data.store import MANIFEST_FILE, LxmertStore, concat_ranges, open_store, publish_dir
 from xmodal.data.tokenizer import VOCAB_FILE
 
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
@@ -504,19 +503,7 @@ def _check_target(path: Path, overwrite: bool) -> None:
 
 
 def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
-    old = None
-    if path.exists():
-        _check_target(path, overwrite)
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)  # put the previous set back
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish_dir(tmp, path, lambda: _check_target(path, overwrite))
 
 
 # ============================================================================ batches

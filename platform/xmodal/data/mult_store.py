@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
@@ -50,7 +49,7 @@ import pyarrow.parquet as pq
 import torch
 
 from xmodal.batches import MultBatch
-from xmodal.data.store import StoreError, check_target
+from xmodal.data.store import StoreError, check_target, publish_dir
 
 SCHEMA_VERSION = 1
 KIND = "mult"
@@ -502,19 +501,7 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
 
 
 def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
-    old = None
-    if path.exists():
-        check_target(path, overwrite)
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)  # put the previous store back
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish_dir(tmp, path, lambda: check_target(path, overwrite))
 
 
 def open_store(path: str | Path) -> MultStore:

@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -634,19 +634,26 @@ class StoreWriter:
         return open_store(self.path)
 
     def _publish(self) -> None:
-        old = None
-        if self.path.exists():
-            check_target(self.path, self.overwrite)
-            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(self.path, old)
-        try:
-            os.rename(self.tmp, self.path)
-        except OSError:
-            if old is not None:
-                os.rename(old, self.path)
-            raise
+        publish_dir(self.tmp, self.path, lambda: check_target(self.path, self.overwrite))
+
+
+def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
+    """Make the finished directory `tmp` visible as `path` by rename; an existing `path` (allowed by
+    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
+    readers see the old directory or the new one, never a half-written one."""
+    old = None
+    if path.exists():
+        check()
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except OSError:
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            os.rename(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_target(path: Path, overwrite: bool) -> None:

@@ -20,7 +20,6 @@ set and its image store (no Ray Data execution).
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import tempfile
 import time
@@ -38,6 +37,7 @@ from xmodal.train.cluster import connect, storage_path
 from xmodal.train.job import (
     RunHooks,
     RunPlan,
+    ValidationSelection,
     fail_marker,
     finish_run,  # noqa: F401  (the sweep runner calls <job>.finish_run)
     make_trainer,
@@ -49,7 +49,6 @@ from xmodal.train.loop import autocast, fit
 from xmodal.train.runtime import prepare
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
-BEST_FILE = "best_model.pt"
 
 
 # ---------------------------------------------------------------- driver
@@ -355,14 +354,12 @@ def finetune_worker(plan_dict: dict[str, Any]) -> None:
         if rank == 0:
             say(f"[xmodal] fine-tuning {cfg.task}: {loaded}")
     state = prepare(objective, device, cfg.train, cfg.optim, plan.total_steps)
-    best: dict[str, Any] = {"score": None, "weights": None}
+    plain = ckpt.unwrap(state.model)
+    selection = ValidationSelection(plain, cfg.train.best_metric, cfg.train.best_mode)
     if resume is not None:
         with resume.as_directory() as d:
             meta = ckpt.restore(d, state)
-            if (Path(d) / BEST_FILE).exists():
-                best["weights"] = torch.load(Path(d) / BEST_FILE, map_location="cpu", weights_only=True)
-                best["score"] = meta.get("best")
-    plain = ckpt.unwrap(state.model)
+            selection.restore(d)
 
     def batches(epoch: int, skip: int):
         it = iter_finetune_batches(data, "train", plan.micro_batch, seed=cfg.train.seed, epoch=epoch, rank=rank,
@@ -372,23 +369,12 @@ def finetune_worker(plan_dict: dict[str, Any]) -> None:
     def evaluate() -> dict[str, float]:
         p = predict_split(plain, data, "valid", plan.micro_batch, rank, world, device, state.autocast_dtype)
         metrics = split_metrics(cfg.task, data, "valid", p)
-        score = metrics[cfg.train.best_metric]
-        if best["score"] is None or (score > best["score"]) == (cfg.train.best_mode == "max"):
-            # Model selection on the validation split: keep the selected weights (every worker).
-            best.update(score=score, valid=metrics,
-                        weights={k: v.detach().to("cpu", copy=True) for k, v in plain.state_dict().items()})
+        selection.consider(metrics)
         return metrics
-
-    def save_best(_state, folder: Path, _is_new_best: bool) -> None:
-        if best["weights"] is not None:
-            buf = io.BytesIO()
-            torch.save(best["weights"], buf)
-            (folder / BEST_FILE).write_bytes(buf.getvalue())
 
     def final_with_selected(_state) -> dict[str, float]:
         """Every held-out split, once, with the model selected on validation; prediction files logged."""
-        plain.load_state_dict(best["weights"])
-        final = {f"best_{k}": v for k, v in best.get("valid", {}).items()}
+        final = selection.load_selected()
         with tempfile.TemporaryDirectory() as tmp:
             for split in (s for s in data.splits if s != "train"):
                 p = predict_split(plain, data, split, plan.micro_batch, rank, world, device, state.autocast_dtype)
@@ -397,11 +383,11 @@ def finetune_worker(plan_dict: dict[str, Any]) -> None:
                 if rank == 0:
                     write_predictions(cfg.task, data, split, p, Path(tmp))
             if rank == 0:
-                (Path(tmp) / "selected.json").write_text(json.dumps({"best": best["score"], **final}, indent=2))
+                (Path(tmp) / "selected.json").write_text(json.dumps({"best": selection.score, **final}, indent=2))
                 tracking.log_artifacts(plan.tracking_uri, plan.run_id, tmp, "predictions")
         return final
 
     hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta,
-                     on_checkpoint=save_best, on_end=final_with_selected)
+                     on_checkpoint=selection.save, on_end=final_with_selected)
     fit(state, batches, hooks, epochs=cfg.train.epochs, total_steps=plan.total_steps,
         grad_accum=cfg.train.grad_accum, start=(meta.get("epoch", 0), meta.get("pos", 0)))

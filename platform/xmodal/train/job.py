@@ -123,6 +123,44 @@ def finish_run(plan: RunPlan, checkpoint) -> None:
     tracking.set_terminated(uri, run_id, "FINISHED")
 
 
+class ValidationSelection:
+    """Model selection on a validation split (MulT, fine-tuning): every worker keeps the best weights
+    by `metric`; they travel in each checkpoint (`BEST_FILE`), so a resumed run keeps its selection,
+    and the held-out splits are evaluated once with them at the end."""
+
+    BEST_FILE = "best_model.pt"
+
+    def __init__(self, model: torch.nn.Module, metric: str, mode: str):
+        self.model, self.metric, self.mode = model, metric, mode
+        self.score: float | None = None
+        self.valid: dict[str, float] = {}
+        self.weights: dict[str, torch.Tensor] | None = None
+
+    def consider(self, metrics: dict[str, float]) -> None:
+        score = metrics[self.metric]
+        if self.score is None or (score > self.score) == (self.mode == "max"):
+            self.score, self.valid = score, dict(metrics)
+            self.weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save(self, _state: TrainState, folder: Path, _is_new_best: bool) -> None:
+        """A RunHooks `on_checkpoint`."""
+        if self.weights is not None:
+            torch.save({"weights": self.weights, "score": self.score, "valid": self.valid}, folder / self.BEST_FILE)
+
+    def restore(self, folder: str | Path) -> None:
+        f = Path(folder) / self.BEST_FILE
+        if f.exists():
+            blob = torch.load(f, map_location="cpu", weights_only=True)
+            self.weights, self.score, self.valid = blob["weights"], blob["score"], blob["valid"]
+
+    def load_selected(self) -> dict[str, float]:
+        """Put the selected weights into the model; returns their validation metrics as best_<metric>."""
+        if self.weights is None:
+            raise RuntimeError("no model was selected: the validation split was never evaluated")
+        self.model.load_state_dict(self.weights)
+        return {f"best_{k}": v for k, v in self.valid.items()}
+
+
 class RunHooks:
     """Logging, evaluation, checkpoints and the test-only fault switch, run on every worker
     (collectives need all of them); only rank 0 prints and writes to MLflow."""

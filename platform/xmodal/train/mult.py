@@ -10,7 +10,6 @@ build_trainer / finish_run.
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import statistics
 import time
@@ -29,6 +28,7 @@ from xmodal.train.cluster import connect, storage_path
 from xmodal.train.job import (
     RunHooks,
     RunPlan,
+    ValidationSelection,
     fail_marker,
     finish_run,  # noqa: F401  (the sweep runner calls <job>.finish_run)
     make_trainer,
@@ -39,7 +39,6 @@ from xmodal.train.loop import autocast, fit
 from xmodal.train.runtime import prepare
 
 DEFAULT_STORE = "data/synthetic_mult"
-BEST_FILE = "best_model.pt"
 SENTIMENT_METRICS = ("mae", "corr", "acc7", "acc5", "acc2", "f1", "acc2_has0", "f1_has0")
 EMOTION_METRICS = tuple(f"{e}_{m}" for e in ("neutral", "happy", "sad", "angry") for m in ("acc", "f1")) + (
     "mean_acc", "mean_f1")
@@ -214,16 +213,14 @@ def mult_worker(plan_dict: dict[str, Any]) -> None:
     torch.manual_seed(cfg.train.seed)
     objective = MultObjective(Mult(cfg.model), store.task, cfg.regression_loss)
     state = prepare(objective, device, cfg.train, cfg.optim, plan.total_steps, optimizer="adam")
-    best = {"score": None, "weights": None}
+    plain = ckpt.unwrap(state.model)
+    selection = ValidationSelection(plain, cfg.train.best_metric, cfg.train.best_mode)
     if resume is not None:
         with resume.as_directory() as d:
             meta = ckpt.restore(d, state)
-            if (Path(d) / BEST_FILE).exists():
-                best["weights"] = torch.load(Path(d) / BEST_FILE, map_location="cpu", weights_only=True)
-                best["score"] = meta.get("best")
+            selection.restore(d)
 
     train_shard = ray.train.get_dataset_shard("train")
-    plain = ckpt.unwrap(state.model)
 
     def data(epoch: int, skip: int):
         batches = iter_mult_batches(train_shard, store.dims, plan.micro_batch, epoch=epoch, seed=cfg.train.seed,
@@ -235,28 +232,16 @@ def mult_worker(plan_dict: dict[str, Any]) -> None:
 
     def evaluate() -> dict[str, float]:
         metrics = evaluate_outputs(plain, split_batches("valid"), device, state.autocast_dtype, "valid")
-        score = metrics[cfg.train.best_metric]
-        if best["score"] is None or (score > best["score"]) == (cfg.train.best_mode == "max"):
-            # Model selection on the validation split: keep the selected weights (every worker).
-            best["score"] = score
-            best["weights"] = {k: v.detach().to("cpu", copy=True) for k, v in plain.state_dict().items()}
-            best["valid"] = metrics
+        selection.consider(metrics)
         return metrics
-
-    def save_best(_state, folder: Path, _is_new_best: bool) -> None:
-        if best["weights"] is not None:
-            buf = io.BytesIO()
-            torch.save(best["weights"], buf)
-            (folder / BEST_FILE).write_bytes(buf.getvalue())
 
     def test_selected(_state) -> dict[str, float]:
         """The test split, evaluated once, with the model selected on validation."""
-        plain.load_state_dict(best["weights"])
-        final = evaluate_outputs(plain, split_batches("test"), device, state.autocast_dtype, "test")
-        final.update({f"best_{k}": v for k, v in best.get("valid", {}).items()})
+        final = selection.load_selected()
+        final.update(evaluate_outputs(plain, split_batches("test"), device, state.autocast_dtype, "test"))
         return final
 
     hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta,
-                     on_checkpoint=save_best, on_end=test_selected)
+                     on_checkpoint=selection.save, on_end=test_selected)
     fit(state, data, hooks, epochs=cfg.train.epochs, total_steps=plan.total_steps,
         grad_accum=cfg.train.grad_accum, start=(meta.get("epoch", 0), meta.get("pos", 0)))
