@@ -106,14 +106,22 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
 
 
 @pytest.mark.slow
-def test_nlvr2_on_two_workers_logs_consistency_and_the_prediction_csv(sets, tmp_path, ray_local):
+def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_csv(sets, tmp_path, ray_local):
     from xmodal.train.finetune import run_finetune
 
+    # A worker exits once at step 6; training resumes from the step-4 checkpoint with its selection.
     out = run_finetune(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
-                              "train.epochs=2", "scale.num_workers=2", "mlflow.run_name=nlvr2"))
-    run = tracking.client(out["tracking_uri"]).get_run(out["run_id"])
+                              "train.epochs=3", "scale.num_workers=2", "train.fail_at_step=6",
+                              "mlflow.run_name=nlvr2"))
+    c = tracking.client(out["tracking_uri"])
+    run = c.get_run(out["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["init"] == "scratch"
     assert {"valid/accuracy", "valid/consistency", "best_valid/consistency"} <= set(run.data.metrics)
+    assert [m.value for m in c.get_metric_history(out["run_id"], "train/resumed_from_step")] == [4]
+    evals = [m.step for m in c.get_metric_history(out["run_id"], "valid/accuracy")]
+    assert evals == sorted(set(evals))  # one history: no step logged twice
+    hist = [m.value for m in c.get_metric_history(out["run_id"], "valid/accuracy")]
+    assert run.data.metrics["best_valid/accuracy"] == pytest.approx(max(hist))
     rows = list(csv.reader((artifact(out["tracking_uri"], out["run_id"], "predictions", tmp_path)
                             / "valid_predict.csv").open()))
     ids = open_finetune(sets["nlvr2"]).ids("valid")

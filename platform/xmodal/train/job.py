@@ -263,6 +263,10 @@ class RunHooks:
         Path(marker).parent.mkdir(parents=True, exist_ok=True)
         Path(marker).write_text(json.dumps({"step": step, "time": time.time()}))
         say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
+        # Ray Train V2 collects reports when it polls the workers (every 2 s): a worker that dies
+        # sooner after a checkpoint loses it, and the run resumes from the one before. Wait out a
+        # poll, so that the test exercises resuming from the latest checkpoint.
+        time.sleep(2 * 2.0 + 1)
         os._exit(1)
 
 
