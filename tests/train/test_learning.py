@@ -3,7 +3,7 @@ matching and QA, and fine-tuning from it beats fine-tuning from scratch with the
 paper's central claim, at toy scale).
 
 In-process, without Ray: the same batch builder, objective, `train_step` and evaluation the workers
-run (the jobs themselves are tested end to end in test_pretrain.py and test_finetune.py). One
+run (the jobs themselves are tested end to end in test_pretrain.py and test_finetune_job.py). One
 pretraining serves both tests. Bars were set from measured runs (see BARS) with a margin.
 """
 
