@@ -284,8 +284,12 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
     s, uri = plan.space, plan.tracking_uri
     errors = [r for r in results if r.error is not None]
     # Tune ends fit() early on Ctrl-C: trials never started, or stopped midway, have no done=True result.
+    # A trial is finished when Tune saw it return (done) or its last report was the job's final one: a
+    # driver killed between that report and Tune recording the return leaves a restored trial without
+    # `done`, though it has nothing left to train.
     unfinished = s.num_samples - len(results) + sum(
-        1 for r in results if r.error is None and not (r.metrics or {}).get("done", False))
+        1 for r in results if r.error is None and not (
+            (r.metrics or {}).get("done", False) or (r.metrics or {}).get("final") == 1))
     summary: dict[str, Any] = {"trials": len(results), "errors": len(errors), "unfinished": unfinished,
                                "best": None}
     try:
