@@ -44,6 +44,7 @@ from xmodal.train.job import (
     open_run,
     run_job,
     say,
+    worker_start,
 )
 from xmodal.train.loop import autocast, fit
 from xmodal.train.runtime import prepare
@@ -325,27 +326,18 @@ def write_predictions(task: str, data, split: str, p: dict[str, Any], folder: Pa
 
 
 def finetune_worker(plan_dict: dict[str, Any]) -> None:
-    import ray.train
-    import ray.train.torch
-
     from xmodal.data.finetune import iter_finetune_batches, open_finetune
 
     plan = RunPlan(**plan_dict)
     cfg = _config(plan)
     init = Init(**plan.config["_init"])
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
     data = open_finetune(plan.store)
     answers = list(data.answers.answers) if data.answers is not None else None
 
-    resume = ray.train.get_checkpoint()
-    meta: dict[str, Any] = {}
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.read_meta(d)
-        if meta.get("finished"):
-            return
+    start = worker_start()
+    rank, world, device, resume, meta = start.rank, start.world, start.device, start.resume, start.meta
+    if meta.get("finished"):
+        return
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every worker
     objective = build_objective(cfg, data.num_answers)

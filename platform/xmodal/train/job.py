@@ -123,6 +123,32 @@ def finish_run(plan: RunPlan, checkpoint) -> None:
     tracking.set_terminated(uri, run_id, "FINISHED")
 
 
+@dataclass
+class WorkerStart:
+    """Where a Train worker stands when it starts: its place in the group, its device, and the
+    checkpoint Ray hands it (None on a fresh start) with that checkpoint's meta."""
+
+    rank: int
+    world: int
+    device: torch.device
+    resume: Any  # ray.train.Checkpoint | None
+    meta: dict[str, Any]
+
+
+def worker_start() -> WorkerStart:
+    """Every worker's first step (a checkpoint marked finished makes a rerun return at once)."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    resume = ray.train.get_checkpoint()
+    meta: dict[str, Any] = {}
+    if resume is not None:
+        with resume.as_directory() as d:
+            meta = ckpt.read_meta(d)
+    return WorkerStart(ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device(), resume, meta)
+
+
 class ValidationSelection:
     """Model selection on a validation split (MulT, fine-tuning): every worker keeps the best weights
     by `metric`; they travel in each checkpoint (`BEST_FILE`), so a resumed run keeps its selection,

@@ -34,6 +34,7 @@ from xmodal.train.job import (
     make_trainer,
     open_run,
     run_job,
+    worker_start,
 )
 from xmodal.train.loop import autocast, fit
 from xmodal.train.runtime import prepare
@@ -190,25 +191,18 @@ def evaluate_outputs(objective: MultObjective, batches, device, autocast_dtype, 
 
 def mult_worker(plan_dict: dict[str, Any]) -> None:
     import ray.train
-    import ray.train.torch
 
     from xmodal.data.mult_pipeline import iter_mult_batches
     from xmodal.data.mult_store import open_store
 
     plan = RunPlan(**plan_dict)
     cfg = MultTrainConfig.model_validate(plan.config)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
     store = open_store(plan.store)
 
-    resume = ray.train.get_checkpoint()
-    meta: dict[str, Any] = {}
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.read_meta(d)
-        if meta.get("finished"):
-            return
+    start = worker_start()
+    rank, world, device, resume, meta = start.rank, start.world, start.device, start.resume, start.meta
+    if meta.get("finished"):
+        return
 
     torch.manual_seed(cfg.train.seed)
     objective = MultObjective(Mult(cfg.model), store.task, cfg.regression_loss)

@@ -31,6 +31,7 @@ from xmodal.train.job import (
     make_trainer,
     open_run,
     run_job,
+    worker_start,
 )
 from xmodal.train.loop import evaluate_sums, fit, ratios
 from xmodal.train.runtime import prepare
@@ -132,7 +133,6 @@ def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
 
 def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     import ray.train
-    import ray.train.torch
 
     from xmodal.data.loader import iter_local_batches
     from xmodal.data.masking import LxmertBatchBuilder
@@ -141,17 +141,11 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
 
     plan = RunPlan(**plan_dict)
     cfg = PretrainConfig.model_validate(plan.config)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
 
-    resume = ray.train.get_checkpoint()
-    meta: dict[str, Any] = {}
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.read_meta(d)
-        if meta.get("finished"):
-            return  # a rerun of a finished run: nothing to do
+    start = worker_start()
+    rank, world, device, resume, meta = start.rank, start.world, start.device, start.resume, start.meta
+    if meta.get("finished"):
+        return  # a rerun of a finished run: nothing to do
 
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every worker
     objective = PretrainingObjective(LxmertForPretraining(cfg.model), cfg.tasks)
