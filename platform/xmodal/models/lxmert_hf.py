@@ -50,6 +50,7 @@ HF_DEFAULTS: dict[str, Any] = {
     "r_layers": 5,
     "visual_feat_dim": 2048,
     "visual_pos_dim": 4,
+    "initializer_range": 0.02,
     "task_obj_predict": True,
     "task_qa": True,
     "visual_obj_loss": True,
@@ -74,6 +75,7 @@ _FIELDS: dict[str, str] = {
     "attention_dropout": "attention_probs_dropout_prob",
     "num_object_labels": "num_object_labels",
     "num_attr_labels": "num_attr_labels",
+    "initializer_range": "initializer_range",
     "num_qa_labels": "num_qa_labels",
 }
 
