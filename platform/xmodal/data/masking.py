@@ -76,14 +76,14 @@ class LxmertBatchBuilder:
             v = getattr(m, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"masking.{name}={v}: expected a probability in [0, 1]")
-        if m.max_seq_len < store_seq_len:
+        if m.max_seq_len is not None and m.max_seq_len < store_seq_len:
             raise ValueError(f"masking.max_seq_len={m.max_seq_len}, but the store's sentences were tokenised "
                              f"to {store_seq_len} tokens; re-ingest with --max-seq-len {m.max_seq_len} "
                              "or raise masking.max_seq_len")
         self.vocab_size = vocab_size
         self.num_objects, self.feat_dim = num_objects, feat_dim
         self.store_seq_len = store_seq_len
-        self.seq_len = m.max_seq_len  # longer than the store's: padded with [PAD]
+        self.seq_len = m.max_seq_len or store_seq_len  # longer than the store's: padded with [PAD]
         self.pad_id = special_ids["[PAD]"]
         self.cls_id = special_ids["[CLS]"]
         self.sep_id = special_ids["[SEP]"]

@@ -15,7 +15,7 @@ class MaskingOptions:
     word_mask_prob: float = 0.15
     obj_mask_prob: float = 0.15
     mismatch_prob: float = 0.5
-    max_seq_len: int = 20
+    max_seq_len: int | None = None  # tokens per sample; None = the store's (longer pads with [PAD])
     # QA target from a question's soft answer scores: "sample" draws one answer with probability
     # proportional to its score (FACTS: "target drawn from the soft answer scores", as the reference
     # loader does); "argmax" always takes the highest-scoring answer (deterministic labels).
@@ -42,6 +42,12 @@ class SyntheticLxmertOptions:
     question_fraction: float = 1 / 3  # paper: about a third of the sentences are questions
     feature_noise: float = 0.5  # std of the Gaussian noise added to each object's prototype
     images_per_shard: int = 256
+    # True: the object slots that no sentence names hold background classes (a detector's 36 boxes);
+    # False: an image holds only its named objects, the other slots are padding (num_boxes < num_objects).
+    background_objects: bool = True
+    # True: every caption names every object group of its image ("a red cube and two blue balls");
+    # False: a caption names one, two or all of them.
+    captions_name_all_groups: bool = False
 
 
 EVENT_STEPS = 3  # steps of the synthetic MulT audio event

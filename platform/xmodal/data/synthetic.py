@@ -1,14 +1,16 @@
 """Synthetic learnable LXMERT corpus -> feature store (`python jobs/ingest.py synthetic OUT`).
 
-Every pretraining task is learnable, so "it learns" is a checkable claim (DESIGN.md):
+Every pretraining task is learnable, so "it learns" is a checkable claim:
 - Each image holds 1-3 groups of foreground objects (distinct classes, 1-4 objects each, one colour
-  attribute per group); the other object slots are background classes that no sentence names.
+  attribute per group); the other object slots are background classes that no sentence names, or,
+  with `background_objects=False`, padding (the image holds its named objects only).
 - An object's feature = its class prototype + its attribute prototype + Gaussian noise, so a
   nearest-prototype classifier recovers the class; the detector labels are the true class and
   attribute with a confidence in [0.5, 1] / [0.3, 1]. Boxes are random but valid.
 - Captions name the foreground objects present ("a red cube and two blue balls"), in random order:
   a masked object or colour word can only be recovered from the image. A caption drawn from another
-  image (a mismatch) names classes that are almost surely absent here.
+  image (a mismatch) names classes that are almost surely absent here. A caption names one, two or
+  all of the groups, or, with `captions_name_all_groups=True`, all of them.
 - Questions ask colour ("what color is the cube ?" -> red), count ("how many balls are there ?"
   -> 2) and presence ("is there a cone ?" -> yes/no); the answers follow from the objects.
 Classes and colours beyond the built-in word lists get pronounceable made-up names, so paper dims
@@ -58,8 +60,9 @@ def colour_names(n: int) -> list[str]:
 
 @dataclasses.dataclass
 class _Scene:
-    obj_ids: np.ndarray  # (K, N) int32 true class
-    attr_ids: np.ndarray  # (K, N) int32 true attribute
+    obj_ids: np.ndarray  # (K, N) int32 true class, -1 on padding
+    attr_ids: np.ndarray  # (K, N) int32 true attribute, -1 on padding
+    num_boxes: np.ndarray  # (K,) int32 real objects (the first num_boxes slots)
     sentences: list[list[str]]  # per image
     answers: list[list[str | None]]  # per image, per sentence (None = caption)
 
@@ -92,6 +95,9 @@ def _scenes(o: SyntheticLxmertOptions, rng: np.random.Generator) -> _Scene:
     cls_names, col_names = class_names(n_fg), colour_names(o.num_attr_labels)
     obj_ids = (n_fg + rng.integers(0, n_bg, size=(k, n))).astype(np.int32)  # background everywhere first
     attr_ids = rng.integers(0, o.num_attr_labels, size=(k, n)).astype(np.int32)
+    num_boxes = np.full(k, n, np.int32)
+    if not o.background_objects:
+        obj_ids[:], attr_ids[:] = -1, -1
     sentences: list[list[str]] = []
     answers: list[list[str | None]] = []
     for i in range(k):
@@ -103,7 +109,11 @@ def _scenes(o: SyntheticLxmertOptions, rng: np.random.Generator) -> _Scene:
         keep = counts > 0
         classes, counts = classes[keep], counts[keep]
         colours = rng.integers(0, o.num_attr_labels, size=len(classes))
-        slots = rng.permutation(n)[: counts.sum()]
+        if o.background_objects:
+            slots = rng.permutation(n)[: counts.sum()]
+        else:  # only the named objects, in the first slots
+            slots = rng.permutation(int(counts.sum()))
+            num_boxes[i] = len(slots)
         obj_ids[i, slots] = np.repeat(classes, counts)
         attr_ids[i, slots] = np.repeat(colours, counts)
 
@@ -134,7 +144,7 @@ def _scenes(o: SyntheticLxmertOptions, rng: np.random.Generator) -> _Scene:
                     sents.append(f"is there a {cls_names[absent]} ?")
                     answs.append("no")
             else:
-                kind = int(rng.integers(3))
+                kind = 0 if o.captions_name_all_groups else int(rng.integers(3))
                 order = rng.permutation(len(classes))
                 if kind == 0:
                     sents.append(" and ".join(phrase(int(x)) for x in order))
@@ -145,7 +155,7 @@ def _scenes(o: SyntheticLxmertOptions, rng: np.random.Generator) -> _Scene:
                 answs.append(None)
         sentences.append(sents)
         answers.append(answs)
-    return _Scene(obj_ids=obj_ids, attr_ids=attr_ids, sentences=sentences, answers=answers)
+    return _Scene(obj_ids=obj_ids, attr_ids=attr_ids, num_boxes=num_boxes, sentences=sentences, answers=answers)
 
 
 def prototypes(o: SyntheticLxmertOptions) -> tuple[np.ndarray, np.ndarray]:
@@ -169,6 +179,8 @@ def _blocks(o: SyntheticLxmertOptions, scene: _Scene, tokenizer: WordPieceTokeni
         feats += o.feature_noise * rng.standard_normal(feats.shape, dtype=np.float32)
         xy = rng.uniform(0.0, 0.9, size=(m, n, 2)).astype(np.float32)
         wh = (rng.uniform(0.05, 1.0, size=(m, n, 2)) * (1.0 - xy)).astype(np.float32)
+        padding = obj < 0  # (m, N)
+        feats[padding], xy[padding], wh[padding] = 0, 0, 0
         sents = [s for i in range(lo, hi) for s in scene.sentences[i]]
         ids, truncated = tokenizer.encode(sents)
         counters["truncated_sentences"] += truncated
@@ -184,10 +196,10 @@ def _blocks(o: SyntheticLxmertOptions, scene: _Scene, tokenizer: WordPieceTokeni
                     ans_ids.append(label)
         block = ImageBlock(
             img_id=np.array([f"syn{i:07d}" for i in range(lo, hi)], dtype=object),
-            img_h=np.full(m, 480, np.int32), img_w=np.full(m, 640, np.int32), num_boxes=np.full(m, n, np.int32),
+            img_h=np.full(m, 480, np.int32), img_w=np.full(m, 640, np.int32), num_boxes=scene.num_boxes[lo:hi],
             features=feats.astype(np.float16), boxes=np.concatenate([xy, xy + wh], axis=-1),
-            obj_ids=obj, obj_conf=rng.uniform(0.5, 1.0, size=(m, n)).astype(np.float32),
-            attr_ids=attr, attr_conf=rng.uniform(0.3, 1.0, size=(m, n)).astype(np.float32),
+            obj_ids=obj, obj_conf=np.where(padding, 0, rng.uniform(0.5, 1.0, size=(m, n))).astype(np.float32),
+            attr_ids=attr, attr_conf=np.where(padding, 0, rng.uniform(0.3, 1.0, size=(m, n))).astype(np.float32),
             sent_offsets=np.arange(m + 1, dtype=np.int64) * o.sentences_per_image, input_ids=ids,
             ans_offsets=np.concatenate([[0], np.cumsum(ans_counts)]).astype(np.int64),
             ans_ids=np.array(ans_ids, dtype=np.int32), ans_scores=np.ones(len(ans_ids), np.float32))
