@@ -95,3 +95,26 @@ def test_ensure_synthetic_store_reuses_or_refuses(tmp_path: Path):
     with pytest.raises(StoreError, match=r"feat_dim: store has 16, asked for 24"):
         ensure_synthetic_store(path, dataclasses.replace(o, feat_dim=24))
     assert (path / "manifest.json").stat().st_mtime_ns == stamp
+
+
+def test_images_without_background_hold_their_named_objects_only(tmp_path: Path):
+    o = dataclasses.replace(SMALL, num_images=60, num_objects=12, background_objects=False,
+                            captions_name_all_groups=True, question_fraction=0.25)
+    store = build_synthetic_store(tmp_path / "nobg", o)
+    block, tok = store.read_split("train"), store.tokenizer()
+    n_fg = _fg(store)
+    names = {w: c for c, w in enumerate(class_names(n_fg))}
+    names.update({w + "s": c for w, c in list(names.items())})
+    real = block.visual_mask
+    assert (block.num_boxes < 12).any() and (block.num_boxes >= 1).all()
+    assert (block.obj_ids[real] < n_fg).all() and (block.obj_ids[~real] == -1).all()
+    assert not block.features[~real].any()  # padding slots hold zeros
+    captions = 0
+    for k in range(block.num_images):
+        present = set(block.obj_ids[k][real[k]].tolist())
+        for s in range(block.sent_offsets[k], block.sent_offsets[k + 1]):
+            words = tok.decode(block.input_ids[s]).replace("?", " ?").split()
+            if words[-1] != "?":
+                assert {names[w] for w in words if w in names} == present, " ".join(words)
+                captions += 1
+    assert captions > 100
