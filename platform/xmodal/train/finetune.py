@@ -46,7 +46,7 @@ from xmodal.train.job import (
     say,
     worker_start,
 )
-from xmodal.train.loop import autocast, fit
+from xmodal.train.loop import NoHooks, autocast, fit
 from xmodal.train.runtime import prepare
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
@@ -178,20 +178,10 @@ def prepare_run(cfg: FinetuneConfig, source: str = "defaults", parent_run_id: st
     storage = storage_path(cfg.scale.storage_path)
     init, pretrained = resolve_init(cfg, str(data.store.path), uri, Path(storage) / name / "init")
     cfg = with_data_dims(cfg, data, pretrained)
-    t, workers = cfg.train, cfg.scale.num_workers
-    if t.batch_size % (workers * t.grad_accum):
-        raise ConfigError(f"train.batch_size {t.batch_size} must be divisible by scale.num_workers x "
-                          f"train.grad_accum = {workers * t.grad_accum}")
-    micro = t.batch_size // (workers * t.grad_accum)
-    steps_per_epoch = data.num_batches("train", micro, workers) // t.grad_accum
-    if steps_per_epoch < 1:
-        raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {len(data.split('train'))} "
-                          "training examples")
+    micro, total = plan_steps(cfg, data)
     if "valid" not in data.splits:
         raise ConfigError(f"data.store: {data.path} has no valid split (model selection needs one); "
                           f"it has {', '.join(data.splits)}")
-    total = steps_per_epoch * t.epochs
-    total = min(total, t.max_steps) if t.max_steps else total
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
     tags = {"model": "lxmert", "task": f"finetune-{cfg.task}", "store": str(data.store.path),
             "finetune_set": str(data.path), "init": init.source, "config_source": source, **(extra_tags or {})}
@@ -202,7 +192,7 @@ def prepare_run(cfg: FinetuneConfig, source: str = "defaults", parent_run_id: st
     plan = RunPlan(config={**cfg.model_dump(mode="json"), "_init": dataclasses.asdict(init)},
                    store=str(data.path), tracking_uri=uri, run_id=run_id, run_name=name, storage=storage,
                    total_steps=total, micro_batch=micro,
-                   fail_marker=fail_marker(storage, name) if t.fail_at_step is not None else None)
+                   fail_marker=fail_marker(storage, name) if cfg.train.fail_at_step is not None else None)
     return plan, data
 
 
@@ -323,6 +313,45 @@ def write_predictions(task: str, data, split: str, p: dict[str, Any], folder: Pa
     answers = [data.answers.answer(a) for a in p["pred"].tolist()]
     write = write_vqa_predictions if task == "vqa" else write_gqa_predictions
     return write(folder / f"{split}_predict.json", row_ids, answers)
+
+
+def plan_steps(cfg: FinetuneConfig, data) -> tuple[int, int]:
+    """(micro-batch per worker, total optimizer steps); errors name the key."""
+    t, workers = cfg.train, cfg.scale.num_workers
+    if t.batch_size % (workers * t.grad_accum):
+        raise ConfigError(f"train.batch_size {t.batch_size} must be divisible by scale.num_workers x "
+                          f"train.grad_accum = {workers * t.grad_accum}")
+    micro = t.batch_size // (workers * t.grad_accum)
+    steps_per_epoch = data.num_batches("train", micro, workers) // t.grad_accum
+    if steps_per_epoch < 1:
+        raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {len(data.split('train'))} "
+                          "training examples")
+    total = steps_per_epoch * t.epochs
+    return micro, min(total, t.max_steps) if t.max_steps else total
+
+
+def finetune_in_process(cfg: FinetuneConfig, data, init: Init, pretrained: LxmertConfig | None = None
+                        ) -> dict[str, float]:
+    """The worker's fine-tuning in this process, on the CPU, without Ray: the same initial weights,
+    starting point, batches, steps and loop (`fit`); returns the final model's validation metrics.
+    The learning tests run the embedded default through it."""
+    from xmodal.data.finetune import iter_finetune_batches
+
+    cfg = with_data_dims(cfg, data, pretrained)
+    micro, total = plan_steps(cfg, data)
+    torch.manual_seed(cfg.train.seed)
+    objective = build_objective(cfg, data.num_answers)
+    answers = list(data.answers.answers) if data.answers is not None else None
+    load_init(objective, init, answers, cfg.init.answer_head_from_qa)
+    cpu = torch.device("cpu")
+    state = prepare(objective, cpu, cfg.train, cfg.optim, total)
+
+    def batches(epoch: int, skip: int):
+        it = iter_finetune_batches(data, "train", micro, seed=cfg.train.seed, epoch=epoch, start_batch=skip)
+        return (b.to(cpu, torch.float32) for b in it)
+
+    fit(state, batches, NoHooks(), epochs=cfg.train.epochs, total_steps=total, grad_accum=cfg.train.grad_accum)
+    return split_metrics(cfg.task, data, "valid", predict_split(objective, data, "valid", micro, 0, 1, cpu, None))
 
 
 def finetune_worker(plan_dict: dict[str, Any]) -> None:

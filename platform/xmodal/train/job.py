@@ -41,8 +41,9 @@ class RunPlan:
     total_steps: int
     micro_batch: int
     fail_marker: str | None
-
-
+    # metric -> [value, what it is], e.g. {"eval/match_acc": [0.5, "chance"]}: what the metric reads
+    # for a model that learnt nothing from the other modality; printed beside the final results.
+    baselines: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
 def fail_marker(storage: str, name: str) -> str | None:
@@ -103,10 +104,26 @@ def run_job(prepare_run: Callable, build_trainer: Callable, cfg, source: str,
     except BaseException:
         tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
         raise
+    if result.metrics:
+        print(summary_table(result.metrics, plan.baselines))
     print(f"[xmodal] finished MLflow run {plan.run_id} ({plan.run_name})")
     print(f"[xmodal] view it: {tracking.ui_command(plan.tracking_uri)}")
     return {"run_id": plan.run_id, "run_name": plan.run_name, "tracking_uri": plan.tracking_uri,
             "checkpoint": result.checkpoint, "metrics": result.metrics}
+
+
+def summary_table(metrics: dict[str, float], baselines: dict[str, list]) -> str:
+    """The last evaluation as a table, each metric beside its chance level or prior where known."""
+    step = metrics.get("step")
+    rows = [(k, v) for k, v in sorted(metrics.items())
+            if "/" in k and isinstance(v, (int, float)) and not k.split("/", 1)[1].startswith("loss")]
+    width = max((len(k) for k, _ in rows), default=6)
+    lines = [f"[xmodal] final evaluation (step {step}):", f"  {'metric':<{width}}   value   baseline"]
+    for k, v in rows:
+        base = baselines.get(k)
+        shown = f"{base[0]:.3f} ({base[1]})" if base else "-"
+        lines.append(f"  {k:<{width}}  {v:6.3f}   {shown}")
+    return "\n".join(lines)
 
 
 def finish_run(plan: RunPlan, checkpoint) -> None:

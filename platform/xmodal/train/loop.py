@@ -25,6 +25,16 @@ class Hooks(Protocol):
     def at_end(self, state: TrainState, epoch: int, pos: int) -> None: ...
 
 
+class NoHooks:
+    """Hooks of an in-process run (tests, benchmarks): no logging, evaluation or checkpoints."""
+
+    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def at_end(self, state: TrainState, epoch: int, pos: int) -> None:
+        pass
+
+
 def fit(
     state: TrainState,
     data: Callable[[int, int], Iterable[Any]],  # (epoch, micro-batches to skip) -> micro-batches

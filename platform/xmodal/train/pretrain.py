@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from xmodal import tracking
-from xmodal.config import ConfigError, PretrainConfig, flatten
+from xmodal.config import ConfigError, PretrainConfig, flatten, pretraining_eval_metrics
+from xmodal.data.priors import PRIOR_NAMES, pretraining_priors
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.train import checkpoint as ckpt
@@ -33,7 +35,7 @@ from xmodal.train.job import (
     run_job,
     worker_start,
 )
-from xmodal.train.loop import evaluate_sums, fit, ratios
+from xmodal.train.loop import NoHooks, evaluate_sums, fit, ratios
 from xmodal.train.runtime import prepare
 
 DEFAULT_STORE = "data/synthetic_lxmert"
@@ -66,9 +68,11 @@ def with_store_dims(cfg: PretrainConfig, store) -> PretrainConfig:
         "num_attr_labels": manifest.num_attr_labels,
         "num_qa_labels": manifest.num_answers,
     }
-    if manifest.max_seq_len > cfg.model.max_positions:
-        raise ConfigError(f"model.max_positions {cfg.model.max_positions} is shorter than the store's "
-                          f"max_seq_len {manifest.max_seq_len}")
+    seq_len = max(manifest.max_seq_len, cfg.data.masking.max_seq_len or 0)
+    if seq_len > cfg.model.max_positions:
+        raise ConfigError(f"model.max_positions {cfg.model.max_positions} is shorter than the samples' "
+                          f"{seq_len} tokens (the store's max_seq_len {manifest.max_seq_len}, "
+                          f"data.masking.max_seq_len {cfg.data.masking.max_seq_len})")
     return cfg.model_copy(update={"model": dataclasses.replace(cfg.model, **dims)})
 
 
@@ -105,11 +109,21 @@ def prepare_run(cfg: PretrainConfig, source: str = "defaults", parent_run_id: st
     tags = {"model": "lxmert", "task": "pretrain", "preset": cfg.preset, "store": str(store.path),
             "config_source": source, **(extra_tags or {})}
     run_id = open_run(uri, cfg.mlflow.experiment, name, flatten(cfg), tags, parent_run_id)
+    baselines = task_baselines(cfg, store)
+    tracking.log_metrics(uri, run_id, {f"baseline/{k.removeprefix('eval/')}": v for k, v in baselines.items()})
     plan = RunPlan(
         config=cfg.model_dump(mode="json"), store=str(store.path), tracking_uri=uri, run_id=run_id,
         run_name=name, storage=storage, total_steps=total_steps, micro_batch=micro,
-        fail_marker=fail_marker(storage, name) if cfg.train.fail_at_step is not None else None)
+        fail_marker=fail_marker(storage, name) if cfg.train.fail_at_step is not None else None,
+        baselines={k: [v, PRIOR_NAMES[k]] for k, v in baselines.items()})
     return plan, store
+
+
+def task_baselines(cfg: PretrainConfig, store) -> dict[str, float]:
+    """The chance level or image-blind prior of each minival metric these tasks report."""
+    measured = set(pretraining_eval_metrics(cfg.tasks))
+    priors = pretraining_priors(store, cfg.data.masking.mismatch_prob)
+    return {k: v for k, v in priors.items() if k in measured and v == v}  # v == v: drop NaN
 
 
 def run_pretraining(cfg: PretrainConfig, source: str = "defaults") -> dict[str, Any]:
@@ -134,7 +148,6 @@ def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
 def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     import ray.train
 
-    from xmodal.data.loader import iter_local_batches
     from xmodal.data.masking import LxmertBatchBuilder
     from xmodal.data.pipeline import iter_lxmert_batches
     from xmodal.data.store import open_store
@@ -147,8 +160,7 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     if meta.get("finished"):
         return  # a rerun of a finished run: nothing to do
 
-    torch.manual_seed(cfg.train.seed)  # identical initial weights on every worker
-    objective = PretrainingObjective(LxmertForPretraining(cfg.model), cfg.tasks)
+    objective = build_objective(cfg)
     qa_scheduled = cfg.tasks.qa and cfg.schedule.qa_from_fraction > 0
     state = prepare(objective, device, cfg.train, cfg.optim, plan.total_steps,
                     find_unused_parameters=qa_scheduled)
@@ -171,14 +183,24 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
         return map(to_device, batches)
 
     def evaluate() -> dict[str, float]:
-        # A fixed minival (same masks every time), each worker reading disjoint row groups straight
-        # from the store: a Ray Data execution per evaluation costs seconds of start-up.
-        batches = iter_local_batches(store, "minival", builder, plan.micro_batch, epoch=0,
-                                     seed=cfg.train.seed + 1, rank=rank, world_size=world, shuffle=False,
-                                     drop_last=False)
-        return ratios(evaluate_sums(state.model, batches, to_device, state.autocast_dtype,
-                                    cfg.data.eval_batches))
+        return minival_metrics(state, cfg, store, builder, plan.micro_batch, to_device, rank, world)
 
+    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta)
+    fit(state, data, hooks, epochs=cfg.train.epochs, total_steps=plan.total_steps,
+        grad_accum=cfg.train.grad_accum, start=(meta.get("epoch", 0), meta.get("pos", 0)),
+        step_kwargs=task_schedule(cfg))
+
+
+# ---------------------------------------------------------------- shared by the worker and in-process runs
+
+
+def build_objective(cfg: PretrainConfig) -> PretrainingObjective:
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every worker
+    return PretrainingObjective(LxmertForPretraining(cfg.model), cfg.tasks)
+
+
+def task_schedule(cfg: PretrainConfig) -> Callable[[int], dict[str, Any]]:
+    """epoch -> train_step's keyword arguments: QA joins after `schedule.qa_from_fraction` of the epochs."""
     qa_from = int(cfg.schedule.qa_from_fraction * cfg.train.epochs)
     all_tasks = cfg.tasks.enabled()
     no_qa = tuple(t for t in all_tasks if t != "qa") or all_tasks
@@ -186,9 +208,42 @@ def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     def step_kwargs(epoch: int) -> dict[str, Any]:
         return {"active": all_tasks if epoch >= qa_from else no_qa}
 
-    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta)
-    fit(state, data, hooks, epochs=cfg.train.epochs, total_steps=plan.total_steps,
-        grad_accum=cfg.train.grad_accum, start=(meta.get("epoch", 0), meta.get("pos", 0)),
-        step_kwargs=step_kwargs)
+    return step_kwargs
 
 
+def minival_metrics(state, cfg: PretrainConfig, store, builder, batch_size: int, to_device,
+                    rank: int = 0, world: int = 1) -> dict[str, float]:
+    """A fixed minival (same masks every time), each worker reading disjoint row groups straight from
+    the store: a Ray Data execution per evaluation costs seconds of start-up."""
+    from xmodal.data.loader import iter_local_batches
+
+    batches = iter_local_batches(store, "minival", builder, batch_size, epoch=0, seed=cfg.train.seed + 1,
+                                 rank=rank, world_size=world, shuffle=False, drop_last=False)
+    return ratios(evaluate_sums(state.model, batches, to_device, state.autocast_dtype, cfg.data.eval_batches))
+
+
+def pretrain_in_process(cfg: PretrainConfig, store) -> tuple[PretrainingObjective, dict[str, float]]:
+    """The worker's pretraining in this process, on the CPU, without Ray: the same initial weights,
+    batch builder, task schedule, steps, loop (`fit`) and minival evaluation. Only the reader differs:
+    the train split comes from the Ray-free `iter_local_batches` instead of Ray Data's streaming
+    split. The learning tests run the embedded default through it. Returns (objective, minival metrics)."""
+    from xmodal.data.loader import iter_local_batches
+    from xmodal.data.masking import LxmertBatchBuilder
+
+    cfg = with_store_dims(cfg, store)
+    micro, total = plan_steps(cfg, store.manifest.sentences("train"))
+    builder = LxmertBatchBuilder.from_store(store, cfg.data.masking)
+    objective = build_objective(cfg)
+    cpu = torch.device("cpu")
+    state = prepare(objective, cpu, cfg.train, cfg.optim, total)
+
+    def to_cpu(batch):
+        return batch.to(cpu, torch.float32)
+
+    def data(epoch: int, skip: int):
+        return map(to_cpu, iter_local_batches(store, "train", builder, micro, epoch=epoch, seed=cfg.train.seed,
+                                              start_batch=skip))
+
+    fit(state, data, NoHooks(), epochs=cfg.train.epochs, total_steps=total, grad_accum=cfg.train.grad_accum,
+        step_kwargs=task_schedule(cfg))
+    return objective, minival_metrics(state, cfg, store, builder, micro, to_cpu)
