@@ -79,7 +79,11 @@ def test_mult_space_validates_once_the_mult_job_exists(tmp_path):
         with pytest.raises(SpaceError, match="job 'mult' is not available in this version"):
             plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
         pytest.skip("xmodal.config.MultTrainConfig does not exist yet")
-    plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
+    plan = plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
+    # Every variant gets the job's default budget, the one tests/train/test_mult_learning.py measures.
+    cfg = xmodal.config.load_config(xmodal.config.MultTrainConfig, base=plan.base)
+    default = xmodal.config.load_config(xmodal.config.MultTrainConfig)
+    assert (cfg.train, cfg.optim, cfg.preset, cfg.data) == (default.train, default.optim, default.preset, default.data)
 
 
 # ---------------------------------------------------------------- bad files: clear errors before anything runs
