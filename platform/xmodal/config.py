@@ -180,6 +180,15 @@ class MultTrainConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
+        # A partial optim / train / mlflow section (a sweep's base config, `model_validate` of a YAML
+        # mapping) keeps this job's defaults for the fields it does not set, as load_config does;
+        # without this, `{"train": {"epochs": 12}}` would fall back to TrainConfig's batch size 256.
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("optim", "train", "mlflow"):
+                part = data.get(name)
+                if isinstance(part, dict):
+                    data[name] = {**cls.model_fields[name].default_factory().model_dump(), **part}
         return _resolve_preset(data, MULT_PRESETS, cls.model_fields["preset"].default)
 
     @model_validator(mode="after")
