@@ -1,5 +1,6 @@
 """MulT training on Ray Train. With no arguments: the embedded default (local Ray, synthetic
-unaligned store built on first use, the reference code's model and optimiser, MLflow in ./mlflow.db).
+unaligned store built on first use, the `small` preset with the reference code's optimiser at lr 3e-3,
+792 steps, MLflow in ./mlflow.db); `--set preset=reference --set optim.lr=1e-3` for the reference model.
 
     python jobs/train_mult.py [--config FILE.yaml] [--set key=value ...] [--store DIR] [--seeds 1111,1112,1113]
         [--num-workers N] [--gpus-per-worker G] [--storage-path PATH] [--experiment NAME] [--run-name NAME]

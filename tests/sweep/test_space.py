@@ -11,7 +11,14 @@ import pytest
 import xmodal.config
 from xmodal.config import PretrainConfig, PretrainFinetuneConfig
 from xmodal.sweep.plan import SweepOptions, plan_sweep
-from xmodal.sweep.space import DefineByRun, SpaceError, load_space, validate_space, with_assignments
+from xmodal.sweep.space import (
+    DefineByRun,
+    SpaceError,
+    load_space,
+    validate_config,
+    validate_space,
+    with_assignments,
+)
 from xmodal_testing import PYTHON, REPO, ray_env
 
 SPACES = REPO / "search_spaces"
@@ -79,7 +86,13 @@ def test_mult_space_validates_once_the_mult_job_exists(tmp_path):
         with pytest.raises(SpaceError, match="job 'mult' is not available in this version"):
             plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
         pytest.skip("xmodal.config.MultTrainConfig does not exist yet")
-    plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
+    plan = plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
+    # Every variant gets the job's default budget, the one tests/train/test_mult_learning.py measures:
+    # validated as a trial validates it (a partial train section keeps the job's batch size).
+    cfg = validate_config(xmodal.config.MultTrainConfig, plan.base, "trial")
+    default = xmodal.config.load_config(xmodal.config.MultTrainConfig)
+    assert (cfg.train, cfg.optim, cfg.preset, cfg.model, cfg.data) == (
+        default.train, default.optim, default.preset, default.model, default.data)
 
 
 # ---------------------------------------------------------------- bad files: clear errors before anything runs

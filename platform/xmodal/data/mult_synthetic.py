@@ -2,7 +2,7 @@
 
     python jobs/ingest.py mult-synthetic OUT [--num-samples N] [--seed S] [--text-dim D] ... [--overwrite]
 
-Each clip has three sequences of different lengths and rates (defaults: text 6-12 "words",
+Each clip has three sequences of different lengths and rates (defaults: text 3-6 "words",
 audio 3x as many steps, vision 2x), no alignment between them:
 - text: filler words from a fixed random vocabulary, plus ONE key word somewhere; the 2 x 3 key
   words carry a polarity (+/-) and an intensity (1, 2, 3);
@@ -17,9 +17,10 @@ a sentiment score in {+-1, +-2, +-3} (plus optional noise), so
 - vision alone knows nothing;
 - only a model that combines the key word (text) with the event (audio) can predict it.
 
-The product is a parity problem: a small MulT sits on a plateau before it breaks out (d = 16:
-~700 steps at lr 3e-3; d = 32 or 3-6 words: ~200-300 steps). `rule` offers controls: "text"
-or "audio" alone (learnt in < 300 steps), and "sum" (both modalities add up).
+The product is a parity problem: a small MulT sits on a plateau before it breaks out (the `small`
+preset at lr 3e-3, batch 24: ~150-300 steps with 3-6 words, 250-450 with 6-12; d = 16: ~700).
+`rule` offers controls: "text" or "audio" alone (learnt by the unimodal variant of that stream),
+and "sum" (both modalities add up).
 
 Imports numpy and pyarrow (through the store) only.
 """

@@ -182,6 +182,15 @@ PRESETS: dict[str, MultConfig] = {
                          text=0.2, block=0.2, out_dropout=0.1),
     "paper_iemocap": _paper(dim=40, layers=4, num_heads=10, l_kernel=3, v_kernel=3, a_kernel=5, output_dim=8,
                             text=0.3, block=0.25, out_dropout=0.1),
+    # The embedded default (`jobs/train_mult.py` with no arguments): a one-layer MulT at d = 32 that
+    # learns the synthetic store in well under a minute of CPU (all crossmodal directions and
+    # self-attention transformers of the paper, each one layer deep; no dropout, kernels 1).
+    # Not a paper configuration: paper runs use `paper_*` or `reference`.
+    "small": MultConfig(
+        dim=32, layers=1, self_layers=1, num_heads=4, l_kernel=1, a_kernel=1, v_kernel=1,
+        attn_dropout=0.0, attn_dropout_a=0.0, attn_dropout_v=0.0, relu_dropout=0.0,
+        res_dropout=0.0, embed_dropout=0.0, text_dropout=0.0, out_dropout=0.0,
+    ),
     # Unit tests: small inputs, no dropout.
     "tiny": MultConfig(
         l_dim=12, a_dim=6, v_dim=5, dim=16, layers=2, self_layers=1, num_heads=2, l_kernel=1, a_kernel=3,

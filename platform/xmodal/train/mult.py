@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import statistics
 import time
 from pathlib import Path
@@ -50,12 +51,16 @@ def resolve_store(cfg: MultTrainConfig):
     from xmodal.data.mult_synthetic import build_synthetic_store
 
     if cfg.data.store is None:
+        # The embedded store is derived data: rebuilt when it was built with other options (e.g. by an
+        # older default or `--set data.synthetic.*`), so a run always trains on the options it logs.
         path = Path(DEFAULT_STORE).resolve()
         if (path / "manifest.json").exists():
             store = open_store(path)
-            if store.manifest.source.get("options") not in (None, dataclasses.asdict(cfg.data.synthetic)):
-                print(f"[xmodal] note: reusing {path}, built with other synthetic options")
-            return store
+            wanted = json.loads(json.dumps(dataclasses.asdict(cfg.data.synthetic)))  # tuples as in the manifest
+            if store.manifest.source.get("options") in (None, wanted):
+                return store
+            print(f"[xmodal] note: rebuilding {path}, built with other synthetic options")
+            return build_synthetic_store(path, cfg.data.synthetic, overwrite=True)
         return build_synthetic_store(path, cfg.data.synthetic)
     path = Path(cfg.data.store).expanduser().resolve()
     if not path.exists():
@@ -81,17 +86,8 @@ def prepare_run(cfg: MultTrainConfig, source: str = "defaults", parent_run_id: s
     """Everything that can fail on bad input fails here, before Ray starts. Returns (plan, store)."""
     store = resolve_store(cfg)
     cfg = with_store_dims(cfg, store)
-    t, workers = cfg.train, cfg.scale.num_workers
-    if t.batch_size % (workers * t.grad_accum):
-        raise ConfigError(f"train.batch_size {t.batch_size} must be divisible by scale.num_workers x "
-                          f"train.grad_accum = {workers * t.grad_accum}")
-    micro = t.batch_size // (workers * t.grad_accum)
-    steps_per_epoch = store.manifest.rows["train"] // workers // micro // t.grad_accum
-    if steps_per_epoch < 1:
-        raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {store.manifest.rows['train']} "
-                          "training clips")
-    total = steps_per_epoch * t.epochs
-    total = min(total, t.max_steps) if t.max_steps else total
+    t = cfg.train
+    micro, total = schedule(cfg, store.manifest.rows["train"])
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     name = cfg.mlflow.run_name or f"mult-{cfg.model.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
@@ -104,6 +100,27 @@ def prepare_run(cfg: MultTrainConfig, source: str = "defaults", parent_run_id: s
                    run_name=name, storage=storage, total_steps=total, micro_batch=micro,
                    fail_marker=fail_marker(storage, name) if t.fail_at_step is not None else None)
     return plan, store
+
+
+def schedule(cfg: MultTrainConfig, train_rows: int) -> tuple[int, int]:
+    """(micro-batch per worker, total optimizer steps) of a run over `train_rows` training clips."""
+    t, workers = cfg.train, cfg.scale.num_workers
+    if t.batch_size % (workers * t.grad_accum):
+        raise ConfigError(f"train.batch_size {t.batch_size} must be divisible by scale.num_workers x "
+                          f"train.grad_accum = {workers * t.grad_accum}")
+    micro = t.batch_size // (workers * t.grad_accum)
+    steps_per_epoch = train_rows // workers // micro // t.grad_accum
+    if steps_per_epoch < 1:
+        raise ConfigError(f"train.batch_size {t.batch_size} is larger than the {train_rows} training clips")
+    total = steps_per_epoch * t.epochs
+    return micro, (min(total, t.max_steps) if t.max_steps else total)
+
+
+def build_state(cfg: MultTrainConfig, task: str, device: torch.device, total_steps: int):
+    """The seeded model, objective, optimizer (Adam, as the reference) and schedule of a worker."""
+    torch.manual_seed(cfg.train.seed)
+    objective = MultObjective(Mult(cfg.model), task, cfg.regression_loss)
+    return prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer="adam")
 
 
 def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
@@ -204,9 +221,7 @@ def mult_worker(plan_dict: dict[str, Any]) -> None:
     if meta.get("finished"):
         return
 
-    torch.manual_seed(cfg.train.seed)
-    objective = MultObjective(Mult(cfg.model), store.task, cfg.regression_loss)
-    state = prepare(objective, device, cfg.train, cfg.optim, plan.total_steps, optimizer="adam")
+    state = build_state(cfg, store.task, device, plan.total_steps)
     plain = ckpt.unwrap(state.model)
     selection = ValidationSelection(plain, cfg.train.best_metric, cfg.train.best_mode)
     if resume is not None:
