@@ -5,7 +5,7 @@ from xmodal.config import ConfigError, PretrainConfig, apply_overrides, flatten,
 
 def test_defaults_use_the_small_preset():
     cfg = load_config(PretrainConfig)
-    assert cfg.preset == "small" and cfg.model.hidden_size == 128
+    assert cfg.preset == "small" and cfg.model.hidden_size == 64
 
 
 def test_preset_plus_model_overrides(tmp_path):
@@ -64,14 +64,15 @@ def test_override_syntax_errors():
 
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config(PretrainConfig))
-    assert flat["model.hidden_size"] == 128 and flat["tasks.mlm"] is True and flat["optim.lr"] == 5e-4
+    assert flat["model.hidden_size"] == 64 and flat["tasks.mlm"] is True and flat["optim.lr"] == 2e-3
+    assert flat["model.initializer_range"] == 0.1  # named in the run's MLflow params
 
 
 def test_partial_section_override_keeps_the_jobs_other_defaults():
     from xmodal.config import MultTrainConfig
 
     cfg = load_config(PretrainConfig, overrides=["train.epochs=2"])
-    assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr) == (2, 64, 5e-4)
+    assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr) == (2, 64, 2e-3)
     mult = load_config(MultTrainConfig, overrides=["train.epochs=3"])
     assert (mult.train.epochs, mult.train.best_metric, mult.optim.grad_clip) == (3, "valid/mae", 0.8)
 

@@ -77,17 +77,43 @@ class MlflowConfig(Section):
 
 
 class TaskSchedule(Section):
-    # The paper adds QA only in the last 10 of 20 epochs.
+    # The paper adds QA only in the last 10 of 20 epochs (0.5); the embedded default trains it from
+    # the first step (PretrainConfig.schedule).
     qa_from_fraction: float = Field(0.5, ge=0, lt=1)
+
+
+def embedded_lxmert_store() -> SyntheticLxmertOptions:
+    """The embedded default's synthetic corpus: 6,000 images of 1-3 named object groups and nothing
+    else (no background boxes), 32 named classes, 8 colours, 64-dim features, 4 sentences each, a
+    quarter of them questions, every caption naming all of its image's groups (docs/architecture.md,
+    "What the embedded default learns", says why)."""
+    return SyntheticLxmertOptions(
+        num_images=6000, num_objects=8, feat_dim=64, num_object_labels=40, num_attr_labels=8, num_answers=60,
+        sentences_per_image=4, max_seq_len=16, question_fraction=0.25, background_objects=False,
+        captions_name_all_groups=True)
 
 
 class LxmertDataConfig(Section):
     store: str | None = None  # None = the embedded synthetic store, built on first use
-    synthetic: SyntheticLxmertOptions = Field(default_factory=lambda: SyntheticLxmertOptions(
-        num_images=1500, num_objects=36, feat_dim=64, num_object_labels=40, num_attr_labels=8,
-        num_answers=60, sentences_per_image=4))
+    synthetic: SyntheticLxmertOptions = Field(default_factory=embedded_lxmert_store)
     masking: MaskingOptions = Field(default_factory=MaskingOptions)
     eval_batches: int | None = None  # cap on minival batches per evaluation
+
+
+def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
+    """A partial section (a sweep's base config, `model_validate` of a YAML mapping) keeps this job's
+    defaults for the keys it does not set, as `load_config` does: without this, a pretraining
+    `{"train": {"max_steps": 1200}}` would fall back to TrainConfig's generic batch size 256."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for name, field in cls.model_fields.items():
+        part = data.get(name)
+        if name not in ("model", "preset") and isinstance(part, dict) and field.default_factory is not None:
+            default = field.default_factory()
+            if isinstance(default, BaseModel):
+                data[name] = deep_merge(default.model_dump(mode="python"), part)
+    return data
 
 
 def _resolve_preset(data: Any, presets: dict[str, Any], default: str) -> Any:
@@ -109,20 +135,21 @@ class PretrainConfig(Section):
     preset: Literal["small", "paper", "tiny"] = "small"
     model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
     tasks: PretrainTasks = Field(default_factory=PretrainTasks)
-    schedule: TaskSchedule = Field(default_factory=TaskSchedule)
+    # The embedded default trains QA from the first step; paper runs set schedule.qa_from_fraction=0.5.
+    schedule: TaskSchedule = Field(default_factory=lambda: TaskSchedule(qa_from_fraction=0.0))
     data: LxmertDataConfig = Field(default_factory=LxmertDataConfig)
-    # The small preset learns the synthetic corpus in minutes at 5e-4; paper runs use 1e-4 (configs/paper.yaml).
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-4))
-    # The embedded default: minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
+    # The small preset on the embedded store learns fastest at 2e-3; paper runs use 1e-4.
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3))
+    # The embedded default: about 3 minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
-        epochs=6, batch_size=64, eval_every=100, checkpoint_every=100))
+        epochs=8, batch_size=64, eval_every=500, checkpoint_every=500))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        return _resolve_preset(data, LXMERT_PRESETS, cls.model_fields["preset"].default)
+        return _resolve_preset(_job_defaults(cls, data), LXMERT_PRESETS, cls.model_fields["preset"].default)
 
     @model_validator(mode="after")
     def _check(self) -> PretrainConfig:
@@ -180,16 +207,7 @@ class MultTrainConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        # A partial optim / train / mlflow section (a sweep's base config, `model_validate` of a YAML
-        # mapping) keeps this job's defaults for the fields it does not set, as load_config does;
-        # without this, `{"train": {"epochs": 12}}` would fall back to TrainConfig's batch size 256.
-        if isinstance(data, dict):
-            data = dict(data)
-            for name in ("optim", "train", "mlflow"):
-                part = data.get(name)
-                if isinstance(part, dict):
-                    data[name] = {**cls.model_fields[name].default_factory().model_dump(), **part}
-        return _resolve_preset(data, MULT_PRESETS, cls.model_fields["preset"].default)
+        return _resolve_preset(_job_defaults(cls, data), MULT_PRESETS, cls.model_fields["preset"].default)
 
     @model_validator(mode="after")
     def _check(self) -> MultTrainConfig:
@@ -224,7 +242,10 @@ class FinetuneDataConfig(Section):
     # names its image store. None = the embedded synthetic set of the task, built on first use from the
     # embedded synthetic image store (the pretraining job's).
     store: str | None = None
-    synthetic: SyntheticLxmertOptions = Field(default_factory=lambda: LxmertDataConfig().synthetic)
+    synthetic: SyntheticLxmertOptions = Field(default_factory=embedded_lxmert_store)
+    # Questions per image of the embedded synthetic VQA/GQA set: one (5,400 training questions), a
+    # labelled set much smaller than the pretraining corpus, as real fine-tuning sets are.
+    synthetic_questions_per_image: int = Field(1, ge=1)
     eval_batches: int | None = None  # cap on validation batches per evaluation
 
 
@@ -241,17 +262,18 @@ class FinetuneConfig(Section):
     # Reference: BCE on the soft scores (VQA; its GQA default too); "ce": cross-entropy on the top answer.
     qa_loss: Literal["bce", "ce"] = "bce"
     data: FinetuneDataConfig = Field(default_factory=FinetuneDataConfig)
-    # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default (small model, CPU) uses 1e-4.
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_ratio=0.1))
+    # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default: the paper's 5e-5, one epoch of
+    # the synthetic set's 5,400 questions (169 steps).
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_ratio=0.1))
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
-        epochs=4, batch_size=32, eval_every=50, checkpoint_every=50, log_every=10, best_metric="valid/accuracy"))
+        epochs=1, batch_size=32, eval_every=50, checkpoint_every=50, log_every=10, best_metric="valid/accuracy"))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-finetune"))
 
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        return _resolve_preset(data, LXMERT_PRESETS, cls.model_fields["preset"].default)
+        return _resolve_preset(_job_defaults(cls, data), LXMERT_PRESETS, cls.model_fields["preset"].default)
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
@@ -278,6 +300,11 @@ class PretrainFinetuneConfig(Section):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-chain"))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        return _job_defaults(cls, data)
 
 
 # ---------------------------------------------------------------- loading and overrides

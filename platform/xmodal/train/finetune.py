@@ -64,7 +64,8 @@ def resolve_data(cfg: FinetuneConfig):
 
     if cfg.data.store is None:
         images = ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
-        return ensure_synthetic_finetune(cfg.task, images.path, Path(DEFAULT_SETS[cfg.task]).resolve())
+        options = {} if cfg.task == "nlvr2" else {"questions_per_image": cfg.data.synthetic_questions_per_image}
+        return ensure_synthetic_finetune(cfg.task, images.path, Path(DEFAULT_SETS[cfg.task]).resolve(), **options)
     path = Path(cfg.data.store).expanduser().resolve()
     if not path.exists():
         raise ConfigError(f"data.store: {str(path)!r} does not exist; build a fine-tuning set with `python "
