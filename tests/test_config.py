@@ -83,4 +83,4 @@ def test_mult_config_rejects_bad_model_values():
     with pytest.raises(ConfigError, match="model.variant.*'full'.*'early_fusion'.*'xx'"):
         load_config(MultTrainConfig, overrides=["model.variant=xx"])
     with pytest.raises(ConfigError, match="MultConfig.dim = 31: expected a multiple of num_heads = 5"):
-        load_config(MultTrainConfig, overrides=["model.dim=31"])
+        load_config(MultTrainConfig, overrides=["preset=reference", "model.dim=31"])

@@ -263,7 +263,7 @@ class FinetuneConfig(Section):
     qa_loss: Literal["bce", "ce"] = "bce"
     data: FinetuneDataConfig = Field(default_factory=FinetuneDataConfig)
     # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default: the paper's 5e-5, one epoch of
-    # the synthetic set's 5,400 questions (169 steps).
+    # the synthetic set's 5,400 questions (168 steps).
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_ratio=0.1))
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
         epochs=1, batch_size=32, eval_every=50, checkpoint_every=50, log_every=10, best_metric="valid/accuracy"))
