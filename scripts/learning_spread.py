@@ -91,12 +91,13 @@ def main() -> None:
     p.add_argument("--no-finetune", action="store_true")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     p.add_argument("--ablation", default=None, help="a pretrain_finetune space file (lxmert_tasks.yaml)")
+    p.add_argument("--subsets", default=",".join(ABLATION), help="with --ablation: which subsets")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if a.ablation:
             torch.set_num_threads(int(a.threads.split(",")[0]))
             for seed in (int(x) for x in a.seeds.split(",")):
-                for subset in ABLATION:
+                for subset in a.subsets.split(","):
                     row = ablation_run(a.ablation, subset, seed, Path(tmp) / f"{subset}-{seed}")
                     _emit(row, a.out)
             return
