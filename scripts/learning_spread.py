@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from xmodal.config import FinetuneConfig, PretrainConfig, load_config
-from xmodal.data.finetune_synthetic import build_synthetic_vqa
-from xmodal.data.priors import pretraining_priors
-from xmodal.data.synthetic import build_synthetic_store
+from xmodal.data.finetune.synthetic import build_synthetic_vqa
+from xmodal.data.lxmert.priors import pretraining_priors
+from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.train.finetune import Init, finetune_in_process
 from xmodal.train.pretrain import pretrain_in_process, with_store_dims
 

@@ -33,7 +33,7 @@ class TensorBatch:
 
 @dataclass
 class LxmertBatch(TensorBatch):
-    """One pretraining batch, built by `xmodal.data.masking` (15 % / 80-10-10 rules already applied)."""
+    """One pretraining batch, built by `xmodal.data.lxmert.masking` (15 % / 80-10-10 rules already applied)."""
 
     input_ids: Tensor  # (B, T) long, masked words replaced
     attention_mask: Tensor  # (B, T) bool, True = real token
@@ -103,7 +103,7 @@ class LxmertBatch(TensorBatch):
 class MultBatch(TensorBatch):
     """One MulT batch: three unaligned sequences zero-padded at the END, their true lengths, labels.
 
-    Built by `xmodal.data.mult_store` (numpy) or `xmodal.data.mult_pipeline` (Ray Data).
+    Built by `xmodal.data.mult.store` (numpy) or `xmodal.data.mult.pipeline` (Ray Data).
     `to(device, float_dtype)` casts only the three feature tensors: labels stay float32
     (a bf16 sentiment score would be off by up to 0.008).
     """
@@ -165,7 +165,7 @@ class MultBatch(TensorBatch):
 
 @dataclass
 class VqaBatch(TensorBatch):
-    """One VQA- or GQA-style fine-tuning batch (built by `xmodal.data.finetune`)."""
+    """One VQA- or GQA-style fine-tuning batch (built by `xmodal.data.finetune.sets`)."""
 
     input_ids: Tensor  # (B, T) long question tokens, [CLS] first, [SEP] last, [PAD] after
     attention_mask: Tensor  # (B, T) bool, True = real token

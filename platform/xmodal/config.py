@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions, SyntheticMultOptions
+from xmodal.errors import UserError
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.models.mult import PRESETS as MULT_PRESETS
@@ -23,7 +24,7 @@ from xmodal.models.mult import MultConfig
 from xmodal.objectives.pretraining import PretrainTasks
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A bad config file, key or value; the message says which and what was expected."""
 
 

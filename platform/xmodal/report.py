@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from xmodal import tracking
+from xmodal.errors import UserError
 from xmodal.sweep import tags as T
 
 MISSING = "-"  # a conditional parameter that did not apply to a run
 CURVES_TOP = 3  # configurations shown in the learning-curve plot
 
 
-class ReportError(ValueError):
+class ReportError(UserError):
     """Nothing to report, or a bad experiment / run id; the message says which."""
 
 

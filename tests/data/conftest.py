@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from refdata import SMALL, RefCorpus, write_reference
 
-from xmodal.data.synthetic import build_synthetic_store
+from xmodal.data.lxmert.synthetic import build_synthetic_store
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ SWEEP = str(REPO / "jobs" / "sweep.py")
 
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory):
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.data.synthetic import build_synthetic_store
 
     out = tmp_path_factory.mktemp("store") / "lxmert"
     build_synthetic_store(out, SyntheticLxmertOptions(num_images=160, feat_dim=16, num_objects=8,

@@ -12,10 +12,10 @@ import torch
 
 from xmodal import tracking
 from xmodal.config import ConfigError, FinetuneConfig, PretrainFinetuneConfig, load_config
-from xmodal.data.finetune import open_finetune
-from xmodal.data.finetune_synthetic import build_synthetic_nlvr2, build_synthetic_vqa
+from xmodal.data.finetune.sets import open_finetune
+from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
+from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.data.synthetic import build_synthetic_store
 
 TINY = ["preset=tiny", "train.batch_size=16", "train.eval_every=4", "train.log_every=2",
         "mlflow.system_metrics=false"]

@@ -10,7 +10,7 @@ test_pretrain.py and test_finetune_job.py. One pretraining serves both tests.
 
 The spread behind BARS (`python scripts/learning_spread.py`): train.seed 0-4, each with 1 and with 2
 torch threads, the job's defaults (2,696 steps), on the 2-core development machine; minival, each
-task over its chance level or image-blind prior (data/priors.py; prior in brackets):
+task over its chance level or image-blind prior (data/lxmert/priors.py; prior in brackets):
 
 | metric | min | max | bar |
 | --- | --- | --- | --- |
@@ -32,9 +32,9 @@ import pytest
 import torch
 
 from xmodal.config import FinetuneConfig, PretrainConfig, load_config
-from xmodal.data.finetune_synthetic import build_synthetic_vqa
-from xmodal.data.priors import pretraining_priors
-from xmodal.data.synthetic import build_synthetic_store
+from xmodal.data.finetune.synthetic import build_synthetic_vqa
+from xmodal.data.lxmert.priors import pretraining_priors
+from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.train.finetune import Init, finetune_in_process
 from xmodal.train.pretrain import pretrain_in_process, with_store_dims
 

@@ -10,7 +10,7 @@ from xmodal.config import ConfigError, MultTrainConfig, load_config
 
 @pytest.fixture(scope="module")
 def mult_store(tmp_path_factory):
-    from xmodal.data.mult_synthetic import SyntheticMultOptions, build_synthetic_store
+    from xmodal.data.mult.synthetic import SyntheticMultOptions, build_synthetic_store
 
     path = tmp_path_factory.mktemp("mult") / "store"
     return build_synthetic_store(path, SyntheticMultOptions(num_samples=240))

@@ -40,7 +40,7 @@ import pytest
 import torch
 
 from xmodal.config import MultTrainConfig, load_config
-from xmodal.data.mult_synthetic import build_synthetic_store
+from xmodal.data.mult.synthetic import build_synthetic_store
 from xmodal.train.job import ValidationSelection
 from xmodal.train.loop import fit
 from xmodal.train.mult import build_state, evaluate_outputs, schedule, with_store_dims
@@ -70,7 +70,7 @@ class _Hooks:
 
 def train_like_the_job(store, overrides: list[str] = ()) -> dict[str, float]:
     """One run of the job's default config (plus `overrides`) on `store`: best_valid/* and test/* metrics."""
-    from xmodal.data.mult_pipeline import batches_from_tables
+    from xmodal.data.mult.pipeline import batches_from_tables
 
     cfg = with_store_dims(load_config(MultTrainConfig, overrides=list(overrides)), store)
     t = cfg.train

@@ -213,8 +213,8 @@ def baseline_batches(store, tsv: Path, batch: int) -> Iterator[dict]:
 
 def our_batches(store, batch: int) -> Iterator:
     """Endless LxmertBatches, epoch after epoch, built inline (no prefetch thread: one core)."""
-    from xmodal.data.loader import iter_local_batches
-    from xmodal.data.masking import LxmertBatchBuilder
+    from xmodal.data.lxmert.loader import iter_local_batches
+    from xmodal.data.lxmert.masking import LxmertBatchBuilder
 
     builder = LxmertBatchBuilder.from_store(store)
     epoch = 0
@@ -225,8 +225,8 @@ def our_batches(store, batch: int) -> Iterator:
 
 def ray_batches(store, batch: int) -> Iterator:
     """Endless LxmertBatches through Ray Data (read tasks run in Ray workers)."""
-    from xmodal.data.masking import LxmertBatchBuilder
-    from xmodal.data.pipeline import iter_lxmert_batches, lxmert_dataset
+    from xmodal.data.lxmert.masking import LxmertBatchBuilder
+    from xmodal.data.lxmert.pipeline import iter_lxmert_batches, lxmert_dataset
 
     builder = LxmertBatchBuilder.from_store(store)
     (it,) = lxmert_dataset(store, "train").streaming_split(1)
@@ -256,7 +256,7 @@ def rss():
             k, v = line.split(":"); out[k] = int(v.split()[0]) * 1024
     return out
 import numpy as np
-from xmodal.data.store import open_store
+from xmodal.data.lxmert.store import open_store
 from xmodal.bench.data import load_obj_tsv
 try:
     open("/proc/self/clear_refs", "w").write("5")  # reset the peak-RSS mark after the imports
@@ -284,8 +284,8 @@ def startup(what: str, path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.data.synthetic import build_synthetic_store
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="xmodal-bench-data-"))
     work.mkdir(parents=True, exist_ok=True)

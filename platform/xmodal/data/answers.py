@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from xmodal.errors import UserError
+
 # Whole-answer rewrites (reference ANS_CONVERT; plus "zero", which FACTS' "number words to digits" covers).
 _CONVERT: dict[str, str] = {
     "a man": "man", "the man": "man", "a woman": "woman", "the woman": "woman",
@@ -34,7 +36,7 @@ def normalize_answer(ans: str) -> str:
     return _CONVERT.get(ans, ans)
 
 
-class AnswerError(ValueError):
+class AnswerError(UserError):
     """A bad answer file; the message names the file, the entry and what was expected."""
 
 

@@ -6,16 +6,16 @@ from xmodal.cli import dispatch
 
 # source name -> (module that ingests it, one-line help)
 SOURCES: dict[str, tuple[str, str]] = {
-    "lxmert": ("xmodal.data.lxmert_ingest", "reference feature TSV + pretraining JSON -> LXMERT store"),
-    "synthetic": ("xmodal.data.synthetic", "learnable synthetic LXMERT corpus -> LXMERT store"),
-    "mult": ("xmodal.data.mult_ingest", "reference / MMSA sentiment pickles -> MulT store"),
-    "mult-synthetic": ("xmodal.data.mult_synthetic", "learnable synthetic unaligned streams -> MulT store"),
-    "vqa": ("xmodal.data.finetune_ingest", "reference VQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
-    "gqa": ("xmodal.data.finetune_ingest", "reference GQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
-    "nlvr2": ("xmodal.data.finetune_ingest", "reference NLVR2 JSON -> fine-tuning set over an LXMERT store"),
-    "synthetic-vqa": ("xmodal.data.finetune_synthetic", "learnable synthetic VQA over a synthetic LXMERT store"),
-    "synthetic-gqa": ("xmodal.data.finetune_synthetic", "learnable synthetic GQA over a synthetic LXMERT store"),
-    "synthetic-nlvr2": ("xmodal.data.finetune_synthetic", "learnable synthetic NLVR2 over a synthetic LXMERT store"),
+    "lxmert": ("xmodal.data.lxmert.ingest", "reference feature TSV + pretraining JSON -> LXMERT store"),
+    "synthetic": ("xmodal.data.lxmert.synthetic", "learnable synthetic LXMERT corpus -> LXMERT store"),
+    "mult": ("xmodal.data.mult.ingest", "reference / MMSA sentiment pickles -> MulT store"),
+    "mult-synthetic": ("xmodal.data.mult.synthetic", "learnable synthetic unaligned streams -> MulT store"),
+    "vqa": ("xmodal.data.finetune.ingest", "reference VQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
+    "gqa": ("xmodal.data.finetune.ingest", "reference GQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
+    "nlvr2": ("xmodal.data.finetune.ingest", "reference NLVR2 JSON -> fine-tuning set over an LXMERT store"),
+    "synthetic-vqa": ("xmodal.data.finetune.synthetic", "learnable synthetic VQA over a synthetic LXMERT store"),
+    "synthetic-gqa": ("xmodal.data.finetune.synthetic", "learnable synthetic GQA over a synthetic LXMERT store"),
+    "synthetic-nlvr2": ("xmodal.data.finetune.synthetic", "learnable synthetic NLVR2 over a synthetic LXMERT store"),
 }
 
 

@@ -24,7 +24,7 @@ class MaskingOptions:
 
 @dataclass
 class SyntheticLxmertOptions:
-    """The learnable synthetic corpus (see xmodal.data.synthetic)."""
+    """The learnable synthetic corpus (see xmodal.data.lxmert.synthetic)."""
 
     __pydantic_config__ = {"extra": "forbid"}
 

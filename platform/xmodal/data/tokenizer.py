@@ -14,11 +14,13 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from xmodal.errors import UserError
+
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 VOCAB_FILE = "vocab.txt"
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError):
     """A bad vocabulary file; the message names the file and what was expected."""
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from xmodal.data.answers import normalize_answer
+from xmodal.errors import UserError
 from xmodal.models.lxmert import LxmertConfig
 
 # Leading key parts added by wrappers: DDP, torch.compile, and the objective holding the model.
@@ -30,7 +31,7 @@ ENCODER_PREFIX = "encoder."
 QA_PREFIX = "qa_head."
 
 
-class PretrainedWeightsError(ValueError):
+class PretrainedWeightsError(UserError):
     """A pretrained state dict does not fit the model; the message lists every offending key."""
 
 

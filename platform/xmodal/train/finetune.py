@@ -57,9 +57,9 @@ DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2
 
 def resolve_data(cfg: FinetuneConfig):
     """The fine-tuning set: the configured one, or the embedded synthetic set of the task."""
-    from xmodal.data.finetune import open_finetune
-    from xmodal.data.finetune_synthetic import ensure_synthetic_finetune
-    from xmodal.data.synthetic import ensure_synthetic_store
+    from xmodal.data.finetune.sets import open_finetune
+    from xmodal.data.finetune.synthetic import ensure_synthetic_finetune
+    from xmodal.data.lxmert.synthetic import ensure_synthetic_store
     from xmodal.train.pretrain import DEFAULT_STORE
 
     if cfg.data.store is None:
@@ -98,7 +98,7 @@ def _checkpoint_files(path: Path) -> Path:
 
 
 def _pretrain_answers(store_path: str | None) -> list[str] | None:
-    from xmodal.data.store import open_store
+    from xmodal.data.lxmert.store import open_store
 
     try:
         return list(open_store(store_path).answers().answers) if store_path else None
@@ -256,7 +256,7 @@ def predict_split(objective, data, split: str, batch_size: int, rank: int, world
                   autocast_dtype) -> dict[str, Any]:
     """Every example of a split, predicted once across the workers: (row, prediction, score) for all rows,
     plus the mean loss. Each worker takes a strided share; the parts are gathered on every worker."""
-    from xmodal.data.finetune import iter_finetune_batches
+    from xmodal.data.finetune.sets import iter_finetune_batches
 
     objective.eval()
     rows, preds, scores, loss_sum = [], [], [], 0.0
@@ -336,7 +336,7 @@ def finetune_in_process(cfg: FinetuneConfig, data, init: Init, pretrained: Lxmer
     """The worker's fine-tuning in this process, on the CPU, without Ray: the same initial weights,
     starting point, batches, steps and loop (`fit`); returns the final model's validation metrics.
     The learning tests run the embedded default through it."""
-    from xmodal.data.finetune import iter_finetune_batches
+    from xmodal.data.finetune.sets import iter_finetune_batches
 
     cfg = with_data_dims(cfg, data, pretrained)
     micro, total = plan_steps(cfg, data)
@@ -356,7 +356,7 @@ def finetune_in_process(cfg: FinetuneConfig, data, init: Init, pretrained: Lxmer
 
 
 def finetune_worker(plan_dict: dict[str, Any]) -> None:
-    from xmodal.data.finetune import iter_finetune_batches, open_finetune
+    from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
 
     plan = RunPlan(**plan_dict)
     cfg = _config(plan)

@@ -47,8 +47,8 @@ EMOTION_METRICS = tuple(f"{e}_{m}" for e in ("neutral", "happy", "sad", "angry")
 
 
 def resolve_store(cfg: MultTrainConfig):
-    from xmodal.data.mult_store import open_store
-    from xmodal.data.mult_synthetic import build_synthetic_store
+    from xmodal.data.mult.store import open_store
+    from xmodal.data.mult.synthetic import build_synthetic_store
 
     if cfg.data.store is None:
         # The embedded store is derived data: rebuilt when it was built with other options (e.g. by an
@@ -125,7 +125,7 @@ def build_state(cfg: MultTrainConfig, task: str, device: torch.device, total_ste
 
 def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
     connect()
-    from xmodal.data.mult_pipeline import mult_dataset
+    from xmodal.data.mult.pipeline import mult_dataset
 
     cfg = MultTrainConfig.model_validate(plan.config)
     # Validation and test are read by each worker straight from the store (small; see evaluate).
@@ -209,8 +209,8 @@ def evaluate_outputs(objective: MultObjective, batches, device, autocast_dtype, 
 def mult_worker(plan_dict: dict[str, Any]) -> None:
     import ray.train
 
-    from xmodal.data.mult_pipeline import iter_mult_batches
-    from xmodal.data.mult_store import open_store
+    from xmodal.data.mult.pipeline import iter_mult_batches
+    from xmodal.data.mult.store import open_store
 
     plan = RunPlan(**plan_dict)
     cfg = MultTrainConfig.model_validate(plan.config)

@@ -20,7 +20,7 @@ import torch
 
 from xmodal import tracking
 from xmodal.config import ConfigError, PretrainConfig, flatten, pretraining_eval_metrics
-from xmodal.data.priors import PRIOR_NAMES, pretraining_priors
+from xmodal.data.lxmert.priors import PRIOR_NAMES, pretraining_priors
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.train import checkpoint as ckpt
@@ -45,8 +45,8 @@ DEFAULT_STORE = "data/synthetic_lxmert"
 
 
 def resolve_store(cfg: PretrainConfig):
-    from xmodal.data.store import open_store
-    from xmodal.data.synthetic import ensure_synthetic_store
+    from xmodal.data.lxmert.store import open_store
+    from xmodal.data.lxmert.synthetic import ensure_synthetic_store
 
     if cfg.data.store is None:
         return ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
@@ -134,7 +134,7 @@ def run_pretraining(cfg: PretrainConfig, source: str = "defaults") -> dict[str, 
 def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
     """A TorchTrainer for the plan; sweeps pass Tune's report callback."""
     connect()
-    from xmodal.data.pipeline import lxmert_dataset
+    from xmodal.data.lxmert.pipeline import lxmert_dataset
 
     cfg = PretrainConfig.model_validate(plan.config)
     # Minival is read by each worker straight from the store (see pretrain_worker.evaluate).
@@ -148,9 +148,9 @@ def build_trainer(plan: RunPlan, store, callbacks: list | None = None):
 def pretrain_worker(plan_dict: dict[str, Any]) -> None:
     import ray.train
 
-    from xmodal.data.masking import LxmertBatchBuilder
-    from xmodal.data.pipeline import iter_lxmert_batches
-    from xmodal.data.store import open_store
+    from xmodal.data.lxmert.masking import LxmertBatchBuilder
+    from xmodal.data.lxmert.pipeline import iter_lxmert_batches
+    from xmodal.data.lxmert.store import open_store
 
     plan = RunPlan(**plan_dict)
     cfg = PretrainConfig.model_validate(plan.config)
@@ -215,7 +215,7 @@ def minival_metrics(state, cfg: PretrainConfig, store, builder, batch_size: int,
                     rank: int = 0, world: int = 1) -> dict[str, float]:
     """A fixed minival (same masks every time), each worker reading disjoint row groups straight from
     the store: a Ray Data execution per evaluation costs seconds of start-up."""
-    from xmodal.data.loader import iter_local_batches
+    from xmodal.data.lxmert.loader import iter_local_batches
 
     batches = iter_local_batches(store, "minival", builder, batch_size, epoch=0, seed=cfg.train.seed + 1,
                                  rank=rank, world_size=world, shuffle=False, drop_last=False)
@@ -227,8 +227,8 @@ def pretrain_in_process(cfg: PretrainConfig, store) -> tuple[PretrainingObjectiv
     batch builder, task schedule, steps, loop (`fit`) and minival evaluation. Only the reader differs:
     the train split comes from the Ray-free `iter_local_batches` instead of Ray Data's streaming
     split. The learning tests run the embedded default through it. Returns (objective, minival metrics)."""
-    from xmodal.data.loader import iter_local_batches
-    from xmodal.data.masking import LxmertBatchBuilder
+    from xmodal.data.lxmert.loader import iter_local_batches
+    from xmodal.data.lxmert.masking import LxmertBatchBuilder
 
     cfg = with_store_dims(cfg, store)
     micro, total = plan_steps(cfg, store.manifest.sentences("train"))

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.data.loader import batches_from_blocks, block_rng, iter_local_batches
-from xmodal.data.masking import IGNORE, LxmertBatchBuilder
+from xmodal.data.lxmert.loader import batches_from_blocks, block_rng, iter_local_batches
+from xmodal.data.lxmert.masking import IGNORE, LxmertBatchBuilder
+from xmodal.data.lxmert.store import ImageBlock, LxmertStore
 from xmodal.data.options import MaskingOptions
-from xmodal.data.store import ImageBlock, LxmertStore
 
 
 def _cat_batches(batches) -> dict[str, torch.Tensor]:

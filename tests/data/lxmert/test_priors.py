@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from xmodal.data.priors import pretraining_priors, qa_text_prior
-from xmodal.data.store import LxmertStore
+from xmodal.data.lxmert.priors import pretraining_priors, qa_text_prior
+from xmodal.data.lxmert.store import LxmertStore
 
 
 def test_qa_text_prior_answers_each_question_with_its_most_frequent_train_answer():

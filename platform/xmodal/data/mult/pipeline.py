@@ -32,8 +32,8 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import MultBatch
-from xmodal.data.loader import prefetch_iter
-from xmodal.data.mult_store import MultStore, PadTo, StoreError, table_to_split
+from xmodal.data.lxmert.loader import prefetch_iter
+from xmodal.data.mult.store import MultStore, PadTo, StoreError, table_to_split
 
 
 def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, shuffle: bool = True) -> ray.data.Dataset:

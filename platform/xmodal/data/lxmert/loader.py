@@ -1,6 +1,6 @@
 """From Arrow blocks of image rows to fixed-size LxmertBatches, with carry-over and prefetch.
 
-`batches_from_tables` is shared by the Ray Data pipeline (`xmodal.data.pipeline`, the training
+`batches_from_tables` is shared by the Ray Data pipeline (`xmodal.data.lxmert.pipeline`, the training
 path) and `iter_local_batches` (pyarrow only: benchmarks, evaluation, tests), so both build exactly
 the same batches from the same blocks. Imports numpy, pyarrow and torch only.
 """
@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from xmodal.batches import LxmertBatch
-from xmodal.data.masking import BlockPlan, LxmertBatchBuilder
-from xmodal.data.store import ImageBlock, LxmertStore, table_to_block
+from xmodal.data.lxmert.masking import BlockPlan, LxmertBatchBuilder
+from xmodal.data.lxmert.store import ImageBlock, LxmertStore, table_to_block
 
 T = TypeVar("T")
 

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from xmodal.data.answers import AnswerError, AnswerTable, normalize_answer
-from xmodal.data.finetune import FinetuneData, FinetuneError, FinetuneSplit, check_task, write_finetune
-from xmodal.data.store import LxmertStore, StoreError, open_store
+from xmodal.data.finetune.sets import FinetuneData, FinetuneError, FinetuneSplit, check_task, write_finetune
+from xmodal.data.lxmert.store import LxmertStore, StoreError, open_store
 from xmodal.data.tokenizer import TokenizerError
 
 DEFAULT_NUM_ANSWERS: dict[str, int] = {"vqa": 3129, "gqa": 1842}

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from xmodal.batches import LxmertBatch
+from xmodal.data.lxmert.store import ImageBlock, LxmertStore
 from xmodal.data.options import MaskingOptions
-from xmodal.data.store import ImageBlock, LxmertStore
 
 IGNORE = -100
 

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from refdata import FEAT_DIM, RAW, RefCorpus, ref_image, write_reference
 
-from xmodal.data import lxmert_ingest
 from xmodal.data.answers import AnswerTable, normalize_answer
-from xmodal.data.lxmert_ingest import IngestError, ingest_lxmert
-from xmodal.data.store import StoreError, open_store
+from xmodal.data.lxmert import ingest as lxmert_ingest
+from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert
+from xmodal.data.lxmert.store import StoreError, open_store
 
 
 def _ingest(ref: RefCorpus, out: Path, **kw):

@@ -34,15 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.data.mult_store import DEFAULT_SHARD_ROWS, MODALITIES, SPLITS, MultSplit, write_store
-from xmodal.data.store import StoreError, check_target
+from xmodal.data.lxmert.store import StoreError, check_target
+from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, MODALITIES, SPLITS, MultSplit, write_store
+from xmodal.errors import UserError
 
 FORMATS = ("reference", "mmsa")
 DATASETS = ("mosi", "mosei", "iemocap")
 F16_MAX = float(np.finfo(np.float16).max)
 
 
-class IngestError(ValueError):
+class IngestError(UserError):
     """Bad input: the message names the file, the key and what was expected."""
 
 

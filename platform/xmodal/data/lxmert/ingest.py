@@ -36,15 +36,23 @@ from pathlib import Path
 import numpy as np
 
 from xmodal.data.answers import AnswerError, AnswerTable
-from xmodal.data.store import ImageBlock, LxmertStore, StoreError, StoreWriter, check_target, concat_ranges
+from xmodal.data.lxmert.store import (
+    ImageBlock,
+    LxmertStore,
+    StoreError,
+    StoreWriter,
+    check_target,
+    concat_ranges,
+)
 from xmodal.data.tokenizer import TokenizerError, WordPieceTokenizer
+from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
                                "num_boxes", "boxes", "features")
 BOX_TOLERANCE_PX = 1.0  # detector boxes may poke a pixel past the border; more than that is bad data
 
 
-class IngestError(ValueError):
+class IngestError(UserError):
     """Bad input: the message names the file, the line or record, the field, the value and what was expected."""
 
 

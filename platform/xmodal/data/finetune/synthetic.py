@@ -3,7 +3,7 @@
 
 Both are built from the store's true labels (in a synthetic store, obj_ids / attr_ids are the true
 class and colour of every object; classes [0, n_fg) are named foreground, the last
-n_bg = max(1, L // 5) are background that no sentence names, as in `xmodal.data.synthetic`), so an
+n_bg = max(1, L // 5) are background that no sentence names, as in `xmodal.data.lxmert.synthetic`), so an
 oracle that reads those labels scores 100 %, and a model can only do as well by reading the
 features: a nearest-prototype classifier recovers class and colour from them (test_synthetic).
 "train" is made from the store's train images, "valid" from its minival images (never pretrained
@@ -42,7 +42,7 @@ consistency at 2^-P for P pairs). One image alone: "one" and "total" about 0.5 b
 "both" at most 0.75 (an image without the group shows the statement false). Measured on the
 default synthetic store (1,500 images, 40 classes, 8 colours): oracle 1.0; one image alone 0.75
 (both), ~0.5 (total, one).
-Imports numpy, pyarrow and torch only (via xmodal.data.finetune).
+Imports numpy, pyarrow and torch only (via xmodal.data.finetune.sets).
 """
 
 from __future__ import annotations
@@ -56,9 +56,15 @@ from typing import Any
 import numpy as np
 
 from xmodal.data.answers import AnswerTable, normalize_answer
-from xmodal.data.finetune import FinetuneData, FinetuneError, FinetuneSplit, open_finetune, write_finetune
-from xmodal.data.store import MANIFEST_FILE, LxmertStore, StoreError, open_store
-from xmodal.data.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
+from xmodal.data.finetune.sets import (
+    FinetuneData,
+    FinetuneError,
+    FinetuneSplit,
+    open_finetune,
+    write_finetune,
+)
+from xmodal.data.lxmert.store import MANIFEST_FILE, LxmertStore, StoreError, open_store
+from xmodal.data.lxmert.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
 
 SPLITS: dict[str, str] = {"train": "train", "valid": "minival"}  # fine-tuning split -> store split
 _VQA, _NLVR2 = 0x51A, 0x2E7A  # generator streams apart from the pretraining corpus and each other
@@ -100,7 +106,7 @@ def image_facts(store: LxmertStore, store_split: str) -> ImageFacts:
     np.maximum.at(hi, (img, obj[img, slot]), attr[img, slot])
     if np.any((count > 0) & (lo != hi)) or count.max(initial=0) > MAX_COUNT:
         raise FinetuneError(f"{store.path} split {store_split!r}: object groups with mixed colours or more than "
-                            f"{MAX_COUNT} objects: not a store built by xmodal.data.synthetic")
+                            f"{MAX_COUNT} objects: not a store built by xmodal.data.lxmert.synthetic")
     return ImageFacts(img_ids=block.img_id, count=count, colour=np.where(count > 0, hi, -1),
                       class_names=class_names(n_fg), colour_names=colour_names(m.num_attr_labels))
 

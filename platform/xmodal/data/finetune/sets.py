@@ -1,6 +1,6 @@
 """LXMERT fine-tuning sets (VQA, GQA, NLVR2) on disk, and their batches.
 
-A fine-tuning set references the images of an existing feature store (`xmodal.data.store`) by
+A fine-tuning set references the images of an existing feature store (`xmodal.data.lxmert.store`) by
 img_id; features are not copied, so a set is a few MB and several sets share one store:
 
     DIR/manifest.json     task, store (absolute path + fingerprint), examples per split, answer count,
@@ -48,8 +48,9 @@ import torch
 
 from xmodal.batches import Nlvr2Batch, VqaBatch
 from xmodal.data.answers import AnswerError, AnswerTable
-from xmodal.data.store import MANIFEST_FILE, LxmertStore, concat_ranges, open_store, publish_dir
+from xmodal.data.lxmert.store import MANIFEST_FILE, LxmertStore, concat_ranges, open_store, publish_dir
 from xmodal.data.tokenizer import VOCAB_FILE
+from xmodal.errors import UserError
 
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
 KIND = "lxmert-finetune"
@@ -57,7 +58,7 @@ SCHEMA_VERSION = 1
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
-class FinetuneError(ValueError):
+class FinetuneError(UserError):
     """Bad input or a bad/inconsistent fine-tuning set; the message names the file, the record or key,
     the value and what was expected."""
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmodal.data.mult_store import write_store
-from xmodal.data.mult_synthetic import SyntheticMultOptions, generate
+from xmodal.data.mult.store import write_store
+from xmodal.data.mult.synthetic import SyntheticMultOptions, generate
 
 
 def test_two_workers_split_an_epoch(ray_local, tmp_path: Path):
-    from xmodal.data.mult_pipeline import iter_mult_batches, mult_dataset
+    from xmodal.data.mult.pipeline import iter_mult_batches, mult_dataset
 
     store = write_store(tmp_path / "syn", generate(SyntheticMultOptions(num_samples=80, seed=2)),
                         dataset="synthetic", source={}, shard_rows=12)

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.data.mult_store import MODALITIES, MultSplit, MultStore, write_store
+from xmodal.data.lxmert.store import StoreError
+from xmodal.data.mult.store import MODALITIES, MultSplit, MultStore, write_store
 from xmodal.data.options import EVENT_STEPS, SyntheticMultOptions
-from xmodal.data.store import StoreError
 
 
 def _patterns(rng: np.random.Generator, dim: int, k: int) -> np.ndarray:
@@ -112,7 +112,7 @@ def build_synthetic_store(path: str | Path, options: SyntheticMultOptions | None
                           overwrite: bool = False) -> MultStore:
     options = options or SyntheticMultOptions()
     return write_store(path, generate(options), dataset="synthetic", overwrite=overwrite,
-                       source={"generator": "xmodal.data.mult_synthetic", "options": dataclasses.asdict(options)})
+                       source={"generator": "xmodal.data.mult.synthetic", "options": dataclasses.asdict(options)})
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from xmodal.data.masking import LxmertBatchBuilder
-from xmodal.data.store import LxmertStore
+from xmodal.data.lxmert.masking import LxmertBatchBuilder
+from xmodal.data.lxmert.store import LxmertStore
 
 
 def _run_in_parallel(fns):
@@ -33,7 +33,7 @@ def _run_in_parallel(fns):
 
 
 def test_two_workers_split_an_epoch(ray_local, small_store: LxmertStore):
-    from xmodal.data.pipeline import iter_image_blocks, iter_lxmert_batches, lxmert_dataset
+    from xmodal.data.lxmert.pipeline import iter_image_blocks, iter_lxmert_batches, lxmert_dataset
 
     ds = lxmert_dataset(small_store, "train", seed=0)
     a, b = ds.streaming_split(2, equal=True)  # what TorchTrainer's DataConfig does for 2 workers
@@ -60,9 +60,9 @@ def test_dense_tensors_and_empty_split(ray_local, small_store: LxmertStore, tmp_
 
     from refdata import SMALL
 
-    from xmodal.data.pipeline import lxmert_dataset
-    from xmodal.data.store import StoreError
-    from xmodal.data.synthetic import build_synthetic_store
+    from xmodal.data.lxmert.pipeline import lxmert_dataset
+    from xmodal.data.lxmert.store import StoreError
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
 
     m = small_store.manifest
     rows = lxmert_dataset(small_store, "minival", shuffle=False).take_batch(4, batch_format="numpy")

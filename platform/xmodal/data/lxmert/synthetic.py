@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from xmodal.data.answers import AnswerTable
+from xmodal.data.lxmert.store import ImageBlock, LxmertStore, StoreError, StoreWriter, open_store
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.data.store import ImageBlock, LxmertStore, StoreError, StoreWriter, open_store
 from xmodal.data.tokenizer import WordPieceTokenizer
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "gray", "brown",

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from xmodal.data.ingest import main as ingest_main
-from xmodal.data.mult_ingest import IngestError, ingest, safe_load
-from xmodal.data.mult_store import MODALITIES, MultStore
+from xmodal.data.mult.ingest import IngestError, ingest, safe_load
+from xmodal.data.mult.store import MODALITIES, MultStore
 
 DIMS = {"text": 6, "audio": 4, "vision": 3}
 PAD = {"text": 7, "audio": 11, "vision": 9}

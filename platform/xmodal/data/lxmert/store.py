@@ -46,13 +46,14 @@ import pyarrow.parquet as pq
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
+from xmodal.errors import UserError
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 SPLITS: tuple[str, ...] = ("train", "minival")
 
 
-class StoreError(ValueError):
+class StoreError(UserError):
     """A missing, corrupted or inconsistent store; the message names the file and what differs."""
 
 

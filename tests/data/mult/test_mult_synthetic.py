@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from xmodal.data.ingest import main as ingest_main
-from xmodal.data.mult_store import MODALITIES, MultStore
-from xmodal.data.mult_synthetic import SyntheticMultOptions, generate
+from xmodal.data.mult.store import MODALITIES, MultStore
+from xmodal.data.mult.synthetic import SyntheticMultOptions, generate
 
 
 def test_streams_are_unaligned_and_only_the_combination_predicts():

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from xmodal.data.mult_store import (
+from xmodal.data.mult.store import (
     MANIFEST_FILE,
     MODALITIES,
     MultSplit,
@@ -19,7 +19,7 @@ from xmodal.data.mult_store import (
     pad_packed,
     write_store,
 )
-from xmodal.data.mult_synthetic import SyntheticMultOptions, generate
+from xmodal.data.mult.synthetic import SyntheticMultOptions, generate
 
 DIMS = {"text": 5, "audio": 3, "vision": 2}
 
@@ -169,10 +169,10 @@ def test_batch_contents_padding_and_static_shapes(splits):
 def test_ray_free_block_iterator_matches_store(tmp_path: Path):
     """The pipeline's core (Arrow blocks of any size -> batches) yields every clip once, with the
     same padded contents as the numpy iterator."""
-    from xmodal.data.mult_store import arrow_schema  # noqa: F401  (the schema the blocks carry)
+    from xmodal.data.mult.store import arrow_schema  # noqa: F401  (the schema the blocks carry)
 
     pytest.importorskip("ray")
-    from xmodal.data.mult_pipeline import batches_from_tables
+    from xmodal.data.mult.pipeline import batches_from_tables
 
     sp = generate(SyntheticMultOptions(num_samples=60, seed=1))
     store = write_store(tmp_path / "syn", sp, dataset="synthetic", source={}, shard_rows=16)

@@ -10,9 +10,14 @@ import numpy as np
 import pytest
 from refdata import SMALL
 
+from xmodal.data.lxmert.store import LxmertStore, StoreError
+from xmodal.data.lxmert.synthetic import (
+    build_synthetic_store,
+    class_names,
+    colour_names,
+    ensure_synthetic_store,
+)
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.data.store import LxmertStore, StoreError
-from xmodal.data.synthetic import build_synthetic_store, class_names, colour_names, ensure_synthetic_store
 
 
 def test_nearest_prototype_classifier_far_above_chance(small_store: LxmertStore):

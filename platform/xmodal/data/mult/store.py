@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 import torch
 
 from xmodal.batches import MultBatch
-from xmodal.data.store import StoreError, check_target, publish_dir
+from xmodal.data.lxmert.store import StoreError, check_target, publish_dir
 
 SCHEMA_VERSION = 1
 KIND = "mult"
@@ -368,7 +368,7 @@ class MultManifest:
 
 class MultStore:
     """An opened MulT store. `open()` validates; `split(name)` loads a split into memory (numpy);
-    `batches(...)` iterates MultBatch without Ray (the Ray Data path is `xmodal.data.mult_pipeline`)."""
+    `batches(...)` iterates MultBatch without Ray (the Ray Data path is `xmodal.data.mult.pipeline`)."""
 
     def __init__(self, path: Path, manifest: MultManifest):
         self.path = path

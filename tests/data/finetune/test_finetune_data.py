@@ -15,18 +15,18 @@ import pytest
 import torch
 
 from xmodal.batches import Nlvr2Batch, VqaBatch
-from xmodal.data import finetune
-from xmodal.data.finetune import FinetuneError, epoch_order, iter_finetune_batches, open_finetune
-from xmodal.data.finetune_ingest import ingest_finetune
-from xmodal.data.finetune_synthetic import (
+from xmodal.data.finetune import sets as finetune
+from xmodal.data.finetune.ingest import ingest_finetune
+from xmodal.data.finetune.sets import FinetuneError, epoch_order, iter_finetune_batches, open_finetune
+from xmodal.data.finetune.synthetic import (
     build_synthetic_nlvr2,
     build_synthetic_vqa,
     ensure_synthetic_finetune,
 )
 from xmodal.data.ingest import main as ingest_main
+from xmodal.data.lxmert.store import LxmertStore
+from xmodal.data.lxmert.synthetic import build_synthetic_store, class_names, colour_names
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.data.store import LxmertStore
-from xmodal.data.synthetic import build_synthetic_store, class_names, colour_names
 from xmodal.objectives.finetune import nlvr2_statement
 
 torch.set_num_threads(1)

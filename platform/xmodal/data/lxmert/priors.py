@@ -18,7 +18,7 @@ from collections import Counter
 
 import numpy as np
 
-from xmodal.data.store import LxmertStore
+from xmodal.data.lxmert.store import LxmertStore
 
 LABEL_COLUMNS = ["num_boxes", "obj_ids", "attr_ids", "input_ids", "answer_ids", "answer_scores"]
 

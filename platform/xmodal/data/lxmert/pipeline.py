@@ -30,9 +30,9 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import LxmertBatch
-from xmodal.data.loader import batches_from_tables, blocks_from_tables, prefetch_iter
-from xmodal.data.masking import LxmertBatchBuilder
-from xmodal.data.store import ImageBlock, LxmertStore, StoreError, open_store
+from xmodal.data.lxmert.loader import batches_from_tables, blocks_from_tables, prefetch_iter
+from xmodal.data.lxmert.masking import LxmertBatchBuilder
+from xmodal.data.lxmert.store import ImageBlock, LxmertStore, StoreError, open_store
 
 # What the batch builder reads (img_h / img_w are left in the shards).
 BATCH_COLUMNS: tuple[str, ...] = (
