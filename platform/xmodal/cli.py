@@ -5,6 +5,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+
+from xmodal.errors import UserError
+
+
+def user_errors(fn: Callable[[], int | None]) -> int:
+    """Run a command: a `UserError` becomes one line `error: ...` on stderr and exit code 2, no
+    traceback (tracebacks are for bugs). Every command line of the package goes through here."""
+    try:
+        return fn() or 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv: list[str]) -> int:
@@ -36,8 +49,8 @@ def job_main(argv: list[str], *, doc: str | None, config_class: type, run, secti
              extra: dict[str, tuple[str, str, str]] | None = None) -> int:
     """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
     (plus `extra`: flag -> (dotted key, value template, help)), validated into `config_class` and
-    handed to `run(cfg, source=...)`. A bad config is reported as one clear line and exit code 2."""
-    from xmodal.config import ConfigError, load_config
+    handed to `run(cfg, source=...)`. Bad input is reported as one clear line and exit code 2."""
+    from xmodal.config import load_config
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"YAML config file (sections: {sections})")
@@ -49,10 +62,8 @@ def job_main(argv: list[str], *, doc: str | None, config_class: type, run, secti
     args = p.parse_args(argv)
     overrides = [f"{key}={template.format(getattr(args, flag))}" for flag, (key, template, _) in flags.items()
                  if getattr(args, flag) is not None]
-    try:
-        cfg = load_config(config_class, args.config, overrides + args.set)
-        run(cfg, source=args.config or "defaults")
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    def go() -> None:
+        run(load_config(config_class, args.config, overrides + args.set), source=args.config or "defaults")
+
+    return user_errors(go)
