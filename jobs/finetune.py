@@ -13,12 +13,10 @@ selected model, and the prediction files (reference submission formats) are logg
 import sys
 
 from xmodal.cli import job_main
-from xmodal.config import FinetuneConfig
-from xmodal.train.finetune import run_finetune
 
 
 def main(argv: list[str]) -> int:
-    return job_main(argv, doc=__doc__, config_class=FinetuneConfig, run=run_finetune,
+    return job_main(argv, job="finetune", doc=__doc__,
                     sections="task, preset, model, init, nlvr2_output, qa_loss, data, optim, train, scale, mlflow",
                     extra={"task": ("task", "{}", "vqa, gqa or nlvr2"),
                            "store": ("data.store", "{}", "fine-tuning set directory (jobs/ingest.py vqa|gqa|nlvr2)"),

@@ -10,12 +10,10 @@ Rerun with the same --run-name to resume a run whose driver died.
 import sys
 
 from xmodal.cli import job_main
-from xmodal.config import PretrainConfig
-from xmodal.train.pretrain import run_pretraining
 
 
 def main(argv: list[str]) -> int:
-    return job_main(argv, doc=__doc__, config_class=PretrainConfig, run=run_pretraining,
+    return job_main(argv, job="pretrain", doc=__doc__,
                     sections="preset, model, tasks, schedule, data, optim, train, scale, mlflow")
 
 

@@ -12,12 +12,10 @@ selected model. With --seeds, one run per seed and each metric's mean and std on
 import sys
 
 from xmodal.cli import job_main
-from xmodal.config import MultTrainConfig
-from xmodal.train.mult import run_mult
 
 
 def main(argv: list[str]) -> int:
-    return job_main(argv, doc=__doc__, config_class=MultTrainConfig, run=run_mult,
+    return job_main(argv, job="mult", doc=__doc__,
                     sections="preset, model, regression_loss, data, optim, train, scale, mlflow, seeds",
                     extra={"seeds": ("seeds", "[{}]", "comma-separated seeds, e.g. 1111,1112,1113")})
 

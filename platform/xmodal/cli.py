@@ -45,13 +45,16 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
 }
 
 
-def job_main(argv: list[str], *, doc: str | None, config_class: type, run, sections: str,
+def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
              extra: dict[str, tuple[str, str, str]] | None = None) -> int:
     """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
-    (plus `extra`: flag -> (dotted key, value template, help)), validated into `config_class` and
-    handed to `run(cfg, source=...)`. Bad input is reported as one clear line and exit code 2."""
+    (plus `extra`: flag -> (dotted key, value template, help)), validated into the job's config
+    class and run by the engine. Bad input is reported as one clear line and exit code 2."""
     from xmodal.config import load_config
+    from xmodal.train.engine import run_job
+    from xmodal.train.specs import job_spec
 
+    spec = job_spec(job)
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"YAML config file (sections: {sections})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
@@ -64,6 +67,7 @@ def job_main(argv: list[str], *, doc: str | None, config_class: type, run, secti
                  if getattr(args, flag) is not None]
 
     def go() -> None:
-        run(load_config(config_class, args.config, overrides + args.set), source=args.config or "defaults")
+        cfg = load_config(spec.config_class, args.config, overrides + args.set)
+        run_job(spec, cfg, source=args.config or "defaults")
 
     return user_errors(go)

@@ -115,9 +115,10 @@ class FinetuneObjective(nn.Module):
 
     The last cross-modality layer's vision-side sub-layers are frozen (`unused_vision_modules`).
 
-    forward(batch, with_metrics=False) -> {"loss", "loss/<task>"} and, with metrics,
-    "<metric>/correct" and "<metric>/count" (metric name in `METRIC`). `predict(batch)` gives
-    the predicted label per row: the answer index (VQA, GQA) or 1 = true (NLVR2).
+    forward(batch, with_metrics=False, with_predictions=False) -> {"loss", "loss/<task>"} and, with
+    metrics, "<metric>/correct" and "<metric>/count" (metric name in `METRIC`); with predictions,
+    "prediction": the predicted label per row (as `predict`), from the same forward pass.
+    `predict(batch)` gives the predicted label per row: the answer index (VQA, GQA) or 1 = true (NLVR2).
     """
 
     def __init__(self, model: LxmertForQuestionAnswering | LxmertForNlvr2, task: Task,
@@ -147,7 +148,8 @@ class FinetuneObjective(nn.Module):
             return (logits[:, 0] > 0).long()
         return logits.argmax(-1)
 
-    def forward(self, batch: VqaBatch | Nlvr2Batch, with_metrics: bool = False) -> dict[str, Tensor]:
+    def forward(self, batch: VqaBatch | Nlvr2Batch, with_metrics: bool = False,
+                with_predictions: bool = False) -> dict[str, Tensor]:
         logits = self.logits(batch).float()  # losses in fp32 under autocast
         res: dict[str, Tensor] = {}
         if self.task == "nlvr2":
@@ -175,12 +177,16 @@ class FinetuneObjective(nn.Module):
                 name = METRIC[self.task]
                 res[f"{name}/correct"] = scores.sum() if self.task == "vqa" else (scores > 0).sum()
                 res[f"{name}/count"] = batch.index.new_tensor(scores.numel())
+        if with_predictions:
+            res["prediction"] = self._predictions(logits.detach())
         res[f"loss/{self.task}"] = loss
         res["loss"] = loss
         return res
 
+    def _predictions(self, logits: Tensor) -> Tensor:
+        return self._nlvr2_pred(logits) if self.task == "nlvr2" else logits.argmax(-1)
+
     @torch.no_grad()
     def predict(self, batch: VqaBatch | Nlvr2Batch) -> Tensor:
         """(B,) long: the predicted answer index (VQA, GQA) or NLVR2 label (1 = true)."""
-        logits = self.logits(batch).float()
-        return self._nlvr2_pred(logits) if self.task == "nlvr2" else logits.argmax(-1)
+        return self._predictions(self.logits(batch).float())

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from xmodal import tracking
-from xmodal.sweep.jobs import config_class
 from xmodal.sweep.space import (
     SearchSpace,
     SpaceError,
@@ -23,6 +22,7 @@ from xmodal.sweep.space import (
     validate_config,
     validate_space,
 )
+from xmodal.train.specs import job_spec
 
 
 @dataclass
@@ -105,7 +105,7 @@ def plan_sweep(opts: SweepOptions) -> SweepPlan:
     path = Path(opts.space)
     space = load_space(path, {"num_samples": opts.num_samples, "max_concurrent": opts.max_concurrent,
                               "gpus_per_trial": opts.gpus_per_trial})
-    cls = config_class(space.job)
+    cls = job_spec(space.job).config_class
     base = base_config(space, path, opts.sets)
     try:
         uri = tracking.resolve_tracking_uri(get_dotted(base, "mlflow.tracking_uri")[1])

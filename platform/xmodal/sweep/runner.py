@@ -4,8 +4,8 @@ run, and per trial one Ray Train run logged as a child run. The only module that
     xmodal.sweep.plan.plan_sweep(options)  every check on the space and config, before Ray starts
     run_sweep(plan)      store, parent run, Tuner (new or restored), best-trial summary, report
 
-Trials (`run_trial`) call the job's prepare_run / build_trainer / finish_run; the job never imports
-this package. What the trial function cannot do, the driver does through `SweepCallback`: code after
+Trials (`run_trial`) run the job's spec through the engine (`xmodal.train.engine`); the job never
+imports this package. What the trial function cannot do, the driver does through `SweepCallback`: code after
 `trainer.fit()` never runs for a trial the scheduler stops, so the driver marks its child run.
 """
 
@@ -26,7 +26,6 @@ from ray.tune.search.optuna import OptunaSearch
 from xmodal import tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.sweep import tags as T
-from xmodal.sweep.jobs import check_with_store, config_class, job_module
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -37,6 +36,7 @@ from xmodal.sweep.space import (
     validate_config,
     with_assignments,
 )
+from xmodal.train.specs import job_spec
 
 SETUP_FILE = "xmodal_sweep.json"  # the trials' common setup, beside Tune's state (read back by --resume)
 # Trials take 1 CPU by default and starve their own Train workers; the trial function only waits.
@@ -46,25 +46,19 @@ TRIAL_RESOURCES = {"CPU": 0.01}
 TUNE_STATE_PERIOD_S = "2"
 
 
-def _resolve_store(plan: SweepPlan, job) -> dict[str, Any]:
-    """Build or open the data store once in the driver and give trials its absolute path: trials run
-    in their own working directories, and concurrent trials must not build the same store."""
-    resolve = getattr(job, "resolve_store", None)
-    cls = config_class(plan.space.job)
-    if resolve is None or not config_has(cls, "data.store"):
-        return plan.base
-    cfg = validate_config(cls, plan.base, str(plan.space_path))
+def _check_base(plan: SweepPlan) -> dict[str, Any]:
+    """Every check of the job on the base config, once in the driver, before Ray starts; the data
+    is built or opened here and trials get its absolute path: trials run in their own working
+    directories, and concurrent trials must not build the same store."""
+    spec = job_spec(plan.space.job)
+    cfg = validate_config(spec.config_class, plan.base, str(plan.space_path))
     try:
-        store = resolve(cfg)
-    except ConfigError:
-        raise
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"{plan.space_path}: data store: {e}") from None
-    try:
-        check_with_store(plan.space.job, job, cfg, store)
+        checked = spec.check(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{plan.space_path}: with the store {store.path}: {e}") from None
-    return set_dotted(plan.base, "data.store", str(store.path))
+        raise ConfigError(f"{plan.space_path}: {e}") from None
+    if config_has(spec.config_class, "data.store"):
+        return set_dotted(plan.base, "data.store", spec.data_path(checked.data))
+    return plan.base
 
 
 # ---------------------------------------------------------------- MLflow parent run
@@ -129,19 +123,14 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     if _replay_finished(setup, run_name):
         return
     space = SearchSpace.model_validate(setup["space"])
-    cls, job = config_class(setup["job"]), job_module(setup["job"])
+    spec = job_spec(setup["job"])
     raw = with_assignments(setup["base"], space.assignments(chosen))
-    if config_has(cls, "mlflow.run_name"):
+    if config_has(spec.config_class, "mlflow.run_name"):
         raw = set_dotted(raw, "mlflow.run_name", run_name)
     source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
-    cfg = validate_config(cls, raw, source)
-    plan, store = job.prepare_run(cfg, source, parent_run_id=setup["parent_run_id"],
-                                  extra_tags=trial_tags(setup, space, chosen, trial_id, cfg))
-    total = getattr(plan, "total_steps", None)
-    if total is not None:
-        tracking.set_tags(plan.tracking_uri, plan.run_id, {T.TOTAL_STEPS: str(total)})
-    result = job.build_trainer(plan, store, callbacks=[TuneReportCallback()]).fit()
-    job.finish_run(plan, result.checkpoint)
+    cfg = validate_config(spec.config_class, raw, source)
+    spec.run(cfg, source, parent_run_id=setup["parent_run_id"],
+             tags=trial_tags(setup, space, chosen, trial_id, cfg), callbacks=[TuneReportCallback()])
 
 
 def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
@@ -318,8 +307,7 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
 def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     """Run (or with opts.resume continue) a sweep; returns {"name", "path", "parent_run_id", ...}."""
     plan = opts if isinstance(opts, SweepPlan) else plan_sweep(opts)
-    job = job_module(plan.space.job)
-    plan.base = _resolve_store(plan, job)
+    plan.base = _check_base(plan)
 
     from xmodal.train.cluster import connect
 

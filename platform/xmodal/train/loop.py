@@ -160,3 +160,19 @@ class Throughput:
         eta = (self.total - step) / steps_per_s if steps_per_s > 0 else float("inf")
         self.t0, self.s0, self.samples = now, step, 0
         return rate, eta
+
+
+def gather_rows(index: torch.Tensor, columns: dict[str, torch.Tensor], sums: dict[str, float]
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+    """Every worker's evaluated rows, gathered on every worker and put in the order of `index` (the
+    same whatever the number of workers): (index, columns, sums added over workers). Tensors on CPU."""
+    mine = (index.cpu(), {k: v.cpu() for k, v in columns.items()}, dict(sums))
+    parts = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+    idx = torch.cat([p[0] for p in parts])
+    order = torch.argsort(idx)
+    cols = {k: torch.cat([p[1][k] for p in parts])[order] for k in columns}
+    total = {k: sum(p[2].get(k, 0.0) for p in parts) for k in sums}
+    return idx[order], cols, total

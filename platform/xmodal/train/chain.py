@@ -1,0 +1,63 @@
+"""The pretrain-then-fine-tune chain (`PretrainFinetuneConfig`) as one job: what a sweep trial runs to
+score a pretraining ablation by downstream accuracy, as the paper's Tables 3 to 5 do.
+
+Both stages run through the engine: the pretraining stage is a run of its own (`<name>-pretrain`,
+resumed or skipped when it already finished), then the fine-tuning stage (`<name>`) starts from that
+run's final model. Both stages' configs are checked before the first starts. The trial's metric is
+the fine-tuning stage's (e.g. valid/accuracy): its run is the one a sweep's callbacks report from.
+"""
+
+from __future__ import annotations
+
+import time
+
+from xmodal.config import FinetuneInit, PretrainFinetuneConfig
+from xmodal.train import engine
+from xmodal.train.engine import JobSpec, RunResult
+from xmodal.train.finetune import FinetuneJob
+from xmodal.train.hooks import say
+from xmodal.train.pretrain import PretrainJob
+
+STAGE_TAG = "xmodal.chain_stage"
+
+
+def stages(cfg: PretrainFinetuneConfig, name: str):
+    """(pretraining config, fine-tuning config without its init) with the chain's mlflow and scale."""
+    ml = cfg.mlflow
+
+    def stage(sub, run_name: str):
+        return sub.model_copy(update={"scale": cfg.scale, "mlflow": sub.mlflow.model_copy(update={
+            "tracking_uri": ml.tracking_uri, "experiment": ml.experiment, "run_name": run_name,
+            "system_metrics": ml.system_metrics})})
+
+    return stage(cfg.pretrain, f"{name}-pretrain"), stage(cfg.finetune, name)
+
+
+class ChainJob(JobSpec):
+    name = "pretrain_finetune"
+    config_class = PretrainFinetuneConfig
+
+    def check(self, cfg: PretrainFinetuneConfig):
+        """Both stages, before either starts: the fine-tuning stage as it will run, on the
+        pretraining stage's architecture (its weights do not exist yet)."""
+        pre, fine = stages(cfg, cfg.mlflow.run_name or "chain")
+        checked = engine.check(PretrainJob(), pre)
+        fine = fine.model_copy(update={"model": checked.cfg.model, "init": FinetuneInit(source="scratch")})
+        engine.check(FinetuneJob(), fine)
+        return checked
+
+    def run(self, cfg: PretrainFinetuneConfig, source: str = "defaults", parent_run_id: str | None = None,
+            tags: dict[str, str] | None = None, callbacks: list | None = None) -> RunResult:
+        name = cfg.mlflow.run_name or f"chain-{time.strftime('%Y%m%d-%H%M%S')}"
+        cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
+        self.check(cfg)
+        pre, fine = stages(cfg, name)
+        # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
+        stage_tags = {STAGE_TAG: "pretrain", **{k: v for k, v in (tags or {}).items() if k != "xmodal.kind"}}
+        first = engine.run(PretrainJob(), pre, source, parent_run_id, stage_tags)
+        say(f"[xmodal] chain {name}: pretraining stage done (MLflow run {first.run_id}); fine-tuning from it")
+        fine = fine.model_copy(update={"init": FinetuneInit(
+            source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
+            answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
+        return engine.run(FinetuneJob(), fine, source, parent_run_id,
+                          {STAGE_TAG: "finetune", "pretrain_run_id": first.run_id, **(tags or {})}, callbacks)

@@ -1,0 +1,507 @@
+"""The one job engine: a typed job spec, one driver and one worker for every training job.
+
+A job (pretraining, fine-tuning, MulT, the pretrain-then-fine-tune chain) is a `JobSpec` subclass in
+its own module: what data it reads, how the model's dimensions follow from that data, the objective,
+the worker's train batches and evaluation, and what happens at the end. The engine does the rest,
+the same way for every job:
+
+    driver  check (config -> data -> dimensions -> steps -> model on the meta device -> batches)
+            -> plan (MLflow run, found by name to resume) -> Ray Train -> finish (artifacts, status)
+    worker  start-up -> seed -> objective -> starting weights -> restore -> `fit` with `RunHooks`
+
+`check` runs every test a worker would make, before `ray.init` and before any MLflow run or database
+exists: bad input fails in the driver as one `UserError`, never as retried worker failures.
+`run_in_process` runs a job's worker in this process without Ray (tests, learning measurements).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import yaml
+from torch import nn
+
+from xmodal import tracking
+from xmodal.config import ConfigError, flatten
+from xmodal.train import checkpoint as ckpt
+from xmodal.train.cluster import connect, require_ray, storage_path
+from xmodal.train.hooks import RunHooks, ValidationSelection, say, summary_table
+from xmodal.train.loop import NoHooks, fit
+from xmodal.train.runtime import prepare
+
+TOTAL_STEPS_TAG = "xmodal.total_steps"  # tells a finished run from a stopped one (sweeps read it)
+
+
+@dataclass
+class Worker:
+    """What a job's worker hooks see: the job's config and data, the training state, the place of
+    this worker in the group, and its share of the train split (`shard`: a Ray Data shard on a Train
+    worker, None in-process, where the job reads the store itself)."""
+
+    cfg: Any
+    data: Any
+    state: Any  # TrainState
+    model: nn.Module  # the plain objective (no DDP, no compile): evaluation runs it directly
+    rank: int
+    world: int
+    device: torch.device
+    micro_batch: int
+    shard: Any = None
+    selection: ValidationSelection | None = None
+    parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
+
+    def to_device(self, batch):
+        return batch.to(self.device, torch.float32, non_blocking=True)
+
+
+class JobSpec:
+    """One training job. Subclasses set the class attributes and override the hooks they need."""
+
+    name: ClassVar[str]  # the job's key: sweeps' `job:`, MLflow's `task` tag, run names
+    config_class: ClassVar[type]  # its pydantic config (xmodal.config)
+    optimizer: ClassVar[str] = "adamw"  # or "adam" (the MulT reference)
+    # Model selection on a validation split: the best weights travel in every checkpoint and
+    # `held_out` evaluates them at the end.
+    selects_on_validation: ClassVar[bool] = False
+    # Splits read through Ray Data: the trainer shards them and a worker's `shard` is its share.
+    ray_data_splits: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------ driver
+    def resolve_data(self, cfg) -> Any:
+        """Open the configured data, or build the embedded default; a UserError names the key."""
+        raise NotImplementedError
+
+    def resolve_start(self, cfg, data, tracking_uri: str, download_dir: Path) -> tuple[dict[str, Any], Any]:
+        """Where the weights come from: (plain data the workers get in the plan, the architecture it
+        fixes or None). Default: from scratch, the configured architecture."""
+        return {}, None
+
+    def fit_to_data(self, cfg, data, pretrained) -> Any:
+        """The config with the model's dimensions taken from the data; checks naming the key."""
+        return cfg
+
+    def train_examples(self, cfg, data) -> int:
+        raise NotImplementedError
+
+    def steps_per_epoch(self, cfg, data, micro: int, workers: int) -> int:
+        return self.train_examples(cfg, data) // workers // micro // cfg.train.grad_accum
+
+    def run_name(self, cfg) -> str:
+        return self.name
+
+    def tags(self, cfg, data, start: dict[str, Any]) -> dict[str, str]:
+        return {}
+
+    def baselines(self, cfg, data) -> dict[str, list]:
+        """metric -> [value, what it is] (chance level or prior), logged as `baseline/*`."""
+        return {}
+
+    def datasets(self, cfg, data) -> dict[str, Any]:
+        """Ray Data datasets the trainer shards over the workers (pretraining: the train split)."""
+        return {}
+
+    def check_batches(self, cfg, data) -> None:
+        """Build what turns the data into batches, so that a worker would not reject it."""
+
+    # ------------------------------------------------ driver and worker
+    def data_path(self, data) -> str:
+        return str(data.path)
+
+    def open_data(self, path: str) -> Any:
+        raise NotImplementedError
+
+    def build_objective(self, cfg, data) -> nn.Module:
+        raise NotImplementedError
+
+    def prepare_options(self, cfg) -> dict[str, Any]:
+        return {}
+
+    def step_kwargs(self, cfg) -> Callable[[int], dict[str, Any]] | None:
+        return None
+
+    # ------------------------------------------------ worker
+    def setup(self, w: Worker) -> None:
+        """Once per worker, before training: build what the batches and evaluation share (`w.parts`)."""
+
+    def load_start(self, objective: nn.Module, cfg, data, start: dict[str, Any]) -> str | None:
+        """Put the starting weights in place (fresh runs only); returns a line saying what was loaded."""
+        return None
+
+    def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
+        """This worker's micro-batches of `epoch`, the first `skip` left out (on the device)."""
+        raise NotImplementedError
+
+    def evaluate(self, w: Worker) -> dict[str, float]:
+        raise NotImplementedError
+
+    def held_out(self, w: Worker, folder: Path | None) -> dict[str, float]:
+        """At the end, with the selected model (selects_on_validation): the held-out splits' metrics;
+        files written to `folder` (rank 0 only) are logged as the run's artifacts."""
+        return {}
+
+    # ------------------------------------------------ the whole job
+    def run(self, cfg, source: str = "defaults", parent_run_id: str | None = None,
+            tags: dict[str, str] | None = None, callbacks: list | None = None) -> RunResult:
+        """One run; a job made of stages (the chain) overrides this with engine calls of its own."""
+        return run(self, cfg, source, parent_run_id, tags, callbacks)
+
+    def check(self, cfg) -> Checked:
+        return check(self, cfg)
+
+
+# ---------------------------------------------------------------- driver
+
+
+@dataclass
+class Checked:
+    """A config that passed every check, with what the checks resolved."""
+
+    cfg: Any  # dimensions from the data, run name set
+    data: Any
+    start: dict[str, Any]
+    micro_batch: int
+    total_steps: int
+    tracking_uri: str
+    storage: str
+
+
+@dataclass
+class RunPlan:
+    """Everything a worker needs, resolved on the driver (plain JSON-able data)."""
+
+    job: str
+    config: dict[str, Any]
+    data: str  # the path the job's `open_data` reopens on the worker
+    start: dict[str, Any]  # the job's `resolve_start` result
+    tracking_uri: str
+    run_id: str
+    run_name: str
+    storage: str
+    total_steps: int
+    micro_batch: int
+    fail_marker: str | None
+    baselines: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_name: str
+    tracking_uri: str
+    metrics: dict[str, Any]
+    checkpoint: Any = None  # ray.train.Checkpoint
+    baselines: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+def split_batch(cfg) -> int:
+    """The micro-batch per worker; the one check on batch size that needs no data."""
+    t, workers = cfg.train, cfg.scale.num_workers
+    per_step = workers * t.grad_accum
+    if t.batch_size % per_step:
+        raise ConfigError(f"train.batch_size {t.batch_size} must be divisible by scale.num_workers x "
+                          f"train.grad_accum = {per_step}")
+    return t.batch_size // per_step
+
+
+def check(spec: JobSpec, cfg) -> Checked:
+    """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
+    bounds (pydantic, at load), then the data, the dimensions, the steps, the model built on the meta
+    device and the batch builder. Raises UserError."""
+    micro = split_batch(cfg)
+    uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    storage = storage_path(cfg.scale.storage_path)
+    name = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
+    data = spec.resolve_data(cfg)
+    start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
+    cfg = spec.fit_to_data(cfg, data, pretrained)
+    steps_per_epoch = spec.steps_per_epoch(cfg, data, micro, cfg.scale.num_workers)
+    if steps_per_epoch < 1:
+        raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than the "
+                          f"{spec.train_examples(cfg, data)} training examples of {spec.data_path(data)}")
+    total = steps_per_epoch * cfg.train.epochs
+    total = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+    try:
+        with torch.device("meta"):  # the whole model, no memory: shapes and options checked
+            spec.build_objective(cfg, data)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model: {e}") from None
+    spec.check_batches(cfg, data)
+    return Checked(cfg, data, start, micro, total, uri, storage)
+
+
+def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
+             parent_run_id: str | None = None) -> str:
+    """The MLflow run named `name` (resumed: marked running again) or a new one with params and tags."""
+    exp_id = tracking.ensure_experiment(uri, experiment)
+    existing = tracking.find_run(uri, exp_id, name)
+    if existing is not None:
+        tracking.mark_running(uri, existing.run_id)
+        say(f"[xmodal] resuming run {name!r} (MLflow run {existing.run_id})")
+        return existing.run_id
+    return tracking.create_run(uri, exp_id, name, params, {"git_commit": tracking.git_commit(), **tags},
+                               parent_run_id)
+
+
+def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
+         tags: dict[str, str] | None = None) -> RunPlan:
+    """Open (or find again) the MLflow run of a checked config; log its baselines."""
+    cfg, data = checked.cfg, checked.data
+    name = cfg.mlflow.run_name
+    all_tags = {"task": spec.name, "store": spec.data_path(data), "config_source": source,
+                TOTAL_STEPS_TAG: str(checked.total_steps), **spec.tags(cfg, data, checked.start), **(tags or {})}
+    run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id)
+    baselines = spec.baselines(cfg, data)
+    if baselines:
+        tracking.log_metrics(checked.tracking_uri, run_id,
+                             {f"baseline/{k.split('/', 1)[-1]}": v[0] for k, v in baselines.items()})
+    marker = None
+    if cfg.train.fail_at_step is not None and "://" not in checked.storage:
+        marker = str(Path(checked.storage) / name / ".fail_injected")  # the test-only fault switch fired
+    return RunPlan(job=spec.name, config=cfg.model_dump(mode="json"), data=spec.data_path(data),
+                   start=checked.start, tracking_uri=checked.tracking_uri, run_id=run_id, run_name=name,
+                   storage=checked.storage, total_steps=checked.total_steps, micro_batch=checked.micro_batch,
+                   fail_marker=marker, baselines=baselines)
+
+
+def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
+    """A TorchTrainer running `worker` for the plan: CPUs left for Ray Data, failures retried, the
+    best checkpoints kept. Sweeps pass Tune's report callback."""
+    connect()
+    require_ray()
+    import ray.data
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    cfg = spec.config_class.model_validate(plan.config)
+    scale, train = cfg.scale, cfg.train
+    # Per-operator progress bars from every split coordinator swamp the job's log; training prints its own.
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
+    if scale.gpus_per_worker:
+        resources["GPU"] = scale.gpus_per_worker
+    return TorchTrainer(
+        functools.partial(worker, spec),
+        train_loop_config=dataclasses.asdict(plan),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scale.num_workers, use_gpu=scale.gpus_per_worker > 0, resources_per_worker=resources,
+            placement_strategy=scale.placement_strategy),
+        run_config=ray.train.RunConfig(
+            name=plan.run_name, storage_path=plan.storage, callbacks=callbacks,
+            failure_config=ray.train.FailureConfig(max_failures=scale.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=train.keep_best, checkpoint_score_attribute=train.best_metric,
+                checkpoint_score_order=train.best_mode)),
+        datasets=spec.datasets(cfg, data),
+    )
+
+
+def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None) -> RunResult:
+    """Ray Train, then the final artifacts; the MLflow run ends FINISHED, or FAILED on any error."""
+    try:
+        result = trainer(spec, plan, data, callbacks).fit()
+        finish_run(plan, result.checkpoint)
+    except BaseException:
+        tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
+        raise
+    return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
+                     plan.baselines)
+
+
+def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None, callbacks: list | None = None) -> RunResult:
+    """check -> plan -> Ray Train -> finish, for one run of any job."""
+    checked = check(spec, cfg)
+    p = plan(spec, checked, source, parent_run_id, tags)
+    return train_and_finish(spec, p, checked.data, callbacks)
+
+
+def finish_run(plan: RunPlan, checkpoint) -> None:
+    """Log the resolved config and the final model as artifacts, then mark the MLflow run finished."""
+    uri, run_id = plan.tracking_uri, plan.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_file = Path(tmp) / "config.yaml"
+        cfg_file.write_text(yaml.safe_dump(plan.config, sort_keys=False))
+        tracking.log_artifact(uri, run_id, cfg_file)
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
+                tracking.log_artifact(uri, run_id, Path(d) / f, "model")
+    tracking.set_terminated(uri, run_id, "FINISHED")
+
+
+def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
+    """What a job's command line runs: one run (the spec's `run`), or with `seeds` in the config one
+    run per seed under a parent run holding every metric's mean and std over the seeds."""
+    seeds = getattr(cfg, "seeds", None)
+    if not seeds:
+        out = spec.run(cfg, source)
+        if out.metrics:
+            say(summary_table(out.metrics, out.baselines))
+        say(f"[xmodal] finished MLflow run {out.run_id} ({out.run_name})")
+        say(f"[xmodal] view it: {tracking.ui_command(out.tracking_uri)}")
+        return out
+    for seed in seeds:  # every seed's config is checked before the first run starts
+        spec.check(_seeded(cfg, seed, "check"))
+    uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    base = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parent = open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
+                      {"task": spec.name, "seeds": ",".join(map(str, seeds))})
+    finals = [spec.run(_seeded(cfg, seed, f"{base}-seed{seed}"), source, parent_run_id=parent).run_id
+              for seed in seeds]
+    summary = seed_summary([tracking.get_run(uri, r).metrics for r in finals])
+    tracking.log_metrics(uri, parent, summary)
+    tracking.set_terminated(uri, parent, "FINISHED")
+    shown = {k.removesuffix("_mean"): (v, summary[k.removesuffix("_mean") + "_std"])
+             for k, v in summary.items() if k.endswith("_mean") and k.startswith("test/")}
+    say("[xmodal] over seeds " + ", ".join(map(str, seeds)) + ": " +
+        "  ".join(f"{k} {m:.4f} ± {s:.4f}" for k, (m, s) in sorted(shown.items())))
+    return RunResult(parent, base, uri, summary)
+
+
+def _seeded(cfg, seed: int, name: str):
+    return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
+                                  "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
+
+
+def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
+    """{metric_mean, metric_std} over seeds for the test and best-validation metrics every run has."""
+    keys = set.intersection(*(set(m) for m in finals)) if finals else set()
+    out: dict[str, float] = {}
+    for k in sorted(k for k in keys if k.startswith(("test/", "best_valid/"))):
+        vals = [m[k] for m in finals]
+        out[f"{k}_mean"] = statistics.fmean(vals)
+        out[f"{k}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return out
+
+
+# ---------------------------------------------------------------- worker
+
+
+def _build(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
+           fresh: bool, rank: int = 0):
+    """The seeded objective (identical initial weights on every worker), its starting weights and
+    its training state."""
+    torch.manual_seed(cfg.train.seed)
+    objective = spec.build_objective(cfg, data)
+    if fresh:
+        loaded = spec.load_start(objective, cfg, data, start)
+        if loaded and rank == 0:
+            say(f"[xmodal] {spec.name}: {loaded}")
+    return prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
+                   **spec.prepare_options(cfg))
+
+
+def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
+    """Every job's Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    plan = RunPlan(**plan_dict)
+    cfg = spec.config_class.model_validate(plan.config)
+    ctx = ray.train.get_context()
+    rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
+    resume = ray.train.get_checkpoint()
+    meta: dict[str, Any] = {}
+    if resume is not None:
+        with resume.as_directory() as d:
+            meta = ckpt.read_meta(d)
+    if meta.get("finished"):
+        return  # a rerun of a finished run: nothing to do
+
+    data = spec.open_data(plan.data)
+    state = _build(spec, cfg, data, plan.start, device, plan.total_steps, resume is None, rank)
+    model = ckpt.unwrap(state.model)
+    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
+                 if spec.selects_on_validation else None)
+    if resume is not None:
+        with resume.as_directory() as d:
+            meta = ckpt.restore(d, state)
+            if selection is not None:
+                selection.restore(d)
+    shard = ray.train.get_dataset_shard("train") if "train" in spec.ray_data_splits else None
+    w = Worker(cfg, data, state, model, rank, world, device, plan.micro_batch, shard, selection)
+    spec.setup(w)
+
+    def evaluate() -> dict[str, float]:
+        metrics = spec.evaluate(w)
+        if selection is not None:
+            selection.consider(metrics)
+        return metrics
+
+    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta,
+                     on_checkpoint=selection.save if selection is not None else None,
+                     on_end=functools.partial(_held_out, spec, w, plan) if selection is not None else None)
+    fit(state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs,
+        total_steps=plan.total_steps, grad_accum=cfg.train.grad_accum,
+        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg))
+
+
+def _held_out(spec: JobSpec, w: Worker, plan: RunPlan | None, _state) -> dict[str, float]:
+    """The held-out splits, once, with the model selected on validation; their files logged."""
+    final = w.selection.load_selected()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) if w.rank == 0 else None
+        final.update(spec.held_out(w, folder))
+        if folder is not None and plan is not None and any(folder.iterdir()):
+            tracking.log_artifacts(plan.tracking_uri, plan.run_id, tmp)
+    return final
+
+
+# ---------------------------------------------------------------- in-process
+
+
+class LocalSelection(NoHooks):
+    """In-process hooks of a selecting job: validation every `train.eval_every` steps and at the
+    end, each result offered to the model selection (RunHooks' cadence, without Ray or MLflow)."""
+
+    def __init__(self, spec: JobSpec, w: Worker):
+        self.spec, self.w, self.last = spec, w, None
+
+    def after_step(self, state, epoch, pos, losses) -> None:
+        if state.step % self.w.cfg.train.eval_every == 0:
+            self.w.selection.consider(self.spec.evaluate(self.w))
+            self.last = state.step
+
+    def at_end(self, state, epoch, pos) -> None:
+        if self.last != state.step:
+            self.w.selection.consider(self.spec.evaluate(self.w))
+
+
+def run_in_process(spec: JobSpec, cfg, data=None, hooks=None) -> tuple[Worker, dict[str, float]]:
+    """A job's worker in this process, on the CPU, without Ray or MLflow: the same checks, initial
+    weights, starting point, batches, steps, loop (`fit`) and evaluation (with `hooks`: evaluation
+    cadence and selection as the job's, else one evaluation at the end). The train split is read by
+    the job's Ray-free reader (`shard` None). Returns (worker, final metrics): the held-out metrics
+    of the selected model for selecting jobs, else the last evaluation."""
+    if data is None:
+        data = spec.resolve_data(cfg)
+    start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
+    cfg = spec.fit_to_data(cfg, data, pretrained)
+    micro = split_batch(cfg)
+    total = spec.steps_per_epoch(cfg, data, micro, cfg.scale.num_workers) * cfg.train.epochs
+    total = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+    cpu = torch.device("cpu")
+    state = _build(spec, cfg, data, start, cpu, total, fresh=True)
+    model = ckpt.unwrap(state.model)
+    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
+                 if spec.selects_on_validation else None)
+    w = Worker(cfg, data, state, model, 0, 1, cpu, micro, None, selection)
+    spec.setup(w)
+    if hooks is None:
+        # The job's evaluation cadence where it selects a model on it; else one evaluation at the end.
+        hooks = LocalSelection(spec, w) if selection is not None else NoHooks()
+    fit(state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs, total_steps=total,
+        grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg))
+    if selection is None:
+        return w, spec.evaluate(w)
+    return w, _held_out(spec, w, None, state)
