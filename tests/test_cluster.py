@@ -421,16 +421,15 @@ def test_pretraining_job_runs_one_worker_per_node(rehearsal):
     # Checkpoints in the storage path the cluster's environment names (no --storage-path given).
     assert list((r.shared / "rehearsal").glob("checkpoint_*"))
     # One MLflow run, logged through the head's MLflow server; artifacts went through it to its root.
-    client = tracking.client(r.tracking_uri)
-    exp = client.get_experiment_by_name("xmodal-pretrain")
-    runs = client.search_runs([exp.experiment_id], f"tags.`{tracking.RUN_NAME_TAG}` = 'rehearsal'")
+    exp_id = tracking.get_experiment_id(r.tracking_uri, "xmodal-pretrain")
+    runs = tracking.search_runs(r.tracking_uri, [exp_id], f"tags.`{tracking.RUN_NAME_TAG}` = 'rehearsal'")
     assert len(runs) == 1
     run = runs[0]
-    assert run.info.status == "FINISHED"
-    assert run.data.params["scale.num_workers"] == "2"
-    assert run.data.params["scale.placement_strategy"] == "STRICT_SPREAD"
-    assert "train/loss" in run.data.metrics and "eval/loss/mlm" in run.data.metrics
-    assert "model/model.pt" in {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert run.status == "FINISHED"
+    assert run.params["scale.num_workers"] == "2"
+    assert run.params["scale.placement_strategy"] == "STRICT_SPREAD"
+    assert "train/loss" in run.metrics and "eval/loss/mlm" in run.metrics
+    assert "model/model.pt" in tracking.list_artifacts(r.tracking_uri, run.run_id, "model")
     assert list(r.artifacts.rglob("model.pt"))
 
 
@@ -439,7 +438,7 @@ def test_sweep_runs_its_trials_across_both_nodes(rehearsal):
     r = rehearsal
     if not (REPO / "jobs" / "sweep.py").exists():
         pytest.skip("jobs/sweep.py is not in this tree yet (the sweep layer lands separately)")
-    T = pytest.importorskip("xmodal.sweep.tags", reason="xmodal.sweep is not in this tree yet")
+    T = pytest.importorskip("xmodal.run_tags", reason="xmodal.sweep is not in this tree yet")
     space = r.tmp / "space.yaml"
     space.write_text(SWEEP_SPACE.format(store=r.store))
     job = run_job(r, "jobs/sweep.py", str(space), "--name", "rehearsal-sweep", "--no-report")
@@ -455,8 +454,8 @@ def test_sweep_runs_its_trials_across_both_nodes(rehearsal):
     assert list((r.shared / "sweeps" / "rehearsal-sweep" / "train").glob("*/checkpoint_*"))
     exp_id = tracking.get_experiment_id(r.tracking_uri, "xmodal-sweep-space")
     parent = tracking.find_run(r.tracking_uri, exp_id, "rehearsal-sweep")
-    assert parent.info.status == "FINISHED"
-    children = tracking.child_runs(r.tracking_uri, parent.info.run_id)
-    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
-    assert {c.data.params["optim.lr"] for c in children} == {"0.01", "0.001"}
-    assert all(c.data.tags[T.KIND] == "trial" for c in children)
+    assert parent.status == "FINISHED"
+    children = tracking.child_runs(r.tracking_uri, parent.run_id)
+    assert len(children) == 2 and all(c.status == "FINISHED" for c in children)
+    assert {c.params["optim.lr"] for c in children} == {"0.01", "0.001"}
+    assert all(c.tags[T.KIND] == "trial" for c in children)

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.errors import UserError
-from xmodal.sweep import tags as T
 
 MISSING = "-"  # a conditional parameter that did not apply to a run
 CURVES_TOP = 3  # configurations shown in the learning-curve plot
@@ -92,24 +92,24 @@ def parse_value(text: str) -> Any:
     return {"True": True, "False": False, "None": None}.get(text, text)
 
 
-def _state(run) -> str:
-    tags, status = run.data.tags, run.info.status
+def _state(run: tracking.RunRecord) -> str:
+    tags, status = run.tags, run.status
     if tags.get(T.EARLY_STOPPED) == "true":
         return "early-stopped"
     return {"FINISHED": "finished", "FAILED": "failed", "RUNNING": "running", "SCHEDULED": "running"}.get(
         status, "killed")
 
 
-def _trial(run) -> TrialRun:
-    tags = run.data.tags
+def _trial(run: tracking.RunRecord) -> TrialRun:
+    tags = run.tags
     keys = json.loads(tags.get(T.ABLATION_KEYS, "[]"))
     params = {k: parse_value(tags[T.ABLATION + k]) for k in keys if T.ABLATION + k in tags}
-    return TrialRun(run_id=run.info.run_id, name=run.info.run_name or tags.get(tracking.RUN_NAME_TAG, ""),
-                    parent_run_id=tags.get(tracking.PARENT_TAG), params=params, seed=tags.get(T.SEED),
-                    state=_state(run), metrics=dict(run.data.metrics))
+    return TrialRun(run_id=run.run_id, name=run.name, parent_run_id=run.parent_run_id, params=params,
+                    seed=tags.get(T.SEED), state=_state(run), metrics=dict(run.metrics))
 
 
-def collect(uri: str, experiment: str | None = None, parent_run_id: str | None = None):
+def collect(uri: str, experiment: str | None = None,
+            parent_run_id: str | None = None) -> tuple[list[TrialRun], list[tracking.RunRecord]]:
     """(trial runs, parent runs) of one sweep or of every sweep in an experiment."""
     if (experiment is None) == (parent_run_id is None):
         raise ReportError("give exactly one of an experiment name or a parent run id")
@@ -120,19 +120,19 @@ def collect(uri: str, experiment: str | None = None, parent_run_id: str | None =
     if parent_run_id is not None:
         try:
             parent = tracking.get_run(uri, parent_run_id)
-        except Exception as e:
+        except tracking.RunNotFound as e:
             raise ReportError(f"parent run {parent_run_id!r} not found in {uri}: {e}") from None
         # Children that are trials: a pretrain-then-fine-tune chain also logs its pretraining stage there.
-        runs = [r for r in tracking.child_runs(uri, parent_run_id) if r.data.tags.get(T.KIND) == "trial"]
+        runs = [r for r in tracking.child_runs(uri, parent_run_id) if r.tags.get(T.KIND) == "trial"]
         parents = [parent]
     else:
         exp_id = tracking.get_experiment_id(uri, experiment)
         if exp_id is None:
-            names = [e.name for e in tracking.client(uri).search_experiments()]
+            names = tracking.experiment_names(uri)
             raise ReportError(f"experiment {experiment!r} not found in {uri}; experiments: {', '.join(names)}")
         runs = tracking.search_runs(uri, [exp_id], f"tags.`{T.KIND}` = 'trial'")
         parents = tracking.search_runs(uri, [exp_id], f"tags.`{T.KIND}` = 'sweep'")
-    runs = [r for r in runs if r.data.tags.get(T.ORPHANED) != "true"]
+    runs = [r for r in runs if r.tags.get(T.ORPHANED) != "true"]
     return [_trial(r) for r in runs], parents
 
 
@@ -155,23 +155,23 @@ def _stats(values: list[float]) -> tuple[float, float, int]:
     return (mean, std, len(vals))
 
 
-def _parent_tag(parents: list, key: str) -> str | None:
+def _parent_tag(parents: list[tracking.RunRecord], key: str) -> str | None:
     """The tag of the most recent parent run that has it."""
-    for p in sorted(parents, key=lambda p: p.info.start_time or 0, reverse=True):
-        if key in p.data.tags:
-            return p.data.tags[key]
+    for p in sorted(parents, key=lambda p: p.start_time or 0, reverse=True):
+        if key in p.tags:
+            return p.tags[key]
     return None
 
 
-def _sweep_metric(parents: list) -> str | None:
+def _sweep_metric(parents: list[tracking.RunRecord]) -> str | None:
     return _parent_tag(parents, T.METRIC)
 
 
-def _sweep_mode(parents: list) -> str:
+def _sweep_mode(parents: list[tracking.RunRecord]) -> str:
     return _parent_tag(parents, T.MODE) or "max"
 
 
-def build_report(trials: list[TrialRun], parents: list, metric: str | None = None, mode: str | None = None,
+def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metric: str | None = None, mode: str | None = None,
                  columns: list[str] | None = None, title: str = "ablation") -> Report:
     metric = metric or _sweep_metric(parents)
     mode = mode or _sweep_mode(parents)
@@ -208,7 +208,7 @@ def build_report(trials: list[TrialRun], parents: list, metric: str | None = Non
 
     rows = sorted(groups.values(), key=order)
     return Report(title=title, metric=metric, mode=mode, keys=keys, columns=columns, rows=rows, skipped=skipped,
-                  parents=[p.info.run_id for p in parents])
+                  parents=[p.run_id for p in parents])
 
 
 # ---------------------------------------------------------------- files
@@ -367,7 +367,7 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
     uri = tracking.resolve_tracking_uri(uri)
     trials, parents = collect(uri, experiment, parent_run_id)
     if parent_run_id is not None:
-        title = f"sweep {parents[0].data.tags.get(T.SWEEP, parents[0].info.run_name)}"
+        title = f"sweep {parents[0].tags.get(T.SWEEP, parents[0].name)}"
     else:
         title = f"experiment {experiment}"
     metric = metric or _sweep_metric(parents)

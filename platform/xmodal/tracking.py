@@ -1,8 +1,9 @@
 """MLflow: where runs are logged, run naming and lookup, parent/child runs, artifacts.
 
-The only module that talks to MLflow. The driver creates the database, the
-experiment and the run (several processes creating a new SQLite database at
-once fail); rank 0 of the training workers logs into that run by id.
+The only module that talks to MLflow, and the only one that sees MLflow's objects: runs come back as
+`RunRecord`s, metric values as `MetricPoint`s or (step, value) pairs, artifacts as paths. The driver
+creates the database, the experiment and the run (several processes creating a new SQLite database
+at once fail); rank 0 of the training workers logs into that run by id.
 """
 
 from __future__ import annotations
@@ -10,11 +11,65 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-RUN_NAME_TAG = "xmodal.run_name"
-PARENT_TAG = "mlflow.parentRunId"
+from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+
+__all__ = ["PARENT_TAG", "RUN_NAME_TAG", "MetricPoint", "RunNotFound", "RunRecord"]  # and the functions below
+
+
+class RunNotFound(LookupError):
+    """No run with this id in the tracking store."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One MLflow run as plain data, read once (a later change to the run is not seen)."""
+
+    run_id: str
+    name: str  # the run name (MLflow's, else the xmodal.run_name tag)
+    experiment_id: str
+    status: str  # RUNNING | SCHEDULED | FINISHED | FAILED | KILLED
+    start_time: int | None  # ms since the epoch
+    end_time: int | None  # ms since the epoch; None while running
+    tags: dict[str, str] = field(default_factory=dict, hash=False)
+    params: dict[str, str] = field(default_factory=dict, hash=False)
+    metrics: dict[str, float] = field(default_factory=dict, hash=False)  # the last value of each metric
+
+    @property
+    def parent_run_id(self) -> str | None:
+        return self.tags.get(PARENT_TAG)
+
+    # Transitional, for the job layer (train/job.py, train/finetune.py) until it reads the fields above:
+    # the attribute paths of MLflow's Run (`run.info.run_id`, `run.data.tags`), as plain data.
+    @property
+    def info(self) -> SimpleNamespace:
+        return SimpleNamespace(run_id=self.run_id, run_name=self.name, experiment_id=self.experiment_id,
+                               status=self.status, start_time=self.start_time, end_time=self.end_time)
+
+    @property
+    def data(self) -> SimpleNamespace:
+        return SimpleNamespace(tags=self.tags, params=self.params, metrics=self.metrics)
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One logged value of a metric."""
+
+    step: int
+    value: float
+    timestamp: int  # ms since the epoch
+
+
+def _record(run) -> RunRecord:
+    info, data = run.info, run.data
+    tags = dict(data.tags)
+    return RunRecord(run_id=info.run_id, name=info.run_name or tags.get(RUN_NAME_TAG, ""),
+                     experiment_id=info.experiment_id, status=info.status, start_time=info.start_time,
+                     end_time=info.end_time, tags=tags, params=dict(data.params), metrics=dict(data.metrics))
 
 
 def _mlflow():
@@ -44,6 +99,8 @@ def ui_command(uri: str) -> str:
 
 
 def client(uri: str):
+    """MLflow's client. Internal: other modules use the functions of this module. (train/mult.py still
+    calls it until the job-layer rewrite; then it becomes `_client`.)"""
     return _mlflow().tracking.MlflowClient(tracking_uri=uri)
 
 
@@ -61,12 +118,12 @@ def ensure_experiment(uri: str, name: str) -> str:
         return exp.experiment_id
 
 
-def find_run(uri: str, experiment_id: str, run_name: str) -> Any | None:
+def find_run(uri: str, experiment_id: str, run_name: str) -> RunRecord | None:
     """The run created earlier under `run_name` (tagged), for resuming into the same run."""
     runs = client(uri).search_runs(
         [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
         order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0] if runs else None
+    return _record(runs[0]) if runs else None
 
 
 def create_run(uri: str, experiment_id: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
@@ -172,37 +229,58 @@ def get_experiment_id(uri: str, name: str) -> str | None:
     return exp.experiment_id if exp is not None else None
 
 
-def get_run(uri: str, run_id: str) -> Any:
-    return client(uri).get_run(run_id)
+def experiment_names(uri: str) -> list[str]:
+    """The names of the store's (active) experiments."""
+    return [e.name for e in client(uri).search_experiments()]
 
 
-def search_runs(uri: str, experiment_ids: list[str], filter_string: str = "") -> list[Any]:
+def get_run(uri: str, run_id: str) -> RunRecord:
+    """The run with this id; `RunNotFound` (a LookupError) if the store has none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _record(client(uri).get_run(run_id))
+    except MlflowException as e:
+        raise RunNotFound(f"no MLflow run {run_id!r} in {uri}: {e.message}") from None
+
+
+def search_runs(uri: str, experiment_ids: list[str], filter_string: str = "") -> list[RunRecord]:
     """Every matching run (all pages), oldest first."""
     c = client(uri)
-    runs: list[Any] = []
+    runs: list[RunRecord] = []
     token = None
     while True:
         page = c.search_runs(experiment_ids, filter_string=filter_string, max_results=1000,
                              order_by=["attributes.start_time ASC"], page_token=token)
-        runs.extend(page)
+        runs.extend(_record(r) for r in page)
         token = page.token
         if not token:
             return runs
 
 
-def child_runs(uri: str, parent_run_id: str) -> list[Any]:
+def child_runs(uri: str, parent_run_id: str) -> list[RunRecord]:
     """The runs tagged as children of `parent_run_id`, oldest first."""
-    parent = client(uri).get_run(parent_run_id)
-    return search_runs(uri, [parent.info.experiment_id], f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
+    parent = get_run(uri, parent_run_id)
+    return search_runs(uri, [parent.experiment_id], f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
+
+
+def metric_points(uri: str, run_id: str, key: str) -> list[MetricPoint]:
+    """Every value logged for one metric, as MLflow stores them (a repeated step appears twice)."""
+    return [MetricPoint(m.step, m.value, m.timestamp) for m in client(uri).get_metric_history(run_id, key)]
 
 
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric, by step (the last value logged wins for a repeated step)."""
     by_step: dict[int, tuple[int, float]] = {}
-    for m in client(uri).get_metric_history(run_id, key):
+    for m in metric_points(uri, run_id, key):
         if m.step not in by_step or m.timestamp >= by_step[m.step][0]:
             by_step[m.step] = (m.timestamp, m.value)
     return [(s, v) for s, (_, v) in sorted(by_step.items())]
+
+
+def list_artifacts(uri: str, run_id: str, path: str | None = None) -> list[str]:
+    """The paths (relative to the run's artifact root) of the files and folders directly under `path`."""
+    return [a.path for a in client(uri).list_artifacts(run_id, path)]
 
 
 def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
@@ -219,7 +297,7 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
     return Path(client(uri).download_artifacts(run_id, artifact_path, str(dst_dir)))
 
 
-def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> Any | None:
+def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
     """The most recently started FINISHED run of `experiment` with these tag values, or None."""
     exp_id = get_experiment_id(uri, experiment)
     if exp_id is None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.sweep import tags as T
 from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")
@@ -52,7 +52,7 @@ def space_file(tmp: Path, store: Path, body: str, train: str) -> Path:
 
 
 def children(uri: str, parent: str) -> list:
-    return [r for r in tracking.child_runs(uri, parent) if r.data.tags.get(T.ORPHANED) != "true"]
+    return [r for r in tracking.child_runs(uri, parent) if r.tags.get(T.ORPHANED) != "true"]
 
 
 # ---------------------------------------------------------------- one sweep: children, conditions, ASHA, report
@@ -89,19 +89,18 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     assert result["errors"] == 0 and result["trials"] == 4 and result["unfinished"] == 0
 
     parent = tracking.get_run(uri, parent_id)
-    assert parent.info.status == "FINISHED" and parent.data.tags[T.KIND] == "sweep"
-    assert parent.data.params["num_samples"] == "4" and parent.data.params["scheduler.max_t"] == "4"
-    assert parent.data.tags[T.BEST + "optim.lr"] == "0.01"
-    assert parent.data.metrics["best/eval/loss/mlm"] == pytest.approx(result["best"]["eval/loss/mlm"])
-    assert {"space/space.yaml", "space/sweep.yaml"} <= {
-        a.path for a in tracking.client(uri).list_artifacts(parent_id, "space")}
+    assert parent.status == "FINISHED" and parent.tags[T.KIND] == "sweep"
+    assert parent.params["num_samples"] == "4" and parent.params["scheduler.max_t"] == "4"
+    assert parent.tags[T.BEST + "optim.lr"] == "0.01"
+    assert parent.metrics["best/eval/loss/mlm"] == pytest.approx(result["best"]["eval/loss/mlm"])
+    assert {"space/space.yaml", "space/sweep.yaml"} <= set(tracking.list_artifacts(uri, parent_id, "space"))
 
     runs = children(uri, parent_id)
-    assert len(runs) == 4 and len({r.data.tags[T.TRIAL_ID] for r in runs}) == 4
+    assert len(runs) == 4 and len({r.tags[T.TRIAL_ID] for r in runs}) == 4
     stopped = []
     for r in runs:
-        tags, params = r.data.tags, r.data.params
-        assert tags[T.KIND] == "trial" and tags[tracking.PARENT_TAG] == parent_id
+        tags, params = r.tags, r.params
+        assert tags[T.KIND] == "trial" and tags[T.PARENT_TAG] == parent_id
         # searched values: in the run's params (the resolved config) and its ablation tags
         assert params["optim.lr"] == tags[T.ABLATION + "optim.lr"]
         assert params["tasks.obj_feat"] == tags[T.ABLATION + "tasks.obj_feat"]
@@ -113,17 +112,17 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
         assert params["train.best_metric"] == "eval/loss/mlm" and params["preset"] == "tiny"
         if tags.get(T.EARLY_STOPPED) == "true":
             stopped.append(r)
-            assert r.info.status == "KILLED" and int(tags[T.STOPPED_AT]) < 4
+            assert r.status == "KILLED" and int(tags[T.STOPPED_AT]) < 4
         else:
-            assert r.info.status == "FINISHED" and tags[T.EARLY_STOPPED] == "false"
-            steps = [s for s, _ in tracking.metric_history(uri, r.info.run_id, "eval/loss/mlm")]
+            assert r.status == "FINISHED" and tags[T.EARLY_STOPPED] == "false"
+            steps = [s for s, _ in tracking.metric_history(uri, r.run_id, "eval/loss/mlm")]
             assert steps == [2, 4, 6]
-            arts = {a.path for a in tracking.client(uri).list_artifacts(r.info.run_id)}
+            arts = set(tracking.list_artifacts(uri, r.run_id))
             assert {"config.yaml", "model"} <= arts
     # Every 1e-9 trial starts after a good one has set the first rung, and is worse: stopped there.
     # (ASHA may also stop the second good trial when it reaches a rung behind an equally good one.)
-    assert stopped and all(r in stopped for r in runs if r.data.params["optim.lr"] == "1e-09")
-    assert any(r.info.status == "FINISHED" and r.data.params["optim.lr"] == "0.01" for r in runs)
+    assert stopped and all(r in stopped for r in runs if r.params["optim.lr"] == "1e-09")
+    assert any(r.status == "FINISHED" and r.params["optim.lr"] == "0.01" for r in runs)
 
     # the report written at the end: one row per configuration, values = the runs' final metrics
     out = Path(result["report"])
@@ -131,20 +130,20 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
         rows = list(csv.DictReader(f))
     configs: dict[tuple, list] = {}
     for r in runs:
-        key = tuple(r.data.tags.get(T.ABLATION + k, "-") for k in ("optim.lr", "tasks.obj_feat", "tasks.feat_loss"))
+        key = tuple(r.tags.get(T.ABLATION + k, "-") for k in ("optim.lr", "tasks.obj_feat", "tasks.feat_loss"))
         configs.setdefault(key, []).append(r)
     assert len(rows) == len(configs)
     for row in rows:
         group = configs[(row["optim.lr"], row["tasks.obj_feat"], row["tasks.feat_loss"])]
-        used = [r for r in group if r.info.status == "FINISHED"] or group
+        used = [r for r in group if r.status == "FINISHED"] or group
         # each run counts with its best evaluation (mode min): the checkpoint it keeps
-        best = [min(v for _, v in tracking.metric_history(uri, r.info.run_id, "eval/loss/mlm")) for r in used]
+        best = [min(v for _, v in tracking.metric_history(uri, r.run_id, "eval/loss/mlm")) for r in used]
         mean = sum(best) / len(best)
         assert float(row["eval/loss/mlm mean"]) == pytest.approx(mean)
         assert int(row["runs"]) == len(group)
     assert rows[0]["optim.lr"] == "0.01" and rows[0]["finished"] == "1"  # sorted best first
     assert len(list(out.glob("*.png"))) == 4  # metric vs each of the 3 parameters + learning curves
-    logged = {a.path for a in tracking.client(uri).list_artifacts(parent_id, "report")}
+    logged = set(tracking.list_artifacts(uri, parent_id, "report"))
     assert "report/table.md" in logged
 
 
@@ -205,7 +204,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, tiny_
                 continue
             exp = tracking.get_experiment_id(uri, "xmodal-sweep-space")
             runs = tracking.search_runs(uri, [exp], f"tags.`{T.KIND}` = 'trial'")
-            finished_before = {r.info.run_id: r.info.end_time for r in runs if r.info.status == "FINISHED"}
+            finished_before = {r.run_id: r.end_time for r in runs if r.status == "FINISHED"}
             if finished_before:
                 break
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
@@ -225,13 +224,13 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, tiny_
     assert "continuing sweep 'resumable'" in log
 
     parent = tracking.find_run(uri, tracking.get_experiment_id(uri, "xmodal-sweep-space"), "resumable")
-    assert parent.info.status == "FINISHED"
-    runs = children(uri, parent.info.run_id)
-    names = [r.info.run_name for r in runs]
+    assert parent.status == "FINISHED"
+    runs = children(uri, parent.run_id)
+    names = [r.name for r in runs]
     assert len(runs) == 3 and len(set(names)) == 3, names  # the total asked for; no trial twice
-    assert all(r.info.status == "FINISHED" for r in runs)
+    assert all(r.status == "FINISHED" for r in runs)
     for run_id, end in finished_before.items():  # finished before the kill: not run again
-        assert tracking.get_run(uri, run_id).info.end_time == end
+        assert tracking.get_run(uri, run_id).end_time == end
     states = sorted((tmp_path / "runs" / "resumable").glob("experiment_state-*.json"))
     tune_trials = json.loads(states[-1].read_text())
     assert len(tune_trials["trial_data"]) == 3

@@ -74,20 +74,20 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
                  f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
                  cls=PretrainFinetuneConfig)
     out = run_chain(cfg)
-    uri, c = out["tracking_uri"], tracking.client(out["tracking_uri"])
-    fine = c.get_run(out["run_id"])
-    pre_id = fine.data.tags["pretrain_run_id"]
-    pre = c.get_run(pre_id)
-    assert (pre.info.status, fine.info.status) == ("FINISHED", "FINISHED")
-    assert (pre.data.tags[STAGE_TAG], fine.data.tags[STAGE_TAG]) == ("pretrain", "finetune")
-    assert (fine.data.tags["init"], fine.data.tags["init_run_id"]) == ("run", pre_id)
-    m = fine.data.metrics
-    hist = [x.value for x in c.get_metric_history(fine.info.run_id, "valid/accuracy")]
+    uri = out["tracking_uri"]
+    fine = tracking.get_run(uri, out["run_id"])
+    pre_id = fine.tags["pretrain_run_id"]
+    pre = tracking.get_run(uri, pre_id)
+    assert (pre.status, fine.status) == ("FINISHED", "FINISHED")
+    assert (pre.tags[STAGE_TAG], fine.tags[STAGE_TAG]) == ("pretrain", "finetune")
+    assert (fine.tags["init"], fine.tags["init_run_id"]) == ("run", pre_id)
+    m = fine.metrics
+    hist = [x.value for x in tracking.metric_points(uri, fine.run_id, "valid/accuracy")]
     assert len(hist) >= 2 and m["best_valid/accuracy"] == pytest.approx(max(hist))
 
     # The reference submission shape, one prediction per validation question, answers from the table.
     data = open_finetune(sets["vqa"])
-    preds = json.loads((artifact(uri, fine.info.run_id, "predictions", tmp_path) / "valid_predict.json").read_text())
+    preds = json.loads((artifact(uri, fine.run_id, "predictions", tmp_path) / "valid_predict.json").read_text())
     assert sorted(p["question_id"] for p in preds) == sorted(data.ids("valid"))
     assert {p["answer"] for p in preds} <= set(data.answers.answers)
 
@@ -113,15 +113,15 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
     out = run_finetune(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
                               "train.epochs=3", "scale.num_workers=2", "train.fail_at_step=6",
                               "mlflow.run_name=nlvr2"))
-    c = tracking.client(out["tracking_uri"])
-    run = c.get_run(out["run_id"])
-    assert run.info.status == "FINISHED" and run.data.tags["init"] == "scratch"
-    assert {"valid/accuracy", "valid/consistency", "best_valid/consistency"} <= set(run.data.metrics)
-    assert [m.value for m in c.get_metric_history(out["run_id"], "train/resumed_from_step")] == [4]
-    evals = [m.step for m in c.get_metric_history(out["run_id"], "valid/accuracy")]
+    uri = out["tracking_uri"]
+    run = tracking.get_run(uri, out["run_id"])
+    assert run.status == "FINISHED" and run.tags["init"] == "scratch"
+    assert {"valid/accuracy", "valid/consistency", "best_valid/consistency"} <= set(run.metrics)
+    assert [m.value for m in tracking.metric_points(uri, out["run_id"], "train/resumed_from_step")] == [4]
+    evals = [m.step for m in tracking.metric_points(uri, out["run_id"], "valid/accuracy")]
     assert evals == sorted(set(evals))  # one history: no step logged twice
-    hist = [m.value for m in c.get_metric_history(out["run_id"], "valid/accuracy")]
-    assert run.data.metrics["best_valid/accuracy"] == pytest.approx(max(hist))
+    hist = [m.value for m in tracking.metric_points(uri, out["run_id"], "valid/accuracy")]
+    assert run.metrics["best_valid/accuracy"] == pytest.approx(max(hist))
     rows = list(csv.reader((artifact(out["tracking_uri"], out["run_id"], "predictions", tmp_path)
                             / "valid_predict.csv").open()))
     ids = open_finetune(sets["nlvr2"]).ids("valid")

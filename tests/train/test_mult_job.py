@@ -36,21 +36,20 @@ def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path
         "preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "seeds=[1, 2]",
         "scale.num_workers=2", "mlflow.run_name=seeded", "mlflow.system_metrics=false"])
     out = run_mult(cfg)
-    c = tracking.client(uri)
-    parent = c.get_run(out["run_id"])
-    assert parent.info.status == "FINISHED"
-    children = c.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{out['run_id']}'")
-    assert sorted(r.data.params["train.seed"] for r in children) == ["1", "2"]
+    parent = tracking.get_run(uri, out["run_id"])
+    assert parent.status == "FINISHED"
+    children = tracking.child_runs(uri, out["run_id"])
+    assert sorted(r.params["train.seed"] for r in children) == ["1", "2"]
     maes = []
     for child in children:
-        m = child.data.metrics
-        assert child.info.status == "FINISHED"
+        m = child.metrics
+        assert child.status == "FINISHED"
         for key in ("test/mae", "test/corr", "test/acc7", "test/acc2", "test/f1", "test/acc2_has0", "best_valid/mae"):
             assert key in m, key
         # The selected model is the best on validation: no logged validation MAE beats it.
-        hist = [x.value for x in c.get_metric_history(child.info.run_id, "valid/mae")]
+        hist = [x.value for x in tracking.metric_points(uri, child.run_id, "valid/mae")]
         assert m["best_valid/mae"] == pytest.approx(min(hist))
         maes.append(m["test/mae"])
-    pm = parent.data.metrics
+    pm = parent.metrics
     assert pm["test/mae_mean"] == pytest.approx(sum(maes) / 2)
     assert pm["test/mae_std"] == pytest.approx(abs(maes[0] - maes[1]) / 2 ** 0.5)

@@ -38,14 +38,14 @@ def tiny_args(tmp: Path, store: Path, name: str, *extra: str) -> list[str]:
 
 def the_run(tmp: Path, name: str, experiment: str = "xmodal-pretrain"):
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    exp = tracking.client(uri).get_experiment_by_name(experiment)
-    runs = tracking.client(uri).search_runs([exp.experiment_id], f"tags.`xmodal.run_name` = '{name}'")
+    exp_id = tracking.get_experiment_id(uri, experiment)
+    runs = tracking.search_runs(uri, [exp_id], f"tags.`{tracking.RUN_NAME_TAG}` = '{name}'")
     assert len(runs) == 1, f"expected one MLflow run named {name}, found {len(runs)}"
     return uri, runs[0]
 
 
 def steps_of(uri: str, run_id: str, key: str) -> list[int]:
-    return sorted(m.step for m in tracking.client(uri).get_metric_history(run_id, key))
+    return sorted(m.step for m in tracking.metric_points(uri, run_id, key))
 
 
 # ---------------------------------------------------------------- bad input, before Ray starts
@@ -90,14 +90,14 @@ def test_job_submit_logs_a_finished_run(tmp_path, tiny_store):
         head.stop()
     assert "mlflow ui --backend-store-uri" in logs and "samples/s" in logs and "ETA" in logs
     uri, run = the_run(tmp_path, "submitted")
-    assert run.info.status == "FINISHED"
-    assert run.data.params["model.hidden_size"] == "32" and run.data.params["scale.num_workers"] == "2"
-    assert run.data.tags["model"] == "lxmert" and run.data.tags["git_commit"]
+    assert run.status == "FINISHED"
+    assert run.params["model.hidden_size"] == "32" and run.params["scale.num_workers"] == "2"
+    assert run.tags["model"] == "lxmert" and run.tags["git_commit"]
     for key in TASK_METRICS + ["train/lr", "train/samples_per_s"]:
-        assert key in run.data.metrics, key
-    artifacts = {a.path for a in tracking.client(uri).list_artifacts(run.info.run_id)}
+        assert key in run.metrics, key
+    artifacts = set(tracking.list_artifacts(uri, run.run_id))
     assert "config.yaml" in artifacts and "model" in artifacts
-    model_files = {a.path for a in tracking.client(uri).list_artifacts(run.info.run_id, "model")}
+    model_files = set(tracking.list_artifacts(uri, run.run_id, "model"))
     assert "model/model.pt" in model_files
 
 
@@ -116,10 +116,10 @@ def test_worker_failure_resumes_from_checkpoint_into_one_history(tmp_path, tiny_
     result = run_pretraining(cfg)
     assert (tmp_path / "runs" / "faulty" / ".fail_injected").exists()
     uri, run = the_run(tmp_path, "faulty")
-    assert run.info.status == "FINISHED" and run.info.run_id == result["run_id"]
-    resumed = tracking.client(uri).get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert run.status == "FINISHED" and run.run_id == result["run_id"]
+    resumed = tracking.metric_points(uri, run.run_id, "train/resumed_from_step")
     assert len(resumed) == 1 and 0 < resumed[0].value < 10  # continued from a checkpoint, not from 0
-    steps = steps_of(uri, run.info.run_id, "train/loss")
+    steps = steps_of(uri, run.run_id, "train/loss")
     assert steps == list(range(1, steps[-1] + 1))  # every step once: no gap, no restart
     with result["checkpoint"].as_directory() as d:
         meta = json.loads((Path(d) / "meta.json").read_text())
@@ -145,10 +145,10 @@ def test_driver_killed_midway_resumes_into_the_same_run(tmp_path, tiny_store):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming run 'restarted'" in second.stdout
     uri, run = the_run(tmp_path, "restarted")
-    assert run.info.status == "FINISHED"
-    resumed = tracking.client(uri).get_metric_history(run.info.run_id, "train/resumed_from_step")
+    assert run.status == "FINISHED"
+    resumed = tracking.metric_points(uri, run.run_id, "train/resumed_from_step")
     assert len(resumed) == 1 and resumed[0].value >= 4
-    steps = steps_of(uri, run.info.run_id, "train/loss")
+    steps = steps_of(uri, run.run_id, "train/loss")
     assert steps == sorted(set(steps)) and steps[-1] > resumed[0].value
 
 

@@ -5,7 +5,7 @@ per trial, logged to MLflow as children of one parent run per sweep.
     plan.py    names, paths and every check, before Ray starts (no Ray)
     jobs.py    the training jobs a sweep can run (pretrain, mult, pretrain_finetune)
     runner.py  Tune + Optuna: the Tuner, the trial function, the driver's MLflow callback
-    tags.py    MLflow tag names shared with xmodal.report
+    (tag names: xmodal.run_tags, shared with xmodal.report)
 """
 
 from __future__ import annotations

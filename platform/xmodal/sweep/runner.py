@@ -23,9 +23,9 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
+from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.config import ConfigError, flatten
-from xmodal.sweep import tags as T
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -79,9 +79,9 @@ def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
     exp_id = tracking.ensure_experiment(uri, plan.experiment)
     existing = tracking.find_run(uri, exp_id, plan.name)
     if existing is not None:
-        tracking.mark_running(uri, existing.info.run_id)
-        print(f"[xmodal] continuing sweep {plan.name!r} (MLflow parent run {existing.info.run_id})")
-        return exp_id, existing.info.run_id
+        tracking.mark_running(uri, existing.run_id)
+        print(f"[xmodal] continuing sweep {plan.name!r} (MLflow parent run {existing.run_id})")
+        return exp_id, existing.run_id
     s = plan.space
     run_id = tracking.create_run(uri, exp_id, plan.name, _space_params(s), {
         T.KIND: "sweep", T.SWEEP: plan.name, T.JOB: s.job, T.METRIC: s.metric, T.MODE: s.mode,
@@ -138,14 +138,14 @@ def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
     is restored as running. Its MLflow run is FINISHED (finish_run sets that last): report its final
     metrics to Tune instead of training it again."""
     run = tracking.find_run(setup["tracking_uri"], setup["experiment_id"], run_name)
-    if run is None or run.info.status != "FINISHED" or run.data.tags.get(T.EARLY_STOPPED) == "true":
+    if run is None or run.status != "FINISHED" or run.tags.get(T.EARLY_STOPPED) == "true":
         return False
-    metrics: dict[str, Any] = {k: v for k, v in run.data.metrics.items()
+    metrics: dict[str, Any] = {k: v for k, v in run.metrics.items()
                                if not k.startswith(("train/", "system/"))}  # eval/, valid/, test/, best_*
-    if T.TOTAL_STEPS in run.data.tags:
-        metrics["step"] = int(run.data.tags[T.TOTAL_STEPS])
+    if T.TOTAL_STEPS in run.tags:
+        metrics["step"] = int(run.tags[T.TOTAL_STEPS])
     print(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics from "
-          f"MLflow run {run.info.run_id} instead of training it again", flush=True)
+          f"MLflow run {run.run_id} instead of training it again", flush=True)
     tune.report(metrics)
     return True
 
@@ -166,7 +166,7 @@ class SweepCallback(tune.Callback):
         self.uri, self.experiment_id, self.sweep, self.parent_run_id = uri, experiment_id, sweep, parent_run_id
         self._stopped: dict[str, int] = {}
 
-    def _child(self, trial_id: str):
+    def _child(self, trial_id: str) -> tracking.RunRecord | None:
         return tracking.find_run(self.uri, self.experiment_id, trial_run_name(self.sweep, trial_id))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -180,36 +180,36 @@ class SweepCallback(tune.Callback):
         if run is None:
             return
         if trial.trial_id not in self._stopped:
-            tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "false"})
+            tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "false"})
             return
         reports = self._stopped.pop(trial.trial_id)
         # The job marks its last report `final`; older runs only had the total-steps tag to compare with.
-        step, total = trial.last_result.get("step"), run.data.tags.get(T.TOTAL_STEPS)
+        step, total = trial.last_result.get("step"), run.tags.get(T.TOTAL_STEPS)
         trained_out = trial.last_result.get("final") == 1 or (
             step is not None and total is not None and int(step) >= int(total))
         if trained_out:
             # Stopped on its final report (only when max_t exceeds a trial's reports): nothing was cut
             # short, but finish_run may not have logged the final model.
-            tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "false", T.STOPPED_AT: str(reports)})
-            tracking.set_terminated(self.uri, run.info.run_id, "FINISHED")
+            tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "false", T.STOPPED_AT: str(reports)})
+            tracking.set_terminated(self.uri, run.run_id, "FINISHED")
         else:
-            tracking.set_tags(self.uri, run.info.run_id, {T.EARLY_STOPPED: "true", T.STOPPED_AT: str(reports)})
-            tracking.set_terminated(self.uri, run.info.run_id, "KILLED")
+            tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "true", T.STOPPED_AT: str(reports)})
+            tracking.set_terminated(self.uri, run.run_id, "KILLED")
             print(f"[xmodal] trial {trial.trial_id} stopped early after {reports} reports "
-                  f"(MLflow run {run.info.run_id} marked KILLED)", flush=True)
+                  f"(MLflow run {run.run_id} marked KILLED)", flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         run = self._child(trial.trial_id)
         if run is not None:
-            tracking.set_tags(self.uri, run.info.run_id, {T.ERROR: str(trial.error_file or "see Tune logs")[:500]})
-            tracking.set_terminated(self.uri, run.info.run_id, "FAILED")
+            tracking.set_tags(self.uri, run.run_id, {T.ERROR: str(trial.error_file or "see Tune logs")[:500]})
+            tracking.set_terminated(self.uri, run.run_id, "FAILED")
 
     def on_experiment_end(self, trials, **info):
         known = {t.trial_id for t in trials}
         for run in tracking.child_runs(self.uri, self.parent_run_id):
-            if run.info.status == "RUNNING" and run.data.tags.get(T.TRIAL_ID) not in known:
-                tracking.set_tags(self.uri, run.info.run_id, {T.ORPHANED: "true"})
-                tracking.set_terminated(self.uri, run.info.run_id, "KILLED")
+            if run.status == "RUNNING" and run.tags.get(T.TRIAL_ID) not in known:
+                tracking.set_tags(self.uri, run.run_id, {T.ORPHANED: "true"})
+                tracking.set_terminated(self.uri, run.run_id, "KILLED")
 
 
 # ---------------------------------------------------------------- the sweep
@@ -290,7 +290,7 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
         trial_id = best.metrics.get("trial_id", "")
         chosen = dict(best.config or {})
         child = tracking.find_run(uri, experiment_id, trial_run_name(plan.name, trial_id))
-        tags = {T.BEST + "trial_id": trial_id, T.BEST + "run_id": child.info.run_id if child else ""}
+        tags = {T.BEST + "trial_id": trial_id, T.BEST + "run_id": child.run_id if child else ""}
         tags.update({T.BEST + k: str(v) for k, v in chosen.items()})
         tracking.set_tags(uri, parent_run_id, tags)
         df = best.metrics_dataframe

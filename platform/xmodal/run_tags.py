@@ -1,5 +1,14 @@
-"""MLflow tag names shared by the sweep driver, its trials and the reports (no imports)."""
+"""MLflow tag names shared by tracking, the sweep driver, its trials and the reports (no imports).
 
+A module of its own, below both `xmodal.sweep` and `xmodal.report`: the sweep runner calls the
+report, so the report must not import the sweep package.
+"""
+
+# every run
+RUN_NAME_TAG = "xmodal.run_name"  # the run's name, by which a rerun finds it and resumes into it
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag: the parent run of a child (sweep trial, MulT seed)
+
+# sweeps
 KIND = "xmodal.kind"  # "sweep" on the parent run, "trial" on each child
 SWEEP = "xmodal.sweep"  # the sweep's name, on the parent and every child
 TRIAL_ID = "xmodal.trial_id"
