@@ -21,3 +21,14 @@ def ray_local():
              object_store_memory=1_000_000_000)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared 2-core machine: one torch thread, no OpenMP spinning."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

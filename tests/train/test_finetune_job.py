@@ -53,11 +53,11 @@ def artifact(uri: str, run_id: str, path: str, tmp: Path) -> Path:
     (["train.best_metric=valid/consistency"], "not measured on vqa; valid: valid/accuracy, valid/loss"),
 ])
 def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
-    from xmodal.train.finetune import prepare_run
+    from xmodal.train.finetune import FinetuneJob
 
     overrides = [o.format(tmp=tmp_path) for o in overrides]
     with pytest.raises(ConfigError, match=message):
-        prepare_run(config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
+        FinetuneJob().check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
     assert not (tmp_path / "runs").exists()
 
 
@@ -66,16 +66,16 @@ def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
 
 @pytest.mark.slow
 def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_path, ray_local):
-    from xmodal.train.finetune import Init, build_objective, load_init, resolve_init
-    from xmodal.train.pretrain_finetune import STAGE_TAG, run_chain
+    from xmodal.train.chain import STAGE_TAG, ChainJob
+    from xmodal.train.finetune import FinetuneJob, Init, load_init, resolve_init
 
     cfg = config(tmp_path, *[f"pretrain.{o}" for o in TINY], *[f"finetune.{o}" for o in TINY],
                  f"pretrain.data.store={sets['images']}", "pretrain.train.max_steps=8",
                  f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
                  cls=PretrainFinetuneConfig)
-    out = run_chain(cfg)
-    uri = out["tracking_uri"]
-    fine = tracking.get_run(uri, out["run_id"])
+    out = ChainJob().run(cfg)
+    uri = out.tracking_uri
+    fine = tracking.get_run(uri, out.run_id)
     pre_id = fine.tags["pretrain_run_id"]
     pre = tracking.get_run(uri, pre_id)
     assert (pre.status, fine.status) == ("FINISHED", "FINISHED")
@@ -98,7 +98,7 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
                                    tmp_path / "init")
     assert isinstance(init, Init) and init.source == "run" and init.pretrain_answers
     saved = torch.load(artifact(uri, pre_id, "model", tmp_path) / "model.pt", weights_only=True)
-    objective = build_objective(fcfg.model_copy(update={"model": model_cfg}), data.num_answers)
+    objective = FinetuneJob().build_objective(fcfg.model_copy(update={"model": model_cfg}), data)
     line = load_init(objective, init, list(data.answers.answers), True)
     assert "answer head" in line
     enc = objective.model.encoder.state_dict()
@@ -107,22 +107,22 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
 
 @pytest.mark.slow
 def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_csv(sets, tmp_path, ray_local):
-    from xmodal.train.finetune import run_finetune
+    from xmodal.train.finetune import FinetuneJob
 
     # A worker exits once at step 6; training resumes from the step-4 checkpoint with its selection.
-    out = run_finetune(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
+    out = FinetuneJob().run(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
                               "train.epochs=3", "scale.num_workers=2", "train.fail_at_step=6",
                               "mlflow.run_name=nlvr2"))
-    uri = out["tracking_uri"]
-    run = tracking.get_run(uri, out["run_id"])
+    uri = out.tracking_uri
+    run = tracking.get_run(uri, out.run_id)
     assert run.status == "FINISHED" and run.tags["init"] == "scratch"
     assert {"valid/accuracy", "valid/consistency", "best_valid/consistency"} <= set(run.metrics)
-    assert [m.value for m in tracking.metric_points(uri, out["run_id"], "train/resumed_from_step")] == [4]
-    evals = [m.step for m in tracking.metric_points(uri, out["run_id"], "valid/accuracy")]
+    assert [m.value for m in tracking.metric_points(uri, out.run_id, "train/resumed_from_step")] == [4]
+    evals = [m.step for m in tracking.metric_points(uri, out.run_id, "valid/accuracy")]
     assert evals == sorted(set(evals))  # one history: no step logged twice
-    hist = [m.value for m in tracking.metric_points(uri, out["run_id"], "valid/accuracy")]
+    hist = [m.value for m in tracking.metric_points(uri, out.run_id, "valid/accuracy")]
     assert run.metrics["best_valid/accuracy"] == pytest.approx(max(hist))
-    rows = list(csv.reader((artifact(out["tracking_uri"], out["run_id"], "predictions", tmp_path)
+    rows = list(csv.reader((artifact(out.tracking_uri, out.run_id, "predictions", tmp_path)
                             / "valid_predict.csv").open()))
     ids = open_finetune(sets["nlvr2"]).ids("valid")
     assert sorted(r[0] for r in rows) == sorted(ids)  # every pair predicted once, whatever the workers
@@ -132,7 +132,7 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
 def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
     transformers = pytest.importorskip("transformers")
     from xmodal.models.lxmert_init import encoder_state_from_hf_dir
-    from xmodal.train.finetune import Init, _config, build_objective, load_init, prepare_run
+    from xmodal.train.finetune import FinetuneJob, Init, load_init
 
     data = open_finetune(sets["vqa"])
     store = data.store.manifest
@@ -140,12 +140,13 @@ def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_
         vocab_size=store.vocab_size, hidden_size=32, num_attention_heads=4, intermediate_size=48, l_layers=1,
         r_layers=1, x_layers=1, max_position_embeddings=40, visual_feat_dim=store.feat_dim, num_qa_labels=7)
     transformers.LxmertForPreTraining(hf_cfg).save_pretrained(tmp_path / "hf")
-    plan, _ = prepare_run(config(tmp_path, f"data.store={sets['vqa']}", "init.source=transformers",
-                                 f"init.path={tmp_path / 'hf'}", "mlflow.system_metrics=false"))
-    cfg = _config(plan)
+    job = FinetuneJob()
+    checked = job.check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=transformers",
+                               f"init.path={tmp_path / 'hf'}", "mlflow.system_metrics=false"))
+    cfg = checked.cfg
     assert (cfg.model.hidden_size, cfg.model.x_layers, cfg.model.token_type_embedding) == (32, 1, True)
-    objective = build_objective(cfg, data.num_answers)
-    line = load_init(objective, Init(**plan.config["_init"]), list(data.answers.answers), True)
+    objective = job.build_objective(cfg, data)
+    line = load_init(objective, Init(**checked.start), list(data.answers.answers), True)
     assert line.startswith("encoder from transformers")  # no answer table in a transformers checkpoint
     _, want = encoder_state_from_hf_dir(tmp_path / "hf")
     assert all(torch.equal(v, want[f"encoder.{k}"]) for k, v in objective.model.encoder.state_dict().items())

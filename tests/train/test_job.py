@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xmodal.train.job import summary_table
+from xmodal.train.hooks import summary_table
 
 
 def test_summary_puts_each_metric_beside_its_baseline():

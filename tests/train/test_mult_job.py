@@ -17,28 +17,29 @@ def mult_store(tmp_path_factory):
 
 
 def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
-    from xmodal.train.mult import prepare_run
+    from xmodal.train.mult import MultJob
 
     cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", "train.best_metric=valid/bleu",
                                                   f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
     with pytest.raises(ConfigError, match="train.best_metric: 'valid/bleu'.*valid/mae"):
-        prepare_run(cfg)
+        MultJob().check(cfg)
     assert not (tmp_path / "m.db").exists()
 
 
 @pytest.mark.slow
 def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path, ray_local):
-    from xmodal.train.mult import run_mult
+    from xmodal.train.engine import run_job
+    from xmodal.train.mult import MultJob
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}",
         "preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "seeds=[1, 2]",
         "scale.num_workers=2", "mlflow.run_name=seeded", "mlflow.system_metrics=false"])
-    out = run_mult(cfg)
-    parent = tracking.get_run(uri, out["run_id"])
+    out = run_job(MultJob(), cfg)
+    parent = tracking.get_run(uri, out.run_id)
     assert parent.status == "FINISHED"
-    children = tracking.child_runs(uri, out["run_id"])
+    children = tracking.child_runs(uri, out.run_id)
     assert sorted(r.params["train.seed"] for r in children) == ["1", "2"]
     maes = []
     for child in children:

@@ -2,12 +2,12 @@
 the synthetic label, which needs text AND audio, while every unimodal variant trained the same way
 stays at the prior.
 
-In-process, without Ray, but the job's own path: the config is `load_config(MultTrainConfig)`
-defaults (preset, store options, optimiser, schedule), the store is built by the job's builder,
-batches come from the Ray pipeline's core (`batches_from_tables`), the model and optimiser from
-`build_state`, the loop is `fit`, evaluation `evaluate_outputs` with the same validation-based
-selection, and the test split is scored once with the selected model. (The job itself, on Ray, is
-tested in test_mult_job.py.)
+In-process, without Ray, but the job's own path (`engine.run_in_process` with the job's spec): the
+config is `load_config(MultTrainConfig)` defaults (preset, store options, optimiser, schedule), the
+store is built by the job's builder, batches come from the Ray pipeline's core
+(`batches_from_tables`), model, optimiser, loop (`fit`), evaluation and validation-based selection
+are the job's, and the test split is scored once with the selected model. (The job itself, on Ray,
+is tested in test_mult_job.py.)
 
 Chance: the label is polarity x intensity x event sign in {+-1, +-2, +-3}; a model that knows only
 one stream cannot know the sign: Acc2 0.5, MAE ~2 (mean |label|, predicting 0).
@@ -33,65 +33,21 @@ clips is 0.39-0.61) and MAE >= 1.6 (worst 1.837); controls Acc2 >= 0.95 and MAE 
 
 from __future__ import annotations
 
-import itertools
-
-import pyarrow.parquet as pq
 import pytest
-import torch
 
 from xmodal.config import MultTrainConfig, load_config
 from xmodal.data.mult.synthetic import build_synthetic_store
-from xmodal.train.job import ValidationSelection
-from xmodal.train.loop import fit
-from xmodal.train.mult import build_state, evaluate_outputs, schedule, with_store_dims
+from xmodal.train.engine import run_in_process
+from xmodal.train.mult import MultJob
 
 pytestmark = pytest.mark.slow
 
 UNIMODAL = ("unimodal_l", "unimodal_a", "unimodal_v")
-CPU = torch.device("cpu")
-
-
-class _Hooks:
-    """The job's evaluation cadence (RunHooks without Ray and MLflow): validation every
-    `train.eval_every` steps and at the end, each result offered to the model selection."""
-
-    def __init__(self, evaluate, eval_every: int):
-        self.evaluate, self.eval_every, self.last = evaluate, eval_every, None
-
-    def after_step(self, state, epoch, pos, losses):
-        if state.step % self.eval_every == 0:
-            self.evaluate()
-            self.last = state.step
-
-    def at_end(self, state, epoch, pos):
-        if self.last != state.step:
-            self.evaluate()
 
 
 def train_like_the_job(store, overrides: list[str] = ()) -> dict[str, float]:
     """One run of the job's default config (plus `overrides`) on `store`: best_valid/* and test/* metrics."""
-    from xmodal.data.mult.pipeline import batches_from_tables
-
-    cfg = with_store_dims(load_config(MultTrainConfig, overrides=list(overrides)), store)
-    t = cfg.train
-    micro, total = schedule(cfg, store.manifest.rows["train"])
-    state = build_state(cfg, store.task, CPU, total)
-    selection = ValidationSelection(state.model, t.best_metric, t.best_mode)
-    train = [pq.read_table(p) for p in store.shard_paths("train")]
-
-    def data(epoch: int, skip: int):
-        batches = batches_from_tables(train, store.dims, micro, seed=t.seed, epoch=epoch)
-        return (b.to(CPU, torch.float32) for b in itertools.islice(batches, skip, None))
-
-    def split(name: str):
-        return store.split(name).batches(micro, even_shards=False)
-
-    def evaluate():
-        selection.consider(evaluate_outputs(state.model, split("valid"), CPU, state.autocast_dtype, "valid"))
-
-    fit(state, data, _Hooks(evaluate, t.eval_every), epochs=t.epochs, total_steps=total, grad_accum=t.grad_accum)
-    final = selection.load_selected()
-    final.update(evaluate_outputs(state.model, split("test"), CPU, state.autocast_dtype, "test"))
+    _, final = run_in_process(MultJob(), load_config(MultTrainConfig, overrides=list(overrides)), store)
     return final
 
 
@@ -99,14 +55,6 @@ def job_store(path, overrides: list[str] = ()):
     """The job's embedded synthetic store (its default options, plus `overrides` of data.synthetic)."""
     cfg = load_config(MultTrainConfig, overrides=list(overrides))
     return build_synthetic_store(path, cfg.data.synthetic)
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: no OpenMP spinning
-    yield
-    torch.set_num_threads(n)
 
 
 def test_the_jobs_default_learns_what_no_single_modality_can(tmp_path, one_thread):

@@ -68,10 +68,10 @@ def test_bad_config_fails_before_ray_starts(tmp_path, args, message):
 def test_batch_size_must_split_over_workers(tiny_store):
     cfg = load_config(PretrainConfig, overrides=[f"data.store={tiny_store}", "train.batch_size=10",
                                                  "scale.num_workers=4"])
-    from xmodal.train.pretrain import prepare_run
+    from xmodal.train.pretrain import PretrainJob
 
     with pytest.raises(ConfigError, match="train.batch_size 10 must be divisible"):
-        prepare_run(cfg)
+        PretrainJob().check(cfg)
 
 
 # ---------------------------------------------------------------- through `ray job submit`
@@ -106,22 +106,22 @@ def test_job_submit_logs_a_finished_run(tmp_path, tiny_store):
 
 @pytest.mark.slow
 def test_worker_failure_resumes_from_checkpoint_into_one_history(tmp_path, tiny_store, ray_local):
-    from xmodal.train.pretrain import run_pretraining
+    from xmodal.train.pretrain import PretrainJob
 
     cfg = load_config(PretrainConfig, overrides=[
         f"data.store={tiny_store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=faulty",
         f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "preset=tiny", "train.epochs=2",
         "train.batch_size=16", "train.eval_every=4", "train.log_every=1", "train.fail_at_step=10",
         "scale.num_workers=2", "scale.max_failures=2", "data.eval_batches=2", "mlflow.system_metrics=false"])
-    result = run_pretraining(cfg)
+    result = PretrainJob().run(cfg)
     assert (tmp_path / "runs" / "faulty" / ".fail_injected").exists()
     uri, run = the_run(tmp_path, "faulty")
-    assert run.status == "FINISHED" and run.run_id == result["run_id"]
+    assert run.status == "FINISHED" and run.run_id == result.run_id
     resumed = tracking.metric_points(uri, run.run_id, "train/resumed_from_step")
     assert len(resumed) == 1 and 0 < resumed[0].value < 10  # continued from a checkpoint, not from 0
     steps = steps_of(uri, run.run_id, "train/loss")
     assert steps == list(range(1, steps[-1] + 1))  # every step once: no gap, no restart
-    with result["checkpoint"].as_directory() as d:
+    with result.checkpoint.as_directory() as d:
         meta = json.loads((Path(d) / "meta.json").read_text())
     assert meta["finished"] and meta["step"] == steps[-1]
 

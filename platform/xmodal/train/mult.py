@@ -38,9 +38,10 @@ class MultJob(JobSpec):
     # ------------------------------------------------ driver
     def resolve_data(self, cfg: MultTrainConfig):
         from xmodal.data.mult.store import open_store
-        from xmodal.data.mult.synthetic import ensure_synthetic_store
 
         if cfg.data.store is None:
+            from xmodal.data.mult.synthetic import ensure_synthetic_store
+
             return ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
         path = Path(cfg.data.store).expanduser().resolve()
         if not path.exists():
