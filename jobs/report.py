@@ -10,7 +10,8 @@ go to --out (default reports/NAME) and are logged to the sweep's parent run.
 import argparse
 import sys
 
-from xmodal.report import ReportError, make_report
+from xmodal.cli import user_errors
+from xmodal.report import make_report
 
 
 def main(argv: list[str]) -> int:
@@ -23,18 +24,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
     args = p.parse_args(argv)
-    try:
+
+    def go() -> None:
         from xmodal import tracking
 
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=args.out,
                           metric=args.metric, log=not args.no_log)
-    except (ReportError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(open(f"{rep.out_dir}/table.md").read())
-    print(f"[xmodal] report written to {rep.out_dir}")
-    return 0
+        print(open(f"{rep.out_dir}/table.md").read())
+        print(f"[xmodal] report written to {rep.out_dir}")
+
+    return user_errors(go)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ trials are kept, unfinished ones continue from their checkpoints.
 import argparse
 import sys
 
-from xmodal.config import ConfigError
+from xmodal.cli import user_errors
 from xmodal.sweep import sweep
 from xmodal.sweep.plan import SweepOptions
 
@@ -34,13 +34,13 @@ def main(argv: list[str]) -> int:
                         num_samples=args.num_samples, max_concurrent=args.max_concurrent,
                         gpus_per_trial=args.gpus_per_trial, storage_path=args.storage_path,
                         report=not args.no_report)
-    try:
+
+    def go() -> int:
         result = sweep(opts)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    ok = result["best"] is not None and not result["errors"] and not result["unfinished"]
-    return 0 if ok else 1
+        ok = result["best"] is not None and not result["errors"] and not result["unfinished"]
+        return 0 if ok else 1
+
+    return user_errors(go)
 
 
 if __name__ == "__main__":
