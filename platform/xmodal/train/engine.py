@@ -161,6 +161,19 @@ class JobSpec:
 # ---------------------------------------------------------------- driver
 
 
+def configured_or_embedded(configured: str | None, embedded: Callable[[], Any], open_data: Callable[[Path], Any],
+                           build_hint: str) -> Any:
+    """`data.store` opened, or with it unset the job's embedded default (built on first use); a
+    path that does not exist is an error saying how to build one (`build_hint`, a command line)."""
+    if configured is None:
+        return embedded()
+    path = Path(configured).expanduser().resolve()
+    if not path.exists():
+        raise ConfigError(f"data.store: {str(path)!r} does not exist; build it with `{build_hint.format(path=path)}` "
+                          "or leave data.store unset for the embedded synthetic data")
+    return open_data(path)
+
+
 @dataclass
 class Checked:
     """A config that passed every check, with what the checks resolved."""

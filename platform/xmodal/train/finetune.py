@@ -27,7 +27,7 @@ from xmodal import tracking
 from xmodal.config import ConfigError, FinetuneConfig
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.engine import JobSpec, Worker
+from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
 from xmodal.train.hooks import say
 from xmodal.train.loop import autocast, gather_rows
 
@@ -57,20 +57,15 @@ class FinetuneJob(JobSpec):
         from xmodal.data.lxmert.synthetic import ensure_synthetic_store
         from xmodal.train.pretrain import DEFAULT_STORE
 
-        if cfg.data.store is None:
+        def embedded():
             images = ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
             options = {} if cfg.task == "nlvr2" else {"questions_per_image": cfg.data.synthetic_questions_per_image}
-            data = ensure_synthetic_finetune(cfg.task, images.path, Path(DEFAULT_SETS[cfg.task]).resolve(),
-                                             **options)
-        else:
-            path = Path(cfg.data.store).expanduser().resolve()
-            if not path.exists():
-                raise ConfigError(f"data.store: {str(path)!r} does not exist; build a fine-tuning set with "
-                                  f"`python jobs/ingest.py {cfg.task}|synthetic-{cfg.task} {path} --store IMAGES` "
-                                  "or leave data.store unset for the embedded synthetic set")
-            data = open_finetune(path)
-            if data.task != cfg.task:
-                raise ConfigError(f"data.store: {str(path)!r} is a {data.task} set, but task={cfg.task!r}")
+            return ensure_synthetic_finetune(cfg.task, images.path, Path(DEFAULT_SETS[cfg.task]).resolve(), **options)
+
+        data = configured_or_embedded(cfg.data.store, embedded, open_finetune,
+                                      f"python jobs/ingest.py {cfg.task}|synthetic-{cfg.task} {{path}} --store IMAGES")
+        if data.task != cfg.task:
+            raise ConfigError(f"data.store: {str(data.path)!r} is a {data.task} set, but task={cfg.task!r}")
         if "valid" not in data.splits:
             raise ConfigError(f"data.store: {data.path} has no valid split (model selection needs one); "
                               f"it has {', '.join(data.splits)}")

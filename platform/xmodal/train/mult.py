@@ -19,7 +19,7 @@ import torch
 from xmodal.config import ConfigError, MultTrainConfig
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
-from xmodal.train.engine import JobSpec, Worker
+from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
 from xmodal.train.loop import autocast, gather_rows
 
 DEFAULT_STORE = "data/synthetic_mult"
@@ -38,16 +38,11 @@ class MultJob(JobSpec):
     # ------------------------------------------------ driver
     def resolve_data(self, cfg: MultTrainConfig):
         from xmodal.data.mult.store import open_store
+        from xmodal.data.mult.synthetic import ensure_synthetic_store
 
-        if cfg.data.store is None:
-            from xmodal.data.mult.synthetic import ensure_synthetic_store
-
-            return ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
-        path = Path(cfg.data.store).expanduser().resolve()
-        if not path.exists():
-            raise ConfigError(f"data.store: {str(path)!r} does not exist; build one with `python jobs/ingest.py "
-                              f"mult|mult-synthetic {path}` or leave data.store unset for the embedded synthetic store")
-        return open_store(path)
+        return configured_or_embedded(
+            cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
+            open_store, "python jobs/ingest.py mult|mult-synthetic {path}")
 
     def fit_to_data(self, cfg: MultTrainConfig, store, pretrained) -> MultTrainConfig:
         return with_store_dims(cfg, store)

@@ -18,7 +18,7 @@ import torch
 from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
-from xmodal.train.engine import JobSpec, Worker
+from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
 from xmodal.train.loop import evaluate_sums, ratios
 
 DEFAULT_STORE = "data/synthetic_lxmert"
@@ -34,14 +34,9 @@ class PretrainJob(JobSpec):
         from xmodal.data.lxmert.store import open_store
         from xmodal.data.lxmert.synthetic import ensure_synthetic_store
 
-        if cfg.data.store is None:
-            return ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
-        path = Path(cfg.data.store).expanduser().resolve()
-        if not path.exists():
-            raise ConfigError(f"data.store: {str(path)!r} does not exist; build one with "
-                              f"`python jobs/ingest.py lxmert|synthetic {path}` or leave data.store unset "
-                              "for the embedded synthetic store")
-        return open_store(path)
+        return configured_or_embedded(
+            cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
+            open_store, "python jobs/ingest.py lxmert|synthetic {path}")
 
     def fit_to_data(self, cfg: PretrainConfig, store, pretrained) -> PretrainConfig:
         return with_store_dims(cfg, store)
