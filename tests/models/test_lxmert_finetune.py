@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from xmodal.data.answers import AnswerTable
 from xmodal.models.lxmert import LxmertForPretraining, preset
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.models.lxmert_init import (
@@ -152,6 +153,13 @@ FT = ["no", "blue", "two", "Grey", "yes"]  # fine-tuning table: "two" -> "2", "G
 COPIED = {0: 1, 2: 2, 3: 4, 4: 0}  # fine-tune row <- pretraining row
 
 
+def rows(pre: list[str], ft: list[str]) -> list[int | None]:
+    """What the fine-tuning job passes: each fine-tuning answer's pretraining row, matched by the data
+    layer's answer normalisation (the model layer takes plain rows)."""
+    table = AnswerTable(pre)
+    return [table.index(a) for a in ft]
+
+
 def _pretrain_with_random_head():
     src = pretrained(num_qa_labels=len(PRE))
     with torch.no_grad():
@@ -167,7 +175,9 @@ def test_answer_head_copies_exactly_the_shared_rows(zero_unmatched):
     model = LxmertForQuestionAnswering(CFG, len(FT))
     before = {k: v.clone() for k, v in model.answer_head.state_dict().items()}
     sd = PretrainingObjective(src, PretrainTasks()).state_dict()
-    assert init_answer_head_from_qa(model, sd, PRE, FT, zero_unmatched=zero_unmatched) == len(COPIED)
+    assert rows(PRE, FT) == [1, None, 2, 4, 0]
+    assert init_answer_head_from_qa(model, sd, rows(PRE, FT), num_pretrain_answers=len(PRE),
+                                    zero_unmatched=zero_unmatched) == len(COPIED)
     head, pre = model.answer_head, src.qa_head
     for name in ("fc1", "norm"):
         for p in ("weight", "bias"):
@@ -183,13 +193,18 @@ def test_answer_head_copies_exactly_the_shared_rows(zero_unmatched):
 def test_answer_head_errors():
     src = _pretrain_with_random_head()
     sd = src.state_dict()
-    with pytest.raises(PretrainedWeightsError, match="has 5 rows but pretrain_answers has 4"):
-        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, len(FT)), sd, PRE[:4], FT)
+    with pytest.raises(PretrainedWeightsError, match="has 5 rows but the pretraining answer table has 4"):
+        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, len(FT)), sd, rows(PRE[:4], FT),
+                                 num_pretrain_answers=4)
     with pytest.raises(PretrainedWeightsError, match="5 answers but the model's answer head has 6"):
-        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, 6), sd, PRE, FT)
+        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, 6), sd, rows(PRE, FT))
+    with pytest.raises(PretrainedWeightsError, match=r"outside the pretraining head's 5 rows: 1 -> 5"):
+        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, len(FT)), sd, [0, 5, None, None, None])
+    with pytest.raises(TypeError, match="map answer strings to rows first"):
+        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, len(FT)), sd, FT)
     wide = pretrained(hidden_size=48, ffn_size=96, num_qa_labels=len(PRE)).state_dict()
     with pytest.raises(PretrainedWeightsError, match=r"qa_head\.fc1\.weight: checkpoint \(96, 48\), model \(64, 32\)"):
-        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, len(FT)), wide, PRE, FT)
+        init_answer_head_from_qa(LxmertForQuestionAnswering(CFG, len(FT)), wide, rows(PRE, FT))
 
 
 # -- transformers checkpoint -------------------------------------------------------------------
@@ -211,7 +226,7 @@ def test_encoder_state_from_hf_dir_matches_transformers_pooled_output(tmp_path):
     assert (config.hidden_size, config.vocab_size, config.token_type_embedding) == (32, 99, True)
     model = LxmertForQuestionAnswering(config, len(FT)).eval()
     load_pretrained_encoder(model, sd)
-    assert init_answer_head_from_qa(model, sd, PRE, FT) == len(COPIED)
+    assert init_answer_head_from_qa(model, sd, rows(PRE, FT)) == len(COPIED)
     ids, am, feats, boxes, vm = inputs()
     ids = ids.clamp(max=98) * am
     with torch.no_grad():

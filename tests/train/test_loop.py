@@ -93,3 +93,14 @@ def test_warmup_then_linear_decay():
         opt.step()
         sched.step()
     assert lrs[:3] == [0.5, 1.0, 1.0] and lrs[-1] == 0.125 and all(a >= b for a, b in zip(lrs[1:], lrs[2:], strict=False))
+
+
+def test_prepare_reads_plain_settings_objects():
+    """runtime.prepare does not need xmodal.config: any object with the attributes it reads will do."""
+    from types import SimpleNamespace
+
+    train = SimpleNamespace(compile=False, precision="auto")
+    optim = SimpleNamespace(lr=0.5, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8, warmup_ratio=0.0, grad_clip=2.0)
+    state = prepare(torch.nn.Linear(3, 1), torch.device("cpu"), train, optim, total_steps=4, optimizer="adam")
+    assert isinstance(state.optimizer, torch.optim.Adam) and state.optimizer.param_groups[0]["betas"] == (0.9, 0.99)
+    assert state.grad_clip == 2.0 and state.autocast_dtype is None

@@ -1,10 +1,12 @@
-"""Start LXMERT fine-tuning from pretrained weights. Imports torch and our stdlib-only answer table.
+"""Start LXMERT fine-tuning from pretrained weights. Imports torch only (and `xmodal.errors`).
 
 - `load_pretrained_encoder(model, state_dict)`: the `encoder.*` weights of a pretraining state
   dict into a fine-tuning model (strict: every key, every shape).
-- `init_answer_head_from_qa(model, state_dict, pretrain_answers, finetune_answers)`: the
-  reference's `load_lxmert_qa` trick: the pretraining QA head (fc1, LayerNorm) copied whole, and
-  the output rows of the answers both tables share copied row by row.
+- `init_answer_head_from_qa(model, state_dict, source_rows)`: the reference's `load_lxmert_qa`
+  trick: the pretraining QA head (fc1, LayerNorm) copied whole, and the output rows of the answers
+  both tables share copied row by row. Which answers are shared is the data layer's business
+  (`xmodal.data.answers.AnswerTable.index` normalises them): the caller passes, for each
+  fine-tuning answer, the pretraining row it takes or None.
 - `encoder_state_from_hf_dir(path)`: (config, our state dict) from a transformers
   `LxmertForPreTraining` checkpoint directory, for the two functions above.
 
@@ -21,7 +23,6 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from xmodal.data.answers import normalize_answer
 from xmodal.errors import UserError
 from xmodal.models.lxmert import LxmertConfig
 
@@ -112,44 +113,53 @@ def load_pretrained_encoder(model: nn.Module, state_dict: Mapping[str, Tensor]) 
 def init_answer_head_from_qa(
     model: nn.Module,
     pretrain_state_dict: Mapping[str, Tensor],
-    pretrain_answers: Sequence[str],
-    finetune_answers: Sequence[str],
+    source_rows: Sequence[int | None],
+    *,
+    num_pretrain_answers: int | None = None,
     zero_unmatched: bool = True,
 ) -> int:
     """Initialise `model.answer_head` from the pretraining QA head (reference `load_lxmert_qa`).
 
-    fc1 and the LayerNorm are copied whole. Output row i (weight and bias of fc2) is copied from
-    the pretraining row of the same answer, matched after `normalize_answer` on both sides as
-    the reference's `convert_ans` lookup; with `zero_unmatched` (the reference) the rows of
-    answers the pretraining table lacks are set to 0, otherwise they keep their initialisation.
+    fc1 and the LayerNorm are copied whole. `source_rows[i]` is the pretraining row of fine-tuning
+    answer i (the same answer, matched by the caller as the reference's `convert_ans` lookup), or
+    None; output row i (weight and bias of fc2) is copied from it. With `zero_unmatched` (the
+    reference) the rows of answers the pretraining table lacks are set to 0, otherwise they keep
+    their initialisation. `num_pretrain_answers`, when given, must be the pretraining head's
+    number of outputs (a check that the rows index the table the checkpoint was trained with).
     Returns the number of answers copied.
     """
+    rows = list(source_rows)
+    if any(not (r is None or (isinstance(r, int) and not isinstance(r, bool))) for r in rows):
+        raise TypeError("source_rows: expected, per fine-tuning answer, a pretraining row (int) or None; "
+                        "map answer strings to rows first (xmodal.data.answers.AnswerTable(pretrain).index)")
     source = _section(pretrain_state_dict, QA_PREFIX, "QA head")
     head = model.answer_head
     target = head.state_dict()
     weight, bias = source.get("fc2.weight"), source.get("fc2.bias")
-    if weight is not None and weight.shape[0] != len(pretrain_answers):
-        raise PretrainedWeightsError(f"{QA_PREFIX}fc2.weight has {weight.shape[0]} rows but pretrain_answers "
-                                     f"has {len(pretrain_answers)} answers; expected the same table")
-    if len(finetune_answers) != target["fc2.weight"].shape[0]:
-        raise PretrainedWeightsError(f"finetune_answers has {len(finetune_answers)} answers but the model's "
+    n_pre = weight.shape[0] if weight is not None else None
+    if n_pre is not None and num_pretrain_answers is not None and n_pre != num_pretrain_answers:
+        raise PretrainedWeightsError(f"{QA_PREFIX}fc2.weight has {n_pre} rows but the pretraining answer "
+                                     f"table has {num_pretrain_answers} answers; expected the same table")
+    if len(rows) != target["fc2.weight"].shape[0]:
+        raise PretrainedWeightsError(f"source_rows has {len(rows)} answers but the model's "
                                      f"answer head has {target['fc2.weight'].shape[0]} outputs")
+    if n_pre is not None:
+        bad = [f"{i} -> {r}" for i, r in enumerate(rows) if r is not None and not 0 <= r < n_pre]
+        if bad:
+            raise PretrainedWeightsError(f"source_rows outside the pretraining head's {n_pre} rows: "
+                                         + _listing(bad))
     # fc2 differs in rows by design: compare its input width only.
     expect = dict(target)
     if weight is not None:
-        expect["fc2.weight"] = target["fc2.weight"].new_empty((len(pretrain_answers), target["fc2.weight"].shape[1]))
+        expect["fc2.weight"] = target["fc2.weight"].new_empty((n_pre, target["fc2.weight"].shape[1]))
     if bias is not None:
-        expect["fc2.bias"] = target["fc2.bias"].new_empty((len(pretrain_answers),))
+        expect["fc2.bias"] = target["fc2.bias"].new_empty((bias.shape[0],))
     _check(expect, source, QA_PREFIX)
 
     head.fc1.load_state_dict({"weight": source["fc1.weight"], "bias": source["fc1.bias"]})
     head.norm.load_state_dict({"weight": source["norm.weight"], "bias": source["norm.bias"]})
-    row_of: dict[str, int] = {}
-    for i, ans in enumerate(pretrain_answers):
-        row_of.setdefault(normalize_answer(ans), i)  # first occurrence wins, as AnswerTable
     copied = 0
-    for i, ans in enumerate(finetune_answers):
-        j = row_of.get(normalize_answer(ans))
+    for i, j in enumerate(rows):
         if j is not None:
             head.fc2.weight[i] = weight[j]
             head.fc2.bias[i] = bias[j]

@@ -1,17 +1,55 @@
 """The one place where a model is put on its device, compiled, wrapped for data parallelism,
-and given its optimizer, schedule and precision. Imports only torch."""
+and given its optimizer, schedule and precision. Imports only torch.
+
+`prepare` reads a few attributes of the job's `train` and `optim` settings; any object with them
+will do (the jobs pass their pydantic `TrainConfig` / `OptimConfig`, which this module does not
+import: the protocols below name what is read).
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from xmodal.config import OptimConfig, TrainConfig
 from xmodal.train.step import TrainState, adamw, linear_warmup_decay, resolve_precision
 
 
-def prepare(objective: nn.Module, device: torch.device, train: TrainConfig, optim: OptimConfig,
+class TrainSettings(Protocol):
+    """What `prepare` reads of the job's train settings (`xmodal.config.TrainConfig` has it)."""
+
+    @property
+    def compile(self) -> bool: ...
+
+    @property
+    def precision(self) -> str: ...  # "auto" | "fp32" | "bf16" (step.resolve_precision)
+
+
+class OptimSettings(Protocol):
+    """What `prepare` reads of the job's optimizer settings (`xmodal.config.OptimConfig` has it)."""
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def weight_decay(self) -> float: ...
+
+    @property
+    def betas(self) -> tuple[float, float]: ...
+
+    @property
+    def eps(self) -> float: ...
+
+    @property
+    def warmup_ratio(self) -> float: ...
+
+    @property
+    def grad_clip(self) -> float: ...  # 0 = off
+
+
+def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, optim: OptimSettings,
             total_steps: int, find_unused_parameters: bool = False,
             optimizer: str = "adamw") -> TrainState:
     objective = objective.to(device)

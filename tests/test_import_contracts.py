@@ -1,0 +1,46 @@
+"""The import-linter contract type of our own (scripts/import_contracts.py) on the real import graph."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from xmodal_testing import REPO
+
+grimp = pytest.importorskip("grimp", reason="import-linter (test extra) is not installed")
+
+
+def contract_class():
+    spec = importlib.util.spec_from_file_location("import_contracts", REPO / "scripts" / "import_contracts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ExclusiveImportContract
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("xmodal", include_external_packages=True)
+
+
+def offences(graph, modules, allowed):
+    contract = contract_class()("t", {}, {"modules": modules, "allowed_importers": allowed})
+    check = contract.check(graph, verbose=False)
+    assert check.kept == (not check.metadata["offences"])
+    return check.metadata["offences"]
+
+
+def test_subpackages_of_external_packages_are_told_apart(graph):
+    # ray.data, not ray.train: one line per import statement, wherever in the module (lazy imports too)
+    found = offences(graph, ["ray.data"], ["xmodal.data.lxmert.pipeline"])
+    importers = {i for i, _, _ in found}
+    assert "xmodal.data.mult.pipeline" in importers and "xmodal.data.lxmert.pipeline" not in importers
+    assert all(name == "ray.data" or name.startswith("ray.data.") for _, _, name in found)
+    assert len({(i, line) for i, line, _ in found}) == len(found)
+    assert offences(graph, ["ray.data"], ["xmodal.data", "xmodal.train", "xmodal.bench"]) == []
+
+
+def test_only_the_allowed_importers_are_let_through(graph):
+    assert {i for i, _, _ in offences(graph, ["mlflow"], ["xmodal.nothing"])} == {"xmodal.tracking"}
+    assert offences(graph, ["mlflow"], ["xmodal.tracking"]) == []
+    assert offences(graph, ["no_such_package"], []) == []
