@@ -254,7 +254,11 @@ def load_init(objective, init: Init, answers: list[str] | None, answer_head_from
     load_pretrained_encoder(model, state)
     line = f"encoder from {init.source} {init.run_id or init.path}"
     if answer_head_from_qa and answers is not None and pretrain_answers is not None and hasattr(model, "answer_head"):
-        n = init_answer_head_from_qa(model, state, pretrain_answers, answers)
+        from xmodal.data.answers import AnswerTable
+
+        table = AnswerTable(pretrain_answers)
+        n = init_answer_head_from_qa(model, state, [table.index(a) for a in answers],
+                                     num_pretrain_answers=len(pretrain_answers))
         line += f"; answer head: {n} of {len(answers)} answers from the pretraining QA head"
     return line
 
