@@ -18,8 +18,7 @@ def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
     found = tracking.find_run(uri, exp, "r1")
     assert isinstance(found, tracking.RunRecord) and found.run_id == run_id
     assert tracking.find_run(uri, exp, "other") is None
-    # transitional: the job layer still reads MLflow's attribute paths (plain data here too)
-    assert (found.info.run_id, found.info.status, found.data.tags["model"]) == (run_id, "RUNNING", "lxmert")
+    assert (found.name, found.status, found.tags["model"]) == ("r1", "RUNNING", "lxmert")
 
     log = tracking.RunLogger(uri, run_id)
     for step in (1, 2, 3):

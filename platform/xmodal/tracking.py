@@ -13,9 +13,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from xmodal.errors import UserError
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
 
 __all__ = ["PARENT_TAG", "RUN_NAME_TAG", "MetricPoint", "RunNotFound", "RunRecord"]  # and the functions below
@@ -43,16 +43,6 @@ class RunRecord:
     def parent_run_id(self) -> str | None:
         return self.tags.get(PARENT_TAG)
 
-    # Transitional, for the job layer (train/job.py, train/finetune.py) until it reads the fields above:
-    # the attribute paths of MLflow's Run (`run.info.run_id`, `run.data.tags`), as plain data.
-    @property
-    def info(self) -> SimpleNamespace:
-        return SimpleNamespace(run_id=self.run_id, run_name=self.name, experiment_id=self.experiment_id,
-                               status=self.status, start_time=self.start_time, end_time=self.end_time)
-
-    @property
-    def data(self) -> SimpleNamespace:
-        return SimpleNamespace(tags=self.tags, params=self.params, metrics=self.metrics)
 
 
 @dataclass(frozen=True)
@@ -87,7 +77,7 @@ def resolve_tracking_uri(uri: str | None) -> str:
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
     elif "://" not in uri:
-        raise ValueError(f"mlflow.tracking_uri {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another "
+        raise UserError(f"mlflow.tracking_uri {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another "
                          "MLflow URI scheme")
     return uri
 
@@ -98,14 +88,14 @@ def ui_command(uri: str) -> str:
     return f"open {uri} in a browser (MLflow server)"
 
 
-def client(uri: str):
+def _client(uri: str):
     """MLflow's client. Internal: other modules use the functions of this module. (train/mult.py still
     calls it until the job-layer rewrite; then it becomes `_client`.)"""
     return _mlflow().tracking.MlflowClient(tracking_uri=uri)
 
 
 def ensure_experiment(uri: str, name: str) -> str:
-    c = client(uri)
+    c = _client(uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -120,7 +110,7 @@ def ensure_experiment(uri: str, name: str) -> str:
 
 def find_run(uri: str, experiment_id: str, run_name: str) -> RunRecord | None:
     """The run created earlier under `run_name` (tagged), for resuming into the same run."""
-    runs = client(uri).search_runs(
+    runs = _client(uri).search_runs(
         [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
         order_by=["attributes.start_time DESC"], max_results=1)
     return _record(runs[0]) if runs else None
@@ -130,7 +120,7 @@ def create_run(uri: str, experiment_id: str, run_name: str, params: dict[str, An
                parent_run_id: str | None = None) -> str:
     """A new RUNNING run with params and tags logged in batches (MLflow caps a batch at 100 params)."""
     mlflow = _mlflow()
-    c = client(uri)
+    c = _client(uri)
     all_tags = {RUN_NAME_TAG: run_name, **tags}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
@@ -160,7 +150,7 @@ class RunLogger:
     def __init__(self, uri: str, run_id: str, system_metrics: bool = False, watch_key: str = "train/loss"):
         self.uri = uri
         self.run_id = run_id
-        self.client = client(uri)
+        self.client = _client(uri)
         history = self.client.get_metric_history(run_id, watch_key)
         self.logged_up_to = max((m.step for m in history), default=-1)
         self._system = None
@@ -198,26 +188,26 @@ class RunLogger:
 
 
 def log_artifacts(uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
-    client(uri).log_artifacts(run_id, str(local_dir), artifact_path)
+    _client(uri).log_artifacts(run_id, str(local_dir), artifact_path)
 
 
 def log_artifact(uri: str, run_id: str, local_path: str | Path, artifact_path: str | None = None) -> None:
-    client(uri).log_artifact(run_id, str(local_path), artifact_path)
+    _client(uri).log_artifact(run_id, str(local_path), artifact_path)
 
 
 def set_terminated(uri: str, run_id: str, status: str = "FINISHED") -> None:
-    client(uri).set_terminated(run_id, status=status)
+    _client(uri).set_terminated(run_id, status=status)
 
 
 def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
-    c = client(uri)
+    c = _client(uri)
     for k, v in tags.items():
         c.set_tag(run_id, k, str(v))
 
 
 def mark_running(uri: str, run_id: str) -> None:
     """Re-open a run that a dead driver left FAILED/KILLED, when it is resumed."""
-    client(uri).update_run(run_id, status="RUNNING")
+    _client(uri).update_run(run_id, status="RUNNING")
 
 
 # ---------------------------------------------------------------- sweeps and reports (xmodal.sweep, xmodal.report)
@@ -225,13 +215,13 @@ def mark_running(uri: str, run_id: str) -> None:
 
 def get_experiment_id(uri: str, name: str) -> str | None:
     """The id of an existing experiment, or None (reports must not create experiments)."""
-    exp = client(uri).get_experiment_by_name(name)
+    exp = _client(uri).get_experiment_by_name(name)
     return exp.experiment_id if exp is not None else None
 
 
 def experiment_names(uri: str) -> list[str]:
     """The names of the store's (active) experiments."""
-    return [e.name for e in client(uri).search_experiments()]
+    return [e.name for e in _client(uri).search_experiments()]
 
 
 def get_run(uri: str, run_id: str) -> RunRecord:
@@ -239,14 +229,14 @@ def get_run(uri: str, run_id: str) -> RunRecord:
     from mlflow.exceptions import MlflowException
 
     try:
-        return _record(client(uri).get_run(run_id))
+        return _record(_client(uri).get_run(run_id))
     except MlflowException as e:
         raise RunNotFound(f"no MLflow run {run_id!r} in {uri}: {e.message}") from None
 
 
 def search_runs(uri: str, experiment_ids: list[str], filter_string: str = "") -> list[RunRecord]:
     """Every matching run (all pages), oldest first."""
-    c = client(uri)
+    c = _client(uri)
     runs: list[RunRecord] = []
     token = None
     while True:
@@ -266,7 +256,7 @@ def child_runs(uri: str, parent_run_id: str) -> list[RunRecord]:
 
 def metric_points(uri: str, run_id: str, key: str) -> list[MetricPoint]:
     """Every value logged for one metric, as MLflow stores them (a repeated step appears twice)."""
-    return [MetricPoint(m.step, m.value, m.timestamp) for m in client(uri).get_metric_history(run_id, key)]
+    return [MetricPoint(m.step, m.value, m.timestamp) for m in _client(uri).get_metric_history(run_id, key)]
 
 
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -280,7 +270,7 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 def list_artifacts(uri: str, run_id: str, path: str | None = None) -> list[str]:
     """The paths (relative to the run's artifact root) of the files and folders directly under `path`."""
-    return [a.path for a in client(uri).list_artifacts(run_id, path)]
+    return [a.path for a in _client(uri).list_artifacts(run_id, path)]
 
 
 def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
@@ -288,17 +278,20 @@ def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0)
     ts = int(time.time() * 1000)
     items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
     for i in range(0, len(items), 500):
-        client(uri).log_batch(run_id, metrics=items[i:i + 500])
+        _client(uri).log_batch(run_id, metrics=items[i:i + 500])
 
 
 def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str | Path) -> Path:
     """Copy a run's artifact (file or folder) into `dst_dir`; returns the local path."""
     Path(dst_dir).mkdir(parents=True, exist_ok=True)
-    return Path(client(uri).download_artifacts(run_id, artifact_path, str(dst_dir)))
+    return Path(_client(uri).download_artifacts(run_id, artifact_path, str(dst_dir)))
 
 
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
-    """The most recently started FINISHED run of `experiment` with these tag values, or None."""
+    """The most recently started FINISHED run of `experiment` with these tag values, or None. Reads
+    only: a SQLite database that does not exist yet is not created (it holds no runs)."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return None
     exp_id = get_experiment_id(uri, experiment)
     if exp_id is None:
         return None
