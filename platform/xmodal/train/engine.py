@@ -125,8 +125,9 @@ class JobSpec:
     def prepare_options(self, cfg) -> dict[str, Any]:
         return {}
 
-    def step_kwargs(self, cfg) -> Callable[[int], dict[str, Any]] | None:
-        return None
+    def step_kwargs(self, cfg) -> Callable[[int], dict[str, Any]]:
+        """epoch -> train_step's keyword arguments (pretraining: the tasks active in that epoch)."""
+        return _no_step_kwargs
 
     # ------------------------------------------------ worker
     def setup(self, w: Worker) -> None:
@@ -156,6 +157,10 @@ class JobSpec:
 
     def check(self, cfg) -> Checked:
         return check(self, cfg)
+
+
+def _no_step_kwargs(epoch: int) -> dict[str, Any]:
+    return {}
 
 
 # ---------------------------------------------------------------- driver
