@@ -23,7 +23,8 @@ and never a directory that is not a fine-tuning set (e.g. the feature store itse
 Batches (`iter_finetune_batches`): fine-tuning sets are small, so the image features a split needs
 are read from the store once (only the row groups that hold them) and kept as float16 arrays; every
 epoch is a permutation fixed by (seed, epoch), cut into equal shares per rank (the remainder is
-dropped, so DDP ranks run the same number of steps). Imports numpy, pyarrow and torch only.
+dropped, so DDP ranks run the same number of steps). Imports numpy and pyarrow only (torch when batches
+are made, so ingesting does not load it).
 """
 
 from __future__ import annotations
@@ -37,15 +38,13 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
-import torch
 
-from xmodal.batches import Nlvr2Batch, VqaBatch
 from xmodal.data.answers import AnswerError, AnswerTable
 from xmodal.data.common import (
     MANIFEST_FILE,
@@ -58,6 +57,9 @@ from xmodal.data.common import (
 from xmodal.data.lxmert.store import LxmertStore, concat_ranges, open_store
 from xmodal.data.tokenizer import VOCAB_FILE
 from xmodal.errors import UserError
+
+if TYPE_CHECKING:
+    from xmodal.batches import Nlvr2Batch, VqaBatch
 
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
 KIND = "lxmert-finetune"
@@ -505,6 +507,10 @@ def iter_finetune_batches(data: FinetuneData, split: str, batch_size: int, *, se
     the last len(split) % world_size examples of the permutation are skipped, also with
     drop_last=False: evaluate a whole split with world_size=1.
     """
+    import torch
+
+    from xmodal.batches import Nlvr2Batch, VqaBatch
+
     sp = data.split(split)
     nb = num_batches(len(sp), batch_size, world_size, drop_last)
     order = epoch_order(len(sp), seed=seed, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle)

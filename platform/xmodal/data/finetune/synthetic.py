@@ -42,7 +42,7 @@ consistency at 2^-P for P pairs). One image alone: "one" and "total" about 0.5 b
 "both" at most 0.75 (an image without the group shows the statement false). Measured on the
 default synthetic store (1,500 images, 40 classes, 8 colours): oracle 1.0; one image alone 0.75
 (both), ~0.5 (total, one).
-Imports numpy, pyarrow and torch only (via xmodal.data.finetune.sets).
+Imports numpy and pyarrow only (via xmodal.data.finetune.sets).
 """
 
 from __future__ import annotations

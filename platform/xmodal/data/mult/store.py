@@ -28,7 +28,7 @@ Why unpadded binary values (and not padded fixed-size tensors or list<float16>):
 
 Writes go to a hidden temporary directory that is renamed into place when complete
 (`write_store`); `MultStore.open` checks the manifest against the shards' footers and schemas.
-Imports numpy and pyarrow only (plus torch for the MultBatch the iterator yields).
+Imports numpy and pyarrow only (torch when a MultBatch is made, so ingesting does not load it).
 """
 
 from __future__ import annotations
@@ -38,15 +38,13 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
-import torch
 
-from xmodal.batches import MultBatch
 from xmodal.data.common import MANIFEST_FILE, Manifest, StoreError, check_target, publish_dir, temp_dir_beside
 
 SCHEMA_VERSION = 1
@@ -58,6 +56,9 @@ EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")
 FEATURE_DTYPE = np.dtype("<f2")
 # Rows of a shard: small enough that a worker's read unit stays a few hundred MB at MOSEI sizes.
 DEFAULT_SHARD_ROWS = 2048
+
+if TYPE_CHECKING:
+    from xmodal.batches import MultBatch
 
 PadTo = Literal["batch", "store"] | Mapping[str, int]
 
@@ -201,6 +202,10 @@ def pad_packed(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: i
 def make_batch(feats: dict[str, np.ndarray], lengths: dict[str, np.ndarray], labels: np.ndarray,
                index: np.ndarray) -> MultBatch:
     """numpy arrays -> MultBatch (sentiment labels (B, 1) float32, emotions (B, 4) long)."""
+    import torch
+
+    from xmodal.batches import MultBatch
+
     if labels.ndim == 1:
         lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))[:, None]
     else:
