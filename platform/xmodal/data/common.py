@@ -135,7 +135,11 @@ def _describe(e: pydantic.ValidationError, cls: type[Manifest]) -> str:
     for err in e.errors()[:3]:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         kind = err["type"]
-        if kind == "missing":
+        if err["loc"] and err["loc"][-1] == "[key]":  # a bad key of a mapping
+            msg = err["msg"].removeprefix("Input should be ")
+            parts.append(f"field {'.'.join(str(x) for x in err['loc'][:-2])} has key {_show(err['input'])}: "
+                         f"expected {msg}")
+        elif kind == "missing":
             parts.append(f"field {loc} is missing")
         elif kind == "extra_forbidden":
             known = ", ".join(f for f in cls.model_fields) if len(err["loc"]) == 1 else None

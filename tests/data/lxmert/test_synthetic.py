@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from refdata import SMALL
 
-from xmodal.data.lxmert.store import LxmertStore
+from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import (
     build_synthetic_store,
     class_names,
@@ -17,6 +17,7 @@ from xmodal.data.lxmert.synthetic import (
     ensure_synthetic_store,
 )
 from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.ingest_cli import main as ingest_main
 
 
 def test_nearest_prototype_classifier_far_above_chance(small_store: LxmertStore):
@@ -126,3 +127,14 @@ def test_images_without_background_hold_their_named_objects_only(tmp_path: Path)
                 assert {names[w] for w in words if w in names} == present, " ".join(words)
                 captions += 1
     assert captions > 100
+
+
+def test_a_store_the_user_named_is_never_modified(tmp_path: Path, capsys):
+    o = dataclasses.replace(SMALL, num_images=40)
+    named = build_synthetic_store(tmp_path / "mine", o)
+    manifest = (named.path / "manifest.json").read_text()
+    # The job opens a named store with open_store, whatever synthetic options its config holds.
+    assert open_store(named.path).manifest.options["feat_dim"] == 16
+    assert ingest_main(["synthetic", str(named.path), "--feat-dim", "24", "--no-progress"]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert (named.path / "manifest.json").read_text() == manifest

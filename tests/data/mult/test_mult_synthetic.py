@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.data.mult.store import MODALITIES, MultStore
-from xmodal.data.mult.synthetic import SyntheticMultOptions, generate
+from xmodal.data.mult.store import MODALITIES, MultStore, open_store
+from xmodal.data.mult.synthetic import SyntheticMultOptions, ensure_synthetic_store, generate
 from xmodal.ingest_cli import main as ingest_main
 
 
@@ -39,3 +39,26 @@ def test_cli_builds_a_store(tmp_path: Path, capsys):
     assert ingest_main(["mult-synthetic", str(out), "--num-samples", "5"]) == 2
     assert "num_samples = 5: expected >= 10" in capsys.readouterr().err
 
+
+
+def test_embedded_default_is_rebuilt_when_built_otherwise_and_a_named_store_is_not(tmp_path: Path, capsys):
+    a, b = SyntheticMultOptions(num_samples=40, seed=1), SyntheticMultOptions(num_samples=40, seed=2)
+    embedded = tmp_path / "synthetic_mult"
+    first = ensure_synthetic_store(embedded, a)
+    stamp = (embedded / "manifest.json").stat().st_mtime_ns
+    assert ensure_synthetic_store(embedded, a).manifest == first.manifest  # same options: reused as is
+    assert (embedded / "manifest.json").stat().st_mtime_ns == stamp and capsys.readouterr().out == ""
+    rebuilt = ensure_synthetic_store(embedded, b)
+    assert rebuilt.manifest.source["options"]["seed"] == 2
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and f"note: rebuilding {embedded}" in out and "seed: built with 1, asked for 2" in out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # A store the user named (built with options A) is opened as it is, whatever the job's options,
+    # and the CLI does not replace it without --overwrite.
+    named = tmp_path / "mine"
+    assert ingest_main(["mult-synthetic", str(named), "--num-samples", "40", "--seed", "1"]) == 0
+    manifest = (named / "manifest.json").read_text()
+    assert open_store(named).manifest.source["options"]["seed"] == 1
+    assert ingest_main(["mult-synthetic", str(named), "--num-samples", "40", "--seed", "2"]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert (named / "manifest.json").read_text() == manifest
