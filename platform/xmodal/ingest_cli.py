@@ -240,7 +240,7 @@ SOURCES: dict[str, Source] = {
 
 def parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser; only the chosen subcommand's arguments are added (they may import its module)."""
-    p = argparse.ArgumentParser(prog="ingest.py", description=__doc__,
+    p = argparse.ArgumentParser(prog="ingest.py", description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SOURCES) + "}")
     chosen = argv[0] if argv and argv[0] in SOURCES else None
