@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from xmodal.errors import UserError
+
 
 @dataclass
 class MaskingOptions:
@@ -17,8 +19,7 @@ class MaskingOptions:
     mismatch_prob: float = 0.5
     max_seq_len: int | None = None  # tokens per sample; None = the store's (longer pads with [PAD])
     # QA target from a question's soft answer scores: "sample" draws one answer with probability
-    # proportional to its score (FACTS: "target drawn from the soft answer scores", as the reference
-    # loader does); "argmax" always takes the highest-scoring answer (deterministic labels).
+    # proportional to its score (as the reference loader does; docs/papers.md, masking rules); "argmax" always takes the highest-scoring answer (deterministic labels).
     qa_target: Literal["sample", "argmax"] = "sample"
 
 
@@ -37,7 +38,7 @@ class SyntheticLxmertOptions:
     num_answers: int = 9500
     sentences_per_image: int = 5
     seed: int = 0
-    # Added with the feature store (issue #3); defaults keep older configs valid.
+    # Added with the feature store; defaults keep older configs valid.
     max_seq_len: int = 20  # tokens per sentence incl. [CLS]/[SEP], fixed at ingest
     question_fraction: float = 1 / 3  # paper: about a third of the sentences are questions
     feature_noise: float = 0.5  # std of the Gaussian noise added to each object's prototype
@@ -81,7 +82,7 @@ class SyntheticMultOptions:
 
     def check(self) -> None:
         def bad(field: str, expected: str):
-            raise ValueError(f"SyntheticMultOptions.{field} = {getattr(self, field)!r}: expected {expected}")
+            raise UserError(f"SyntheticMultOptions.{field} = {getattr(self, field)!r}: expected {expected}")
 
         if self.num_samples < 10:
             bad("num_samples", ">= 10")

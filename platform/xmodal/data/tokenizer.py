@@ -119,12 +119,3 @@ class WordPieceTokenizer:
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Token ids -> text without special tokens (WordPiece pieces joined)."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-    def decode_batch(self, ids: np.ndarray) -> list[str]:
-        return self._tok.decode_batch([[int(i) for i in row] for row in ids], skip_special_tokens=True)
-
-    def id_to_token(self, i: int) -> str | None:
-        return self._tok.id_to_token(int(i))
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)

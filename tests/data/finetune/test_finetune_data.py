@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from xmodal.batches import Nlvr2Batch, VqaBatch
+from xmodal.data.common import StoreError
 from xmodal.data.finetune import sets as finetune
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import FinetuneError, epoch_order, iter_finetune_batches, open_finetune
@@ -23,10 +24,10 @@ from xmodal.data.finetune.synthetic import (
     build_synthetic_vqa,
     ensure_synthetic_finetune,
 )
-from xmodal.data.ingest import main as ingest_main
 from xmodal.data.lxmert.store import LxmertStore
 from xmodal.data.lxmert.synthetic import build_synthetic_store, class_names, colour_names
 from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.ingest_cli import main as ingest_main
 from xmodal.objectives.finetune import nlvr2_statement
 
 torch.set_num_threads(1)
@@ -201,11 +202,11 @@ def test_overwrite_rules_and_atomic_failure(tmp_path, small_store, store_images,
     train = _write(tmp_path / "train.json", _vqa_records(imgs))
     args = ("vqa", {"train": [train], "valid": [train]}, small_store.path)
     ingest_finetune(*args, tmp_path / "set")
-    with pytest.raises(FinetuneError, match=r"already exists; pass --overwrite"):
+    with pytest.raises(StoreError, match=r"already exists; pass --overwrite"):
         ingest_finetune(*args, tmp_path / "set")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("keep me")
-    with pytest.raises(FinetuneError, match=r"not a fine-tuning set; refusing"):
+    with pytest.raises(StoreError, match=r"exists and is not a store .*refusing"):
         ingest_finetune(*args, tmp_path / "other", overwrite=True)
     with pytest.raises(FinetuneError, match=r"inside the feature store"):
         ingest_finetune(*args, small_store.path / "vqa")
@@ -388,18 +389,22 @@ def test_synthetic_nlvr2_needs_both_images(syn_nlvr2, small_store, store_images)
     assert 0.45 < valid.labels.mean() < 0.55
 
 
-def test_ensure_synthetic_reuses_or_refuses_and_gqa_is_exact_match(tmp_path, small_store):
+def test_ensure_synthetic_reuses_or_rebuilds_and_gqa_is_exact_match(tmp_path, small_store, capsys):
     gqa = ensure_synthetic_finetune("gqa", small_store.path, tmp_path / "gqa", questions_per_image=2)
     assert gqa.task == "gqa" and gqa.manifest.options == {"questions_per_image": 2, "near_answer_prob": 0.0, "seed": 0}
     sp = gqa.split("train")
     assert len(sp) == 2 * small_store.manifest.images("train") and (sp.ans_scores == 1).all()
     assert (np.diff(sp.ans_offsets) == 1).all()  # one answer per question
+    stamp = (tmp_path / "gqa" / "manifest.json").stat().st_mtime_ns
     again = ensure_synthetic_finetune("gqa", small_store.path, tmp_path / "gqa", questions_per_image=2)
     assert again.ids("valid") == gqa.ids("valid")
-    with pytest.raises(FinetuneError, match=r"questions_per_image: set has 2, asked for 3"):
-        ensure_synthetic_finetune("gqa", small_store.path, tmp_path / "gqa")
-    with pytest.raises(FinetuneError, match=r"synthetic gqa set"):
-        ensure_synthetic_finetune("vqa", small_store.path, tmp_path / "gqa", questions_per_image=2)
+    assert (tmp_path / "gqa" / "manifest.json").stat().st_mtime_ns == stamp and "rebuilding" not in capsys.readouterr().out
+    # Derived data: built with other options, it is rebuilt with a one-line note.
+    three = ensure_synthetic_finetune("gqa", small_store.path, tmp_path / "gqa")
+    assert three.manifest.options["questions_per_image"] == 3
+    assert "note: rebuilding" in (out := capsys.readouterr().out) and "questions_per_image: built with 2, asked for 3" in out
+    as_vqa = ensure_synthetic_finetune("vqa", small_store.path, tmp_path / "gqa", questions_per_image=2)
+    assert as_vqa.task == "vqa" and "synthetic gqa set, vqa asked for" in capsys.readouterr().out
     with pytest.raises(FinetuneError, match=r"unknown option\(s\) pairs_per_statement"):
         ensure_synthetic_finetune("vqa", small_store.path, tmp_path / "v", pairs_per_statement=2)
     with pytest.raises(FinetuneError, match=r"0 for gqa"):

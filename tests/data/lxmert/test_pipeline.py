@@ -33,13 +33,18 @@ def _run_in_parallel(fns):
 
 
 def test_two_workers_split_an_epoch(ray_local, small_store: LxmertStore):
-    from xmodal.data.lxmert.pipeline import iter_image_blocks, iter_lxmert_batches, lxmert_dataset
+    from xmodal.data.lxmert.loader import blocks_from_tables
+    from xmodal.data.lxmert.pipeline import iter_lxmert_batches, lxmert_dataset
+
+    def image_ids(it) -> list[str]:  # the worker's share, as the batch builder receives it
+        tables = it.iter_batches(batch_size=None, batch_format="pyarrow")
+        return [i for blk in blocks_from_tables(tables) for i in blk.img_id]
 
     ds = lxmert_dataset(small_store, "train", seed=0)
     a, b = ds.streaming_split(2, equal=True)  # what TorchTrainer's DataConfig does for 2 workers
 
     # Epoch 0: the images each worker receives.
-    ids = _run_in_parallel([lambda it=it: [i for blk in iter_image_blocks(it) for i in blk.img_id] for it in (a, b)])
+    ids = _run_in_parallel([lambda it=it: image_ids(it) for it in (a, b)])
     assert len(ids[0]) == len(set(ids[0])) and len(ids[1]) == len(set(ids[1]))
     assert not set(ids[0]) & set(ids[1]), "an image went to both workers"
     assert set(ids[0]) | set(ids[1]) == set(small_store.read_split("train").img_id), "the epoch was not covered"
@@ -60,8 +65,8 @@ def test_dense_tensors_and_empty_split(ray_local, small_store: LxmertStore, tmp_
 
     from refdata import SMALL
 
+    from xmodal.data.common import StoreError
     from xmodal.data.lxmert.pipeline import lxmert_dataset
-    from xmodal.data.lxmert.store import StoreError
     from xmodal.data.lxmert.synthetic import build_synthetic_store
 
     m = small_store.manifest

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -12,9 +11,10 @@ import pytest
 from refdata import FEAT_DIM, RAW, RefCorpus, ref_image, write_reference
 
 from xmodal.data.answers import AnswerTable, normalize_answer
-from xmodal.data.lxmert import ingest as lxmert_ingest
+from xmodal.data.common import StoreError
 from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert
-from xmodal.data.lxmert.store import StoreError, open_store
+from xmodal.data.lxmert.store import open_store
+from xmodal.ingest_cli import main as ingest_main
 
 
 def _ingest(ref: RefCorpus, out: Path, **kw):
@@ -23,14 +23,6 @@ def _ingest(ref: RefCorpus, out: Path, **kw):
     kw.setdefault("images_per_shard", 8)
     kw.setdefault("row_group_images", 4)
     return ingest_lxmert(out, ref.tsv, ref.json, **kw)
-
-
-def ingest_main(argv: list[str]) -> int:
-    """`jobs/ingest.py lxmert ...` through this module's own add_arguments/run (the dispatcher also
-    imports the other sources' modules, which this test does not need)."""
-    parser = argparse.ArgumentParser()
-    lxmert_ingest.add_arguments(parser.add_subparsers(dest="source").add_parser("lxmert"))
-    return lxmert_ingest.run(parser.parse_args(argv))
 
 
 def _nothing_written(out: Path) -> None:
@@ -70,7 +62,7 @@ def test_round_trip_reference_formats(reference: RefCorpus, tmp_path: Path):
             np.testing.assert_array_equal(block.obj_conf[k, :n], ref.obj_conf)
             np.testing.assert_array_equal(block.attr_conf[k, :n], ref.attr_conf)
             s0, s1 = block.sent_offsets[k], block.sent_offsets[k + 1]
-            assert tok.decode_batch(block.input_ids[s0:s1]) == [s.lower() for s in reference.sentences[img_id]]
+            assert [tok.decode(r) for r in block.input_ids[s0:s1]] == [s.lower() for s in reference.sentences[img_id]]
             assert (block.input_ids[s0:s1, 0] == tok.cls_id).all()
             for s, raw in zip(range(s0, s1), reference.labels[img_id], strict=True):
                 a0, a1 = block.ans_offsets[s], block.ans_offsets[s + 1]
@@ -119,7 +111,7 @@ def test_cli_and_no_overwrite(reference: RefCorpus, tmp_path: Path, capsys):
     shard = sorted(out.glob("train/*.parquet"))[0]
     mtime = shard.stat().st_mtime_ns
     assert ingest_main(args) == 2
-    assert "already exists; pass --overwrite" in capsys.readouterr().out
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert shard.stat().st_mtime_ns == mtime and json.loads((out / "manifest.json").read_text())["created"] == before
     assert ingest_main([*args, "--overwrite"]) == 0
     assert open_store(out).manifest.images("train") + open_store(out).manifest.images("minival") == 24

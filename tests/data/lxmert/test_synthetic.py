@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 from refdata import SMALL
 
-from xmodal.data.lxmert.store import LxmertStore, StoreError
+from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import (
     build_synthetic_store,
     class_names,
@@ -18,6 +17,7 @@ from xmodal.data.lxmert.synthetic import (
     ensure_synthetic_store,
 )
 from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.ingest_cli import main as ingest_main
 
 
 def test_nearest_prototype_classifier_far_above_chance(small_store: LxmertStore):
@@ -90,16 +90,20 @@ def test_builds_in_seconds_and_supports_paper_dims(tmp_path: Path):
     assert m.num_answers <= 9500 and store.read_split("train").features.shape[1:] == (36, 2048)
 
 
-def test_ensure_synthetic_store_reuses_or_refuses(tmp_path: Path):
+def test_ensure_synthetic_store_reuses_or_rebuilds(tmp_path: Path, capsys):
     o = dataclasses.replace(SMALL, num_images=40)
     path = tmp_path / "syn"
     first = ensure_synthetic_store(path, o)
     stamp = (path / "manifest.json").stat().st_mtime_ns
     again = ensure_synthetic_store(path, dataclasses.replace(o))
     assert again.manifest == first.manifest and (path / "manifest.json").stat().st_mtime_ns == stamp
-    with pytest.raises(StoreError, match=r"feat_dim: store has 16, asked for 24"):
-        ensure_synthetic_store(path, dataclasses.replace(o, feat_dim=24))
-    assert (path / "manifest.json").stat().st_mtime_ns == stamp
+    assert "rebuilding" not in capsys.readouterr().out
+    # The embedded default is derived data: asked for other options, it is rebuilt with a note.
+    other = ensure_synthetic_store(path, dataclasses.replace(o, feat_dim=24))
+    assert other.manifest.feat_dim == 24 and other.manifest.options["feat_dim"] == 24
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and f"note: rebuilding {path}" in out and "feat_dim: built with 16, asked for 24" in out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_images_without_background_hold_their_named_objects_only(tmp_path: Path):
@@ -123,3 +127,14 @@ def test_images_without_background_hold_their_named_objects_only(tmp_path: Path)
                 assert {names[w] for w in words if w in names} == present, " ".join(words)
                 captions += 1
     assert captions > 100
+
+
+def test_a_store_the_user_named_is_never_modified(tmp_path: Path, capsys):
+    o = dataclasses.replace(SMALL, num_images=40)
+    named = build_synthetic_store(tmp_path / "mine", o)
+    manifest = (named.path / "manifest.json").read_text()
+    # The job opens a named store with open_store, whatever synthetic options its config holds.
+    assert open_store(named.path).manifest.options["feat_dim"] == 16
+    assert ingest_main(["synthetic", str(named.path), "--feat-dim", "24", "--no-progress"]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert (named.path / "manifest.json").read_text() == manifest

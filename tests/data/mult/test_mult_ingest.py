@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmodal.data.ingest import main as ingest_main
 from xmodal.data.mult.ingest import IngestError, ingest, safe_load
 from xmodal.data.mult.store import MODALITIES, MultStore
+from xmodal.ingest_cli import main as ingest_main
 
 DIMS = {"text": 6, "audio": 4, "vision": 3}
 PAD = {"text": 7, "audio": 11, "vision": 9}
@@ -90,7 +90,7 @@ def _check(store: MultStore, truth: dict) -> None:
         for m in MODALITIES:
             assert sp.lengths[m].tolist() == [len(s) for s in seqs[m]], (split, m)
             for i, s in enumerate(seqs[m]):
-                np.testing.assert_array_equal(sp.sequence(m, i), s.astype(np.float16))
+                np.testing.assert_array_equal(getattr(sp.batch([i]), m)[0].numpy(), s.astype(np.float16))
 
 
 def test_reference_round_trip(tmp_path: Path):
@@ -124,7 +124,7 @@ def test_mmsa_round_trip_through_the_cli(tmp_path: Path, capsys):
     _check(store, truth)
     assert store.manifest.stats["empty_sequences_given_one_zero_step"]["vision"] == 3
     # An existing store is kept unless --overwrite.
-    assert ingest_main(["mult", str(out), "--pickle", str(pkl), "--format", "mmsa"]) == 1
+    assert ingest_main(["mult", str(out), "--pickle", str(pkl), "--format", "mmsa"]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert ingest_main(["mult", str(out), "--pickle", str(pkl), "--format", "mmsa", "--overwrite"]) == 0
 
@@ -144,7 +144,7 @@ def test_malicious_pickle_is_refused_and_nothing_is_written(tmp_path: Path, caps
     out = tmp_path / "deep" / "store"
     code = ingest_main(["mult", str(out), "--pickle", str(pkl), "--format", "reference"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2
     assert str(pkl) in err and "refused to unpickle global" in err and "system" in err
     assert not marker.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.pkl"]  # no store, no temp dir, no parent

@@ -10,12 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from xmodal.data.common import MANIFEST_FILE, StoreError
 from xmodal.data.mult.store import (
-    MANIFEST_FILE,
     MODALITIES,
     MultSplit,
     MultStore,
-    StoreError,
     pad_packed,
     write_store,
 )
@@ -49,7 +48,7 @@ def test_round_trip(tmp_path: Path, splits):
     for m in MODALITIES:
         np.testing.assert_array_equal(again.lengths[m], src.lengths[m])
         np.testing.assert_array_equal(again.values[m], src.values[m])
-        assert again.sequence(m, 4).shape == (src.lengths[m][4], DIMS[m])
+        assert getattr(again.batch([4]), m)[0].numpy().shape == (src.lengths[m][4], DIMS[m])
     assert store.manifest.max_len == {m: max(int(s.lengths[m].max()) for s in splits.values()) for m in MODALITIES}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
@@ -78,11 +77,11 @@ def test_validation_names_the_problem(tmp_path: Path, splits):
             MultStore.open(path)
         return str(e.value)
 
-    assert "schema_version 9" in broken(lambda m: m.update(schema_version=9))
+    assert "field schema_version = 9" in broken(lambda m: m.update(schema_version=9))
     assert "kind 'lxmert'" in broken(lambda m: m.update(kind="lxmert"))
     assert "part-00000.parquet: 23 rows, manifest says 22" in broken(
         lambda m: (m["splits"]["train"][0].update(rows=22), m["rows"].update(train=22)))
-    assert "rows['train'] = 99" in broken(lambda m: m["rows"].update(train=99))
+    assert "field rows.train = 99: expected 23" in broken(lambda m: m["rows"].update(train=99))
     assert "dims" in broken(lambda m: m["dims"].update(text=0))
     mf.write_text(json.dumps(good))
     (path / "test" / "part-00000.parquet").unlink()
@@ -155,7 +154,7 @@ def test_batch_contents_padding_and_static_shapes(splits):
         for i, r in enumerate(rows):
             n = int(sp.lengths[m][r])
             assert int(lens[i]) == n
-            np.testing.assert_array_equal(x[i, :n].numpy(), sp.sequence(m, r))
+            np.testing.assert_array_equal(x[i, :n].numpy(), getattr(sp.batch([r]), m)[0].numpy())
             assert not x[i, n:].any()
     torch.testing.assert_close(b.labels[:, 0], torch.from_numpy(sp.labels[rows]))
     static = sp.batch(rows, pad_to="store")
@@ -183,6 +182,6 @@ def test_ray_free_block_iterator_matches_store(tmp_path: Path):
     for b in batches_from_tables(blocks, store.dims, 7, seed=0, epoch=0, drop_last=False, min_block_rows=10):
         for i, r in enumerate(b.index.tolist()):
             n = int(b.audio_lengths[i])
-            np.testing.assert_array_equal(b.audio[i, :n].numpy(), whole.sequence("audio", r))
+            np.testing.assert_array_equal(b.audio[i, :n].numpy(), whole.batch([r]).audio[0].numpy())
         seen += b.index.tolist()
     assert sorted(seen) == list(range(len(whole)))

@@ -1,6 +1,6 @@
 """Reference fine-tuning JSON -> fine-tuning set (`python jobs/ingest.py vqa|gqa|nlvr2 OUT --store STORE ...`).
 
-Inputs (FACTS.md "Reference data formats"), each file a JSON list:
+Inputs (docs/papers.md, "data formats"), each file a JSON list:
 - vqa: {"question_id", "img_id", "sent", "label": {answer: soft score}} (3,129 answers);
 - gqa: the same shape, label {answer: 1} (1,842 answers);
 - nlvr2: {"identifier", "img0", "img1", "sent", "label": 0/1}.
@@ -26,7 +26,6 @@ all_ans.json) or the most frequent answers of the train split (3,129 vqa / 1,842
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, field
@@ -37,8 +36,7 @@ import numpy as np
 
 from xmodal.data.answers import AnswerError, AnswerTable, normalize_answer
 from xmodal.data.finetune.sets import FinetuneData, FinetuneError, FinetuneSplit, check_task, write_finetune
-from xmodal.data.lxmert.store import LxmertStore, StoreError, open_store
-from xmodal.data.tokenizer import TokenizerError
+from xmodal.data.lxmert.store import LxmertStore, open_store
 
 DEFAULT_NUM_ANSWERS: dict[str, int] = {"vqa": 3129, "gqa": 1842}
 MAX_MISSING_EXAMPLES = 5
@@ -245,45 +243,3 @@ def _write(task: str, store: LxmertStore, records: dict[str, _Records], table: A
                           overwrite=overwrite, ignored_by_split=ignored, missing_image_examples=examples,
                           stats=stats, inputs={s: [str(Path(p).expanduser().resolve()) for p in v]
                                                for s, v in inputs.items()})
-
-
-# ============================================================================ CLI
-
-
-def _files(values: list[str] | None) -> list[str]:
-    return [f for v in values or [] for f in v.split(",") if f]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Reference fine-tuning JSON (VQA / GQA / NLVR2) -> fine-tuning set over an existing feature store."""
-    parser.add_argument("out", help="fine-tuning set directory to create")
-    parser.add_argument("--store", required=True, help="feature store holding the images (jobs/ingest.py lxmert)")
-    for split in ("train", "valid", "test"):
-        parser.add_argument(f"--{split}", action="append", metavar="A.json[,B.json]",
-                            help=f"JSON file(s) of the {split} split (comma separated or repeated)")
-    parser.add_argument("--answers", help="reference answer file (trainval_label2ans.json; vqa/gqa; "
-                                          "default: the train split's most frequent answers)")
-    parser.add_argument("--num-answers", type=int, default=None,
-                        help="answer table size (default 3129 vqa / 1842 gqa, or the whole --answers file)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing fine-tuning set")
-
-
-def run(args: argparse.Namespace) -> int:
-    splits = {s: _files(getattr(args, s)) for s in ("train", "valid", "test")}
-    splits = {s: v for s, v in splits.items() if v}
-    if not splits:
-        print("error: give at least one of --train, --valid, --test")
-        return 2
-    try:
-        data = ingest_finetune(args.command, splits, args.store, args.out, answers=args.answers,
-                               overwrite=args.overwrite, num_answers=args.num_answers)
-    except (FinetuneError, StoreError, AnswerError, TokenizerError) as e:
-        print(f"error: {e}")
-        return 2
-    m = data.manifest
-    print(data)
-    print(f"answers {m.num_answers}, ignored {m.ignored}, {m.stats}")
-    if m.missing_image_examples:
-        print("examples of missing images: " + ", ".join(f"{x['id']} ({x['img_id']})"
-                                                          for x in m.missing_image_examples))
-    return 0

@@ -23,34 +23,43 @@ and never a directory that is not a fine-tuning set (e.g. the feature store itse
 Batches (`iter_finetune_batches`): fine-tuning sets are small, so the image features a split needs
 are read from the store once (only the row groups that hold them) and kept as float16 arrays; every
 epoch is a permutation fixed by (seed, epoch), cut into equal shares per rank (the remainder is
-dropped, so DDP ranks run the same number of steps). Imports numpy, pyarrow and torch only.
+dropped, so DDP ranks run the same number of steps). Imports numpy and pyarrow only (torch when batches
+are made, so ingesting does not load it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import hashlib
 import json
 import math
 import re
 import shutil
-import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
+import pydantic
 
-from xmodal.batches import Nlvr2Batch, VqaBatch
 from xmodal.data.answers import AnswerError, AnswerTable
-from xmodal.data.lxmert.store import MANIFEST_FILE, LxmertStore, concat_ranges, open_store, publish_dir
+from xmodal.data.common import (
+    MANIFEST_FILE,
+    Manifest,
+    StoreError,
+    check_target,
+    publish_dir,
+    temp_dir_beside,
+)
+from xmodal.data.lxmert.store import LxmertStore, concat_ranges, open_store
 from xmodal.data.tokenizer import VOCAB_FILE
 from xmodal.errors import UserError
+
+if TYPE_CHECKING:
+    from xmodal.batches import Nlvr2Batch, VqaBatch
 
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
 KIND = "lxmert-finetune"
@@ -181,64 +190,43 @@ def table_to_split(table: pa.Table, task: str) -> FinetuneSplit:
 # ============================================================================ manifest
 
 
-@dataclass
-class FinetuneManifest:
-    """What `manifest.json` holds; `open_finetune` checks it against the files and the store."""
+class FinetuneManifest(Manifest):
+    """What `manifest.json` holds (kind "lxmert-finetune"); `open_finetune` checks it against the files
+    and the store."""
 
-    schema_version: int
-    kind: str  # always KIND: what makes a directory replaceable with overwrite=True
-    task: str  # vqa | gqa | nlvr2
+    KIND: ClassVar[str] = KIND
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+
+    task: Literal["vqa", "gqa", "nlvr2"]
     store: str  # absolute path of the feature store whose images and tokenizer this set uses
     store_fingerprint: str  # `store_fingerprint(store)` when the set was made
-    max_seq_len: int
-    splits: dict[str, int]  # split -> examples
-    num_answers: int  # answer table size (0 for nlvr2)
+    max_seq_len: pydantic.PositiveInt
+    splits: dict[str, pydantic.NonNegativeInt]  # split -> examples
+    num_answers: pydantic.NonNegativeInt  # answer table size (0 for nlvr2)
     source: str  # "reference" (fine-tuning JSON) or "synthetic"
     # Records the ingest left out or changed: missing_images (examples dropped), unknown_answers
     # (answers dropped from a question's label). Totals, then per split.
-    ignored: dict[str, int] = field(default_factory=dict)
-    ignored_by_split: dict[str, dict[str, int]] = field(default_factory=dict)
-    missing_image_examples: list[dict[str, str]] = field(default_factory=list)  # up to 5
+    ignored: dict[str, int] = {}
+    ignored_by_split: dict[str, dict[str, int]] = {}
+    missing_image_examples: list[dict[str, str]] = []  # up to 5
     # Informational: unanswerable_questions (no answer left in the table), truncated_sentences.
-    stats: dict[str, int] = field(default_factory=dict)
-    inputs: dict[str, list[str]] = field(default_factory=dict)  # split -> absolute paths ingested
-    options: dict[str, Any] = field(default_factory=dict)  # what built it (synthetic sets)
+    stats: dict[str, int] = {}
+    inputs: dict[str, list[str]] = {}  # split -> absolute paths ingested
+    options: dict[str, Any] = {}  # what built it (synthetic sets)
     created: str = ""
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str, where: str) -> FinetuneManifest:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FinetuneError(f"{where}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        if not isinstance(d, dict) or d.get("kind") != KIND:
-            raise FinetuneError(f"{where}: not a fine-tuning set manifest (expected \"kind\": {KIND!r})")
-        if d.get("schema_version") != SCHEMA_VERSION:
-            raise FinetuneError(f"{where}: schema_version {d.get('schema_version')!r}, this code reads "
-                                f"version {SCHEMA_VERSION}; re-create the set")
-        fields = dataclasses.fields(cls)
-        required = {f.name for f in fields
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        if missing := sorted(required - d.keys()):
-            raise FinetuneError(f"{where}: missing field(s) {', '.join(missing)}")
-        if unknown := sorted(d.keys() - {f.name for f in fields}):
-            raise FinetuneError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        m = cls(**d)
-        if m.task not in TASKS:
-            raise FinetuneError(f"{where}: task {m.task!r}, expected one of {', '.join(TASKS)}")
-        return m
+    def check(self, where: str) -> None:
+        for name in self.splits:
+            if not _SPLIT_NAME.match(name):
+                raise StoreError(f"{where}: field splits.{name} = {name!r}: expected a split name of letters, "
+                                 "digits, '_' or '-'")
 
 
 def store_fingerprint(store: LxmertStore) -> str:
     """Identity of a store's contents: its manifest without the build date, and its vocabulary file.
     Any rebuild that changes images, counts or token ids changes it (a synthetic store rebuilt with
     the same options usually does too: its WordPiece training orders tied tokens differently)."""
-    d = dataclasses.asdict(store.manifest)
-    d.pop("created", None)
-    h = hashlib.sha256(json.dumps(d, sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(store.manifest.identity(), sort_keys=True).encode())
     h.update((store.path / VOCAB_FILE).read_bytes())
     return h.hexdigest()[:16]
 
@@ -393,9 +381,7 @@ def open_finetune(path: str | Path, store: str | Path | None = None) -> Finetune
     that the store (the recorded path, or `store` if it moved) is still the one the set was made from."""
     root = Path(path).expanduser().resolve()
     mpath = root / MANIFEST_FILE
-    if not mpath.is_file():
-        raise FinetuneError(f"{mpath}: missing; {root} is not a fine-tuning set (or its ingest did not finish)")
-    m = FinetuneManifest.from_json(mpath.read_text(), str(mpath))
+    m = FinetuneManifest.read(root)  # names the path and the kind expected when it is not a fine-tuning set
     for split, rows in m.splits.items():
         p = root / f"{split}.parquet"
         if not p.is_file():
@@ -458,7 +444,7 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
             raise FinetuneError(f"split {name!r}: {sp.input_ids.shape[1]} tokens per example, the store has "
                                 f"max_seq_len {t}")
         sp.check(f"split {name!r}", len(answers) if answers is not None else 0)
-    _check_target(root, overwrite)
+    check_target(root, overwrite, KIND)
     by_split = {s: dict(c) for s, c in (ignored_by_split or {}).items()}
     totals: dict[str, int] = {}
     for c in by_split.values():
@@ -471,40 +457,21 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
         ignored_by_split=by_split, missing_image_examples=list(missing_image_examples or []),
         stats=dict(stats or {}), inputs={s: list(v) for s, v in (inputs or {}).items()}, options=dict(options or {}),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = None
     try:
-        tmp.mkdir()
+        tmp = temp_dir_beside(root)
         for name, sp in splits.items():
             pq.write_table(split_to_table(sp), tmp / f"{name}.parquet", row_group_size=1 << 16)
         if answers is not None:
             answers.save(tmp)
-        (tmp / MANIFEST_FILE).write_text(manifest.to_json())
+        manifest.write(tmp)
         open_finetune(tmp, store.path)  # check what was written before it becomes visible
-        _publish(tmp, root, overwrite)
+        publish_dir(tmp, root, lambda: check_target(root, overwrite, KIND))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return open_finetune(root)
-
-
-def _check_target(path: Path, overwrite: bool) -> None:
-    """Refuse to replace an existing directory unless `overwrite`, and never one that is not a set."""
-    if not path.exists():
-        return
-    if path.is_dir() and not any(path.iterdir()):
-        return
-    if not overwrite:
-        raise FinetuneError(f"{path}: already exists; pass --overwrite to replace it")
-    try:
-        FinetuneManifest.from_json((path / MANIFEST_FILE).read_text(), str(path / MANIFEST_FILE))
-    except (OSError, FinetuneError):
-        raise FinetuneError(f"{path}: exists and is not a fine-tuning set; refusing to replace it even with "
-                            "--overwrite") from None
-
-
-def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
-    publish_dir(tmp, path, lambda: _check_target(path, overwrite))
 
 
 # ============================================================================ batches
@@ -540,6 +507,10 @@ def iter_finetune_batches(data: FinetuneData, split: str, batch_size: int, *, se
     the last len(split) % world_size examples of the permutation are skipped, also with
     drop_last=False: evaluate a whole split with world_size=1.
     """
+    import torch
+
+    from xmodal.batches import Nlvr2Batch, VqaBatch
+
     sp = data.split(split)
     nb = num_batches(len(sp), batch_size, world_size, drop_last)
     order = epoch_order(len(sp), seed=seed, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle)

@@ -42,12 +42,11 @@ consistency at 2^-P for P pairs). One image alone: "one" and "total" about 0.5 b
 "both" at most 0.75 (an image without the group shows the statement false). Measured on the
 default synthetic store (1,500 images, 40 classes, 8 colours): oracle 1.0; one image alone 0.75
 (both), ~0.5 (total, one).
-Imports numpy, pyarrow and torch only (via xmodal.data.finetune.sets).
+Imports numpy and pyarrow only (via xmodal.data.finetune.sets).
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,14 +55,18 @@ from typing import Any
 import numpy as np
 
 from xmodal.data.answers import AnswerTable, normalize_answer
+from xmodal.data.common import StoreError, ensure_derived, options_diff
 from xmodal.data.finetune.sets import (
+    KIND,
     FinetuneData,
     FinetuneError,
+    FinetuneManifest,
     FinetuneSplit,
     open_finetune,
+    store_fingerprint,
     write_finetune,
 )
-from xmodal.data.lxmert.store import MANIFEST_FILE, LxmertStore, StoreError, open_store
+from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
 
 SPLITS: dict[str, str] = {"train": "train", "valid": "minival"}  # fine-tuning split -> store split
@@ -354,68 +357,33 @@ def build_synthetic_nlvr2(store_path: str | Path, out_dir: str | Path, *, statem
 
 
 def ensure_synthetic_finetune(task: str, store_path: str | Path, out_dir: str | Path, **options) -> FinetuneData:
-    """The synthetic set of `task` at `out_dir`: built if missing, reused if it was built over this store
-    with the same options; one built otherwise is an error listing what differs (never replaced)."""
+    """The embedded synthetic set of `task` at `out_dir` over the image store at `store_path` (derived
+    data, see `xmodal.data.common.ensure_derived`): built if missing, reused if built over this very
+    store with these options, rebuilt (with a one-line note) if its options or task differ, its image
+    store changed (another path, or rebuilt), or its manifest is of an older format. A set ingested
+    from reference files there is never replaced. For a set the user named, use `open_finetune`."""
     want = synthetic_options(task, **options)
-    p = Path(out_dir).expanduser().resolve()
+    store = open_store(store_path)
+    fingerprint = store_fingerprint(store)
 
-    def reuse() -> FinetuneData:
-        data = open_finetune(p, store_path)  # also checks the store is the one it was made from
-        m = data.manifest
-        if m.task != task or m.source != "synthetic" or m.options != want:
-            diff = [f"{k}: set has {m.options.get(k)!r}, asked for {v!r}" for k, v in want.items()
-                    if m.options.get(k) != v]
-            what = "; ".join(diff) if m.task == task and m.source == "synthetic" else f"{m.source} {m.task} set"
-            raise FinetuneError(f"{p}: exists but is not the synthetic {task} set asked for ({what}); use another "
-                                f"path or rebuild it with `python jobs/ingest.py synthetic-{task} --overwrite`")
-        return data
+    def stale(m: FinetuneManifest) -> str | None:
+        if m.source != "synthetic":
+            raise StoreError(f"{out_dir}: holds a {m.task} set ingested from {m.source} files, not the embedded "
+                             f"synthetic {task} set built here; it is not replaced: move it away, or name it "
+                             "as the set to use")
+        if m.task != task:
+            return f"it is a synthetic {m.task} set, {task} asked for"
+        if m.store != str(store.path) or m.store_fingerprint != fingerprint:
+            return f"its image store changed ({m.store} fingerprint {m.store_fingerprint}, now {store.path} " \
+                   f"fingerprint {fingerprint})"
+        diff = options_diff(m.options, want)
+        return f"built with other options ({'; '.join(diff)})" if diff else None
 
-    if (p / MANIFEST_FILE).is_file():
-        return reuse()
-    try:
+    def build(p: Path, overwrite: bool) -> FinetuneData:
         if task == "nlvr2":
-            return build_synthetic_nlvr2(store_path, p, **want)
-        return build_synthetic_vqa(store_path, p, task=task, **want)
-    except FinetuneError:
-        if (p / MANIFEST_FILE).is_file():  # another process built it meanwhile
-            return reuse()
-        raise
+            return build_synthetic_nlvr2(store.path, p, overwrite=overwrite, **want)
+        return build_synthetic_vqa(store.path, p, task=task, overwrite=overwrite, **want)
 
-
-# ============================================================================ CLI
-
-_VQA_ONLY = ("questions_per_image", "near_answer_prob")
-_NLVR2_ONLY = ("statements_per_image", "pairs_per_statement")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Synthetic learnable VQA / NLVR2 sets over a synthetic feature store."""
-    parser.add_argument("out", help="fine-tuning set directory to create")
-    parser.add_argument("--store", required=True, help="synthetic feature store (jobs/ingest.py synthetic)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--questions-per-image", type=int, default=None, help="synthetic-vqa/gqa (default 3)")
-    parser.add_argument("--near-answer-prob", type=float, default=None,
-                        help="synthetic-vqa (default 0.25; gqa: 0, exact match)")
-    parser.add_argument("--statements-per-image", type=float, default=None, help="synthetic-nlvr2 (default 1.0)")
-    parser.add_argument("--pairs-per-statement", type=int, default=None, help="synthetic-nlvr2 (default 4)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing fine-tuning set")
-
-
-def run(args: argparse.Namespace) -> int:
-    task = args.command.removeprefix("synthetic-")
-    vqa = task != "nlvr2"
-    wrong = [k for k in (_NLVR2_ONLY if vqa else _VQA_ONLY) if getattr(args, k) is not None]
-    if wrong:
-        print(f"error: {args.command} does not take --{wrong[0].replace('_', '-')}")
-        return 2
-    opts = {k: getattr(args, k) for k in (_VQA_ONLY if vqa else _NLVR2_ONLY) if getattr(args, k) is not None}
-    if vqa:
-        opts["task"] = task
-    build = build_synthetic_vqa if vqa else build_synthetic_nlvr2
-    try:
-        data = build(args.store, args.out, seed=args.seed, overwrite=args.overwrite, **opts)
-    except (FinetuneError, StoreError) as e:
-        print(f"error: {e}")
-        return 2
-    print(data)
-    return 0
+    return ensure_derived(out_dir, kind=KIND, read=FinetuneManifest.read, stale=stale,
+                          open_fn=lambda p: open_finetune(p, store.path), build=build,
+                          what=f"the embedded synthetic {task} set")

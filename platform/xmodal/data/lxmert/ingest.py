@@ -1,6 +1,6 @@
 """Reference LXMERT feature TSV + pretraining JSON -> feature store (`python jobs/ingest.py lxmert OUT ...`).
 
-Inputs (FACTS.md "Reference data formats"):
+Inputs (docs/papers.md, "data formats"):
 - TSV, no header, one image a line: img_id, img_h, img_w, objects_id (b64 int64[N]), objects_conf
   (b64 float32[N]), attrs_id (b64 int64[N]), attrs_conf (b64 float32[N]), num_boxes, boxes (b64
   float32[N*4], pixel x1 y1 x2 y2), features (b64 float32[N*2048]).
@@ -23,7 +23,6 @@ one per sample in proportion to the scores (MaskingOptions.qa_target="argmax" ta
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import json
@@ -35,16 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.data.answers import AnswerError, AnswerTable
-from xmodal.data.lxmert.store import (
-    ImageBlock,
-    LxmertStore,
-    StoreError,
-    StoreWriter,
-    check_target,
-    concat_ranges,
-)
-from xmodal.data.tokenizer import TokenizerError, WordPieceTokenizer
+from xmodal.data.answers import AnswerTable
+from xmodal.data.common import check_target
+from xmodal.data.lxmert.store import KIND, ImageBlock, LxmertStore, StoreWriter, concat_ranges
+from xmodal.data.tokenizer import WordPieceTokenizer
 from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
@@ -334,7 +327,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                   progress: bool = True) -> LxmertStore:
     """Build a store from reference files; see the module docstring for the checks and their order."""
     out_path = Path(out).expanduser().resolve()
-    check_target(out_path, overwrite)  # before reading anything
+    check_target(out_path, overwrite, KIND)  # before reading anything
     tsv_paths = [Path(p).expanduser().resolve() for p in tsv]
     json_paths = [Path(p).expanduser().resolve() for p in json_files]
     if not tsv_paths or not json_paths:
@@ -431,50 +424,3 @@ def _tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
                 except UnicodeDecodeError as e:
                     raise _fail(f"{p}:{lineno}", f"not UTF-8 text ({e})") from None
                 yield f"{p}:{lineno}", line
-
-
-# ============================================================================ CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Reference LXMERT feature TSV + pretraining JSON (airsplay/lxmert formats)."""
-    parser.add_argument("out", help="store directory to create")
-    parser.add_argument("--tsv", action="append", required=True, help="feature TSV (repeatable)")
-    parser.add_argument("--json", action="append", required=True, help="pretraining JSON (repeatable)")
-    parser.add_argument("--vocab", help="BERT vocab.txt (default: train a WordPiece vocabulary on the sentences)")
-    parser.add_argument("--vocab-size", type=int, default=30522, help="size of a trained vocabulary")
-    parser.add_argument("--answers", help="reference all_ans.json (default: the most frequent answers)")
-    parser.add_argument("--num-answers", type=int, default=9500, help="answer table size (default 9500)")
-    parser.add_argument("--minival-fraction", type=float, default=0.1,
-                        help="fraction of images held out as minival, by a hash of img_id (default 0.1)")
-    parser.add_argument("--max-seq-len", type=int, default=20, help="tokens per sentence incl. [CLS]/[SEP]")
-    parser.add_argument("--num-objects", type=int, default=36, help="object slots per image")
-    parser.add_argument("--feat-dim", type=int, default=None, help="feature width (default: from the first line)")
-    parser.add_argument("--num-object-labels", type=int, default=1600)
-    parser.add_argument("--num-attr-labels", type=int, default=400)
-    parser.add_argument("--images-per-shard", type=int, default=256)
-    parser.add_argument("--allow-missing-images", action="store_true",
-                        help="drop sentences whose image has no features instead of failing")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        store = ingest_lxmert(args.out, args.tsv, args.json, vocab=args.vocab, answers=args.answers,
-                              num_answers=args.num_answers, vocab_size=args.vocab_size,
-                              minival_fraction=args.minival_fraction, max_seq_len=args.max_seq_len,
-                              num_objects=args.num_objects, feat_dim=args.feat_dim,
-                              num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
-                              images_per_shard=args.images_per_shard,
-                              allow_missing_images=args.allow_missing_images, overwrite=args.overwrite,
-                              progress=not args.no_progress)
-    except (IngestError, StoreError, AnswerError, TokenizerError) as e:
-        print(f"error: {e}")
-        return 2
-    m = store.manifest
-    print(store)
-    print(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "
-          f"questions without a known answer {m.unanswerable_questions}, truncated sentences "
-          f"{m.truncated_sentences}, images without sentences {m.dropped_images}")
-    return 0

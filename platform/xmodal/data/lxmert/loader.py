@@ -7,20 +7,17 @@ the same batches from the same blocks. Imports numpy, pyarrow and torch only.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from xmodal.batches import LxmertBatch
+from xmodal.data.common import prefetch_iter
 from xmodal.data.lxmert.masking import BlockPlan, LxmertBatchBuilder
 from xmodal.data.lxmert.store import ImageBlock, LxmertStore, table_to_block
-
-T = TypeVar("T")
 
 
 def block_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
@@ -112,65 +109,3 @@ def iter_local_batches(store: LxmertStore, split: str, builder: LxmertBatchBuild
     batches = batches_from_tables(tables, builder, batch_size, seed=seed, epoch=epoch, rank=rank,
                                   min_block_images=1, drop_last=drop_last, start_batch=start_batch)
     yield from prefetch_iter(batches, prefetch, pin_memory=pin_memory)
-
-
-# ============================================================================ background prefetch
-
-_END = object()
-
-
-class _Failure:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-def prefetch_iter(items: Iterable[T], depth: int, pin_memory: bool = False) -> Iterator[T]:
-    """Produce `items` in a background thread, up to `depth` ahead (0 = inline). The numpy gathers
-    and Arrow reads release the GIL, so batches are built while the training step runs. Exceptions
-    are re-raised in the consumer; leaving the loop early stops and closes the producer."""
-    if depth <= 0:
-        for item in items:
-            yield item.pin_memory() if pin_memory else item  # type: ignore[attr-defined]
-        return
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(x: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(x, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        it = iter(items)
-        try:
-            for item in it:
-                if pin_memory:
-                    item = item.pin_memory()  # type: ignore[attr-defined]
-                if not put(item):
-                    break
-            else:
-                put(_END)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-            put(_Failure(e))
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=produce, name="xmodal-batch-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            x = q.get()
-            if x is _END:
-                return
-            if isinstance(x, _Failure):
-                raise x.exc
-            yield x
-    finally:
-        stop.set()
-        thread.join(timeout=5.0)

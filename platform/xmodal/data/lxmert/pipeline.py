@@ -17,8 +17,8 @@ permuted by the builder's generator seeded by (seed, epoch, rank). Streaming spl
 whichever worker asks first, so the image-to-worker assignment (not the masking rule) varies from
 run to run; the Ray-free `iter_local_batches` is bit-for-bit reproducible.
 
-Leave CPUs to the read tasks: Train workers that hold every CPU starve them and fit() hangs
-(DESIGN.md); e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
+Leave CPUs to the read tasks: Train workers that hold every CPU starve them and fit() hangs;
+e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import LxmertBatch
-from xmodal.data.lxmert.loader import batches_from_tables, blocks_from_tables, prefetch_iter
+from xmodal.data.common import StoreError, prefetch_iter
+from xmodal.data.lxmert.loader import batches_from_tables
 from xmodal.data.lxmert.masking import LxmertBatchBuilder
-from xmodal.data.lxmert.store import ImageBlock, LxmertStore, StoreError, open_store
+from xmodal.data.lxmert.store import LxmertStore, open_store
 
 # What the batch builder reads (img_h / img_w are left in the shards).
 BATCH_COLUMNS: tuple[str, ...] = (
@@ -57,13 +58,6 @@ def lxmert_dataset(store: LxmertStore | str, split: str, *, seed: int | None = 0
     file_shuffle = FileShuffleConfig(seed=seed, reseed_after_execution=True) if shuffle else None
     ds = ray.data.read_parquet(paths, shuffle=file_shuffle)
     return ds.select_columns(list(columns))
-
-
-def iter_image_blocks(data_iterator: ray.data.DataIterator, *, min_images: int = 16,
-                      prefetch_blocks: int = 2) -> Iterator[ImageBlock]:
-    """The worker's share of the split as ImageBlocks (whole Ray blocks, small ones merged)."""
-    tables = data_iterator.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_blocks)
-    yield from blocks_from_tables(tables, min_images)
 
 
 def iter_lxmert_batches(data_iterator: ray.data.DataIterator, builder: LxmertBatchBuilder, batch_size: int,

@@ -29,32 +29,32 @@ Imports numpy and pyarrow only.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import json
-import os
 import shutil
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pydantic
 
 from xmodal.data.answers import AnswerTable
+from xmodal.data.common import (
+    MANIFEST_FILE,
+    Manifest,
+    StoreError,
+    check_target,
+    publish_dir,
+    temp_dir_beside,
+)
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
-from xmodal.errors import UserError
 
 SCHEMA_VERSION = 1
-MANIFEST_FILE = "manifest.json"
+KIND = "lxmert"
 SPLITS: tuple[str, ...] = ("train", "minival")
-
-
-class StoreError(UserError):
-    """A missing, corrupted or inconsistent store; the message names the file and what differs."""
 
 
 # ============================================================================ rows in memory
@@ -302,19 +302,24 @@ def table_to_block(table: pa.Table) -> ImageBlock:
 # ============================================================================ manifest
 
 
-@dataclass
-class ShardInfo:
+class ShardInfo(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
     file: str  # relative to the store directory
     rows: int  # images
     sentences: int
     questions: int  # sentences with at least one known answer
 
 
-@dataclass
-class Manifest:
-    """What `manifest.json` holds. `open_store` checks it against the shards."""
+class LxmertManifest(Manifest):
+    """What `manifest.json` holds (kind "lxmert"). `open_store` checks it against the shards.
+    Stores written before the kind was recorded have no "kind" field: they open, and count as an
+    older format (an embedded default is rebuilt)."""
 
-    schema_version: int
+    KIND: ClassVar[str] = KIND
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+    DERIVED: ClassVar[tuple[str, ...]] = ("totals",)
+
     num_objects: int
     feat_dim: int
     num_object_labels: int
@@ -323,15 +328,22 @@ class Manifest:
     vocab_size: int
     max_seq_len: int
     special_tokens: dict[str, int]
-    shards: dict[str, list[ShardInfo]]
+    shards: dict[Literal["train", "minival"], list[ShardInfo]]
     source: str  # "lxmert" (reference TSV + JSON) or "synthetic"
-    inputs: list[str] = field(default_factory=list)  # absolute paths of the files ingested
-    options: dict[str, Any] = field(default_factory=dict)  # the options that built it
+    inputs: list[str] = []  # absolute paths of the files ingested
+    options: dict[str, Any] = {}  # the options that built it
     unknown_answers: int = 0  # answer candidates not in the answer table (ignored)
     unanswerable_questions: int = 0  # questions none of whose answers is in the table (no QA target)
     truncated_sentences: int = 0  # sentences longer than max_seq_len tokens
     dropped_images: int = 0  # images with features but no sentence (not stored)
     created: str = ""
+
+    @classmethod
+    def upgrade(cls, raw: dict[str, Any]) -> str | None:
+        if "kind" not in raw:
+            raw["kind"] = KIND
+            return 'no "kind" field'
+        return None
 
     def images(self, split: str) -> int:
         return sum(s.rows for s in self.shards.get(split, []))
@@ -342,41 +354,20 @@ class Manifest:
     def questions(self, split: str) -> int:
         return sum(s.questions for s in self.shards.get(split, []))
 
-    def to_json(self) -> str:
-        d = dataclasses.asdict(self)
+    def dump(self) -> dict[str, Any]:
+        d = super().dump()
         # Per-split totals are derived, but written too so a reader of the JSON sees them.
         d["totals"] = {s: {"images": self.images(s), "sentences": self.sentences(s),
                            "questions": self.questions(s)} for s in self.shards}
-        return json.dumps(d, indent=2, sort_keys=False)
+        return d
 
-    @classmethod
-    def from_json(cls, text: str, where: str) -> Manifest:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{where}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        if not isinstance(d, dict):
-            raise StoreError(f"{where}: expected a JSON object")
-        version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise StoreError(f"{where}: schema_version {version!r}, this code reads version {SCHEMA_VERSION}; "
-                             "re-ingest the store")
-        d.pop("totals", None)
-        names = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        missing = sorted(required - d.keys())
-        if missing:
-            raise StoreError(f"{where}: missing field(s) {', '.join(missing)}")
-        unknown = sorted(d.keys() - names)
-        if unknown:
-            raise StoreError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        try:
-            d["shards"] = {split: [ShardInfo(**s) for s in shards] for split, shards in d["shards"].items()}
-        except (TypeError, AttributeError) as e:
-            raise StoreError(f"{where}: field 'shards': expected {{split: [{{file, rows, sentences, "
-                             f"questions}}]}} ({e})") from None
-        return cls(**d)
+    def identity(self) -> dict[str, Any]:
+        """The manifest without its build date and kind (what a fine-tuning set's store fingerprint
+        hashes; the same for a store written before kinds were recorded)."""
+        d = super().dump()
+        d.pop("created", None)
+        d.pop("kind", None)
+        return d
 
 
 # ============================================================================ the store
@@ -385,7 +376,7 @@ class Manifest:
 class LxmertStore:
     """An opened, checked store. Cheap to pickle (path + manifest) for Ray workers."""
 
-    def __init__(self, path: Path, manifest: Manifest, row_groups: dict[str, list[int]]):
+    def __init__(self, path: Path, manifest: LxmertManifest, row_groups: dict[str, list[int]]):
         self.path = path
         self.manifest = manifest
         # shard file (relative) -> rows per row group, read from the footers at open.
@@ -489,15 +480,12 @@ def open_store(path: str | Path) -> LxmertStore:
     root = Path(path).expanduser().resolve()
     mpath = root / MANIFEST_FILE
     if not root.is_dir():
-        raise StoreError(f"{root}: feature store does not exist (build it with `python jobs/ingest.py`)")
-    if not mpath.is_file():
-        raise StoreError(f"{mpath}: missing; {root} is not a feature store (or its ingest did not finish)")
-    m = Manifest.from_json(mpath.read_text(), str(mpath))
+        raise StoreError(f"{root}: feature store does not exist (build it with `python jobs/ingest.py "
+                         "lxmert|synthetic`)")
+    m = LxmertManifest.read(root)  # names the path and the kind expected when it is not an LXMERT store
     expected = arrow_schema(m.num_objects, m.feat_dim, m.max_seq_len)
     row_groups: dict[str, list[int]] = {}
-    for split, shards in m.shards.items():
-        if split not in SPLITS:
-            raise StoreError(f"{mpath}: unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    for shards in m.shards.values():
         for s in shards:
             p = root / s.file
             if not p.is_file():
@@ -558,14 +546,12 @@ class StoreWriter:
     def __init__(self, path: str | Path, *, num_objects: int, feat_dim: int, max_seq_len: int,
                  images_per_shard: int = 256, row_group_images: int = 32, overwrite: bool = False):
         self.path = Path(path).expanduser().resolve()
-        check_target(self.path, overwrite)
+        check_target(self.path, overwrite, KIND)
         self.overwrite = overwrite
         self.num_objects, self.feat_dim, self.max_seq_len = num_objects, feat_dim, max_seq_len
         self.images_per_shard = max(1, images_per_shard)
         self.row_group_images = max(1, min(row_group_images, self.images_per_shard))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.parent / f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir()
+        self.tmp = temp_dir_beside(self.path)
         self._schema = arrow_schema(num_objects, feat_dim, max_seq_len)
         self._pending: dict[str, list[ImageBlock]] = {s: [] for s in SPLITS}
         self._pending_rows: dict[str, int] = dict.fromkeys(SPLITS, 0)
@@ -622,50 +608,17 @@ class StoreWriter:
             raise StoreError(f"{self.path}: nothing to write (no image has a sentence)")
         tokenizer.save(self.tmp)
         answers.save(self.tmp)
-        manifest = Manifest(
-            schema_version=SCHEMA_VERSION, num_objects=self.num_objects, feat_dim=self.feat_dim,
+        manifest = LxmertManifest(
+            schema_version=SCHEMA_VERSION, kind=KIND, num_objects=self.num_objects, feat_dim=self.feat_dim,
             num_object_labels=num_object_labels, num_attr_labels=num_attr_labels, num_answers=len(answers),
             vocab_size=tokenizer.vocab_size, max_seq_len=self.max_seq_len,
             special_tokens=dict(tokenizer.special_ids), shards={s: v for s, v in self.shards.items() if v},
             source=source, inputs=list(inputs), options=dict(options or {}),
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **counts)
-        (self.tmp / MANIFEST_FILE).write_text(manifest.to_json())
+        manifest.write(self.tmp)
         open_store(self.tmp)  # check what was written before it becomes visible
         self._publish()
         return open_store(self.path)
 
     def _publish(self) -> None:
-        publish_dir(self.tmp, self.path, lambda: check_target(self.path, self.overwrite))
-
-
-def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
-    """Make the finished directory `tmp` visible as `path` by rename; an existing `path` (allowed by
-    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
-    readers see the old directory or the new one, never a half-written one."""
-    old = None
-    if path.exists():
-        check()
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def check_target(path: Path, overwrite: bool) -> None:
-    """Refuse to replace an existing store (or any non-empty directory) unless `overwrite`."""
-    if not path.exists():
-        return
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory (e.g. made by a caller) is not a store
-        return
-    if not overwrite:
-        raise StoreError(f"{path}: already exists; pass --overwrite to replace it")
-    if not (path / MANIFEST_FILE).is_file():
-        raise StoreError(f"{path}: exists and is not a feature store (no {MANIFEST_FILE}); refusing to "
-                         "replace it even with --overwrite")
+        publish_dir(self.tmp, self.path, lambda: check_target(self.path, self.overwrite, KIND))

@@ -19,18 +19,18 @@ Classes and colours beyond the built-in word lists get pronounceable made-up nam
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from xmodal.data.answers import AnswerTable
-from xmodal.data.lxmert.store import ImageBlock, LxmertStore, StoreError, StoreWriter, open_store
+from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
+from xmodal.data.lxmert.store import KIND, ImageBlock, LxmertManifest, LxmertStore, StoreWriter, open_store
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.data.tokenizer import WordPieceTokenizer
+from xmodal.errors import UserError
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "gray", "brown",
            "pink", "cyan", "gold", "silver", "tan", "navy"]
@@ -85,7 +85,7 @@ def _check(o: SyntheticLxmertOptions) -> None:
     if o.feature_noise < 0 or o.images_per_shard < 1:
         problems.append("feature_noise must be >= 0 and images_per_shard >= 1")
     if problems:
-        raise ValueError("invalid synthetic options: " + "; ".join(problems))
+        raise UserError("invalid synthetic options: " + "; ".join(problems))
 
 
 def _scenes(o: SyntheticLxmertOptions, rng: np.random.Generator) -> _Scene:
@@ -246,58 +246,27 @@ def build_synthetic_store(path: str | Path, options: SyntheticLxmertOptions | No
 
 
 def _options_dict(o: SyntheticLxmertOptions) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(o)))  # as it reads back from manifest.json
+    return options_json(dataclasses.asdict(o))  # as it reads back from manifest.json
 
 
 def ensure_synthetic_store(path: str | Path, options: SyntheticLxmertOptions | None = None, *,
                            progress: bool = False) -> LxmertStore:
-    """The synthetic store at `path`: built if missing, reused if it was built with the same options;
-    a store there built otherwise is an error that lists what differs (never silently replaced)."""
+    """The embedded synthetic store at `path` (derived data, see `xmodal.data.common.ensure_derived`):
+    built if missing, reused if built with these options, rebuilt (with a one-line note) if built with
+    other options or its manifest is of an older format. A store ingested from real files there is
+    never replaced. For a store the user named, use `open_store` (it never modifies anything)."""
     o = options or SyntheticLxmertOptions()
-    p = Path(path).expanduser().resolve()
+    want = _options_dict(o)
 
-    def reuse() -> LxmertStore:
-        store = open_store(p)
-        m = store.manifest
-        want = _options_dict(o)
-        if m.source != "synthetic" or m.options != want:
-            diff = [f"{k}: store has {m.options.get(k)!r}, asked for {v!r}" for k, v in want.items()
-                    if m.options.get(k) != v]
-            what = f"source {m.source!r}" if m.source != "synthetic" else "; ".join(diff)
-            raise StoreError(f"{p}: exists but was not built with these synthetic options ({what}); "
-                             "use another path or rebuild it with `python jobs/ingest.py synthetic --overwrite`")
-        return store
+    def stale(m: LxmertManifest) -> str | None:
+        if m.source != "synthetic":
+            raise StoreError(f"{path}: holds an LXMERT store ingested from {m.source!r} files, not the embedded "
+                             "synthetic store built here; it is not replaced: move it away, or name it as the "
+                             "store to use")
+        diff = options_diff(m.options, want)
+        return f"built with other synthetic options ({'; '.join(diff)})" if diff else None
 
-    if (p / "manifest.json").is_file():
-        return reuse()
-    try:
-        return build_synthetic_store(p, o, progress=progress)
-    except StoreError:
-        if (p / "manifest.json").is_file():  # another process built it meanwhile
-            return reuse()
-        raise
-
-
-# ============================================================================ CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Synthetic learnable LXMERT corpus (prototype features, captions and QA from the objects)."""
-    parser.add_argument("out", help="store directory to create")
-    for f in dataclasses.fields(SyntheticLxmertOptions):
-        default = f.default
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=default,
-                            help=f"(default {default})")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def run(args: argparse.Namespace) -> int:
-    o = SyntheticLxmertOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SyntheticLxmertOptions)})
-    try:
-        store = build_synthetic_store(args.out, o, overwrite=args.overwrite, progress=not args.no_progress)
-    except (StoreError, ValueError) as e:
-        print(f"error: {e}")
-        return 2
-    print(store)
-    return 0
+    return ensure_derived(path, kind=KIND, read=LxmertManifest.read, stale=stale, open_fn=open_store,
+                          build=lambda p, overwrite: build_synthetic_store(p, o, overwrite=overwrite,
+                                                                           progress=progress),
+                          what="the embedded synthetic LXMERT store")

@@ -3,7 +3,7 @@
     python jobs/ingest.py mult OUT --pickle PATH --format reference|mmsa [--dataset mosi|mosei|iemocap]
                                    [--overwrite] [--shard-rows N]
 
-Formats (papers/FACTS.md):
+Formats (docs/papers.md, "data formats"):
 - reference (yaohungt/Multimodal-Transformer, `{mosi,mosei_senti,iemocap}_data[_noalign].pkl`):
   {train, valid, test} -> {"text" [N, T_l, 300], "audio" [N, T_a, d_a], "vision" [N, T_v, d_v],
   "labels" [N, 1, 1] sentiment or [N, 4, 2] one-hot (IEMOCAP), "id"}; sequences zero-padded at
@@ -25,17 +25,15 @@ into place): a failure leaves nothing behind.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import pickle
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xmodal.data.lxmert.store import StoreError, check_target
-from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, MODALITIES, SPLITS, MultSplit, write_store
+from xmodal.data.common import check_target
+from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, KIND, MODALITIES, SPLITS, MultSplit, write_store
 from xmodal.errors import UserError
 
 FORMATS = ("reference", "mmsa")
@@ -271,7 +269,7 @@ def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | No
         raise IngestError(f"--format {fmt!r}; expected one of {list(FORMATS)}")
     if dataset is not None and dataset not in DATASETS:
         raise IngestError(f"--dataset {dataset!r}; expected one of {list(DATASETS)}")
-    check_target(out, overwrite)  # before the (possibly long) load
+    check_target(out, overwrite, KIND)  # before the (possibly long) load
     data = safe_load(pickle_path)
     splits, stats = (from_reference if fmt == "reference" else from_mmsa)(data, str(pickle_path))
     task = splits["train"].task
@@ -284,27 +282,3 @@ def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | No
               "sha256": _sha256(pickle_path)}
     return write_store(out, splits, dataset=dataset, source=source, overwrite=overwrite, shard_rows=shard_rows,
                        stats=stats.as_dict())
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("out", help="store directory to create")
-    p.add_argument("--pickle", required=True, help="the dataset pickle")
-    p.add_argument("--format", choices=FORMATS, required=True,
-                   help="reference: yaohungt/Multimodal-Transformer (front padding); mmsa: thuiar/MMSA (end padding)")
-    p.add_argument("--dataset", choices=DATASETS, default=None, help="default: from the labels and the file name")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
-    p.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS, help="clips per Parquet shard")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        store = ingest(args.out, args.pickle, args.format, args.dataset, overwrite=args.overwrite,
-                       shard_rows=args.shard_rows)
-    except (IngestError, StoreError) as e:
-        print(f"ingest mult: {e}", file=sys.stderr)
-        return 1
-    m = store.manifest
-    print(f"wrote {store.path}: {m.dataset} ({m.task}), rows {m.rows}, dims {m.dims}, max lengths {m.max_len}")
-    if any(v for d in m.stats.values() for v in d.values()):
-        print(f"  cleaned: {m.stats}")
-    return 0

@@ -18,7 +18,7 @@ hands blocks to whichever worker asks first, so the clip-to-worker assignment va
 runs; the Ray-free `MultSplit.batches` is bit-for-bit reproducible. `MultBatch.index` holds each
 clip's row in its split, so predictions can be joined with ids after gathering.
 
-Leave CPUs to the read tasks (DESIGN.md): Train workers holding every CPU starve them.
+Leave CPUs to the read tasks: Train workers holding every CPU starve them.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import MultBatch
-from xmodal.data.lxmert.loader import prefetch_iter
-from xmodal.data.mult.store import MultStore, PadTo, StoreError, table_to_split
+from xmodal.data.common import StoreError, prefetch_iter
+from xmodal.data.mult.store import MultStore, PadTo, table_to_split
 
 
 def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, shuffle: bool = True) -> ray.data.Dataset:
@@ -105,11 +105,3 @@ def iter_mult_batches(data_iterator: ray.data.DataIterator, dims: Mapping[str, i
                                   drop_last=drop_last, pad_to=pad_to, max_len=max_len,
                                   min_block_rows=min_block_rows)
     yield from prefetch_iter(batches, prefetch, pin_memory=pin_memory)
-
-
-def iter_dataset_batches(ds: ray.data.Dataset, store: MultStore, batch_size: int, **kwargs) -> Iterator[MultBatch]:
-    """Driver-side convenience (tests, evaluation without Train): iterate a whole Dataset."""
-    if not ray.is_initialized():
-        raise RuntimeError("iter_dataset_batches needs a running Ray (ray.init())")
-    kwargs.setdefault("epoch", 0)
-    return iter_mult_batches(ds.iterator(), store.dims, batch_size, max_len=store.manifest.max_len, **kwargs)

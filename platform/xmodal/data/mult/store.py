@@ -28,32 +28,27 @@ Why unpadded binary values (and not padded fixed-size tensors or list<float16>):
 
 Writes go to a hidden temporary directory that is renamed into place when complete
 (`write_store`); `MultStore.open` checks the manifest against the shards' footers and schemas.
-Imports numpy and pyarrow only (plus torch for the MultBatch the iterator yields).
+Imports numpy and pyarrow only (torch when a MultBatch is made, so ingesting does not load it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import json
 import shutil
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
+import pydantic
 
-from xmodal.batches import MultBatch
-from xmodal.data.lxmert.store import StoreError, check_target, publish_dir
+from xmodal.data.common import MANIFEST_FILE, Manifest, StoreError, check_target, publish_dir, temp_dir_beside
 
 SCHEMA_VERSION = 1
 KIND = "mult"
-MANIFEST_FILE = "manifest.json"
 MODALITIES: tuple[str, ...] = ("text", "audio", "vision")
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 TASKS: tuple[str, ...] = ("sentiment", "emotions")
@@ -61,6 +56,9 @@ EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")
 FEATURE_DTYPE = np.dtype("<f2")
 # Rows of a shard: small enough that a worker's read unit stays a few hundred MB at MOSEI sizes.
 DEFAULT_SHARD_ROWS = 2048
+
+if TYPE_CHECKING:
+    from xmodal.batches import MultBatch
 
 PadTo = Literal["batch", "store"] | Mapping[str, int]
 
@@ -105,11 +103,6 @@ class MultSplit:
 
     def dims(self) -> dict[str, int]:
         return {m: int(self.values[m].shape[1]) for m in MODALITIES}
-
-    def sequence(self, modality: str, i: int) -> np.ndarray:
-        """(len, dim) float16 view of clip i's sequence."""
-        o = self.offsets[modality]
-        return self.values[modality][o[i]:o[i + 1]]
 
     def check(self, where: str) -> None:
         n = len(self.ids)
@@ -209,6 +202,10 @@ def pad_packed(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, t: i
 def make_batch(feats: dict[str, np.ndarray], lengths: dict[str, np.ndarray], labels: np.ndarray,
                index: np.ndarray) -> MultBatch:
     """numpy arrays -> MultBatch (sentiment labels (B, 1) float32, emotions (B, 4) long)."""
+    import torch
+
+    from xmodal.batches import MultBatch
+
     if labels.ndim == 1:
         lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))[:, None]
     else:
@@ -305,65 +302,49 @@ def table_to_split(table: pa.Table, name: str, dims: Mapping[str, int], where: s
 # ============================================================================ manifest and store
 
 
-@dataclass
-class ShardInfo:
+class ShardInfo(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
     file: str  # relative to the store
-    rows: int
+    rows: pydantic.NonNegativeInt
 
 
-@dataclass
-class MultManifest:
-    schema_version: int
-    kind: str
+class MultManifest(Manifest):
+    """What `manifest.json` holds (kind "mult"); `MultStore.open` checks it against the shards."""
+
+    KIND: ClassVar[str] = KIND
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+
     dataset: str  # mosi | mosei | iemocap | synthetic | ...
-    task: str  # sentiment | emotions
-    dims: dict[str, int]
-    splits: dict[str, list[ShardInfo]]
+    task: Literal["sentiment", "emotions"]
+    dims: dict[str, int]  # modality -> feature width
+    splits: dict[Literal["train", "valid", "test"], list[ShardInfo]]
     rows: dict[str, int]
     max_len: dict[str, int]  # longest sequence per modality over all splits
     source: dict[str, Any]  # how the store was built (format, input path, generator options)
     created: str
-    label_names: list[str] = dataclasses.field(default_factory=list)
-    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    label_names: list[str] = []
+    stats: dict[str, Any] = {}
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
-
+    @pydantic.field_validator("dims")
     @classmethod
-    def from_json(cls, text: str, where: str) -> MultManifest:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{where}: not JSON ({e})") from e
-        if not isinstance(raw, dict):
-            raise StoreError(f"{where}: expected a JSON object")
-        version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise StoreError(f"{where}: schema_version {version!r}; this code reads version {SCHEMA_VERSION}")
-        if raw.get("kind") != KIND:
-            raise StoreError(f"{where}: kind {raw.get('kind')!r}; expected {KIND!r} (a MulT store)")
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(n for n in names if n not in raw and n not in ("label_names", "stats"))
-        unknown = sorted(set(raw) - names)
-        if missing or unknown:
-            raise StoreError(f"{where}: missing keys {missing}, unknown keys {unknown}")
-        if raw["task"] not in TASKS:
-            raise StoreError(f"{where}: task {raw['task']!r}; expected one of {list(TASKS)}")
-        dims = raw["dims"]
-        if sorted(dims) != sorted(MODALITIES) or not all(isinstance(v, int) and v > 0 for v in dims.values()):
-            raise StoreError(f"{where}: dims {dims!r}; expected a positive integer for each of {list(MODALITIES)}")
-        bad = sorted(set(raw["splits"]) - set(SPLITS))
-        if bad or not raw["splits"]:
-            raise StoreError(f"{where}: splits {sorted(raw['splits'])}; expected some of {list(SPLITS)}")
-        try:
-            raw["splits"] = {s: [ShardInfo(**sh) for sh in v] for s, v in raw["splits"].items()}
-        except TypeError as e:
-            raise StoreError(f"{where}: bad shard entry ({e}); expected {{'file': str, 'rows': int}}") from e
-        for s, shards in raw["splits"].items():
-            if raw["rows"].get(s) != sum(sh.rows for sh in shards):
-                raise StoreError(f"{where}: rows[{s!r}] = {raw['rows'].get(s)!r} but its shards hold "
-                                 f"{sum(sh.rows for sh in shards)}")
-        return cls(**raw)
+    def _dims(cls, v: dict[str, int]) -> dict[str, int]:
+        if sorted(v) != sorted(MODALITIES) or not all(x > 0 for x in v.values()):
+            raise ValueError(f"a positive integer for each of {', '.join(MODALITIES)}")
+        return v
+
+    @pydantic.field_validator("splits")
+    @classmethod
+    def _some_split(cls, v: dict) -> dict:
+        if not v:
+            raise ValueError("at least one of train, valid, test")
+        return v
+
+    def check(self, where: str) -> None:
+        for s, shards in self.splits.items():
+            if self.rows.get(s) != sum(sh.rows for sh in shards):
+                raise StoreError(f"{where}: field rows.{s} = {self.rows.get(s)!r}: expected "
+                                 f"{sum(sh.rows for sh in shards)}, the rows its shards hold")
 
 
 class MultStore:
@@ -382,9 +363,7 @@ class MultStore:
         """Read manifest.json and check it against every shard's footer (rows) and schema."""
         path = Path(path).expanduser().resolve()
         mf = path / MANIFEST_FILE
-        if not mf.is_file():
-            raise StoreError(f"{path}: no {MANIFEST_FILE}; not a MulT store (build one with `jobs/ingest.py mult`)")
-        manifest = MultManifest.from_json(mf.read_text(), str(mf))
+        manifest = MultManifest.read(path)  # names the path and the kind expected when it is not a MulT store
         expected = arrow_schema(manifest.task)
         for split, shards in manifest.splits.items():
             for sh in shards:
@@ -460,12 +439,11 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
         if sp.task != task or sp.dims() != dims:
             raise StoreError(f"split {name!r}: task {sp.task!r} dims {sp.dims()} differ from "
                              f"task {task!r} dims {dims} of the other splits")
-    check_target(path, overwrite)
+    check_target(path, overwrite, KIND)
     created_parents = [p for p in reversed(path.parents) if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = None
     try:
-        tmp.mkdir()
+        tmp = temp_dir_beside(path)
         shards: dict[str, list[ShardInfo]] = {}
         for name in SPLITS:
             if name not in splits:
@@ -486,11 +464,12 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             label_names=list(EMOTIONS) if task == "emotions" else [], stats=dict(stats or {}),
         )
-        (tmp / MANIFEST_FILE).write_text(manifest.to_json())
+        manifest.write(tmp)
         MultStore.open(tmp)  # check what was written before it becomes visible
-        _publish(tmp, path, overwrite)
+        publish_dir(tmp, path, lambda: check_target(path, overwrite, KIND))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         for p in reversed(created_parents):
             try:
                 p.rmdir()
@@ -498,10 +477,6 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
                 pass
         raise
     return MultStore.open(path)
-
-
-def _publish(tmp: Path, path: Path, overwrite: bool) -> None:
-    publish_dir(tmp, path, lambda: check_target(path, overwrite))
 
 
 def open_store(path: str | Path) -> MultStore:

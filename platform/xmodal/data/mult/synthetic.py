@@ -27,16 +27,16 @@ Imports numpy and pyarrow (through the store) only.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from xmodal.data.lxmert.store import StoreError
-from xmodal.data.mult.store import MODALITIES, MultSplit, MultStore, write_store
+from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
+from xmodal.data.mult.store import KIND, MODALITIES, MultManifest, MultSplit, MultStore, write_store
 from xmodal.data.options import EVENT_STEPS, SyntheticMultOptions
+
+GENERATOR = "xmodal.data.mult.synthetic"
 
 
 def _patterns(rng: np.random.Generator, dim: int, k: int) -> np.ndarray:
@@ -112,33 +112,26 @@ def build_synthetic_store(path: str | Path, options: SyntheticMultOptions | None
                           overwrite: bool = False) -> MultStore:
     options = options or SyntheticMultOptions()
     return write_store(path, generate(options), dataset="synthetic", overwrite=overwrite,
-                       source={"generator": "xmodal.data.mult.synthetic", "options": dataclasses.asdict(options)})
+                       source={"generator": GENERATOR, "options": dataclasses.asdict(options)})
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SyntheticMultOptions()
-    p.add_argument("out", help="store directory to create")
-    p.add_argument("--num-samples", type=int, default=d.num_samples)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--text-dim", type=int, default=d.text_dim)
-    p.add_argument("--audio-dim", type=int, default=d.audio_dim)
-    p.add_argument("--vision-dim", type=int, default=d.vision_dim)
-    p.add_argument("--text-len", type=int, nargs=2, default=list(d.text_len), metavar=("MIN", "MAX"))
-    p.add_argument("--audio-rate", type=float, default=d.audio_rate, help="audio steps per word")
-    p.add_argument("--vision-rate", type=float, default=d.vision_rate, help="vision steps per word")
-    p.add_argument("--label-noise", type=float, default=d.label_noise)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+def ensure_synthetic_store(path: str | Path, options: SyntheticMultOptions | None = None) -> MultStore:
+    """The embedded synthetic MulT store at `path` (derived data, see `xmodal.data.common.ensure_derived`):
+    built if missing, reused if built with these options, rebuilt (with a one-line note) if built with
+    other options or its manifest is of an older format. A store ingested from pickles there is never
+    replaced. For a store the user named, use `open_store` (it never modifies anything)."""
+    o = options or SyntheticMultOptions()
+    want = options_json(dataclasses.asdict(o))
 
+    def stale(m: MultManifest) -> str | None:
+        recorded = m.source.get("options")
+        if m.dataset != "synthetic" or not isinstance(recorded, dict):
+            raise StoreError(f"{path}: holds a MulT store of {m.dataset!r} ingested from {m.source.get('path', '?')}, "
+                             "not the embedded synthetic store built here; it is not replaced: move it away, or "
+                             "name it as the store to use")
+        diff = options_diff(recorded, want)
+        return f"built with other synthetic options ({'; '.join(diff)})" if diff else None
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        options = SyntheticMultOptions(
-            num_samples=args.num_samples, seed=args.seed, text_dim=args.text_dim, audio_dim=args.audio_dim,
-            vision_dim=args.vision_dim, text_len=tuple(args.text_len), audio_rate=args.audio_rate,
-            vision_rate=args.vision_rate, label_noise=args.label_noise)
-        store = build_synthetic_store(args.out, options, overwrite=args.overwrite)
-    except (ValueError, StoreError) as e:
-        print(f"ingest mult-synthetic: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {store.path}: rows {store.manifest.rows}, dims {store.dims}, max lengths {store.manifest.max_len}")
-    return 0
+    return ensure_derived(path, kind=KIND, read=MultManifest.read, stale=stale, open_fn=MultStore.open,
+                          build=lambda p, overwrite: build_synthetic_store(p, o, overwrite=overwrite),
+                          what="the embedded synthetic MulT store")

@@ -1,0 +1,357 @@
+"""What every kind of data directory shares: LXMERT feature stores, MulT stores, LXMERT fine-tuning sets.
+
+- `StoreError`: a missing, corrupted or inconsistent store or set (a `UserError`: one line, exit 2).
+- `Manifest`: the base of the typed `manifest.json` models. Every manifest records its `kind`;
+  reading one validates every field and names the file, the dotted field, the bad value and what
+  was expected.
+- `check_target` / `publish_dir`: the atomic write. A store is built in a hidden temporary
+  directory beside the target and renamed into place; an existing directory is replaced only with
+  `overwrite`, only when it is a store or set of the same kind, and never when it is not a store.
+- `ensure_derived`: the one policy for the embedded synthetic defaults (derived data, rebuilt when
+  built otherwise); a store the user named is never modified.
+- `prefetch_iter`: produce batches in a background thread, a few ahead of the training step.
+
+The on-disk formats are described in docs/papers.md ("data formats"). Imports pydantic only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import pydantic
+
+from xmodal.errors import UserError
+
+MANIFEST_FILE = "manifest.json"
+
+# kind recorded in manifest.json -> what it is, in words
+KINDS: dict[str, str] = {
+    "lxmert": "an LXMERT feature store",
+    "mult": "a MulT store",
+    "lxmert-finetune": "an LXMERT fine-tuning set",
+}
+
+T = TypeVar("T")
+M = TypeVar("M", bound="Manifest")
+
+
+class StoreError(UserError):
+    """A missing, corrupted or inconsistent store; the message names the file and what differs."""
+
+
+def kind_name(kind: str | None) -> str:
+    return KINDS.get(kind or "", f"a directory of unknown kind {kind!r}")
+
+
+# ============================================================================ typed manifests
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class Manifest(pydantic.BaseModel):
+    """Base of every `manifest.json` model: unknown fields are errors, `kind` and `schema_version` are
+    checked before the rest. Subclasses set KIND, SCHEMA_VERSION and, for manifests written before
+    `kind` was recorded, `upgrade` (what an older format lacks, filled in on read)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=False)
+
+    KIND: ClassVar[str]
+    SCHEMA_VERSION: ClassVar[int]
+    # fields that are written for readers of the JSON but derived from the others (dropped on read)
+    DERIVED: ClassVar[tuple[str, ...]] = ()
+
+    schema_version: int
+    kind: str
+
+    # Set on read when the file was of an older format (upgraded in memory); None = current.
+    _older_format: str | None = pydantic.PrivateAttr(default=None)
+
+    @property
+    def older_format(self) -> str | None:
+        """Why the file this was read from is of an older format, or None."""
+        return self._older_format
+
+    @classmethod
+    def upgrade(cls, raw: dict[str, Any]) -> str | None:
+        """Bring an older manifest up to date in place; return what was old (None = it was current)."""
+        return None
+
+    @classmethod
+    def read(cls: type[M], directory: str | Path) -> M:
+        """Read and validate `directory/manifest.json`; a StoreError names what is wrong and where."""
+        root = Path(directory)
+        path = root / MANIFEST_FILE
+        if not path.is_file():
+            what = "does not exist" if not root.exists() else "has no manifest.json"
+            raise StoreError(f"{root}: {what}; expected {KINDS[cls.KIND]} ({MANIFEST_FILE} with "
+                             f"\"kind\": {cls.KIND!r})")
+        raw = read_manifest_json(path)
+        found = manifest_kind(raw)
+        if found != cls.KIND:
+            raise StoreError(f"{path}: kind {found!r} is {kind_name(found)}; expected {KINDS[cls.KIND]} "
+                             f"(\"kind\": {cls.KIND!r})")
+        older = cls.upgrade(raw)
+        version = raw.get("schema_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version != cls.SCHEMA_VERSION:
+            raise StoreError(f"{path}: field schema_version = {_show(version)}: this code reads version "
+                             f"{cls.SCHEMA_VERSION} of {KINDS[cls.KIND]}; re-create it")
+        for name in cls.DERIVED:
+            raw.pop(name, None)
+        try:
+            m = cls.model_validate(raw)
+        except pydantic.ValidationError as e:
+            raise StoreError(f"{path}: {_describe(e, cls)}") from None
+        m._older_format = older
+        m.check(str(path))
+        return m
+
+    def check(self, where: str) -> None:
+        """Checks across fields (subclasses); raise StoreError naming `where`."""
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_json(self) -> str:
+        return json.dumps(self.dump(), indent=2) + "\n"
+
+    def write(self, directory: str | Path) -> None:
+        (Path(directory) / MANIFEST_FILE).write_text(self.to_json())
+
+
+def _describe(e: pydantic.ValidationError, cls: type[Manifest]) -> str:
+    """The first problems of a ValidationError as 'field a.b.c = value: expected ...'."""
+    parts = []
+    for err in e.errors()[:3]:
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        kind = err["type"]
+        if err["loc"] and err["loc"][-1] == "[key]":  # a bad key of a mapping
+            msg = err["msg"].removeprefix("Input should be ")
+            parts.append(f"field {'.'.join(str(x) for x in err['loc'][:-2])} has key {_show(err['input'])}: "
+                         f"expected {msg}")
+        elif kind == "missing":
+            parts.append(f"field {loc} is missing")
+        elif kind == "extra_forbidden":
+            known = ", ".join(f for f in cls.model_fields) if len(err["loc"]) == 1 else None
+            parts.append(f"unknown field {loc} = {_show(err['input'])}"
+                         + (f" (expected only: {known})" if known else ""))
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            msg = msg[0].lower() + msg[1:] if msg else msg
+            parts.append(f"field {loc} = {_show(err['input'])}: expected {msg.removeprefix('input should be ')}")
+    more = len(e.errors()) - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def read_manifest_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(raw, dict):
+        raise StoreError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def manifest_kind(raw: Mapping[str, Any]) -> str | None:
+    """The kind a manifest records; LXMERT stores written before kinds were recorded have none but
+    are recognised by their fields."""
+    kind = raw.get("kind")
+    if kind is None and "num_objects" in raw and "shards" in raw:
+        return "lxmert"
+    return kind if isinstance(kind, str) else None
+
+
+def kind_at(path: Path) -> str | None:
+    """The kind of store or set at `path` (None if there is no manifest.json); StoreError if its
+    manifest cannot be read."""
+    mpath = path / MANIFEST_FILE
+    if not mpath.is_file():
+        return None
+    return manifest_kind(read_manifest_json(mpath))
+
+
+# ============================================================================ atomic writes
+
+
+def check_target(path: Path, overwrite: bool, kind: str) -> None:
+    """May a `kind` store or set be written at `path`? Nothing there, or an empty directory (removed):
+    yes. An existing directory: only with `overwrite`, and only if it is a store or set of the same
+    kind; never a directory that is not a store at all. Raises StoreError naming the path."""
+    if not path.exists():
+        return
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()  # an empty directory (e.g. made by a caller) is not a store
+        return
+    writing = KINDS[kind]
+    if not path.is_dir() or not (path / MANIFEST_FILE).is_file():
+        if not overwrite:
+            raise StoreError(f"{path}: already exists and is not a store; choose another path")
+        raise StoreError(f"{path}: exists and is not a store (no {MANIFEST_FILE}); refusing to replace it "
+                         f"with {writing} even with --overwrite")
+    try:
+        found = kind_at(path)
+    except StoreError as e:
+        raise StoreError(f"{path}: exists, and its {MANIFEST_FILE} cannot be read ({e}); refusing to replace it "
+                         "even with --overwrite: remove it yourself if it is yours to delete") from None
+    if found != kind:
+        raise StoreError(f"{path}: holds {kind_name(found)} (kind {found!r}); refusing to replace it with "
+                         f"{writing} (kind {kind!r}){' even with --overwrite' if overwrite else ''}: --overwrite "
+                         "replaces only a store or set of the same kind; choose another path")
+    if not overwrite:
+        raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
+
+
+def temp_dir_beside(path: Path) -> Path:
+    """A new hidden directory next to `path` (same file system, so the final rename is atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
+    """Make the finished directory `tmp` visible as `path` by rename; an existing `path` (allowed by
+    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
+    readers see the old directory or the new one, never a half-written one."""
+    old = None
+    if path.exists():
+        check()
+    if path.exists():  # check() removes an empty directory
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if old is not None:
+            os.rename(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ============================================================================ embedded defaults
+
+
+def options_json(options: Any) -> Any:
+    """Options as they read back from a manifest (tuples become lists, and so on)."""
+    return json.loads(json.dumps(options))
+
+
+def options_diff(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """'name: built with X, asked for Y' for every option that differs."""
+    keys = list(wanted) + [k for k in recorded if k not in wanted]
+    return [f"{k}: built with {_show(recorded.get(k))}, asked for {_show(wanted.get(k))}" for k in keys
+            if recorded.get(k) != wanted.get(k)]
+
+
+def ensure_derived(path: str | Path, *, kind: str, read: Callable[[Path], Manifest],
+                   stale: Callable[[Manifest], str | None], open_fn: Callable[[Path], T],
+                   build: Callable[[Path, bool], T], what: str) -> T:
+    """The policy of every embedded default (data the jobs build on first use): derived data.
+
+    Missing: built. There and current: opened. Built with other options, or over another image store
+    (`stale` returns why), or its manifest is of an older format: rebuilt atomically
+    (`build(path, overwrite=True)`), with a one-line note on stdout saying why. `stale` raises for a
+    directory at `path` that is not derived data (e.g. a store ingested from real files): that is
+    never replaced, nor is a directory of another kind or one that is not a store.
+    `what` names the default in messages ("the embedded synthetic LXMERT store").
+    """
+    p = Path(path).expanduser().resolve()
+    for attempt in (0, 1):
+        found = kind_at(p) if p.exists() else None
+        if found is None:
+            if p.exists() and not (p.is_dir() and not any(p.iterdir())):
+                raise StoreError(f"{p}: exists and is not a store; {what} is built here: move it away")
+            try:
+                return build(p, False)
+            except StoreError:
+                if attempt == 0 and (p / MANIFEST_FILE).is_file():  # another process built it meanwhile
+                    continue
+                raise
+        if found != kind:
+            raise StoreError(f"{p}: holds {kind_name(found)}, not {KINDS[kind]}; {what} is built here: "
+                             "move it away (it is not replaced)")
+        manifest = read(p)
+        why = stale(manifest)
+        if why is None and manifest.older_format:
+            why = f"its manifest is of an older format ({manifest.older_format})"
+        if why is None:
+            return open_fn(p)
+        print(f"[xmodal] note: rebuilding {p} ({what}): {why}", flush=True)
+        return build(p, True)
+    raise AssertionError("unreachable")
+
+
+# ============================================================================ background prefetch
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def prefetch_iter(items: Iterable[T], depth: int, pin_memory: bool = False) -> Iterator[T]:
+    """Produce `items` in a background thread, up to `depth` ahead (0 = inline). The numpy gathers
+    and Arrow reads release the GIL, so batches are built while the training step runs. Exceptions
+    are re-raised in the consumer; leaving the loop early stops and closes the producer."""
+    if depth <= 0:
+        for item in items:
+            yield item.pin_memory() if pin_memory else item  # type: ignore[attr-defined]
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(x: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        it = iter(items)
+        try:
+            for item in it:
+                if pin_memory:
+                    item = item.pin_memory()  # type: ignore[attr-defined]
+                if not put(item):
+                    break
+            else:
+                put(_END)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            put(_Failure(e))
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="xmodal-batch-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            x = q.get()
+            if x is _END:
+                return
+            if isinstance(x, _Failure):
+                raise x.exc
+            yield x
+    finally:
+        stop.set()
+        thread.join(timeout=5.0)
