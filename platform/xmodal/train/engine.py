@@ -296,14 +296,11 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
     best checkpoints kept. Sweeps pass Tune's report callback."""
     connect()
     require_ray()
-    import ray.data
     import ray.train
     from ray.train.torch import TorchTrainer
 
     cfg = spec.config_class.model_validate(plan.config)
     scale, train = cfg.scale, cfg.train
-    # Per-operator progress bars from every split coordinator swamp the job's log; training prints its own.
-    ray.data.DataContext.get_current().enable_progress_bars = False
     resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
     if scale.gpus_per_worker:
         resources["GPU"] = scale.gpus_per_worker

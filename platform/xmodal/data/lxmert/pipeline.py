@@ -50,6 +50,8 @@ def lxmert_dataset(store: LxmertStore | str, split: str, *, seed: int | None = 0
     TorchTrainer(datasets={...}); for evaluation sets that every worker should read whole, use
     DataConfig(datasets_to_split=["train"]).
     """
+    # Per-operator progress bars from every split coordinator swamp a job's log; training prints its own.
+    ray.data.DataContext.get_current().enable_progress_bars = False
     if not isinstance(store, LxmertStore):
         store = open_store(store)
     paths = store.shard_paths(split)

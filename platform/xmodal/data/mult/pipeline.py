@@ -42,6 +42,7 @@ def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, sh
     whole, use DataConfig(datasets_to_split=["train"])."""
     if not isinstance(store, MultStore):
         store = MultStore.open(store)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # as lxmert_dataset
     paths = store.shard_paths(split)
     if not paths:
         raise StoreError(f"{store.path}: split {split!r} has no shards")
