@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xmodal.batches import LxmertBatch
+from xmodal.bounds import PosFloat
 from xmodal.models.lxmert import LxmertForPretraining
 
 TASKS: tuple[str, ...] = ("mlm", "obj_feat", "obj_label", "matching", "qa")
@@ -44,7 +45,7 @@ class PretrainTasks:
     label_objects: Literal["masked", "all"] = "masked"
     label_confidence_weighted: bool = False
     # Reference multiplies the visual losses by 1 / 0.15; the paper sums with equal weights.
-    visual_loss_scale: float = 1.0
+    visual_loss_scale: PosFloat = 1.0
 
     def enabled(self) -> tuple[str, ...]:
         return tuple(t for t in TASKS if getattr(self, t))
