@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from xmodal.config import ConfigError, apply_overrides, format_validation_error
+from xmodal.config import ConfigError, apply_overrides, format_validation_error, short_repr
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -305,7 +305,9 @@ def _schema_error(err: ValidationError, source: str) -> SpaceError:
         elif e["type"] == "missing":
             lines.append(f"  {key}: required" + _REQUIRED_HINTS.get(key, ""))
         else:
-            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+            msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+            got = short_repr(e.get("input"))  # never a whole mapping
+            lines.append(f"  {key} = {got}: expected {msg}" if got is not None else f"  {key}: expected {msg}")
     return SpaceError("\n".join(lines))
 
 
