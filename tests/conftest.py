@@ -1,4 +1,4 @@
-"""Shared fixtures. One local Ray for the whole session (starting Ray costs seconds)."""
+"""Shared fixtures. One local Ray for the whole session (starting Ray costs seconds); one torch thread."""
 
 from __future__ import annotations
 
@@ -21,3 +21,16 @@ def ray_local():
              object_store_memory=1_000_000_000)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: tiny tensors are faster so, and far faster on a busy shared
+    machine (no OpenMP spinning). Modules of tiny-model tests use it for every test with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

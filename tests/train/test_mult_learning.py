@@ -101,14 +101,6 @@ def job_store(path, overrides: list[str] = ()):
     return build_synthetic_store(path, cfg.data.synthetic)
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: no OpenMP spinning
-    yield
-    torch.set_num_threads(n)
-
-
 def test_the_jobs_default_learns_what_no_single_modality_can(tmp_path, one_thread):
     store = job_store(tmp_path / "store")
     scores = {v: train_like_the_job(store, [f"model.variant={v}"]) for v in ("full", *UNIMODAL)}
