@@ -532,10 +532,17 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        raise ConfigError(f"{p}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     return data
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what and where (PyYAML's own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(getattr(e, "problem", None) or e).split())
+    return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else what
 
 
 def load_config(model: type[Section], path: str | Path | None = None, overrides: list[str] | None = None,
