@@ -76,7 +76,7 @@ class ScaleConfig(Section):
 
 # What xmodal.tracking.resolve_tracking_uri takes: a URI with a scheme, never a bare path.
 TRACKING_URI_HELP = ("sqlite:///PATH (a SQLite file, e.g. sqlite:///mlflow.db), http(s)://HOST:PORT (a tracking "
-                     "server), file:///DIR (a folder) or another MLflow store URI (postgresql://..., databricks)")
+                     "server), file:///DIR (a folder) or another MLflow store URI (postgresql://..., databricks://PROFILE)")
 
 
 class MlflowConfig(Section):
