@@ -1,4 +1,5 @@
-"""MulT, the Multimodal Transformer (Tsai et al., 2019), and its Table 4 ablations. Imports only torch.
+"""MulT, the Multimodal Transformer (Tsai et al., 2019), and its Table 4 ablations. Imports only torch
+(and annotated_types: the config's bounds, checked by the experiment config).
 
 Paper sections: §3.1 crossmodal attention, §3.2 architecture (temporal
 convolution, positional embedding, crossmodal transformers, self-attention

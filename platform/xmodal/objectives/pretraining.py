@@ -1,4 +1,5 @@
-"""LXMERT's five pretraining tasks (paper §3.1) as separately switchable losses. Imports only torch.
+"""LXMERT's five pretraining tasks (paper §3.1) as separately switchable losses. Imports only torch
+(and annotated_types: the config's bounds, checked by the experiment config).
 
 Tasks (names used everywhere: config, logs, MLflow):
   mlm        masked cross-modality language modelling
