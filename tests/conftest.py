@@ -1,4 +1,4 @@
-"""Shared fixtures. One local Ray for the whole session (starting Ray costs seconds)."""
+"""Shared fixtures. One local Ray for the whole session (starting Ray costs seconds); one torch thread."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ def ray_local():
 
 @pytest.fixture
 def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread, no OpenMP spinning."""
+    """Torch on one thread for the test: tiny tensors are faster so, and far faster on a busy shared
+    machine (no OpenMP spinning). Modules of tiny-model tests use it for every test with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
     import torch
 
     n = torch.get_num_threads()

@@ -80,7 +80,131 @@ def test_partial_section_override_keeps_the_jobs_other_defaults():
 def test_mult_config_rejects_bad_model_values():
     from xmodal.config import MultTrainConfig
 
-    with pytest.raises(ConfigError, match="model.variant.*'full'.*'early_fusion'.*'xx'"):
+    with pytest.raises(ConfigError, match="model.variant = 'xx': expected 'full'.*'early_fusion'"):
         load_config(MultTrainConfig, overrides=["model.variant=xx"])
-    with pytest.raises(ConfigError, match="MultConfig.dim = 31: expected a multiple of num_heads = 5"):
+    with pytest.raises(ConfigError, match="model.dim = 31: expected a multiple of num_heads = 5"):
         load_config(MultTrainConfig, overrides=["preset=reference", "model.dim=31"])
+
+
+# ---------------------------------------------------------------- bounds: every bad value fails at load
+
+
+@pytest.mark.parametrize("config, override, expected", [
+    ("pretrain", "model.hidden_size=130", "model.hidden_size = 130: expected a multiple of num_heads = 4"),
+    ("pretrain", "model.dropout=1.5", "model.dropout = 1.5: expected a number in [0, 1)"),
+    ("pretrain", "model.attention_dropout=-0.1", "model.attention_dropout = -0.1: expected a number in [0, 1)"),
+    ("pretrain", "model.l_layers=-1", "model.l_layers = -1: expected an integer >= 0"),
+    ("pretrain", "model.num_heads=0", "model.num_heads = 0: expected an integer >= 1"),
+    ("pretrain", "model.max_positions=2", "model.max_positions = 2: expected an integer >= 3"),
+    ("pretrain", "model.layer_norm_eps=0", "model.layer_norm_eps = 0: expected a number > 0"),
+    ("pretrain", "data.masking.word_mask_prob=2", "data.masking.word_mask_prob = 2: expected a number in [0, 1]"),
+    ("pretrain", "data.masking.max_seq_len=2", "data.masking.max_seq_len = 2: expected an integer >= 3"),
+    ("pretrain", "data.masking.max_seq_len=5", "data.masking.max_seq_len = 5: expected at least the store's"),
+    ("pretrain", "data.masking.max_seq_len=100", "data.masking.max_seq_len = 100: expected at most "
+                                                 "model.max_positions = 64"),
+    ("pretrain", "data.synthetic.num_images=1", "data.synthetic.num_images = 1: expected an integer >= 2"),
+    ("pretrain", "data.eval_batches=0", "data.eval_batches = 0: expected an integer >= 1"),
+    ("pretrain", "tasks.visual_loss_scale=0", "tasks.visual_loss_scale = 0: expected a number > 0"),
+    ("pretrain", "schedule.qa_from_fraction=1", "schedule.qa_from_fraction = 1: expected a number in [0, 1)"),
+    ("pretrain", "optim.lr=0", "optim.lr = 0: expected a number > 0"),
+    ("pretrain", "optim.betas=[0.9, 1.0]", "optim.betas.1 = 1.0: expected a number in [0, 1)"),
+    ("pretrain", "train.epochs=0", "train.epochs = 0: expected an integer >= 1"),
+    ("pretrain", "train.log_every=0", "train.log_every = 0: expected an integer >= 1"),
+    ("pretrain", "train.seed=-1", "train.seed = -1: expected an integer in [0, 4294967296)"),
+    ("pretrain", "scale.num_workers=0", "scale.num_workers = 0: expected an integer >= 1"),
+    ("pretrain", "scale.gpus_per_worker=-1", "scale.gpus_per_worker = -1: expected a number >= 0"),
+    ("pretrain", "scale.resources_per_worker={accel: -1}",
+     "scale.resources_per_worker.accel = -1: expected a number >= 0"),
+    ("pretrain", "mlflow.experiment=", "mlflow.experiment = '': expected a non-empty string"),
+    ("pretrain", "data.store=", "data.store = '': expected a non-empty string"),
+    ("mult", "model.dim=31", "model.dim = 31: expected a multiple of num_heads = 4"),
+    ("mult", "model.a_kernel=2", "model.a_kernel = 2: expected an odd positive integer"),
+    ("mult", "model.layers=0", "model.layers = 0: expected an integer >= 1"),
+    ("mult", "model.out_dropout=1", "model.out_dropout = 1: expected a number in [0, 1)"),
+    ("mult", "data.synthetic.num_samples=5", "data.synthetic.num_samples = 5: expected an integer >= 10"),
+    ("mult", "data.synthetic.text_len=[4, 3]", "data.synthetic.text_len = (4, 3): expected (min, max)"),
+    ("mult", "seeds=[]", "seeds = []: expected at least 1 item"),
+    ("mult", "seeds=[3, 3]", "seeds = [3, 3]: expected distinct seeds"),
+    ("finetune", "data.synthetic_questions_per_image=0",
+     "data.synthetic_questions_per_image = 0: expected an integer >= 1"),
+    ("finetune", "init.run_id=", "init.run_id = '': expected a non-empty string"),
+])
+def test_bounds_name_the_key_the_value_and_what_is_allowed(config, override, expected):
+    from xmodal.config import FinetuneConfig, MultTrainConfig
+
+    cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[config]
+    with pytest.raises(ConfigError) as e:
+        load_config(cls, overrides=[override])
+    assert expected in str(e.value)
+
+
+def test_messages_are_one_line_per_problem_without_pydantic_noise():
+    from xmodal.config import FinetuneConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(FinetuneConfig, overrides=["init.source=run"])
+    header, line = str(e.value).splitlines()
+    assert header == "invalid config (defaults + --set init.source=run):"
+    assert line.startswith("  init.run_id: required with source=run") and "--init-run-id" in line
+    for noise in ("Value error", "{", "Input should", "pydantic", "For further information"):
+        assert noise not in str(e.value)
+    with pytest.raises(ConfigError) as e:  # two problems: two lines after the header
+        load_config(PretrainConfig, overrides=["model.dropout=2", "train.epochs=0"])
+    assert len(str(e.value).splitlines()) == 3
+
+
+def test_zero_layers_is_a_valid_ablation():
+    cfg = load_config(PretrainConfig, overrides=["model.l_layers=0", "model.r_layers=0", "model.x_layers=0"])
+    assert (cfg.model.l_layers, cfg.model.r_layers, cfg.model.x_layers) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///mlflow.db", "sqlite:////abs/mlflow.db", "http://127.0.0.1:5000",
+                                 "https://mlflow.example.org", "file:///tmp/mlruns", "postgresql://u@h/db",
+                                 "databricks://profile"])
+def test_tracking_uris_mlflow_takes(uri):
+    assert load_config(PretrainConfig, overrides=[f"mlflow.tracking_uri={uri}"]).mlflow.tracking_uri == uri
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("mlflow.db", "use sqlite:///PATH (a SQLite file, e.g. sqlite:///mlflow.db)"),
+    ("./mlruns", "not a URI"),
+    ("databricks", "not a URI"),  # MLflow takes it, xmodal.tracking.resolve_tracking_uri does not
+    ("C:\\\\runs\\\\mlflow.db", "not a URI"),
+    ("sqlite://mlflow.db", "sqlite:///RELATIVE/PATH"),
+    ("http://", "expected http(s)://HOST[:PORT]"),
+])
+def test_tracking_uri_that_is_not_a_uri(uri, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(PretrainConfig, overrides=[f"mlflow.tracking_uri={uri}"])
+    assert "mlflow.tracking_uri" in str(e.value) and expected in str(e.value)
+
+
+@pytest.mark.parametrize("config", ["pretrain", "mult", "finetune"])
+def test_batch_size_splits_over_workers_and_accumulation(config):
+    from xmodal.config import FinetuneConfig, MultTrainConfig
+
+    cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[config]
+    ok = load_config(cls, overrides=["train.batch_size=12", "scale.num_workers=2", "train.grad_accum=3"])
+    assert ok.train.batch_size == 12
+    with pytest.raises(ConfigError, match=r"train.batch_size = 10: expected a multiple of scale.num_workers x "
+                                          r"train.grad_accum = 2 x 3 = 6"):
+        load_config(cls, overrides=["train.batch_size=10", "scale.num_workers=2", "train.grad_accum=3"])
+
+
+def test_chain_checks_both_stages_batches_against_its_scale():
+    from xmodal.config import PretrainFinetuneConfig
+
+    with pytest.raises(ConfigError, match=r"finetune.train.batch_size = 32: expected a multiple .* = 3"):
+        load_config(PretrainFinetuneConfig, overrides=["scale.num_workers=3", "pretrain.train.batch_size=63"])
+
+
+def test_every_preset_is_valid_and_checkpoint_every_is_gone():
+    from xmodal.config import MultTrainConfig, TrainConfig
+    from xmodal.models.lxmert import PRESETS as LXMERT
+    from xmodal.models.mult import PRESETS as MULT
+
+    for name in LXMERT:
+        load_config(PretrainConfig, overrides=[f"preset={name}"])
+    for name in MULT:
+        load_config(MultTrainConfig, overrides=[f"preset={name}"])
+    assert "checkpoint_every" not in TrainConfig.model_fields

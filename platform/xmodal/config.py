@@ -1,20 +1,23 @@
 """Typed experiment configs: YAML files plus dotted `--set key=value` overrides.
 
-Every section forbids unknown keys. Errors name the file, the dotted key, the
-bad value and what was expected. Model sections start from a named preset and
-take overrides on top.
+Every section forbids unknown keys and every field has its bounds (here, or as `Annotated` metadata
+in the model and data dataclasses, see xmodal.bounds), so a bad value fails here, before Ray or
+MLflow start. Errors name the file, the dotted key, the bad value and what was expected, one line
+each. Model sections start from a named preset and take overrides on top.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from xmodal.bounds import Dropout, PosInt, Seed, describe_bounds
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions, SyntheticMultOptions
 from xmodal.errors import UserError
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
@@ -35,7 +38,7 @@ class Section(BaseModel):
 class OptimConfig(Section):
     lr: float = Field(1e-4, gt=0)  # the paper; the embedded default raises it (PretrainConfig.optim)
     weight_decay: float = Field(0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Dropout, Dropout] = (0.9, 0.999)  # each in [0, 1)
     eps: float = Field(1e-6, gt=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     grad_clip: float = Field(1.0, ge=0)  # 0 = off
@@ -45,18 +48,17 @@ class TrainConfig(Section):
     epochs: int = Field(20, ge=1)
     batch_size: int = Field(256, ge=1)  # global samples per optimizer step
     grad_accum: int = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1)  # stop early (smoke runs)
+    max_steps: PosInt | None = None  # stop early (smoke runs)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 on GPU, fp32 on CPU
     compile: bool = False
-    eval_every: int = Field(500, ge=1)  # steps
-    checkpoint_every: int = Field(500, ge=1)  # steps
+    eval_every: int = Field(500, ge=1)  # steps; every evaluation also checkpoints
     keep_best: int = Field(2, ge=1)
-    best_metric: str = "eval/match_acc"
+    best_metric: str = Field("eval/match_acc", min_length=1)
     best_mode: Literal["max", "min"] = "max"
     log_every: int = Field(20, ge=1)
-    seed: int = 0
+    seed: Seed = 0
     # Test-only switch: rank 1 (or 0 with one worker) exits once at this step to exercise FailureConfig.
-    fail_at_step: int | None = None
+    fail_at_step: int | None = Field(None, ge=0)
 
 
 class ScaleConfig(Section):
@@ -65,22 +67,49 @@ class ScaleConfig(Section):
     # Leave CPUs for Ray Data's read tasks: workers holding every CPU starve the pipeline.
     cpus_per_worker: float = Field(0.5, gt=0)
     max_failures: int = Field(2, ge=0)
-    storage_path: str | None = None  # default: ./runs (env XMODAL_STORAGE_PATH on a cluster)
+    storage_path: str | None = Field(None, min_length=1)  # default: ./runs (env XMODAL_STORAGE_PATH on a cluster)
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    resources_per_worker: dict[str, float] = Field(default_factory=dict)  # extra custom resources
+    # Extra custom resources per worker.
+    resources_per_worker: dict[Annotated[str, Field(min_length=1)], Annotated[float, Field(ge=0)]] = \
+        Field(default_factory=dict)
+
+
+# What xmodal.tracking.resolve_tracking_uri takes: a URI with a scheme, never a bare path.
+TRACKING_URI_HELP = ("sqlite:///PATH (a SQLite file, e.g. sqlite:///mlflow.db), http(s)://HOST:PORT (a tracking "
+                     "server), file:///DIR (a folder) or another MLflow store URI (postgresql://..., databricks://PROFILE)")
 
 
 class MlflowConfig(Section):
     tracking_uri: str | None = None  # default: sqlite:///mlflow.db (env MLFLOW_TRACKING_URI wins)
-    experiment: str = "xmodal-pretrain"
-    run_name: str | None = None  # also the Ray Train run name: rerun with the same name to resume
+    experiment: str = Field("xmodal-pretrain", min_length=1)
+    # Also the Ray Train run name: rerun with the same name to resume.
+    run_name: str | None = Field(None, min_length=1)
     system_metrics: bool = True
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return uri
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
+        if scheme is None or (len(scheme.group(1)) == 1 and uri[2:3] in ("\\", "/")):  # C:\... is a path
+            raise ValueError(f"not a URI; use {TRACKING_URI_HELP}")
+        if scheme.group(1) == "sqlite" and not uri.startswith("sqlite:///"):
+            raise ValueError("a SQLite URI is sqlite:///RELATIVE/PATH or sqlite:////ABSOLUTE/PATH")
+        if scheme.group(1) in ("http", "https") and not re.match(r"^https?://[^/\s]+", uri):
+            raise ValueError("expected http(s)://HOST[:PORT]")
+        return uri
 
 
 class TaskSchedule(Section):
     # The paper adds QA only in the last 10 of 20 epochs (0.5); the embedded default trains it from
     # the first step (PretrainConfig.schedule).
     qa_from_fraction: float = Field(0.5, ge=0, lt=1)
+
+
+def _store_field() -> Any:
+    # None = the embedded synthetic store; a path is checked when the job opens it.
+    return Field(None, min_length=1)
 
 
 def embedded_lxmert_store() -> SyntheticLxmertOptions:
@@ -95,10 +124,10 @@ def embedded_lxmert_store() -> SyntheticLxmertOptions:
 
 
 class LxmertDataConfig(Section):
-    store: str | None = None  # None = the embedded synthetic store, built on first use
+    store: str | None = _store_field()  # None = the embedded synthetic store, built on first use
     synthetic: SyntheticLxmertOptions = Field(default_factory=embedded_lxmert_store)
     masking: MaskingOptions = Field(default_factory=MaskingOptions)
-    eval_batches: int | None = None  # cap on minival batches per evaluation
+    eval_batches: PosInt | None = None  # cap on minival batches per evaluation
 
 
 def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
@@ -142,8 +171,7 @@ class PretrainConfig(Section):
     # The small preset on the embedded store learns fastest at 2e-3; paper runs use 1e-4.
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3))
     # The embedded default: about 3 minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
-    train: TrainConfig = Field(default_factory=lambda: TrainConfig(
-        epochs=8, batch_size=64, eval_every=500, checkpoint_every=500))
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(epochs=8, batch_size=64, eval_every=500))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
 
@@ -154,6 +182,18 @@ class PretrainConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> PretrainConfig:
+        _check_batch(self.train, self.scale)
+        seq, positions = self.data.masking.max_seq_len, self.model.max_positions
+        if seq is not None and seq > positions:
+            raise ValueError(f"data.masking.max_seq_len = {seq}: expected at most model.max_positions = {positions}")
+        if self.data.store is None:  # the embedded store's sentences are tokenised to data.synthetic.max_seq_len
+            stored = self.data.synthetic.max_seq_len
+            if seq is not None and seq < stored:
+                raise ValueError(f"data.masking.max_seq_len = {seq}: expected at least the store's sentence length, "
+                                 f"data.synthetic.max_seq_len = {stored} (or leave it unset)")
+            if stored > positions:
+                raise ValueError(f"data.synthetic.max_seq_len = {stored}: expected at most model.max_positions = "
+                                 f"{positions}")
         if not self.tasks.enabled():
             raise ValueError("tasks: every pretraining task is switched off; enable at least one of "
                              "mlm, obj_feat, obj_label, matching, qa")
@@ -181,8 +221,16 @@ def pretraining_eval_metrics(tasks: PretrainTasks) -> list[str]:
     return names
 
 
+def _check_batch(train: TrainConfig, scale: ScaleConfig) -> None:
+    """The global batch splits evenly into workers x accumulation steps (the jobs' micro-batches)."""
+    per_step = scale.num_workers * train.grad_accum
+    if train.batch_size % per_step:
+        raise ValueError(f"train.batch_size = {train.batch_size}: expected a multiple of scale.num_workers x "
+                         f"train.grad_accum = {scale.num_workers} x {train.grad_accum} = {per_step}")
+
+
 class MultDataConfig(Section):
-    store: str | None = None  # None = the embedded synthetic store, built on first use
+    store: str | None = _store_field()  # None = the embedded synthetic store, built on first use
     synthetic: SyntheticMultOptions = Field(default_factory=SyntheticMultOptions)
 
 
@@ -203,7 +251,7 @@ class MultTrainConfig(Section):
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-mult"))
     # One training per seed; the parent MLflow run gets each metric's mean and std.
-    seeds: list[int] | None = None
+    seeds: list[Seed] | None = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -212,7 +260,10 @@ class MultTrainConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> MultTrainConfig:
-        self.model.validate()
+        # (MultConfig checks itself: bounds as field metadata, the rest in its __post_init__.)
+        _check_batch(self.train, self.scale)
+        if self.seeds is not None and len(set(self.seeds)) < len(self.seeds):
+            raise ValueError(f"seeds = {self.seeds}: expected distinct seeds")
         return self
 
 
@@ -223,18 +274,20 @@ class FinetuneInit(Section):
     # run: an MLflow run id (its logged model); checkpoint: a checkpoint folder or its model.pt;
     # transformers: a transformers LxmertForPreTraining directory (config.json + weights), via the adapter.
     source: Literal["latest", "scratch", "run", "checkpoint", "transformers"] = "latest"
-    run_id: str | None = None
-    path: str | None = None
-    pretrain_experiment: str = "xmodal-pretrain"  # where `latest` and `run` look
+    run_id: str | None = Field(None, min_length=1)
+    path: str | None = Field(None, min_length=1)
+    pretrain_experiment: str = Field("xmodal-pretrain", min_length=1)  # where `latest` and `run` look
     # The reference's trick: the answer head starts from the pretraining QA head where answers overlap.
     answer_head_from_qa: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneInit:
+        # Messages start with the field's name; the loader puts the section's dotted path in front.
         if self.source == "run" and not self.run_id:
-            raise ValueError("init.run_id: required with init.source=run (an MLflow run id of a pretraining run)")
+            raise ValueError("run_id: required with source=run: the MLflow run id of a pretraining run "
+                             "(jobs/finetune.py --init-run-id ID)")
         if self.source in ("checkpoint", "transformers") and not self.path:
-            raise ValueError(f"init.path: required with init.source={self.source}")
+            raise ValueError(f"path: required with source={self.source} (jobs/finetune.py --init-path DIR)")
         return self
 
 
@@ -242,12 +295,12 @@ class FinetuneDataConfig(Section):
     # A fine-tuning set (`python jobs/ingest.py vqa|gqa|nlvr2|synthetic-vqa|synthetic-nlvr2 DIR`), which
     # names its image store. None = the embedded synthetic set of the task, built on first use from the
     # embedded synthetic image store (the pretraining job's).
-    store: str | None = None
+    store: str | None = _store_field()
     synthetic: SyntheticLxmertOptions = Field(default_factory=embedded_lxmert_store)
     # Questions per image of the embedded synthetic VQA/GQA set: one (5,400 training questions), a
     # labelled set much smaller than the pretraining corpus, as real fine-tuning sets are.
     synthetic_questions_per_image: int = Field(1, ge=1)
-    eval_batches: int | None = None  # cap on validation batches per evaluation
+    eval_batches: PosInt | None = None  # cap on validation batches per evaluation
 
 
 class FinetuneConfig(Section):
@@ -267,7 +320,7 @@ class FinetuneConfig(Section):
     # the synthetic set's 5,400 questions (168 steps).
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_ratio=0.1))
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
-        epochs=1, batch_size=32, eval_every=50, checkpoint_every=50, log_every=10, best_metric="valid/accuracy"))
+        epochs=1, batch_size=32, eval_every=50, log_every=10, best_metric="valid/accuracy"))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-finetune"))
 
@@ -278,6 +331,7 @@ class FinetuneConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
+        _check_batch(self.train, self.scale)
         valid = finetune_metrics(self.task)
         if self.train.best_metric not in valid:
             raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured on {self.task}; "
@@ -307,6 +361,15 @@ class PretrainFinetuneConfig(Section):
     def _defaults(cls, data: Any) -> Any:
         return _job_defaults(cls, data)
 
+    @model_validator(mode="after")
+    def _check(self) -> PretrainFinetuneConfig:
+        for stage in ("pretrain", "finetune"):  # this `scale` replaces the stages' own
+            try:
+                _check_batch(getattr(self, stage).train, self.scale)
+            except ValueError as e:
+                raise ValueError(f"{stage}.{e}") from None
+        return self
+
 
 # ---------------------------------------------------------------- loading and overrides
 
@@ -334,18 +397,97 @@ def _fields_of(typ: Any) -> dict[str, Any]:
 
 
 def format_validation_error(err: ValidationError, model: type, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
+    """One line per problem: the dotted key, the bad value and what is allowed (no pydantic noise,
+    no dumps of whole sections)."""
+    lines: list[str] = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        key = ".".join(str(p) for p in loc) or "<top level>"
-        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            lines.append(f"  {key}: unknown key (value {e.get('input')!r}); valid keys here: "
-                         f"{', '.join(_valid_keys(model, loc))}")
-        elif not loc:  # a cross-field check: its message names the keys
-            lines.append(f"  {e['msg'].removeprefix('Value error, ')}")
+        line = error_line(e, model)
+        if line not in lines:
+            lines.append(line)
+    return f"invalid config ({source}):\n" + "\n".join(f"  {x}" for x in lines)
+
+
+_BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+# A check's message that starts with a field name ("hidden_size = 130: ...", "MultConfig.dim = 31: ...",
+# "run_id: required ...") is reported under that field's dotted key.
+_FIELD_MESSAGE = re.compile(r"^(?:[A-Z]\w*\.)?([a-z_]\w*)(?= = |: )")
+
+
+def error_line(e: dict, model: type) -> str:
+    """One pydantic error as `key = value: expected ...` (or `key: ...`)."""
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    key = ".".join(str(p) for p in loc)
+    got = short_repr(e.get("input"))
+    kind = e["type"]
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        return f"{key}: unknown key; valid keys here: {', '.join(_valid_keys(model, loc))}"
+    if kind == "missing":
+        return f"{key}: required"
+    if kind in ("value_error", "assertion_error"):
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        m = _FIELD_MESSAGE.match(msg)
+        if loc and m and m.group(1) in _fields_of(_type_at(model, loc)[0]):
+            return f"{key}.{m.group(1)}{msg[m.end():]}"
+        return f"{key}: {msg}" if loc else msg  # a check across sections names its keys itself
+    msg = str(e["msg"]).removeprefix("Input should be ")
+    if kind in _BOUND_ERRORS:
+        typ, meta = _type_at(model, loc)
+        msg = describe_bounds(meta, "an integer" if typ is int else "a number") or msg
+    elif kind == "string_too_short":
+        msg = "a non-empty string"
+    elif kind == "too_short":
+        n = (e.get("ctx") or {}).get("min_length", 1)
+        msg = f"at least {n} item{'s' if n != 1 else ''}"
+    where = key or "<top level>"
+    return f"{where} = {got}: expected {msg}" if got is not None else f"{where}: expected {msg}"
+
+
+def short_repr(value: Any, limit: int = 60) -> str | None:
+    """repr of a value, or None for a long one (a whole section is not worth printing)."""
+    text = repr(value)
+    return text if len(text) <= limit else None
+
+
+def _unwrap(typ: Any, meta: list[Any]) -> tuple[Any, list[Any]]:
+    """Annotated[T, ...] -> T (collecting the metadata); T | None -> T."""
+    while True:
+        if typing.get_origin(typ) is Annotated:
+            meta = meta + list(typ.__metadata__)
+            typ = typing.get_args(typ)[0]
+            continue
+        if typing.get_origin(typ) in (Union, getattr(__import__("types"), "UnionType", Union)):
+            args = [a for a in typing.get_args(typ) if a is not type(None)]
+            if len(args) == 1:
+                typ = args[0]
+                continue
+        return typ, meta
+
+
+def _type_at(model: type, loc: tuple) -> tuple[Any, list[Any]]:
+    """The type (Annotated metadata unwrapped and returned) of the field at `loc`, or (None, [])."""
+    typ: Any = model
+    meta: list[Any] = []
+    for part in loc:
+        if isinstance(part, int):
+            args = typing.get_args(typ)
+            if typing.get_origin(typ) is tuple and args and args[-1] is not Ellipsis and part < len(args):
+                typ = args[part]
+            elif args:
+                typ = args[0]
+            else:
+                return None, []
+            meta = []
+        elif isinstance(typ, type) and issubclass(typ, BaseModel) and part in typ.model_fields:
+            field = typ.model_fields[part]
+            typ, meta = field.annotation, list(field.metadata)
+        elif dataclasses.is_dataclass(typ) and part in {f.name for f in dataclasses.fields(typ)}:
+            typ, meta = typing.get_type_hints(typ, include_extras=True)[part], []
+        elif typing.get_origin(typ) is dict:
+            typ, meta = typing.get_args(typ)[1], []
         else:
-            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
+            return None, []
+        typ, meta = _unwrap(typ, meta)
+    return typ, meta
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -390,10 +532,17 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        raise ConfigError(f"{p}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     return data
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: what and where (PyYAML's own text spans several lines)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(getattr(e, "problem", None) or e).split())
+    return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else what
 
 
 def load_config(model: type[Section], path: str | Path | None = None, overrides: list[str] | None = None,

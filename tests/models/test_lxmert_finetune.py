@@ -21,12 +21,7 @@ CFG = preset("tiny")
 B, T, N = 3, 9, 5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def inputs(b=B, pair=False, seed=0):

@@ -18,13 +18,7 @@ from xmodal.models.mult import PRESETS, VARIANTS, Mult, MultConfig, preset
 DIMS = (12, 6, 5)  # tiny preset's l, a, v feature dims
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster, and far faster on a busy machine (no OpenMP spinning)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _inputs(b: int, lens: tuple[int, int, int], seed: int = 0) -> list[torch.Tensor]:

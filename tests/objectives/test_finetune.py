@@ -27,12 +27,7 @@ CFG = preset("tiny")
 T, N = 8, 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def vqa_batch(targets, seed=0) -> VqaBatch:

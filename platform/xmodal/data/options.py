@@ -1,10 +1,14 @@
-"""Options of the data side, as plain dataclasses (validated by the experiment config)."""
+"""Options of the data side, as plain dataclasses (validated by the experiment config: the bounds are
+`Annotated` metadata from xmodal.bounds, the checks across fields are in `__post_init__`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
+from annotated_types import Ge, Interval
+
+from xmodal.bounds import Fraction, NonNegFloat, PosFloat, PosInt, Probability, Seed, SeqLen
 from xmodal.errors import UserError
 
 
@@ -14,12 +18,14 @@ class MaskingOptions:
 
     __pydantic_config__ = {"extra": "forbid"}
 
-    word_mask_prob: float = 0.15
-    obj_mask_prob: float = 0.15
-    mismatch_prob: float = 0.5
-    max_seq_len: int | None = None  # tokens per sample; None = the store's (longer pads with [PAD])
+    word_mask_prob: Probability = 0.15
+    obj_mask_prob: Probability = 0.15
+    mismatch_prob: Probability = 0.5
+    # Tokens per sample incl. [CLS]/[SEP]; None = the store's (longer pads with [PAD]).
+    max_seq_len: SeqLen | None = None
     # QA target from a question's soft answer scores: "sample" draws one answer with probability
-    # proportional to its score (as the reference loader does; docs/papers.md, masking rules); "argmax" always takes the highest-scoring answer (deterministic labels).
+    # proportional to its score (as the reference loader does; docs/papers.md, masking rules);
+    # "argmax" always takes the highest-scoring answer (deterministic labels).
     qa_target: Literal["sample", "argmax"] = "sample"
 
 
@@ -29,20 +35,20 @@ class SyntheticLxmertOptions:
 
     __pydantic_config__ = {"extra": "forbid"}
 
-    num_images: int = 2000
-    minival_fraction: float = 0.1
-    num_objects: int = 36
-    feat_dim: int = 2048
-    num_object_labels: int = 1600
-    num_attr_labels: int = 400
-    num_answers: int = 9500
-    sentences_per_image: int = 5
-    seed: int = 0
-    # Added with the feature store; defaults keep older configs valid.
-    max_seq_len: int = 20  # tokens per sentence incl. [CLS]/[SEP], fixed at ingest
-    question_fraction: float = 1 / 3  # paper: about a third of the sentences are questions
-    feature_noise: float = 0.5  # std of the Gaussian noise added to each object's prototype
-    images_per_shard: int = 256
+    num_images: Annotated[int, Ge(2)] = 2000  # mismatched sentences come from other images
+    minival_fraction: Fraction = 0.1
+    num_objects: PosInt = 36
+    feat_dim: PosInt = 2048
+    num_object_labels: Annotated[int, Ge(2)] = 1600  # named classes + background classes
+    num_attr_labels: PosInt = 400
+    num_answers: PosInt = 9500
+    sentences_per_image: PosInt = 5
+    seed: Seed = 0
+    # Defaults keep configs written before these options valid.
+    max_seq_len: Annotated[int, Ge(8)] = 20  # tokens per sentence incl. [CLS]/[SEP], fixed at ingest
+    question_fraction: Probability = 1 / 3  # paper: about a third of the sentences are questions
+    feature_noise: NonNegFloat = 0.5  # std of the Gaussian noise added to each object's prototype
+    images_per_shard: PosInt = 256
     # True: the object slots that no sentence names hold background classes (a detector's 36 boxes);
     # False: an image holds only its named objects, the other slots are padding (num_boxes < num_objects).
     background_objects: bool = True
@@ -60,25 +66,29 @@ class SyntheticMultOptions:
 
     __pydantic_config__ = {"extra": "forbid"}
 
-    num_samples: int = 2000
-    valid_fraction: float = 0.1
-    test_fraction: float = 0.1
-    text_dim: int = 16
-    audio_dim: int = 8
-    vision_dim: int = 6
+    num_samples: Annotated[int, Ge(10)] = 2000
+    valid_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.1  # valid + test < 1
+    test_fraction: Annotated[float, Interval(gt=0, lt=1)] = 0.1
+    text_dim: PosInt = 16
+    audio_dim: PosInt = 8
+    vision_dim: PosInt = 6
     # Inclusive range of words. 3-6 words: a full `small` MulT leaves the plateau in ~150-300 steps
     # (6-12 words: 250-450 steps and a wider spread); single streams still know nothing of the label.
-    text_len: tuple[int, int] = (3, 6)
-    audio_rate: float = 3.0  # audio steps per word
-    vision_rate: float = 2.0  # vision steps per word
-    vocab_size: int = 40  # filler words
-    event_strength: float = 3.0
-    noise: float = 0.5
-    label_noise: float = 0.0
+    text_len: tuple[PosInt, PosInt] = (3, 6)
+    # Steps per word; the shortest audio / vision sequence must hold the event (EVENT_STEPS).
+    audio_rate: PosFloat = 3.0  # audio steps per word
+    vision_rate: PosFloat = 2.0  # vision steps per word
+    vocab_size: PosInt = 40  # filler words
+    event_strength: NonNegFloat = 3.0
+    noise: NonNegFloat = 0.5
+    label_noise: NonNegFloat = 0.0
     # How the label is made: "product" (the default, needs text AND audio), or controls:
     # "text" = polarity x intensity, "audio" = +-2 from the event, "sum" = polarity x intensity / 2 +- 1.5.
     rule: Literal["product", "text", "audio", "sum"] = "product"
-    seed: int = 0
+    seed: Seed = 0
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
         def bad(field: str, expected: str):

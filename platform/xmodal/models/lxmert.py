@@ -1,4 +1,5 @@
-"""LXMERT (Tan & Bansal, 2019): encoders and pretraining heads. Imports only torch.
+"""LXMERT (Tan & Bansal, 2019): encoders and pretraining heads. Imports only torch (and the config's
+bounds, plain `Annotated` metadata that the experiment config checks).
 
 Paper sections: §2 (model), §3.1 (pretraining tasks). Where the paper and the
 reference code (airsplay/lxmert) differ, `LxmertConfig` has an option that
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xmodal.bounds import Dropout, NonNegInt, PosFloat, PosInt, SeqLen
 from xmodal.models.attention import PostLNAttention, PostLNFeedForward, padding_to_attn_mask
 
 
@@ -25,33 +27,40 @@ class LxmertConfig:
     # Validated by the experiment config (pydantic reads this attribute; no import needed here).
     __pydantic_config__ = {"extra": "forbid"}
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_heads: int = 12
-    ffn_size: int = 3072
-    l_layers: int = 9  # N_L language layers
-    r_layers: int = 5  # N_R object-relationship layers
-    x_layers: int = 5  # N_X cross-modality layers
-    max_positions: int = 512
+    vocab_size: PosInt = 30522
+    hidden_size: PosInt = 768  # a multiple of num_heads
+    num_heads: PosInt = 12
+    ffn_size: PosInt = 3072
+    # 0 layers is a valid ablation (e.g. no cross-modality layers).
+    l_layers: NonNegInt = 9  # N_L language layers
+    r_layers: NonNegInt = 5  # N_R object-relationship layers
+    x_layers: NonNegInt = 5  # N_X cross-modality layers
+    max_positions: SeqLen = 512  # room for [CLS], [SEP] and one word at least
     # The paper embeds word + position; the reference (BERT) also adds a token-type embedding.
     token_type_embedding: bool = False
-    visual_feat_dim: int = 2048
-    visual_pos_dim: int = 4
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    layer_norm_eps: float = 1e-12
+    visual_feat_dim: PosInt = 2048
+    visual_pos_dim: PosInt = 4
+    dropout: Dropout = 0.1
+    attention_dropout: Dropout = 0.1
+    layer_norm_eps: PosFloat = 1e-12
     # The reference shares ONE cross-attention module between both directions.
     shared_cross_attention: bool = True
     # The reference passes [CLS] through a tanh pooler; off = the raw [CLS] state (paper §2.3).
     pooler: bool = True
-    num_object_labels: int = 1600
-    num_attr_labels: int = 400
-    num_qa_labels: int = 9500
+    num_object_labels: PosInt = 1600
+    num_attr_labels: PosInt = 400
+    num_qa_labels: PosInt = 9500
     # Std of the N(0, std) initial weights (BERT and the paper: 0.02, transformers'
     # `initializer_range`). 0.02 is calibrated for width 768: a projection scales a unit-variance
     # input by about std * sqrt(hidden_size), 0.55 at 768 but 0.23 at 128, so a narrow model starts
     # with almost no signal through attention (see docs/architecture.md, Objectives).
-    initializer_range: float = 0.02
+    initializer_range: PosFloat = 0.02
+
+    def __post_init__(self) -> None:
+        """Checks across fields (the experiment config reports them under the field's dotted key)."""
+        if self.num_heads >= 1 and self.hidden_size % self.num_heads:
+            raise ValueError(f"LxmertConfig.hidden_size = {self.hidden_size}: expected a multiple of "
+                             f"num_heads = {self.num_heads}")
 
     def replace(self, **changes) -> LxmertConfig:
         return dataclasses.replace(self, **changes)

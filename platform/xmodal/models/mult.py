@@ -1,4 +1,5 @@
-"""MulT, the Multimodal Transformer (Tsai et al., 2019), and its Table 4 ablations. Imports only torch.
+"""MulT, the Multimodal Transformer (Tsai et al., 2019), and its Table 4 ablations. Imports only torch
+(and annotated_types: the config's bounds, checked by the experiment config).
 
 Paper sections: §3.1 crossmodal attention, §3.2 architecture (temporal
 convolution, positional embedding, crossmodal transformers, self-attention
@@ -57,6 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from xmodal.bounds import Dropout, PosInt
 from xmodal.models.attention import (
     additive_mask,
     key_padding_allowed,
@@ -95,32 +97,32 @@ class MultConfig:
     __pydantic_config__ = {"extra": "forbid"}
 
     variant: Variant = "full"
-    l_dim: int = 300  # GloVe
-    a_dim: int = 74  # COVAREP (5 in MOSI)
-    v_dim: int = 35  # Facet (20 in MOSI)
-    dim: int = 40  # d, the common dimension (paper Table 5: 40; reference: 30)
-    layers: int = 4  # D crossmodal layers (unimodal / fusion variants: depth of their transformers)
+    l_dim: PosInt = 300  # GloVe
+    a_dim: PosInt = 74  # COVAREP (5 in MOSI)
+    v_dim: PosInt = 35  # Facet (20 in MOSI)
+    dim: PosInt = 40  # d, the common dimension (paper Table 5: 40; reference: 30)
+    layers: PosInt = 4  # D crossmodal layers (unimodal / fusion variants: depth of their transformers)
     # Depth of the self-attention transformers after the crossmodal ones; None = max(layers, 3) (reference).
-    self_layers: int | None = None
-    num_heads: int = 8
-    l_kernel: int = 1  # temporal convolution kernels (odd; Table 5 MOSEI: L 1 or 3, V 3, A 3)
-    a_kernel: int = 3
-    v_kernel: int = 3
+    self_layers: PosInt | None = None
+    num_heads: PosInt = 8
+    l_kernel: PosInt = 1  # temporal convolution kernels (odd; Table 5 MOSEI: L 1 or 3, V 3, A 3)
+    a_kernel: PosInt = 3
+    v_kernel: PosInt = 3
     # Reference multiplies every transformer input by sqrt(width) before adding positions; the paper does not.
     embed_scale: bool = False
     # Reference: causal masks on (the paper does not mention masks). See `offset_causal_allowed`.
     causal: bool = True
-    attn_dropout: float = 0.1  # attention dropout of keys from L, and of the self-attention transformers
-    attn_dropout_a: float = 0.1  # ... of keys from A (reference: the SOURCE modality sets it)
-    attn_dropout_v: float = 0.1  # ... of keys from V
-    relu_dropout: float = 0.1
-    res_dropout: float = 0.1
-    embed_dropout: float = 0.3  # at the input of every transformer
-    text_dropout: float = 0.3  # on the raw text features (reference: the same knob as embed_dropout)
-    out_dropout: float = 0.1
-    output_dim: int = 1  # 1 = sentiment regression; 8 = IEMOCAP 4 emotions x 2 logits
-    ffn_mult: int = 4
-    pad_head_dim_to: int = 8  # 1 = no padding
+    attn_dropout: Dropout = 0.1  # attention dropout of keys from L, and of the self-attention transformers
+    attn_dropout_a: Dropout = 0.1  # ... of keys from A (reference: the SOURCE modality sets it)
+    attn_dropout_v: Dropout = 0.1  # ... of keys from V
+    relu_dropout: Dropout = 0.1
+    res_dropout: Dropout = 0.1
+    embed_dropout: Dropout = 0.3  # at the input of every transformer
+    text_dropout: Dropout = 0.3  # on the raw text features (reference: the same knob as embed_dropout)
+    out_dropout: Dropout = 0.1
+    output_dim: PosInt = 1  # 1 = sentiment regression; 8 = IEMOCAP 4 emotions x 2 logits
+    ffn_mult: PosInt = 4
+    pad_head_dim_to: PosInt = 8  # 1 = no padding
     # Recompute the feed-forward activations in backward instead of storing them (same numbers):
     # about half the activation memory at MOSEI shapes for one more small FFN forward.
     recompute_ffn: bool = True
@@ -131,6 +133,11 @@ class MultConfig:
     @property
     def self_depth(self) -> int:
         return self.self_layers if self.self_layers is not None else max(self.layers, 3)
+
+    def __post_init__(self) -> None:
+        # Per-field bounds are `Annotated` metadata that the experiment config checks first; `validate`
+        # adds the checks across fields (and repeats the bounds for configs built in code).
+        self.validate()
 
     def validate(self) -> MultConfig:
         """Raise ValueError naming the field, the bad value and what is expected."""
@@ -169,7 +176,7 @@ def _paper(**kw) -> MultConfig:
 
 
 PRESETS: dict[str, MultConfig] = {
-    # The reference code's defaults (main.py with the FACTS.md values), unaligned MOSEI inputs.
+    # The reference code's defaults (its main.py; docs/papers.md lists them), unaligned MOSEI inputs.
     "reference": MultConfig(
         dim=30, layers=5, num_heads=5, l_kernel=1, a_kernel=1, v_kernel=1, embed_scale=True, causal=True,
         attn_dropout=0.1, attn_dropout_a=0.0, attn_dropout_v=0.0, relu_dropout=0.1, res_dropout=0.1,

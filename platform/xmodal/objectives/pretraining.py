@@ -1,4 +1,5 @@
-"""LXMERT's five pretraining tasks (paper §3.1) as separately switchable losses. Imports only torch.
+"""LXMERT's five pretraining tasks (paper §3.1) as separately switchable losses. Imports only torch
+(and annotated_types: the config's bounds, checked by the experiment config).
 
 Tasks (names used everywhere: config, logs, MLflow):
   mlm        masked cross-modality language modelling
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xmodal.batches import LxmertBatch
+from xmodal.bounds import PosFloat
 from xmodal.models.lxmert import LxmertForPretraining
 
 TASKS: tuple[str, ...] = ("mlm", "obj_feat", "obj_label", "matching", "qa")
@@ -44,7 +46,7 @@ class PretrainTasks:
     label_objects: Literal["masked", "all"] = "masked"
     label_confidence_weighted: bool = False
     # Reference multiplies the visual losses by 1 / 0.15; the paper sums with equal weights.
-    visual_loss_scale: float = 1.0
+    visual_loss_scale: PosFloat = 1.0
 
     def enabled(self) -> tuple[str, ...]:
         return tuple(t for t in TASKS if getattr(self, t))

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from xmodal.config import ConfigError, apply_overrides, format_validation_error
+from xmodal.config import ConfigError, apply_overrides, format_validation_error, short_repr, yaml_problem
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -272,7 +272,7 @@ def _read_mapping(p: Path, prefix: str, what: str = "") -> dict:
     try:
         data = yaml.load(p.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise SpaceError(f"{prefix}{p}: not valid YAML: {e}") from None
+        raise SpaceError(f"{prefix}{p}: not valid YAML: {yaml_problem(e)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -305,7 +305,9 @@ def _schema_error(err: ValidationError, source: str) -> SpaceError:
         elif e["type"] == "missing":
             lines.append(f"  {key}: required" + _REQUIRED_HINTS.get(key, ""))
         else:
-            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+            msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Input should be ")
+            got = short_repr(e.get("input"))  # never a whole mapping
+            lines.append(f"  {key} = {got}: expected {msg}" if got is not None else f"  {key}: expected {msg}")
     return SpaceError("\n".join(lines))
 
 
@@ -483,6 +485,30 @@ def config_has(model: type, key: str) -> bool:
     return True
 
 
+def unknown_key(model: type, key: str) -> list[str] | None:
+    """None when the dotted `key` names a field of the config class (or lies inside a free-form mapping
+    field); else the valid field names where the key goes wrong."""
+    import dataclasses
+    import typing
+
+    typ: Any = model
+    for part in key.split("."):
+        if isinstance(typ, type) and issubclass(typ, BaseModel):
+            fields = {k: f.annotation for k, f in typ.model_fields.items()}
+        elif dataclasses.is_dataclass(typ):
+            hints = typing.get_type_hints(typ)
+            fields = {f.name: hints.get(f.name) for f in dataclasses.fields(typ)}
+        else:
+            return None  # a mapping or a value: the trial's validation judges the rest
+        if part not in fields:
+            return sorted(fields)
+        typ = fields[part]
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if typing.get_origin(typ) is not None and len(args) == 1 and typing.get_origin(typ) is not list:
+            typ = args[0]  # X | None
+    return None
+
+
 def validate_config(config_cls: type, raw: dict, source: str) -> Any:
     try:
         return config_cls.model_validate(raw)
@@ -508,6 +534,8 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
         if not config_has(config_cls, section):
             problems.append(f"parameters: {key!r}: {section!r} is not a section of {job}; valid: "
                             f"{', '.join(config_cls.model_fields)}")
+        elif (valid := unknown_key(config_cls, key)) is not None:
+            problems.append(f"parameters: {key!r} is not a key of {job}; valid keys there: {', '.join(valid)}")
     if problems:
         raise SpaceError(f"invalid search space ({source}):\n" + "\n".join(f"  {x}" for x in problems))
 
