@@ -76,6 +76,10 @@ class JobSpec:
     ray_data_splits: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------ driver
+    def check_inputs(self, cfg, tracking_uri: str) -> None:
+        """Checks of the config's other inputs (files, runs) that need no data: made before the data is
+        opened or the embedded default built."""
+
     def resolve_data(self, cfg) -> Any:
         """Open the configured data, or build the embedded default; a UserError names the key."""
         raise NotImplementedError
@@ -221,24 +225,20 @@ class RunResult:
 
 
 def split_batch(cfg) -> int:
-    """The micro-batch per worker; the one check on batch size that needs no data."""
-    t, workers = cfg.train, cfg.scale.num_workers
-    per_step = workers * t.grad_accum
-    if t.batch_size % per_step:
-        raise ConfigError(f"train.batch_size {t.batch_size} must be divisible by scale.num_workers x "
-                          f"train.grad_accum = {per_step}")
-    return t.batch_size // per_step
+    """The micro-batch per worker (the config checks at load that the batch splits evenly)."""
+    return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
 
 
 def check(spec: JobSpec, cfg) -> Checked:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
-    bounds (pydantic, at load), then the data, the dimensions, the steps, the model built on the meta
+    bounds (pydantic, at load), the job's other inputs, then the data, the dimensions, the steps, the model built on the meta
     device and the batch builder. Raises UserError."""
     micro = split_batch(cfg)
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     storage = storage_path(cfg.scale.storage_path)
     name = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
+    spec.check_inputs(cfg, uri)
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)

@@ -50,6 +50,20 @@ class FinetuneJob(JobSpec):
     selects_on_validation = True
 
     # ------------------------------------------------ driver
+    def check_inputs(self, cfg: FinetuneConfig, tracking_uri: str) -> None:
+        """The init's folder or run exists (before the embedded set is built; no database created)."""
+        i = cfg.init
+        if i.source in ("checkpoint", "transformers"):
+            path = Path(i.path).expanduser().resolve()
+            if not path.exists():
+                raise ConfigError(f"init.path: {str(path)!r} does not exist")
+            if i.source == "checkpoint":
+                _checkpoint_files(path)
+        if i.source == "run" and tracking_uri.startswith("sqlite:///") \
+                and not Path(tracking_uri[len("sqlite:///"):]).exists():
+            raise ConfigError(f"init.run_id: no MLflow run {i.run_id!r}: there is no MLflow database at "
+                              f"{tracking_uri[len('sqlite:///'):]} (mlflow.tracking_uri)")
+
     def resolve_data(self, cfg: FinetuneConfig):
         """The fine-tuning set: the configured one, or the embedded synthetic set of the task."""
         from xmodal.data.finetune.sets import open_finetune
