@@ -13,7 +13,7 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def test_paper_preset_has_about_228m_parameters():
-    # FACTS.md: ~228 M for the full pretraining model (transformers' LxmertForPreTraining, paper config).
+    # ~228 M for the full pretraining model (transformers' LxmertForPreTraining; docs/papers.md#lxmert-architecture).
     with torch.device("meta"):  # no 0.9 GB allocation, no init cost
         model = LxmertForPretraining(preset("paper"))
     assert abs(n_params(model) - 228e6) / 228e6 < 0.01, n_params(model)

@@ -11,7 +11,7 @@ transformer), and prints the ratio. Peak memory: CUDA's max allocated; on CPU th
 process's peak resident set (monotone across rows, so an upper bound).
 
 GPU targets: >= 1,500 samples/s at batch 24 and >= 7,000 at batch 256 with <= 6 GiB peak
-(peer: the reference code 147 / 713 samples/s, 56 GiB at batch 256; papers/FACTS.md).
+(peer: the reference code 147 / 713 samples/s, 56 GiB at batch 256; docs/papers.md#mult-peer).
 """
 
 from __future__ import annotations

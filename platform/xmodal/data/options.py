@@ -17,7 +17,7 @@ class MaskingOptions:
     mismatch_prob: float = 0.5
     max_seq_len: int | None = None  # tokens per sample; None = the store's (longer pads with [PAD])
     # QA target from a question's soft answer scores: "sample" draws one answer with probability
-    # proportional to its score (FACTS: "target drawn from the soft answer scores", as the reference
+    # proportional to its score (docs/papers.md#lxmert-pretraining-tasks-and-losses, as the reference
     # loader does); "argmax" always takes the highest-scoring answer (deterministic labels).
     qa_target: Literal["sample", "argmax"] = "sample"
 
@@ -37,7 +37,7 @@ class SyntheticLxmertOptions:
     num_answers: int = 9500
     sentences_per_image: int = 5
     seed: int = 0
-    # Added with the feature store (issue #3); defaults keep older configs valid.
+    # Added with the feature store; defaults keep older configs valid.
     max_seq_len: int = 20  # tokens per sentence incl. [CLS]/[SEP], fixed at ingest
     question_fraction: float = 1 / 3  # paper: about a third of the sentences are questions
     feature_noise: float = 0.5  # std of the Gaussian noise added to each object's prototype

@@ -169,7 +169,7 @@ def _paper(**kw) -> MultConfig:
 
 
 PRESETS: dict[str, MultConfig] = {
-    # The reference code's defaults (main.py with the FACTS.md values), unaligned MOSEI inputs.
+    # The reference code's defaults (main.py; docs/papers.md#mult-architecture), unaligned MOSEI inputs.
     "reference": MultConfig(
         dim=30, layers=5, num_heads=5, l_kernel=1, a_kernel=1, v_kernel=1, embed_scale=True, causal=True,
         attn_dropout=0.1, attn_dropout_a=0.0, attn_dropout_v=0.0, relu_dropout=0.1, res_dropout=0.1,

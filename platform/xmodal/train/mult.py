@@ -179,7 +179,7 @@ def _run_one(cfg: MultTrainConfig, source: str, parent_run_id: str | None = None
 
 @torch.no_grad()
 def evaluate_outputs(objective: MultObjective, batches, device, autocast_dtype, prefix: str) -> dict[str, float]:
-    """Metrics on the whole split: every worker's outputs are gathered, then FACTS.md's metrics computed."""
+    """Metrics on the whole split: every worker's outputs are gathered, then docs/papers.md#metrics computed."""
     objective.eval()
     outs, labels, index, loss_sum = [], [], [], 0.0
     for batch in batches:

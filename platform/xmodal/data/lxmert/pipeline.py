@@ -18,7 +18,7 @@ whichever worker asks first, so the image-to-worker assignment (not the masking 
 run to run; the Ray-free `iter_local_batches` is bit-for-bit reproducible.
 
 Leave CPUs to the read tasks: Train workers that hold every CPU starve them and fit() hangs
-(DESIGN.md); e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
+(docs/architecture.md, "The pretraining job"); e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
 """
 
 from __future__ import annotations
