@@ -3,12 +3,22 @@ and given its optimizer, schedule and precision. Imports only torch."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from xmodal.config import OptimConfig, TrainConfig
 from xmodal.train.step import TrainState, adamw, linear_warmup_decay, resolve_precision
+
+if TYPE_CHECKING:  # annotations only: the benchmarks import this module with torch alone
+    from xmodal.config import OptimConfig, TrainConfig
+
+
+def compile_module(module: nn.Module, mode: str | None = None) -> nn.Module:
+    """The compiled model that training runs when `train.compile` is set; the benchmarks compile
+    through it too (`mode`: torch.compile's, for the LXMERT benchmark's --compile-mode)."""
+    return torch.compile(module, dynamic=True, mode=mode)
 
 
 def prepare(objective: nn.Module, device: torch.device, train: TrainConfig, optim: OptimConfig,
@@ -25,7 +35,7 @@ def prepare(objective: nn.Module, device: torch.device, train: TrainConfig, opti
     scheduler = linear_warmup_decay(opt, total_steps, optim.warmup_ratio)
     model: nn.Module = objective
     if train.compile:
-        model = torch.compile(model, dynamic=True)
+        model = compile_module(model)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
