@@ -1,4 +1,4 @@
-"""Shared test helpers: processes, Ray heads owned by a test, job waiting.
+"""Shared test helpers: processes, Ray heads owned by a test, job waiting; LXMERT head outputs.
 
 A plain module (not conftest.py): tests/data has a conftest of its own, so `from conftest import`
 would find whichever conftest was imported first.
@@ -17,6 +17,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 RAY = str(Path(sys.executable).parent / "ray")
+
+
+def all_logits(model, out) -> dict:
+    """Every pretraining head of `model` (an `LxmertForPretraining`) at every position of its output
+    `out`, for parity checks; the objective applies each head only where a loss needs it."""
+    hv = model.object_heads.transform(out.visn)  # (B, N, D)
+    return {
+        "mlm": model.mlm_head(out.lang),  # (B, T, V)
+        "match": model.match_head(out.pooled),  # (B, 2)
+        "obj": model.object_heads.obj(hv),  # (B, N, 1600)
+        "attr": model.object_heads.attr(hv),  # (B, N, 400)
+        "feat": model.object_heads.feat(hv),  # (B, N, F)
+        "qa": model.qa_head(out.pooled),  # (B, A)
+    }
 
 
 def free_port() -> int:

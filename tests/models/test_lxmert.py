@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from xmodal.models.lxmert import LxmertForPretraining, preset
+from xmodal_testing import all_logits
 
 
 def n_params(model: torch.nn.Module) -> int:
@@ -13,7 +14,7 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def test_paper_preset_has_about_228m_parameters():
-    # FACTS.md: ~228 M for the full pretraining model (transformers' LxmertForPreTraining, paper config).
+    # ~228 M for the full pretraining model (transformers' LxmertForPreTraining; docs/papers.md#lxmert-architecture).
     with torch.device("meta"):  # no 0.9 GB allocation, no init cost
         model = LxmertForPretraining(preset("paper"))
     assert abs(n_params(model) - 228e6) / 228e6 < 0.01, n_params(model)
@@ -45,7 +46,7 @@ def test_output_and_head_shapes(tiny):
     c = tiny.config
     with torch.no_grad():
         out = tiny(*inputs(c))
-        logits = tiny.all_logits(out)
+        logits = all_logits(tiny, out)
     d = c.hidden_size
     assert out.lang.shape == (3, 12, d) and out.visn.shape == (3, 7, d) and out.pooled.shape == (3, d)
     assert logits["mlm"].shape == (3, 12, c.vocab_size)

@@ -15,6 +15,7 @@ from xmodal.models.lxmert_hf import (
     from_pretrained_dir,
     load_hf_state_dict,
 )
+from xmodal_testing import all_logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -77,7 +78,7 @@ def test_outputs_and_every_head_match_transformers(hf_and_ours):
                   visual_attention_mask=vm.long(), return_dict=True)
         hf_visual = hf.obj_predict_head(h.vision_output)
         out = ours(ids, am, feats, boxes, vm)
-        logits = ours.all_logits(out)
+        logits = all_logits(ours, out)
 
     lang_valid, visn_valid = am[..., None], vm[..., None]
     checks = {
@@ -181,11 +182,11 @@ def test_from_pretrained_dir_reads_safetensors_and_bin(tmp_path, hf_and_ours):
 
     ids, am, feats, boxes, vm = parity_inputs(hf.config.vocab_size, hf.config.visual_feat_dim)
     with torch.no_grad():
-        want = ours.all_logits(ours(ids, am, feats, boxes, vm))
+        want = all_logits(ours, ours(ids, am, feats, boxes, vm))
         for sub in ("st", "bin"):
             loaded = from_pretrained_dir(tmp_path / sub)
             assert loaded.config == ours.config
-            got = loaded.all_logits(loaded(ids, am, feats, boxes, vm))
+            got = all_logits(loaded, loaded(ids, am, feats, boxes, vm))
             for k in want:
                 torch.testing.assert_close(got[k], want[k], atol=0, rtol=0)
 

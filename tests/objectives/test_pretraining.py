@@ -18,6 +18,7 @@ from xmodal.objectives.pretraining import (
     pretraining_losses,
 )
 from xmodal.train.step import TrainState, adamw, linear_warmup_decay, train_step
+from xmodal_testing import all_logits
 
 CFG = preset("tiny")
 
@@ -100,7 +101,7 @@ def test_mlm_qa_matching_equal_full_logit_references():
     model = make_model().eval()
     res = pretraining_losses(model, batch, PretrainTasks())
     with torch.no_grad():
-        logits = model.all_logits(model(batch.input_ids, batch.attention_mask, batch.visual_feats, batch.boxes,
+        logits = all_logits(model, model(batch.input_ids, batch.attention_mask, batch.visual_feats, batch.boxes,
                                         batch.visual_mask))
     mlm = F.cross_entropy(logits["mlm"].flatten(0, 1), batch.mlm_labels.flatten(), ignore_index=IGNORE)
     qa_target = batch.qa_labels.masked_fill(batch.is_matched == 0, IGNORE)

@@ -28,6 +28,7 @@ from torch import nn
 from xmodal.batches import LxmertBatch
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
+from xmodal.train.runtime import compile_module
 from xmodal.train.step import TrainState, adamw, autocast, resolve_precision, train_step
 
 H200_BF16_DENSE_TFLOPS = 989.0
@@ -137,14 +138,14 @@ def count_flops(module: nn.Module, batch: LxmertBatch, device: torch.device, dty
 
 
 def setup(c: Contender, batch: LxmertBatch, args, device: torch.device) -> None:
-    """Build (seeded), count parameters and FLOPs, wrap in torch.compile, run the warm-up steps."""
+    """Build (seeded), count parameters and FLOPs, compile as training does, run the warm-up steps."""
     dtype = resolve_precision(args.precision, device)
     torch.manual_seed(args.seed)
     module, opt = c.build()
     c.params = sum(p.numel() for p in module.parameters())
     if args.flops:
         c.flops_per_step = count_flops(module, batch, device, dtype)
-    model = torch.compile(module, mode=args.compile_mode) if args.compile else module
+    model = compile_module(module, mode=args.compile_mode) if args.compile else module
     c.state = TrainState(model=model, optimizer=opt, autocast_dtype=dtype)
     for _ in range(args.warmup):
         train_step(c.state, [batch])

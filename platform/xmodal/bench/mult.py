@@ -11,7 +11,7 @@ transformer), and prints the ratio. Peak memory: CUDA's max allocated; on CPU th
 process's peak resident set (monotone across rows, so an upper bound).
 
 GPU targets: >= 1,500 samples/s at batch 24 and >= 7,000 at batch 256 with <= 6 GiB peak
-(peer: the reference code 147 / 713 samples/s, 56 GiB at batch 256; papers/FACTS.md).
+(peer: the reference code 147 / 713 samples/s, 56 GiB at batch 256; docs/papers.md#mult-peer).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from xmodal.models.mult import (
     sinusoidal_positions,
 )
 from xmodal.objectives.sentiment import MultObjective
+from xmodal.train.runtime import compile_module
 from xmodal.train.step import TrainState, train_step
 
 MOSEI_SHAPES = {"dims": (300, 74, 35), "seq_lens": (50, 500, 500)}
@@ -166,7 +167,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="reference", help="MulT preset (default: reference)")
     p.add_argument("--lengths", choices=["full", "variable"], default="full",
                    help="full: every step real (fused causal masks); variable: random true lengths + padding masks")
-    p.add_argument("--compile", action="store_true", help="compile the repeated layer (regional compilation)")
+    p.add_argument("--compile", action="store_true", help="compile the model as training does (train.compile)")
     p.add_argument("--plain", action="store_true", help="also time the plain per-direction re-implementation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -277,12 +278,12 @@ def run(args: argparse.Namespace) -> int:
         for prec in args.precision:
             torch.manual_seed(0)
             model = Mult(config)
-            if args.compile:
-                model.compile_layers()
-            ours = time_steps(MultObjective(model, use_lengths=variable), batch, device, prec, steps, warmup)
+            objective = MultObjective(model, use_lengths=variable)
+            ours = time_steps(compile_module(objective) if args.compile else objective, batch, device, prec,
+                              steps, warmup)
             plain = None
             if args.plain:
-                del model
+                del model, objective
                 torch.manual_seed(0)
                 plain = time_steps(_PlainObjective(PlainMult(config)), batch, device, prec, steps, warmup)
             ratio = f"{ours['samples_s'] / plain['samples_s']:7.2f}x" if plain else ""

@@ -1,5 +1,5 @@
-"""The joint QA answer table (9,500 answers in the paper) and its answer normalisation
-(docs/papers.md, data formats).
+"""The joint QA answer table (9,500 answers in the paper) and the answer normalisation of
+docs/papers.md#answer-table-and-normalisation.
 
 Answers are looked up after normalisation, exactly as the reference `AnswerTable.convert_ans` does,
 so a table loaded from the reference `all_ans.json` and one built here from the corpus agree on what
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from xmodal.errors import UserError
 
-# Whole-answer rewrites (reference ANS_CONVERT; plus "zero", which the rule "number words to digits" covers).
+# Whole-answer rewrites (reference ANS_CONVERT; plus "zero", which docs/papers.md's "number words to digits" covers).
 _CONVERT: dict[str, str] = {
     "a man": "man", "the man": "man", "a woman": "woman", "the woman": "woman",
     "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
@@ -25,7 +25,7 @@ _CONVERT: dict[str, str] = {
 
 def normalize_answer(ans: str) -> str:
     """Lower-case, strip a trailing '.', strip a leading 'a '/'an '/'the ', number words -> digits,
-    'grey' -> 'gray' (docs/papers.md; same order as the reference `convert_ans`)."""
+    'grey' -> 'gray' (docs/papers.md#answer-table-and-normalisation; same order as the reference `convert_ans`)."""
     ans = ans.strip().lower()
     if not ans:
         return ""

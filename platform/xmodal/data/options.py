@@ -24,8 +24,8 @@ class MaskingOptions:
     # Tokens per sample incl. [CLS]/[SEP]; None = the store's (longer pads with [PAD]).
     max_seq_len: SeqLen | None = None
     # QA target from a question's soft answer scores: "sample" draws one answer with probability
-    # proportional to its score (as the reference loader does; docs/papers.md, masking rules);
-    # "argmax" always takes the highest-scoring answer (deterministic labels).
+    # proportional to its score (docs/papers.md#lxmert-pretraining-tasks-and-losses, as the reference
+    # loader does); "argmax" always takes the highest-scoring answer (deterministic labels).
     qa_target: Literal["sample", "argmax"] = "sample"
 
 

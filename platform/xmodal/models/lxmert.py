@@ -251,8 +251,7 @@ class LxmertForPretraining(nn.Module):
     """Encoder plus the heads of the five pretraining tasks.
 
     The heads are applied by `xmodal.objectives.pretraining` only where a loss
-    needs them (the vocabulary projection only at masked words); `all_logits`
-    applies every head everywhere, for parity checks and inspection.
+    needs them (the vocabulary projection only at masked words).
     """
 
     def __init__(self, config: LxmertConfig):
@@ -277,14 +276,3 @@ class LxmertForPretraining(nn.Module):
 
     def forward(self, input_ids, attention_mask, visual_feats, boxes, visual_mask=None) -> LxmertOutput:
         return self.encoder(input_ids, attention_mask, visual_feats, boxes, visual_mask)
-
-    def all_logits(self, out: LxmertOutput) -> dict[str, Tensor]:
-        hv = self.object_heads.transform(out.visn)  # (B, N, D)
-        return {
-            "mlm": self.mlm_head(out.lang),  # (B, T, V)
-            "match": self.match_head(out.pooled),  # (B, 2)
-            "obj": self.object_heads.obj(hv),  # (B, N, 1600)
-            "attr": self.object_heads.attr(hv),  # (B, N, 400)
-            "feat": self.object_heads.feat(hv),  # (B, N, F)
-            "qa": self.qa_head(out.pooled),  # (B, A)
-        }

@@ -176,7 +176,7 @@ def _paper(**kw) -> MultConfig:
 
 
 PRESETS: dict[str, MultConfig] = {
-    # The reference code's defaults (its main.py; docs/papers.md lists them), unaligned MOSEI inputs.
+    # The reference code's defaults (main.py; docs/papers.md#mult-architecture), unaligned MOSEI inputs.
     "reference": MultConfig(
         dim=30, layers=5, num_heads=5, l_kernel=1, a_kernel=1, v_kernel=1, embed_scale=True, causal=True,
         attn_dropout=0.1, attn_dropout_a=0.0, attn_dropout_v=0.0, relu_dropout=0.1, res_dropout=0.1,
@@ -360,7 +360,6 @@ class StreamStack(nn.Module):
         self.fc1_weight, self.fc1_bias = p(torch.empty(depth, n, f, dim)), p(torch.zeros(depth, n, f))
         self.fc2_weight, self.fc2_bias = p(torch.empty(depth, n, dim, f)), p(torch.zeros(depth, n, dim))
         self.final_weight, self.final_bias = p(torch.ones(n, dim)), p(torch.zeros(n, dim))
-        self._layer_fn = self._layer_impl
         self.reset_parameters()
 
     @torch.no_grad()
@@ -434,12 +433,7 @@ class StreamStack(nn.Module):
         """
         lw = (w.qkv_w[i], w.qkv_b[i], w.q_w[i], w.q_b[i], w.kv_w[i], w.kv_b[i],
               w.out_w[i], w.out_b[i], w.fc1_w[i], w.fc1_b[i], w.fc2_w[i], w.fc2_b[i])
-        return self._layer_fn(lw, x, kv_hat, attn_mask, is_causal, attn_dropout, query)
-
-    def compile_layer(self, **compile_kwargs) -> None:
-        """Regional compilation: one compiled graph per distinct shape of the repeated layer, shared by
-        all layers and streams (their weights are arguments), instead of a whole-model graph."""
-        self._layer_fn = torch.compile(self._layer_impl, **compile_kwargs)
+        return self._layer_impl(lw, x, kv_hat, attn_mask, is_causal, attn_dropout, query)
 
     def _layer_impl(self, lw: tuple[Tensor, ...], x: Tensor, kv_hat: Tensor | None, attn_mask, is_causal: bool,
                     attn_dropout: float, query: Tensor | None) -> Tensor:
@@ -561,27 +555,6 @@ class Mult(nn.Module):
         self.proj1 = nn.Linear(combined, combined)
         self.proj2 = nn.Linear(combined, combined)
         self.out_layer = nn.Linear(combined, c.output_dim)
-        self._causal_bias = True  # CausalBias for S > T without lengths (not traced by torch.compile)
-
-    def compile_layers(self, **compile_kwargs) -> Mult:
-        """Compile the repeated transformer layer of each stack (regional compilation; papers/FACTS.md:
-        compiling the reference's 45 distinct layers took 264 s). One graph per distinct layer shape
-        (7 at MOSEI shapes: 3 crossmodal groups, 2 self-attention groups, 2 last-element layers;
-        twice with eval), shared by every layer and stream: shapes are static by default, so feed
-        batches padded to fixed lengths (`pad_to="store"`). Dynamo's per-function recompile limit
-        (global) is raised to 64 for that. Causal masks go in as tensors: CausalBias is not traced."""
-        import torch._dynamo
-
-        cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, 64)
-        compile_kwargs.setdefault("dynamic", False)
-        for stack in self.stacks():
-            stack.compile_layer(**compile_kwargs)
-        self._causal_bias = False
-        return self
-
-    def stacks(self) -> list[StreamStack]:
-        return [m for m in self.modules() if isinstance(m, StreamStack)]
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -637,10 +610,7 @@ class Mult(nn.Module):
         if lens is None:
             if not self.config.causal:
                 return None, False
-            mask, is_causal = offset_causal_mask(t, s, self.proj1.weight.device)
-            if s > t and not self._causal_bias:
-                mask = offset_causal_allowed(t, s, device=self.proj1.weight.device)  # a tensor compile can trace
-            return mask, is_causal
+            return offset_causal_mask(t, s, self.proj1.weight.device)
         k_len = torch.cat([lens[sr] for sr, _ in dirs])  # (G*B,) in the (G, B) -> GB order
         if not self.config.causal:
             return key_padding_allowed(k_len, s), False

@@ -51,13 +51,6 @@ def predicted_soft_scores(logits: Tensor, targets: Tensor) -> Tensor:
     return targets.gather(1, pred[:, None]).squeeze(1).float()
 
 
-def vqa_soft_accuracy(logits, targets) -> float:
-    """Mean soft score of the predicted answers (VQA accuracy; 0/1 targets give exact-match accuracy).
-    Accepts tensors or anything `torch.as_tensor` takes (lists, numpy arrays); nan when empty."""
-    scores = predicted_soft_scores(torch.as_tensor(logits), torch.as_tensor(targets))
-    return float(scores.mean()) if scores.numel() else float("nan")
-
-
 def nlvr2_statement(identifier: str) -> str:
     """"dev-850-2-0" -> "dev-850--0": the statement key of the official NLVR2 evaluator."""
     parts = identifier.split("-")
@@ -76,18 +69,6 @@ def nlvr2_consistency(identifiers: Sequence[str], correct: Sequence[bool]) -> fl
         key = nlvr2_statement(ident)
         consistent[key] = consistent.get(key, True) and bool(ok)
     return sum(consistent.values()) / len(consistent) if consistent else math.nan
-
-
-def nlvr2_metrics(identifiers: Sequence[str], predictions: Sequence[int], labels: Sequence[int]) -> dict[str, float]:
-    """{"accuracy", "consistency"} over full prediction lists (e.g. gathered from all workers)."""
-    if not len(identifiers) == len(predictions) == len(labels):
-        raise ValueError(f"{len(identifiers)} identifiers, {len(predictions)} predictions, {len(labels)} labels; "
-                         "expected equal")
-    correct = [int(p) == int(y) for p, y in zip(predictions, labels, strict=True)]
-    return {
-        "accuracy": sum(correct) / len(correct) if correct else math.nan,
-        "consistency": nlvr2_consistency(identifiers, correct),
-    }
 
 
 # -- objective (torch) -------------------------------------------------------------------------

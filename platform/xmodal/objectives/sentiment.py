@@ -5,7 +5,7 @@ Losses (reference code): L1 on the sentiment score; for IEMOCAP a cross-entropy 
 2 logits for each of the 4 emotions (the model's 8 outputs read as 4 x 2).
 
 Metrics are computed on FULL prediction arrays (numpy, after gathering from all
-workers), exactly as papers/FACTS.md states them:
+workers), exactly as docs/papers.md#mult-sentiment-metrics states them:
 
 Sentiment, scores in [-3, 3]
   mae        mean |pred - true|

@@ -1,4 +1,4 @@
-"""Checkpoints: model, optimizer, scheduler, grad scaler, step, data position and RNG state. Imports only torch.
+"""Checkpoints: model, optimizer, scheduler, step, data position and RNG state. Imports only torch.
 
 Files are written with `torch.save` and read with `torch.load(weights_only=True)`:
 a checkpoint cannot execute code when loaded.
@@ -43,7 +43,6 @@ def save(directory: str | Path, state: TrainState, meta: dict[str, Any]) -> Path
     torch.save({
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-        "scaler": state.scaler.state_dict() if state.scaler is not None else None,
         "step": state.step,
         "rng": rng,
     }, d / STATE_FILE)
@@ -68,8 +67,6 @@ def restore(directory: str | Path, state: TrainState) -> dict[str, Any]:
     state.optimizer.load_state_dict(blob["optimizer"])
     if state.scheduler is not None and blob["scheduler"] is not None:
         state.scheduler.load_state_dict(blob["scheduler"])
-    if state.scaler is not None and blob["scaler"] is not None:
-        state.scaler.load_state_dict(blob["scaler"])
     state.step = int(blob["step"])
     rng = blob["rng"]
     torch.set_rng_state(rng["torch"])

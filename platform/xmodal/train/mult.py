@@ -110,7 +110,7 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
 
 @torch.no_grad()
 def evaluate_split(w: Worker, split: str) -> dict[str, float]:
-    """Metrics on a whole split (docs/papers.md, "Metrics"): every worker's outputs are gathered in
+    """Metrics on a whole split (docs/papers.md#metrics): every worker's outputs are gathered in
     row order, then the metrics computed on all of them."""
     objective = w.model
     objective.eval()

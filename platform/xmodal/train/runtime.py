@@ -17,6 +17,14 @@ from torch import nn
 from xmodal.train.step import TrainState, adamw, linear_warmup_decay, resolve_precision
 
 
+def compile_module(module: nn.Module, mode: str | None = None) -> nn.Module:
+    """The compiled model that training runs when `train.compile` is set; the benchmarks compile
+    through it too (`mode`: torch.compile's, for the LXMERT benchmark's --compile-mode)."""
+    # Static shapes: train batches have one shape (fixed micro-batch, padded sequences), and dynamo
+    # fails to trace MulT's checkpointed FFN (recompute_ffn) under dynamic=True.
+    return torch.compile(module, dynamic=False, mode=mode)
+
+
 class TrainSettings(Protocol):
     """What `prepare` reads of the job's train settings (`xmodal.config.TrainConfig` has it)."""
 
@@ -63,7 +71,7 @@ def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, op
     scheduler = linear_warmup_decay(opt, total_steps, optim.warmup_ratio)
     model: nn.Module = objective
     if train.compile:
-        model = torch.compile(model, dynamic=True)
+        model = compile_module(model)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,11 +21,9 @@ class TrainState:
     model: nn.Module  # the objective module (possibly DDP-wrapped or compiled); forward(batch) -> {"loss", ...}
     optimizer: torch.optim.Optimizer
     scheduler: Any | None = None
-    scaler: torch.amp.GradScaler | None = None  # only for float16; bf16 needs none
     grad_clip: float = 0.0
     autocast_dtype: torch.dtype | None = None
     step: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -85,22 +83,13 @@ def train_step(state: TrainState, micro_batches: Sequence[Any], **forward_kwargs
             with autocast(device, state.autocast_dtype):
                 out = model(batch, **forward_kwargs)
             loss = out["loss"] / n
-            if state.scaler is not None:
-                state.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            loss.backward()
         for k, v in out.items():
             if k == "loss" or k.startswith("loss/"):
                 sums[k] = sums.get(k, 0) + v.detach().float() / n
-    if state.scaler is not None:
-        state.scaler.unscale_(state.optimizer)
     if state.grad_clip > 0:
         sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), state.grad_clip).detach()
-    if state.scaler is not None:
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-    else:
-        state.optimizer.step()
+    state.optimizer.step()
     if state.scheduler is not None:
         state.scheduler.step()
     state.optimizer.zero_grad(set_to_none=True)

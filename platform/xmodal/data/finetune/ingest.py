@@ -1,6 +1,6 @@
 """Reference fine-tuning JSON -> fine-tuning set (`python jobs/ingest.py vqa|gqa|nlvr2 OUT --store STORE ...`).
 
-Inputs (docs/papers.md, "data formats"), each file a JSON list:
+Inputs (docs/papers.md#fine-tuning-json), each file a JSON list:
 - vqa: {"question_id", "img_id", "sent", "label": {answer: soft score}} (3,129 answers);
 - gqa: the same shape, label {answer: 1} (1,842 answers);
 - nlvr2: {"identifier", "img0", "img1", "sent", "label": 0/1}.

@@ -1,6 +1,6 @@
 """Reference LXMERT feature TSV + pretraining JSON -> feature store (`python jobs/ingest.py lxmert OUT ...`).
 
-Inputs (docs/papers.md, "data formats"):
+Inputs (docs/papers.md#lxmert-data-formats):
 - TSV, no header, one image a line: img_id, img_h, img_w, objects_id (b64 int64[N]), objects_conf
   (b64 float32[N]), attrs_id (b64 int64[N]), attrs_conf (b64 float32[N]), num_boxes, boxes (b64
   float32[N*4], pixel x1 y1 x2 y2), features (b64 float32[N*2048]).

@@ -17,8 +17,8 @@ permuted by the builder's generator seeded by (seed, epoch, rank). Streaming spl
 whichever worker asks first, so the image-to-worker assignment (not the masking rule) varies from
 run to run; the Ray-free `iter_local_batches` is bit-for-bit reproducible.
 
-Leave CPUs to the read tasks: Train workers that hold every CPU starve them and fit() hangs;
-e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
+Leave CPUs to the read tasks: Train workers that hold every CPU starve them and fit() hangs
+(docs/architecture.md, "The pretraining job"); e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python jobs/ingest.py mult OUT --pickle PATH --format reference|mmsa [--dataset mosi|mosei|iemocap]
                                    [--overwrite] [--shard-rows N]
 
-Formats (docs/papers.md, "data formats"):
+Formats (docs/papers.md#mult-data-formats):
 - reference (yaohungt/Multimodal-Transformer, `{mosi,mosei_senti,iemocap}_data[_noalign].pkl`):
   {train, valid, test} -> {"text" [N, T_l, 300], "audio" [N, T_a, d_a], "vision" [N, T_v, d_v],
   "labels" [N, 1, 1] sentiment or [N, 4, 2] one-hot (IEMOCAP), "id"}; sequences zero-padded at

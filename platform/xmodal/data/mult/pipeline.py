@@ -18,7 +18,7 @@ hands blocks to whichever worker asks first, so the clip-to-worker assignment va
 runs; the Ray-free `MultSplit.batches` is bit-for-bit reproducible. `MultBatch.index` holds each
 clip's row in its split, so predictions can be joined with ids after gathering.
 
-Leave CPUs to the read tasks: Train workers holding every CPU starve them.
+Leave CPUs to the read tasks (docs/architecture.md, "The pretraining job"): Train workers holding every CPU starve them.
 """
 
 from __future__ import annotations
