@@ -229,6 +229,15 @@ def split_batch(cfg) -> int:
     return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
 
 
+def total_steps(spec: JobSpec, cfg, data, micro: int) -> int:
+    steps_per_epoch = spec.steps_per_epoch(cfg, data, micro, cfg.scale.num_workers)
+    if steps_per_epoch < 1:
+        raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than the "
+                          f"{spec.train_examples(cfg, data)} training examples of {spec.data_path(data)}")
+    total = steps_per_epoch * cfg.train.epochs
+    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+
+
 def check(spec: JobSpec, cfg) -> Checked:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
     bounds (pydantic, at load), the job's other inputs, then the data, the dimensions, the steps, the model built on the meta
@@ -242,12 +251,7 @@ def check(spec: JobSpec, cfg) -> Checked:
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)
-    steps_per_epoch = spec.steps_per_epoch(cfg, data, micro, cfg.scale.num_workers)
-    if steps_per_epoch < 1:
-        raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than the "
-                          f"{spec.train_examples(cfg, data)} training examples of {spec.data_path(data)}")
-    total = steps_per_epoch * cfg.train.epochs
-    total = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+    total = total_steps(spec, cfg, data, micro)
     try:
         with torch.device("meta"):  # the whole model, no memory: shapes and options checked
             spec.build_objective(cfg, data)
@@ -402,18 +406,25 @@ def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
 # ---------------------------------------------------------------- worker
 
 
-def _build(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
-           fresh: bool, rank: int = 0):
-    """The seeded objective (identical initial weights on every worker), its starting weights and
-    its training state."""
+def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
+                micro_batch: int, rank: int = 0, world: int = 1, shard=None, fresh: bool = True) -> Worker:
+    """The seeded objective (identical initial weights on every worker) with its starting weights
+    (fresh runs only), its training state, the model selection of a selecting job, and the job's
+    per-worker parts."""
     torch.manual_seed(cfg.train.seed)
     objective = spec.build_objective(cfg, data)
     if fresh:
         loaded = spec.load_start(objective, cfg, data, start)
         if loaded and rank == 0:
             say(f"[xmodal] {spec.name}: {loaded}")
-    return prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
-                   **spec.prepare_options(cfg))
+    state = prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
+                    **spec.prepare_options(cfg))
+    model = ckpt.unwrap(state.model)
+    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
+                 if spec.selects_on_validation else None)
+    w = Worker(cfg, data, state, model, rank, world, device, micro_batch, shard, selection)
+    spec.setup(w)
+    return w
 
 
 def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
@@ -424,7 +435,6 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     plan = RunPlan(**plan_dict)
     cfg = spec.config_class.model_validate(plan.config)
     ctx = ray.train.get_context()
-    rank, world, device = ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device()
     resume = ray.train.get_checkpoint()
     meta: dict[str, Any] = {}
     if resume is not None:
@@ -433,30 +443,27 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     if meta.get("finished"):
         return  # a rerun of a finished run: nothing to do
 
-    data = spec.open_data(plan.data)
-    state = _build(spec, cfg, data, plan.start, device, plan.total_steps, resume is None, rank)
-    model = ckpt.unwrap(state.model)
-    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
-                 if spec.selects_on_validation else None)
+    shard = ray.train.get_dataset_shard("train") if "train" in spec.ray_data_splits else None
+    w = make_worker(spec, cfg, spec.open_data(plan.data), plan.start, ray.train.torch.get_device(),
+                    plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), shard,
+                    fresh=resume is None)
     if resume is not None:
         with resume.as_directory() as d:
-            meta = ckpt.restore(d, state)
-            if selection is not None:
-                selection.restore(d)
-    shard = ray.train.get_dataset_shard("train") if "train" in spec.ray_data_splits else None
-    w = Worker(cfg, data, state, model, rank, world, device, plan.micro_batch, shard, selection)
-    spec.setup(w)
+            meta = ckpt.restore(d, w.state)
+            if w.selection is not None:
+                w.selection.restore(d)
 
     def evaluate() -> dict[str, float]:
         metrics = spec.evaluate(w)
-        if selection is not None:
-            selection.consider(metrics)
+        if w.selection is not None:
+            w.selection.consider(metrics)
         return metrics
 
-    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, rank, world, device, evaluate, meta,
-                     on_checkpoint=selection.save if selection is not None else None,
-                     on_end=functools.partial(_held_out, spec, w, plan) if selection is not None else None)
-    fit(state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs,
+    selecting = w.selection is not None
+    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, w.rank, w.world, w.device, evaluate, meta,
+                     on_checkpoint=w.selection.save if selecting else None,
+                     on_end=functools.partial(_held_out, spec, w, plan) if selecting else None)
+    fit(w.state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs,
         total_steps=plan.total_steps, grad_accum=cfg.train.grad_accum,
         start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg))
 
@@ -492,31 +499,21 @@ class LocalSelection(NoHooks):
             self.w.selection.consider(self.spec.evaluate(self.w))
 
 
-def run_in_process(spec: JobSpec, cfg, data=None, hooks=None) -> tuple[Worker, dict[str, float]]:
-    """A job's worker in this process, on the CPU, without Ray or MLflow: the same checks, initial
-    weights, starting point, batches, steps, loop (`fit`) and evaluation (with `hooks`: evaluation
-    cadence and selection as the job's, else one evaluation at the end). The train split is read by
-    the job's Ray-free reader (`shard` None). Returns (worker, final metrics): the held-out metrics
-    of the selected model for selecting jobs, else the last evaluation."""
+def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, float]]:
+    """A job's worker in this process, on the CPU, without Ray or MLflow: the same initial weights,
+    starting point, batches, steps, loop (`fit`), evaluation cadence and model selection. The train
+    split is read by the job's Ray-free reader (`shard` None). Returns (worker, final metrics): the
+    held-out metrics of the selected model for selecting jobs, else one evaluation at the end."""
     if data is None:
         data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
     cfg = spec.fit_to_data(cfg, data, pretrained)
     micro = split_batch(cfg)
-    total = spec.steps_per_epoch(cfg, data, micro, cfg.scale.num_workers) * cfg.train.epochs
-    total = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
-    cpu = torch.device("cpu")
-    state = _build(spec, cfg, data, start, cpu, total, fresh=True)
-    model = ckpt.unwrap(state.model)
-    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
-                 if spec.selects_on_validation else None)
-    w = Worker(cfg, data, state, model, 0, 1, cpu, micro, None, selection)
-    spec.setup(w)
-    if hooks is None:
-        # The job's evaluation cadence where it selects a model on it; else one evaluation at the end.
-        hooks = LocalSelection(spec, w) if selection is not None else NoHooks()
-    fit(state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs, total_steps=total,
+    total = total_steps(spec, cfg, data, micro)
+    w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
+    hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
+    fit(w.state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs, total_steps=total,
         grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg))
-    if selection is None:
+    if w.selection is None:
         return w, spec.evaluate(w)
-    return w, _held_out(spec, w, None, state)
+    return w, _held_out(spec, w, None, w.state)
