@@ -325,12 +325,15 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
 
 
 def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None) -> RunResult:
-    """Ray Train, then the final artifacts; the MLflow run ends FINISHED, or FAILED on any error."""
+    """Ray Train, then the final artifacts; the MLflow run ends FINISHED, or FAILED on any error.
+    A run with callbacks is a sweep trial: Tune stops trials by interrupting them, and the sweep
+    driver, which knows a stop from an error, marks the run's end (KILLED or FAILED)."""
     try:
         result = trainer(spec, plan, data, callbacks).fit()
         finish_run(plan, result.checkpoint)
     except BaseException:
-        tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
+        if callbacks is None:
+            tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
         raise
     return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
                      plan.baselines)
