@@ -33,7 +33,7 @@ from torch import nn
 from xmodal import tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.cluster import connect, require_ray, storage_path
+from xmodal.train.cluster import connect, storage_path
 from xmodal.train.hooks import RunHooks, ValidationSelection, say, summary_table
 from xmodal.train.loop import NoHooks, fit
 from xmodal.train.runtime import prepare
@@ -216,6 +216,8 @@ class RunPlan:
 
 @dataclass
 class RunResult:
+    """What a finished run returns: its MLflow run, its last report, its final checkpoint."""
+
     run_id: str
     run_name: str
     tracking_uri: str
@@ -240,8 +242,8 @@ def total_steps(spec: JobSpec, cfg, data, micro: int) -> int:
 
 def check(spec: JobSpec, cfg) -> Checked:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
-    bounds (pydantic, at load), the job's other inputs, then the data, the dimensions, the steps, the model built on the meta
-    device and the batch builder. Raises UserError."""
+    bounds (pydantic, at load), the job's other inputs, then the data, the dimensions, the steps, the
+    model built on the meta device and the batch builder. Raises UserError."""
     micro = split_batch(cfg)
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     storage = storage_path(cfg.scale.storage_path)
@@ -299,7 +301,6 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
     """A TorchTrainer running `worker` for the plan: CPUs left for Ray Data, failures retried, the
     best checkpoints kept. Sweeps pass Tune's report callback."""
     connect()
-    require_ray()
     import ray.train
     from ray.train.torch import TorchTrainer
 
