@@ -22,10 +22,14 @@ import queue
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.errors import UserError
@@ -355,3 +359,58 @@ def prefetch_iter(items: Iterable[T], depth: int, pin_memory: bool = False) -> I
     finally:
         stop.set()
         thread.join(timeout=5.0)
+
+
+# ============================================================================ a worker's share of a split
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The unit a split is dealt out in: one Parquet row group of one shard, with its row count and
+    its number of samples (LXMERT: sentences; MulT: clips)."""
+
+    file: str  # absolute path
+    group: int
+    rows: int
+    samples: int
+
+
+def epoch_units(units: Sequence[Unit], *, seed: int, epoch: int, rank: int = 0, world: int = 1,
+                shuffle: bool = True) -> list[Unit]:
+    """This rank's units of an epoch: one permutation of all units from (seed, epoch), the same on
+    every rank, of which rank r takes every world-th from r. Ranks get disjoint units that together
+    cover the split, and the same ones in the same order in every run: a run is reproducible and
+    resumes exactly (docs/architecture.md, "Reproducible runs")."""
+    units = list(units)
+    if shuffle:
+        order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(units))
+        units = [units[i] for i in order]
+    return units[rank::world]
+
+
+def epoch_samples(units: Sequence[Unit], *, seed: int, epoch: int, world: int, shuffle: bool = True) -> list[int]:
+    """Samples per rank in an epoch (what the driver needs to count the steps every rank can take)."""
+    return [sum(u.samples for u in epoch_units(units, seed=seed, epoch=epoch, rank=r, world=world, shuffle=shuffle))
+            for r in range(world)]
+
+
+def read_unit(unit: Unit, columns: Sequence[str] | None = None) -> pa.Table:
+    try:
+        return pq.ParquetFile(unit.file).read_row_group(unit.group, columns=list(columns) if columns else None)
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(f"{unit.file}: cannot read row group {unit.group} ({type(e).__name__}: {e}); the shard "
+                         "is corrupted, re-ingest the store") from None
+
+
+def group_tables(tables: Iterable[pa.Table], min_rows: int) -> Iterator[pa.Table]:
+    """Consecutive tables concatenated into tables of at least `min_rows` rows (the last may be short)."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for t in tables:
+        pending.append(t)
+        rows += t.num_rows
+        if rows >= min_rows:
+            yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+            pending, rows = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import importlib.metadata
+import platform
 import statistics
 import tempfile
 import time
@@ -44,8 +47,8 @@ TOTAL_STEPS_TAG = "xmodal.total_steps"  # tells a finished run from a stopped on
 @dataclass
 class Worker:
     """What a job's worker hooks see: the job's config and data, the training state, the place of
-    this worker in the group, and its share of the train split (`shard`: a Ray Data shard on a Train
-    worker, None in-process, where the job reads the store itself)."""
+    this worker in the group, and how it reads its share of the train split (`ray_data`: through Ray
+    Data on a Train worker; in-process, with the same units and batches, straight from the files)."""
 
     cfg: Any
     data: Any
@@ -55,7 +58,7 @@ class Worker:
     world: int
     device: torch.device
     micro_batch: int
-    shard: Any = None
+    ray_data: bool = False
     selection: ValidationSelection | None = None
     parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
 
@@ -72,8 +75,6 @@ class JobSpec:
     # Model selection on a validation split: the best weights travel in every checkpoint and
     # `held_out` evaluates them at the end.
     selects_on_validation: ClassVar[bool] = False
-    # Splits read through Ray Data: the trainer shards them and a worker's `shard` is its share.
-    ray_data_splits: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------ driver
     def check_inputs(self, cfg, tracking_uri: str) -> None:
@@ -96,7 +97,8 @@ class JobSpec:
     def train_examples(self, cfg, data) -> int:
         raise NotImplementedError
 
-    def steps_per_epoch(self, cfg, data, micro: int, workers: int) -> int:
+    def epoch_steps(self, cfg, data, micro: int, workers: int, epoch: int) -> int:
+        """Optimizer steps of an epoch that every worker can take (its share of the train split)."""
         return self.train_examples(cfg, data) // workers // micro // cfg.train.grad_accum
 
     def run_name(self, cfg) -> str:
@@ -107,10 +109,6 @@ class JobSpec:
 
     def baselines(self, cfg, data) -> dict[str, list]:
         """metric -> [value, what it is] (chance level or prior), logged as `baseline/*`."""
-        return {}
-
-    def datasets(self, cfg, data) -> dict[str, Any]:
-        """Ray Data datasets the trainer shards over the workers (pretraining: the train split)."""
         return {}
 
     def check_batches(self, cfg, data) -> None:
@@ -231,13 +229,17 @@ def split_batch(cfg) -> int:
     return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
 
 
-def total_steps(spec: JobSpec, cfg, data, micro: int) -> int:
-    steps_per_epoch = spec.steps_per_epoch(cfg, data, micro, cfg.scale.num_workers)
-    if steps_per_epoch < 1:
-        raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than the "
-                          f"{spec.train_examples(cfg, data)} training examples of {spec.data_path(data)}")
-    total = steps_per_epoch * cfg.train.epochs
-    return min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+def total_steps(spec: JobSpec, cfg, data, micro: int, workers: int) -> int:
+    total = 0
+    for epoch in range(cfg.train.epochs):
+        steps = spec.epoch_steps(cfg, data, micro, workers, epoch)
+        if steps < 1:
+            raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than a worker's share of the "
+                              f"{spec.train_examples(cfg, data)} training examples of {spec.data_path(data)}")
+        total += steps
+        if cfg.train.max_steps and total >= cfg.train.max_steps:
+            return cfg.train.max_steps
+    return total
 
 
 def check(spec: JobSpec, cfg) -> Checked:
@@ -253,7 +255,7 @@ def check(spec: JobSpec, cfg) -> Checked:
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)
-    total = total_steps(spec, cfg, data, micro)
+    total = total_steps(spec, cfg, data, micro, cfg.scale.num_workers)
     try:
         with torch.device("meta"):  # the whole model, no memory: shapes and options checked
             spec.build_objective(cfg, data)
@@ -282,7 +284,8 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
     cfg, data = checked.cfg, checked.data
     name = cfg.mlflow.run_name
     all_tags = {"task": spec.name, "store": spec.data_path(data), "config_source": source,
-                TOTAL_STEPS_TAG: str(checked.total_steps), **spec.tags(cfg, data, checked.start), **(tags or {})}
+                TOTAL_STEPS_TAG: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
+                **spec.tags(cfg, data, checked.start), **(tags or {})}
     run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id)
     baselines = spec.baselines(cfg, data)
     if baselines:
@@ -295,6 +298,22 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                    start=checked.start, tracking_uri=checked.tracking_uri, run_id=run_id, run_name=name,
                    storage=checked.storage, total_steps=checked.total_steps, micro_batch=checked.micro_batch,
                    fail_marker=marker, baselines=baselines)
+
+
+def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
+    """What the promise "same seed, data, config and workers -> the same metrics" rests on
+    (docs/architecture.md, "Reproducible runs"); the config itself is the run's params."""
+    manifest = Path(data_path) / "manifest.json"
+    digest = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"
+    versions = []
+    for package in ("torch", "numpy", "pyarrow", "ray"):
+        try:
+            versions.append(f"{package}={importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package}=-")
+    return {"xmodal.repro.seed": str(cfg.train.seed), "xmodal.repro.workers": str(cfg.scale.num_workers),
+            "xmodal.repro.data_manifest_sha256": digest,
+            "xmodal.repro.versions": f"python={platform.python_version()} " + " ".join(versions)}
 
 
 def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
@@ -321,7 +340,6 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=train.keep_best, checkpoint_score_attribute=train.best_metric,
                 checkpoint_score_order=train.best_mode)),
-        datasets=spec.datasets(cfg, data),
     )
 
 
@@ -411,7 +429,8 @@ def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
 
 
 def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
-                micro_batch: int, rank: int = 0, world: int = 1, shard=None, fresh: bool = True) -> Worker:
+                micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True
+                ) -> Worker:
     """The seeded objective (identical initial weights on every worker) with its starting weights
     (fresh runs only), its training state, the model selection of a selecting job, and the job's
     per-worker parts."""
@@ -426,7 +445,7 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
     model = ckpt.unwrap(state.model)
     selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
                  if spec.selects_on_validation else None)
-    w = Worker(cfg, data, state, model, rank, world, device, micro_batch, shard, selection)
+    w = Worker(cfg, data, state, model, rank, world, device, micro_batch, ray_data, selection)
     spec.setup(w)
     return w
 
@@ -447,9 +466,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     if meta.get("finished"):
         return  # a rerun of a finished run: nothing to do
 
-    shard = ray.train.get_dataset_shard("train") if "train" in spec.ray_data_splits else None
     w = make_worker(spec, cfg, spec.open_data(plan.data), plan.start, ray.train.torch.get_device(),
-                    plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), shard,
+                    plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), ray_data=True,
                     fresh=resume is None)
     if resume is not None:
         with resume.as_directory() as d:
@@ -506,14 +524,14 @@ class LocalSelection(NoHooks):
 def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, float]]:
     """A job's worker in this process, on the CPU, without Ray or MLflow: the same initial weights,
     starting point, batches, steps, loop (`fit`), evaluation cadence and model selection. The train
-    split is read by the job's Ray-free reader (`shard` None). Returns (worker, final metrics): the
+    split is read straight from the files (the units and batches a single Ray worker reads). Returns (worker, final metrics): the
     held-out metrics of the selected model for selecting jobs, else one evaluation at the end."""
     if data is None:
         data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
     cfg = spec.fit_to_data(cfg, data, pretrained)
     micro = split_batch(cfg)
-    total = total_steps(spec, cfg, data, micro)
+    total = total_steps(spec, cfg, data, micro, workers=1)
     w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
     hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
     fit(w.state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs, total_steps=total,

@@ -1,8 +1,9 @@
 """MulT training (`jobs/train_mult.py`): one spec for the engine (`xmodal.train.engine`).
 
-Workers read their share of the train split through Ray Data, evaluate on the validation split every
-`eval_every` steps, keep the best model by `train.best_metric`, and at the end evaluate the TEST split
-once, with that selected model. Optimiser: Adam, as the reference code. With `seeds`, the engine runs
+Workers read their own row groups of the train split through Ray Data (the same every run:
+reproducible, exact resume), evaluate on the validation split every `eval_every` steps, keep the
+best model by `train.best_metric`, and at the end evaluate the TEST split once, with that selected
+model. Optimiser: Adam, as the reference code. With `seeds`, the engine runs
 one run per seed under a parent run with every metric's mean and std.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from xmodal.config import ConfigError, MultTrainConfig
+from xmodal.data.common import epoch_samples, epoch_units, read_unit
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
 from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
@@ -33,7 +35,6 @@ class MultJob(JobSpec):
     config_class = MultTrainConfig
     optimizer = "adam"
     selects_on_validation = True
-    ray_data_splits = ("train",)
 
     # ------------------------------------------------ driver
     def resolve_data(self, cfg: MultTrainConfig):
@@ -50,18 +51,17 @@ class MultJob(JobSpec):
     def train_examples(self, cfg, store) -> int:
         return store.manifest.rows["train"]
 
+    def epoch_steps(self, cfg, store, micro: int, workers: int, epoch: int) -> int:
+        # Every worker stops an epoch when the one with the fewest clips runs out.
+        shares = epoch_samples(store.units("train"), seed=cfg.train.seed, epoch=epoch, world=workers)
+        return min(shares) // micro // cfg.train.grad_accum
+
     def run_name(self, cfg: MultTrainConfig) -> str:
         return f"mult-{cfg.model.variant}"
 
     def tags(self, cfg: MultTrainConfig, store, start) -> dict[str, str]:
         return {"model": "mult", "variant": cfg.model.variant, "task": store.task, "preset": cfg.preset,
                 "dataset": store.manifest.dataset}
-
-    def datasets(self, cfg: MultTrainConfig, store) -> dict[str, Any]:
-        from xmodal.data.mult.pipeline import mult_dataset
-
-        # Validation and test are read by each worker straight from the store (small; see evaluate).
-        return {"train": mult_dataset(store, "train", seed=cfg.train.seed)}
 
     # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
@@ -74,18 +74,20 @@ class MultJob(JobSpec):
 
     # ------------------------------------------------ worker
     def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
-        if w.shard is None:
-            import pyarrow.parquet as pq
+        """This worker's units of the epoch, through Ray Data on a Train worker or straight from the
+        files in-process: the same batches either way."""
+        seed = w.cfg.train.seed
+        if w.ray_data:
+            from xmodal.data.mult.pipeline import iter_rank_batches
 
-            from xmodal.data.mult.pipeline import batches_from_tables
+            batches = iter_rank_batches(w.data, "train", w.micro_batch, seed=seed, epoch=epoch, rank=w.rank,
+                                        world=w.world, start_batch=skip, pin_memory=w.device.type == "cuda")
+            return map(w.to_device, batches)
+        from xmodal.data.mult.pipeline import batches_from_tables
 
-            tables = (pq.read_table(p) for p in w.data.shard_paths("train"))
-            batches = batches_from_tables(tables, w.data.dims, w.micro_batch, seed=w.cfg.train.seed, epoch=epoch)
-        else:
-            from xmodal.data.mult.pipeline import iter_mult_batches
-
-            batches = iter_mult_batches(w.shard, w.data.dims, w.micro_batch, epoch=epoch, seed=w.cfg.train.seed,
-                                        rank=w.rank, pin_memory=w.device.type == "cuda")
+        units = epoch_units(w.data.units("train"), seed=seed, epoch=epoch, rank=w.rank, world=w.world)
+        batches = batches_from_tables((read_unit(u) for u in units), w.data.dims, w.micro_batch, seed=seed,
+                                      epoch=epoch, rank=w.rank)
         return map(w.to_device, itertools.islice(batches, skip, None))
 
     def evaluate(self, w: Worker) -> dict[str, float]:

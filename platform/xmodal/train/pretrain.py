@@ -1,8 +1,9 @@
 """The LXMERT pretraining job (`jobs/pretrain.py`): one spec for the engine (`xmodal.train.engine`).
 
 Data: an LXMERT store (or the embedded synthetic one, built on first use); the model's vocabulary,
-feature and label sizes come from its manifest. Workers read their share of the train split through
-Ray Data and evaluate on a fixed minival read straight from the store; the five pretraining tasks
+feature and label sizes come from its manifest. Workers read their own row groups of the train split
+through Ray Data (the same every run: reproducible, exact resume) and evaluate on a fixed minival
+read straight from the store; the five pretraining tasks
 are switchable (`tasks.*`), QA can join after a fraction of the epochs (`schedule.qa_from_fraction`).
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
+from xmodal.data.common import epoch_samples
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
@@ -27,7 +29,6 @@ DEFAULT_STORE = "data/synthetic_lxmert"
 class PretrainJob(JobSpec):
     name = "pretrain"
     config_class = PretrainConfig
-    ray_data_splits = ("train",)
 
     # ------------------------------------------------ driver
     def resolve_data(self, cfg: PretrainConfig):
@@ -44,6 +45,11 @@ class PretrainJob(JobSpec):
     def train_examples(self, cfg, store) -> int:
         return store.manifest.sentences("train")
 
+    def epoch_steps(self, cfg, store, micro: int, workers: int, epoch: int) -> int:
+        # Every worker stops an epoch when the one with the fewest sentences runs out.
+        shares = epoch_samples(store.units("train"), seed=cfg.train.seed, epoch=epoch, world=workers)
+        return min(shares) // micro // cfg.train.grad_accum
+
     def run_name(self, cfg: PretrainConfig) -> str:
         return f"pretrain-{cfg.preset}"
 
@@ -57,12 +63,6 @@ class PretrainJob(JobSpec):
         measured = set(pretraining_eval_metrics(cfg.tasks))
         priors = pretraining_priors(store, cfg.data.masking.mismatch_prob)
         return {k: [v, PRIOR_NAMES[k]] for k, v in priors.items() if k in measured and v == v}  # v == v: no NaN
-
-    def datasets(self, cfg: PretrainConfig, store) -> dict[str, Any]:
-        from xmodal.data.lxmert.pipeline import lxmert_dataset
-
-        # Minival is read by each worker straight from the store (see `evaluate`).
-        return {"train": lxmert_dataset(store, "train", seed=cfg.train.seed)}
 
     def check_batches(self, cfg: PretrainConfig, store) -> None:
         batch_builder(cfg, store)
@@ -88,17 +88,19 @@ class PretrainJob(JobSpec):
         w.parts["builder"] = batch_builder(w.cfg, w.data)
 
     def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
-        builder = w.parts["builder"]
-        if w.shard is None:
+        """This worker's units of the epoch, through Ray Data on a Train worker or straight from the
+        files in-process: the same batches either way."""
+        args = dict(seed=w.cfg.train.seed, epoch=epoch, rank=w.rank, start_batch=skip)
+        if w.ray_data:
+            from xmodal.data.lxmert.pipeline import iter_rank_batches
+
+            batches = iter_rank_batches(w.data, "train", w.parts["builder"], w.micro_batch, world=w.world,
+                                        pin_memory=w.device.type == "cuda", **args)
+        else:
             from xmodal.data.lxmert.loader import iter_local_batches
 
-            batches = iter_local_batches(w.data, "train", builder, w.micro_batch, epoch=epoch,
-                                         seed=w.cfg.train.seed, start_batch=skip)
-        else:
-            from xmodal.data.lxmert.pipeline import iter_lxmert_batches
-
-            batches = iter_lxmert_batches(w.shard, builder, w.micro_batch, epoch=epoch, seed=w.cfg.train.seed,
-                                          rank=w.rank, start_batch=skip, pin_memory=w.device.type == "cuda")
+            batches = iter_local_batches(w.data, "train", w.parts["builder"], w.micro_batch, world_size=w.world,
+                                         **args)
         return map(w.to_device, batches)
 
     def evaluate(self, w: Worker) -> dict[str, float]:

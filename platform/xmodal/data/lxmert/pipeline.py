@@ -1,6 +1,11 @@
-"""Ray Data input pipeline for LXMERT pretraining: the only data module that imports Ray.
+"""Ray Data input pipelines for LXMERT pretraining.
 
-Driver side:   ds = lxmert_dataset(store, "train", seed=cfg.train.seed)
+The training path, `iter_rank_batches`: each Train worker reads its own units of the epoch
+(row groups dealt out from the seed, `common.epoch_units`) through Ray Data (`data/reader.py`) into
+the same blocks and batches as the Ray-free `iter_local_batches`, so runs are reproducible and
+resume exactly (docs/architecture.md, "Reproducible runs").
+
+The streaming path (data benchmarks):   ds = lxmert_dataset(store, "train", seed=cfg.train.seed)
                TorchTrainer(..., datasets={"train": ds})  # DataConfig splits it: streaming_split(n, equal=True)
 Worker side:   it = ray.train.get_dataset_shard("train")
                for batch in iter_lxmert_batches(it, builder, batch_size, epoch, seed, rank): ...
@@ -30,10 +35,11 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import LxmertBatch
-from xmodal.data.common import StoreError, prefetch_iter
+from xmodal.data.common import StoreError, epoch_units, group_tables, prefetch_iter
 from xmodal.data.lxmert.loader import batches_from_tables
 from xmodal.data.lxmert.masking import LxmertBatchBuilder
 from xmodal.data.lxmert.store import LxmertStore, open_store
+from xmodal.data.reader import read_units
 
 # What the batch builder reads (img_h / img_w are left in the shards).
 BATCH_COLUMNS: tuple[str, ...] = (
@@ -77,4 +83,17 @@ def iter_lxmert_batches(data_iterator: ray.data.DataIterator, builder: LxmertBat
     batches = batches_from_tables(tables, builder, batch_size, seed=seed, epoch=epoch, rank=rank,
                                   min_block_images=min_block_images, drop_last=drop_last,
                                   start_batch=start_batch)
+    yield from prefetch_iter(batches, prefetch, pin_memory=pin_memory)
+
+
+def iter_rank_batches(store: LxmertStore, split: str, builder: LxmertBatchBuilder, batch_size: int, *, seed: int,
+                      epoch: int, rank: int, world: int, images_per_block: int = 64, start_batch: int = 0,
+                      prefetch: int = 2, pin_memory: bool = False) -> Iterator[LxmertBatch]:
+    """One epoch of this rank's LxmertBatches, read through Ray Data: bit for bit the batches of
+    `iter_local_batches` with the same (seed, epoch, rank, world). `start_batch` skips the first
+    batches (resume within an epoch: the rest are those the interrupted run would have seen)."""
+    units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world)
+    tables = group_tables(read_units(units, BATCH_COLUMNS), images_per_block)
+    batches = batches_from_tables(tables, builder, batch_size, seed=seed, epoch=epoch, rank=rank,
+                                  min_block_images=1, start_batch=start_batch)
     yield from prefetch_iter(batches, prefetch, pin_memory=pin_memory)

@@ -46,8 +46,12 @@ from xmodal.data.common import (
     MANIFEST_FILE,
     Manifest,
     StoreError,
+    Unit,
     check_target,
+    epoch_units,
+    group_tables,
     publish_dir,
+    read_unit,
     temp_dir_beside,
 )
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
@@ -376,10 +380,10 @@ class LxmertManifest(Manifest):
 class LxmertStore:
     """An opened, checked store. Cheap to pickle (path + manifest) for Ray workers."""
 
-    def __init__(self, path: Path, manifest: LxmertManifest, row_groups: dict[str, list[int]]):
+    def __init__(self, path: Path, manifest: LxmertManifest, row_groups: dict[str, list[tuple[int, int]]]):
         self.path = path
         self.manifest = manifest
-        # shard file (relative) -> rows per row group, read from the footers at open.
+        # shard file (relative) -> (images, sentences) per row group, read from the footers at open.
         self._row_groups = row_groups
         self._tokenizer: WordPieceTokenizer | None = None
         self._answers: AnswerTable | None = None
@@ -433,39 +437,25 @@ class LxmertStore:
             raise StoreError(f"{self.path}: split {split!r} has no shards")
         return table_to_block(pa.concat_tables(tables))
 
+    def units(self, split: str) -> list[Unit]:
+        """The split's row groups, the units it is dealt out in (samples = sentences)."""
+        return [Unit(str(self.path / s.file), g, rows, sentences) for s in self.manifest.shards.get(split, [])
+                for g, (rows, sentences) in enumerate(self._row_groups[s.file])]
+
     def iter_tables(self, split: str, *, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
                     shuffle: bool = True, images_per_block: int = 64) -> Iterator[pa.Table]:
         """Blocks of about `images_per_block` images as Arrow tables, without Ray.
 
-        The unit of shuffling is a Parquet row group: their order is permuted from (seed, epoch),
-        the same permutation on every rank, and rank r takes every world_size-th group, so ranks see
-        disjoint parts that together cover the split. Row groups from different places in the split
-        are concatenated into one block, so the images that share a block (the pool of mismatched
-        sentences and replacement features) change from epoch to epoch.
+        The unit of shuffling is a Parquet row group (`common.epoch_units`): their order is permuted
+        from (seed, epoch), the same permutation on every rank, and rank r takes every world_size-th
+        group, so ranks see disjoint parts that together cover the split. Row groups from different
+        places in the split are concatenated into one block, so the images that share a block (the
+        pool of mismatched sentences and replacement features) change from epoch to epoch. The Ray
+        Data path (`pipeline.iter_rank_batches`) reads the same units into the same blocks.
         """
-        units = [(s.file, g, n) for s in self.manifest.shards.get(split, [])
-                 for g, n in enumerate(self._row_groups[s.file])]
-        if shuffle:
-            order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(units))
-            units = [units[i] for i in order]
-        units = units[rank::world_size]
-        pending: list[tuple[str, int]] = []
-        rows = 0
-        for file, g, n in units:
-            pending.append((file, g))
-            rows += n
-            if rows >= images_per_block:
-                yield self._read_units(pending)
-                pending, rows = [], 0
-        if pending:
-            yield self._read_units(pending)
+        units = epoch_units(self.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size, shuffle=shuffle)
+        return group_tables((read_unit(u) for u in units), images_per_block)
 
-    def _read_units(self, units: list[tuple[str, int]]) -> pa.Table:
-        by_file: dict[str, list[int]] = {}
-        for f, g in units:
-            by_file.setdefault(f, []).append(g)
-        tables = [self.read_table(f, gs) for f, gs in by_file.items()]
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def _count_vocab(path: Path) -> int:
@@ -508,12 +498,15 @@ def open_store(path: str | Path) -> LxmertStore:
                                      f"(manifest: num_objects={m.num_objects}, feat_dim={m.feat_dim}, "
                                      f"max_seq_len={m.max_seq_len})")
             # Leaf values of input_ids = sentences * T plus one placeholder per image without sentences.
-            col = schema.get_field_index("input_ids")
-            leaf = sum(md.row_group(g).column(_leaf_index(pf, col)).num_values for g in range(md.num_row_groups))
+            col = _leaf_index(pf, schema.get_field_index("input_ids"))
+            leaves = [md.row_group(g).column(col).num_values for g in range(md.num_row_groups)]
+            leaf = sum(leaves)
             lo, hi = s.sentences * m.max_seq_len, s.sentences * m.max_seq_len + s.rows
             if not lo <= leaf <= hi:
                 raise StoreError(f"{p}: holds about {leaf // m.max_seq_len} sentences, manifest says {s.sentences}")
-            row_groups[s.file] = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+            # (images, sentences) per row group: every stored image has a sentence, so a row group's
+            # leaf values are exactly its sentences x T.
+            row_groups[s.file] = [(md.row_group(g).num_rows, n // m.max_seq_len) for g, n in enumerate(leaves)]
     vocab = root / VOCAB_FILE
     if not vocab.is_file():
         raise StoreError(f"{vocab}: missing (the store's tokenizer vocabulary)")

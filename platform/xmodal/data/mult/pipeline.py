@@ -1,6 +1,11 @@
-"""Ray Data input pipeline for MulT: the only MulT data module that imports Ray.
+"""Ray Data input pipelines for MulT.
 
-Driver side:   ds = mult_dataset(store, "train", seed=cfg.train.seed)
+The training path, `iter_rank_batches`: each Train worker reads its own units of the epoch (row
+groups dealt out from the seed, `common.epoch_units`) through Ray Data (`data/reader.py`): the
+same batches as `batches_from_tables` over `read_unit` of the same units (the in-process path), so
+runs are reproducible and resume exactly (docs/architecture.md, "Reproducible runs").
+
+The streaming path (benchmarks and tests):   ds = mult_dataset(store, "train", seed=cfg.train.seed)
                TorchTrainer(..., datasets={"train": ds})  # DataConfig splits it: streaming_split(n, equal=True)
 Worker side:   it = ray.train.get_dataset_shard("train")
                for batch in iter_mult_batches(it, store.dims, batch_size, epoch=e, seed=s, rank=r): ...
@@ -23,6 +28,7 @@ Leave CPUs to the read tasks (docs/architecture.md, "The pretraining job"): Trai
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -32,8 +38,9 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import MultBatch
-from xmodal.data.common import StoreError, prefetch_iter
+from xmodal.data.common import StoreError, epoch_units, prefetch_iter
 from xmodal.data.mult.store import MultStore, PadTo, table_to_split
+from xmodal.data.reader import read_units
 
 
 def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, shuffle: bool = True) -> ray.data.Dataset:
@@ -106,3 +113,13 @@ def iter_mult_batches(data_iterator: ray.data.DataIterator, dims: Mapping[str, i
                                   drop_last=drop_last, pad_to=pad_to, max_len=max_len,
                                   min_block_rows=min_block_rows)
     yield from prefetch_iter(batches, prefetch, pin_memory=pin_memory)
+
+
+def iter_rank_batches(store: MultStore, split: str, batch_size: int, *, seed: int, epoch: int, rank: int,
+                      world: int, start_batch: int = 0, prefetch: int = 2, pin_memory: bool = False
+                      ) -> Iterator[MultBatch]:
+    """One epoch of this rank's MultBatches, read through Ray Data; `start_batch` skips the first
+    batches (resume within an epoch: the rest are those the interrupted run would have seen)."""
+    units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world)
+    batches = batches_from_tables(read_units(units), store.dims, batch_size, seed=seed, epoch=epoch, rank=rank)
+    yield from prefetch_iter(itertools.islice(batches, start_batch, None), prefetch, pin_memory=pin_memory)

@@ -45,7 +45,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
-from xmodal.data.common import MANIFEST_FILE, Manifest, StoreError, check_target, publish_dir, temp_dir_beside
+from xmodal.data.common import (
+    MANIFEST_FILE,
+    Manifest,
+    StoreError,
+    Unit,
+    check_target,
+    publish_dir,
+    temp_dir_beside,
+)
 
 SCHEMA_VERSION = 1
 KIND = "mult"
@@ -397,6 +405,18 @@ class MultStore:
     def shard_paths(self, split: str) -> list[str]:
         self._check_split(split)
         return [str(self.path / sh.file) for sh in self.manifest.splits[split]]
+
+    def units(self, split: str) -> list[Unit]:
+        """The split's row groups, the units it is dealt out in to workers (samples = clips)."""
+        out = []
+        for f in self.shard_paths(split):
+            try:
+                md = pq.ParquetFile(f).metadata
+            except (OSError, pa.ArrowException) as e:
+                raise StoreError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e}); re-ingest the "
+                                 "store") from None
+            out += [Unit(f, g, md.row_group(g).num_rows, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+        return out
 
     def _check_split(self, split: str) -> None:
         if split not in self.manifest.splits:

@@ -1,0 +1,37 @@
+"""The Ray Data reader of a Train worker's share of a split (the training path of every job that
+streams its train split): the worker's units (Parquet row groups, `common.epoch_units`) read by Ray
+Data tasks, in the units' order.
+
+Each rank reads only its own units, and the same ones in the same order in every run, so a run
+with the same seed, store and number of workers sees the same samples, and a run resumed from a
+checkpoint sees the samples the uninterrupted run saw (docs/architecture.md, "Reproducible runs").
+Reads run as Ray tasks beside the workers: leave CPUs to them (`scale.cpus_per_worker` below 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+
+import pyarrow as pa
+import ray.data
+
+from xmodal.data.common import Unit, read_unit
+
+
+def read_units(units: Sequence[Unit], columns: Sequence[str] | None = None, *,
+               prefetch_tables: int = 2) -> Iterator[pa.Table]:
+    """One Arrow table per unit, in the order of `units` (a new Ray Data execution per call)."""
+    if not units:
+        return iter(())
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # the units' order, whatever task finishes first
+    ctx.enable_progress_bars = False  # a job prints its own progress
+    cols = list(columns) if columns else None
+
+    def read(batch: pa.Table) -> pa.Table:
+        return pa.concat_tables([read_unit(Unit(**u), cols) for u in batch.to_pylist()])
+
+    ds = ray.data.from_items([asdict(u) for u in units], override_num_blocks=len(units))
+    ds = ds.map_batches(read, batch_size=1, batch_format="pyarrow")
+    return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_tables)
