@@ -64,6 +64,10 @@ EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")
 FEATURE_DTYPE = np.dtype("<f2")
 # Rows of a shard: small enough that a worker's read unit stays a few hundred MB at MOSEI sizes.
 DEFAULT_SHARD_ROWS = 2048
+# Rows of a row group, the unit a split is dealt out to workers in (common.epoch_units): small, so
+# that workers' shares differ little (an epoch takes the steps of the smallest share) and small
+# stores still give every worker some.
+ROW_GROUP_ROWS = 32
 
 if TYPE_CHECKING:
     from xmodal.batches import MultBatch
@@ -475,7 +479,7 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
                 rows = slice(start, min(start + shard_rows, len(sp)))
                 rel = f"{name}/part-{k:05d}.parquet"
                 pq.write_table(split_to_table(sp, rows), tmp / rel, compression="NONE", use_dictionary=False,
-                               write_statistics=False, row_group_size=256)
+                               write_statistics=False, row_group_size=ROW_GROUP_ROWS)
                 shards[name].append(ShardInfo(file=rel, rows=rows.stop - rows.start))
         max_len = {m: max(int(sp.lengths[m].max(initial=1)) for sp in splits.values()) for m in MODALITIES}
         manifest = MultManifest(
