@@ -128,6 +128,16 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
     assert sorted(r[0] for r in rows) == sorted(ids)  # every pair predicted once, whatever the workers
     assert {r[1] for r in rows} <= {"True", "False"}
 
+    # Exact resume: the same run without the fault logs the same losses and evaluations at every step.
+    clean = FinetuneJob().run(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}",
+                                     "init.source=scratch", "train.epochs=3", "scale.num_workers=2",
+                                     "mlflow.run_name=nlvr2-clean"))
+    for key in ("train/loss", "valid/accuracy", "valid/loss", "best_valid/accuracy"):
+        f, c = (dict(tracking.metric_history(uri, r, key)) for r in (out.run_id, clean.run_id))
+        assert f.keys() == c.keys() and f, key
+        worst = max(abs(f[k] - c[k]) for k in c)
+        assert worst <= 1e-5, f"{key}: the resumed run differs from the uninterrupted one by {worst}"
+
 
 def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
     transformers = pytest.importorskip("transformers")
