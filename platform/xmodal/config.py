@@ -57,8 +57,16 @@ class TrainConfig(Section):
     best_mode: Literal["max", "min"] = "max"
     log_every: int = Field(20, ge=1)
     seed: Seed = 0
-    # Test-only switch: rank 1 (or 0 with one worker) exits once at this step to exercise FailureConfig.
-    fail_at_step: int | None = Field(None, ge=0)
+    # A testing aid (docs/architecture.md, "Fault injection"): a Train worker exits once at each of these
+    # steps (one step or a list), and at `random_faults` more steps drawn from `fault_seed` and the run name.
+    fail_at_step: list[PosInt] | None = None
+    random_faults: int = Field(0, ge=0)
+    fault_seed: Seed = 0
+
+    @field_validator("fail_at_step", mode="before")
+    @classmethod
+    def _one_or_more(cls, v: Any) -> Any:
+        return [v] if isinstance(v, int) and not isinstance(v, bool) else v
 
 
 class ScaleConfig(Section):

@@ -5,7 +5,6 @@ sweeps are small: 4 trials (3 for the resume), two at a time, a few steps each."
 from __future__ import annotations
 
 import csv
-import json
 import os
 import signal
 import subprocess
@@ -147,22 +146,28 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     assert "report/table.md" in logged
 
 
-# ---------------------------------------------------------------- the driver killed midway, resumed
+# ---------------------------------------------------------------- chaos: worker faults, retried trials, a killed driver
 
 
-RESUME_SPACE = """
+CHAOS_SPACE = """
 metric: eval/loss/mlm
 mode: min
-num_samples: 3
+num_samples: 4
+trial_retries: 2
 scheduler: {type: fifo}
 parameters:
-  train.max_steps: {type: choice, values: [2, 8]}
+  train.max_steps: {type: choice, values: [4, 8]}
   optim.lr: {type: float, low: 1e-3, high: 1e-2, log: true}
 try_first:
-  - {train.max_steps: 2}   # finishes first: the driver is killed then
-  - {train.max_steps: 8}   # still running at the kill: resumed from its checkpoint
-  - {train.max_steps: 2}
+  - {train.max_steps: 4, optim.lr: 0.005}   # finishes first: the driver is killed then
+  - {train.max_steps: 8, optim.lr: 0.002}   # running at the kill: its Train run resumes from a checkpoint
+  - {train.max_steps: 8, optim.lr: 0.008}
+  - {train.max_steps: 4, optim.lr: 0.003}
 """
+# In each trial a worker exits at step 3 and at one more step drawn per trial. A Train run retries once
+# (scale.max_failures=1), so each trial's second fault fails its Train run and Tune starts the trial again.
+FAULTS = ["train.fail_at_step=3", "train.random_faults=1", "train.fault_seed=7", "scale.max_failures=1"]
+EXPERIMENT = "xmodal-sweep-space"
 
 
 def kill_session(sid: int) -> None:
@@ -182,17 +187,24 @@ def start_driver(tmp: Path, space: Path, address: str, log: str, *extra: str) ->
     """`jobs/sweep.py` as its own process, attached to the shared test Ray the way a job attaches to its
     cluster (RAY_ADDRESS): killing the driver ends its trials and Train runs, not the cluster, and no
     second Ray runs on the machine (Train's placement-group cleaner cannot tell two local Rays apart)."""
-    return subprocess.Popen([PYTHON, SWEEP, str(space), "--name", "resumable", "--storage-path",
-                             str(tmp / "runs"), "--no-report", *extra], cwd=tmp, env=ray_env(RAY_ADDRESS=address),
+    return subprocess.Popen([PYTHON, SWEEP, str(space), "--name", "chaos", "--storage-path",
+                             str(tmp / "runs"), *extra], cwd=tmp, env=ray_env(RAY_ADDRESS=address),
                             start_new_session=True, stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT)
 
 
 @pytest.mark.slow
-def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, tiny_store, ray_local):
+def test_chaos_sweep_survives_worker_faults_and_a_killed_driver(tmp_path, tiny_store, ray_local):
+    """4 trials, 8 injected worker faults (4 of them ending a Train run, which Tune retries) and the
+    sweep's driver killed once midway and resumed: every trial finishes once, each child run's history
+    has every step exactly once, and the report equals a fault-free sweep's."""
+    from xmodal.sweep.plan import SweepOptions
+    from xmodal.sweep.runner import run_sweep
+
     address = ray_local.get_runtime_context().gcs_address
-    space = space_file(tmp_path, tiny_store, RESUME_SPACE, "eval_every: 4")
+    space = space_file(tmp_path, tiny_store, CHAOS_SPACE, "eval_every: 2")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    first = start_driver(tmp_path, space, address, "first.log")
+    sets = [a for f in FAULTS for a in ("--set", f)]
+    first = start_driver(tmp_path, space, address, "first.log", *sets)
     finished_before: dict[str, float] = {}
     try:
         deadline = time.time() + 300
@@ -200,10 +212,10 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, tiny_
             time.sleep(2)
             # Touch MLflow only once the driver has created its database: two processes creating a new
             # SQLite database at once fail. The driver prints this line after its parent run exists.
-            if "[xmodal] sweep 'resumable'" not in (tmp_path / "first.log").read_text():
+            if "[xmodal] sweep 'chaos'" not in (tmp_path / "first.log").read_text():
                 continue
-            exp = tracking.get_experiment_id(uri, "xmodal-sweep-space")
-            runs = tracking.search_runs(uri, [exp], f"tags.`{T.KIND}` = 'trial'")
+            runs = tracking.search_runs(uri, [tracking.get_experiment_id(uri, EXPERIMENT)],
+                                        f"tags.`{T.KIND}` = 'trial'")
             finished_before = {r.run_id: r.end_time for r in runs if r.status == "FINISHED"}
             if finished_before:
                 break
@@ -213,24 +225,47 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path, tiny_
         kill_tree(first.pid, grace=3)
         kill_session(first.pid)
 
-    second = start_driver(tmp_path, space, address, "second.log", "--resume")
+    second = start_driver(tmp_path, space, address, "second.log", "--resume", *sets)
     try:
-        second.wait(timeout=400)
+        second.wait(timeout=600)
     finally:
         kill_tree(second.pid, grace=3)
         kill_session(second.pid)
-    log = (tmp_path / "second.log").read_text()
+    log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
     assert second.returncode == 0, log[-4000:]
-    assert "continuing sweep 'resumable'" in log
+    assert "continuing sweep 'chaos'" in log
 
-    parent = tracking.find_run(uri, tracking.get_experiment_id(uri, "xmodal-sweep-space"), "resumable")
+    parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "chaos")
     assert parent.status == "FINISHED"
     runs = children(uri, parent.run_id)
-    names = [r.name for r in runs]
-    assert len(runs) == 3 and len(set(names)) == 3, names  # the total asked for; no trial twice
+    assert len(runs) == 4 and len({r.name for r in runs}) == 4, [r.name for r in runs]
     assert all(r.status == "FINISHED" for r in runs)
     for run_id, end in finished_before.items():  # finished before the kill: not run again
         assert tracking.get_run(uri, run_id).end_time == end
-    states = sorted((tmp_path / "runs" / "resumable").glob("experiment_state-*.json"))
-    tune_trials = json.loads(states[-1].read_text())
-    assert len(tune_trials["trial_data"]) == 3
+    injected = sorted((tmp_path / "runs" / "chaos" / "train").glob("*/.faults/step*"))
+    assert len(injected) == 8, injected  # 2 per trial, each once (a marker per fault)
+    for r in runs:
+        total = int(r.params["train.max_steps"])
+        for key, every in (("train/loss", 2), ("eval/loss/mlm", 2)):
+            steps = [p.step for p in tracking.metric_points(uri, r.run_id, key)]
+            assert steps == list(range(every, total + 1, every)), (r.name, key, steps)  # each step once
+
+    clean = run_sweep(SweepOptions(space=str(space), name="clean", storage_path=str(tmp_path / "runs")))
+    assert clean["errors"] == 0 and clean["unfinished"] == 0
+    chaos_rows = _table(tmp_path / "runs" / "chaos" / "report" / "table.csv")
+    clean_rows = _table(Path(clean["report"]) / "table.csv")
+    assert chaos_rows.keys() == clean_rows.keys() and len(chaos_rows) == 4
+    for params, row in clean_rows.items():
+        for col, value in row.items():
+            assert chaos_rows[params][col] == pytest.approx(value, abs=1e-5), (params, col)
+
+
+def _table(path: Path) -> dict[tuple, dict[str, float]]:
+    """The report's table.csv: (parameter values) -> its numeric columns."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    out = {}
+    for row in rows:
+        key = (row["train.max_steps"], row["optim.lr"])
+        out[key] = {k: float(v) for k, v in row.items() if k not in ("train.max_steps", "optim.lr", "seeds") and v}
+    return out

@@ -117,7 +117,7 @@ def test_worker_failure_resumes_exactly_into_one_history(tmp_path, tiny_store, r
         return PretrainJob().run(cfg)
 
     result = run("faulty", "train.fail_at_step=10")
-    assert (tmp_path / "runs" / "faulty" / ".fail_injected").exists()
+    assert (tmp_path / "runs" / "faulty" / ".faults" / "step10-rank1").exists()
     uri, run_ = the_run(tmp_path, "faulty")
     assert run_.status == "FINISHED" and run_.run_id == result.run_id
     resumed = tracking.metric_points(uri, run_.run_id, "train/resumed_from_step")

@@ -241,7 +241,7 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
             max_concurrent_trials=s.max_concurrent, trial_name_creator=_trial_name,
             trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(
-            name=plan.name, storage_path=plan.root, failure_config=tune.FailureConfig(max_failures=0),
+            name=plan.name, storage_path=plan.root, failure_config=tune.FailureConfig(max_failures=s.trial_retries),
             callbacks=[SweepCallback(plan.tracking_uri, experiment_id, plan.name, parent_run_id)]),
     )
 

@@ -215,6 +215,9 @@ class SearchSpace(_Strict):
     num_samples: int = Field(8, ge=1)
     max_concurrent: int = Field(2, ge=1)
     gpus_per_trial: float = Field(0, ge=0)
+    # A trial whose Train run fails (its workers' own retries, scale.max_failures, spent) is started again
+    # this many times; it resumes from its latest checkpoint into the same MLflow run.
+    trial_retries: int = Field(1, ge=0)
     seed: int = 0  # the sampler's seed, and the trials' train.seed unless base or a parameter sets it
     scheduler: Annotated[AshaSpec | FifoSpec, Field(discriminator="type")]
     parameters: dict[str, Param] = Field(min_length=1)

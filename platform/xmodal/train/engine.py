@@ -21,6 +21,7 @@ import functools
 import hashlib
 import importlib.metadata
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -192,6 +193,7 @@ class Checked:
     total_steps: int
     tracking_uri: str
     storage: str
+    faults: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (step, rank): the testing aid
 
 
 @dataclass
@@ -208,7 +210,8 @@ class RunPlan:
     storage: str
     total_steps: int
     micro_batch: int
-    fail_marker: str | None
+    faults: list[tuple[int, int]]  # (step, rank) at which a worker exits once (fault injection, a testing aid)
+    fault_dir: str | None  # where each fault, once injected, leaves its marker
     baselines: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
@@ -262,7 +265,30 @@ def check(spec: JobSpec, cfg) -> Checked:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
     spec.check_batches(cfg, data)
-    return Checked(cfg, data, start, micro, total, uri, storage)
+    return Checked(cfg, data, start, micro, total, uri, storage, fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name))
+
+
+def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name: str) -> list[tuple[int, int]]:
+    """The testing aid's (step, rank) pairs: each listed step on rank 1 (rank 0 with one worker), and
+    `train.random_faults` more distinct steps and ranks drawn from `train.fault_seed` and the run name
+    (trials of one sweep get different schedules, a rerun of a run the same one)."""
+    listed = sorted(set(train.fail_at_step or []))
+    if not listed and not train.random_faults:
+        return []
+    if "://" in storage:
+        raise ConfigError(f"train.fail_at_step / train.random_faults need a local scale.storage_path (each fault "
+                          f"leaves a marker there so that it fires once); got {storage!r}")
+    late = [s for s in listed if s >= total_steps]
+    if late:
+        raise ConfigError(f"train.fail_at_step = {late}: expected steps below the run's {total_steps} steps")
+    free = [s for s in range(1, total_steps) if s not in listed]
+    if train.random_faults > len(free):
+        raise ConfigError(f"train.random_faults = {train.random_faults}: expected at most {len(free)} (the run has "
+                          f"{total_steps} steps, {len(listed)} of them in train.fail_at_step)")
+    rng = random.Random(f"{train.fault_seed}:{run_name}")
+    drawn = sorted(rng.sample(free, train.random_faults))
+    return sorted([(s, min(1, workers - 1)) for s in listed]
+                  + [(s, rng.randrange(workers)) for s in drawn])
 
 
 def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
@@ -291,13 +317,12 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
     if baselines:
         tracking.log_metrics(checked.tracking_uri, run_id,
                              {f"baseline/{k.split('/', 1)[-1]}": v[0] for k, v in baselines.items()})
-    marker = None
-    if cfg.train.fail_at_step is not None and "://" not in checked.storage:
-        marker = str(Path(checked.storage) / name / ".fail_injected")  # the test-only fault switch fired
     return RunPlan(job=spec.name, config=cfg.model_dump(mode="json"), data=spec.data_path(data),
                    start=checked.start, tracking_uri=checked.tracking_uri, run_id=run_id, run_name=name,
                    storage=checked.storage, total_steps=checked.total_steps, micro_batch=checked.micro_batch,
-                   fail_marker=marker, baselines=baselines)
+                   faults=checked.faults,
+                   fault_dir=str(Path(checked.storage) / name / ".faults") if checked.faults else None,
+                   baselines=baselines)
 
 
 def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """What runs on every Train worker besides the loop: logging, evaluation, checkpoints, model
-selection on a validation split and the test-only fault switch; and how a worker prints."""
+selection on a validation split and fault injection (a testing aid); and how a worker prints."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class ValidationSelection:
 
 
 class RunHooks:
-    """Logging, evaluation, checkpoints and the test-only fault switch, run on every worker
+    """Logging, evaluation, checkpoints and fault injection (a testing aid), run on every worker
     (collectives need all of them); only rank 0 prints and writes to MLflow."""
 
     def __init__(self, plan, train: TrainConfig, system_metrics: bool, rank: int, world: int,
@@ -73,6 +73,7 @@ class RunHooks:
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
         self.on_checkpoint, self.on_end = on_checkpoint, on_end
         self.evaluate = evaluate
+        self.faults = {tuple(f) for f in plan.faults}
         self.last_eval_step = meta.get("step", -1)
         self.best = meta.get("best")
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
@@ -152,20 +153,26 @@ class RunHooks:
             ray.train.report(report)
 
     def _maybe_fail(self, step: int) -> None:
-        """Test-only: one worker exits once at `train.fail_at_step` to exercise FailureConfig."""
-        marker = self.plan.fail_marker
-        if self.train.fail_at_step != step or marker is None or self.rank != min(1, self.world - 1):
+        """The testing aid: at a scheduled (step, rank) that worker exits, once (a marker file records it:
+        a resumed run replays the steps since its checkpoint)."""
+        if (step, self.rank) not in self.faults:
             return
-        if Path(marker).exists():
+        marker = Path(self.plan.fault_dir) / f"step{step}-rank{self.rank}"
+        if marker.exists():
             return
-        Path(marker).parent.mkdir(parents=True, exist_ok=True)
-        Path(marker).write_text(json.dumps({"step": step, "time": time.time()}))
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"step": step, "rank": self.rank, "time": time.time()}))
         say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
-        # Ray Train V2 collects reports when it polls the workers (every 2 s): a worker that dies
-        # sooner after a checkpoint loses it, and the run resumes from the one before. Wait out a
-        # poll, so that the test exercises resuming from the latest checkpoint.
-        time.sleep(2 * 2.0 + 1)
+        # Ray Train V2 collects reports when it polls the workers: a worker that dies sooner after a
+        # checkpoint loses it, and the run resumes from the one before. Wait out two polls, so that
+        # the run resumes from the latest checkpoint.
+        time.sleep(2 * ray_train_poll_s() + 1)
         os._exit(1)
+
+
+def ray_train_poll_s() -> float:
+    """How often Ray Train V2's controller polls its workers (its own setting, read where it reads it)."""
+    return float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
 
 
 def say(message: str) -> None:
