@@ -154,7 +154,9 @@ class RunHooks:
         copies it to the run's storage. A storage failure becomes one CheckpointWriteError."""
         import ray.train
 
-        where = tempfile.gettempdir()  # until the folder is complete, a failure is the local disk's
+        storage = ray.train.get_context().get_storage()
+        name = storage.make_default_checkpoint_dir_name()  # Ray's own naming, known here to clean up
+        where, copying = tempfile.gettempdir(), False  # until the folder is complete, the local disk's
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 where = tmp
@@ -164,11 +166,19 @@ class RunHooks:
                 if self.on_checkpoint is not None:
                     self.on_checkpoint(state, Path(tmp), new_best)
                 ckpt.seal(tmp)
-                where = f"{self.plan.storage.rstrip('/')}/{self.plan.run_name}"
-                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+                where, copying = f"{self.plan.storage.rstrip('/')}/{self.plan.run_name}", True
+                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=name)
         except Exception as e:
             if not ckpt.is_storage_failure(e):
                 raise
+            if copying:
+                # The partial copy is no checkpoint (never registered, fails verify); on a full disk it
+                # also holds the space Ray Train's controller needs for its run state: remove it.
+                try:
+                    storage.storage_filesystem.delete_dir(f"{storage.experiment_fs_path}/{name}")
+                except Exception:  # read-only or gone: nothing was written, or nothing can be removed
+                    pass
             raise ckpt.CheckpointWriteError(self.plan.run_name, where, state.step, " ".join(str(e).split()),
                                             self.last_checkpoint) from e
         self.last_checkpoint = (state.step, ray.train.get_checkpoint().path)
