@@ -1,11 +1,13 @@
 """Checkpoints: model, optimizer, scheduler, step, data position and RNG state. Imports only torch.
 
 Files are written with `torch.save` and read with `torch.load(weights_only=True)`:
-a checkpoint cannot execute code when loaded.
+a checkpoint cannot execute code when loaded. `seal` records every file's size and sha256 in the
+meta, once the folder is complete; `verify` tells a truncated or corrupted folder from a good one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xmodal.errors import UserError
 from xmodal.train.step import TrainState
 
 STATE_FILE = "state.pt"
@@ -54,14 +57,114 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     return json.loads((Path(directory) / META_FILE).read_text())
 
 
+def seal(directory: str | Path) -> None:
+    """Record the size and sha256 of every file of the folder but the meta in the meta (`files`).
+    Called last, when the folder is complete (after the jobs' `on_checkpoint` files)."""
+    d = Path(directory)
+    meta = read_meta(d)
+    meta["files"] = {f.relative_to(d).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+                     for f in sorted(d.rglob("*")) if f.is_file() and f.relative_to(d).as_posix() != META_FILE}
+    (d / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
+
+
+def verify(directory: str | Path) -> str | None:
+    """Why the checkpoint folder is bad (meta missing or unreadable, a file missing, truncated or
+    corrupted), or None. A folder written before checksums (no `files` in its meta) is accepted when
+    its model and state files are there."""
+    d = Path(directory)
+    try:
+        meta = read_meta(d)
+    except FileNotFoundError:
+        return f"{META_FILE} missing"
+    except (OSError, ValueError) as e:
+        return f"{META_FILE} unreadable: {' '.join(str(e).split())}"
+    if not isinstance(meta, dict):
+        return f"{META_FILE} holds no JSON object"
+    files = meta.get("files")
+    if files is None:
+        missing = [name for name in (MODEL_FILE, STATE_FILE) if not (d / name).is_file()]
+        return f"{', '.join(missing)} missing" if missing else None
+    try:
+        expected = {str(name): (int(want["bytes"]), str(want["sha256"])) for name, want in files.items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return f"{META_FILE}: 'files' is malformed"
+    for name, (size, digest) in sorted(expected.items()):
+        f = d / name
+        if not f.is_file():
+            return f"{name} missing"
+        actual = f.stat().st_size
+        if actual != size:
+            return f"{name} has {actual} bytes, expected {size} (truncated or overwritten)"
+        if _sha256(f) != digest:
+            return f"{name}: sha256 mismatch (corrupted)"
+    return None
+
+
+class CorruptCheckpointError(UserError):
+    """A checkpoint folder that fails `verify`."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """Rank 0 could not write a checkpoint to the run's storage (read-only, full, gone). Raised in a
+    Train worker; the driver turns it into a `CheckpointStorageError`. `previous` is the last
+    checkpoint written, (step, path), or None."""
+
+    def __init__(self, run_name: str, where: str, step: int, error: str,
+                 previous: tuple[int, str] | None = None):
+        super().__init__(run_name, where, step, error, previous)
+        self.run_name, self.where, self.step, self.error, self.previous = run_name, where, step, error, previous
+
+    def __str__(self) -> str:
+        return f"writing a checkpoint of run {self.run_name} under {self.where} failed at step {self.step}: {self.error}"
+
+    def advice(self) -> str:
+        """The driver's one line: what failed, what is left, how to go on."""
+        if self.previous is None:
+            left = "no checkpoint was written before: make the storage writable (or free space) and rerun"
+        else:
+            step, path = self.previous
+            left = (f"the previous checkpoint (step {step}, {path}) is intact: make the storage writable "
+                    "(or free space) and rerun")
+        return f"{self}; {left} with mlflow.run_name={self.run_name} to resume"
+
+
+class CheckpointStorageError(UserError):
+    """A checkpoint could not be written: the job stops; rerun with the same run name to resume."""
+
+
+def is_storage_failure(error: BaseException) -> bool:
+    """An OSError (pyarrow's IO errors are OSErrors) anywhere in the error's chain."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) or type(e).__module__.startswith("pyarrow"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def load_model_weights(directory: str | Path, model: nn.Module, strict: bool = True) -> None:
     sd = torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True)
     unwrap(model).load_state_dict(sd, strict=strict)
 
 
-def restore(directory: str | Path, state: TrainState) -> dict[str, Any]:
-    """Load everything `save` wrote into `state`; returns the meta dict."""
+def restore(directory: str | Path, state: TrainState, verified: bool = False) -> dict[str, Any]:
+    """Load everything `save` wrote into `state`; returns the meta dict. A folder that fails `verify`
+    (unless the caller has just `verified` it) raises CorruptCheckpointError."""
     d = Path(directory)
+    reason = None if verified else verify(d)
+    if reason is not None:
+        raise CorruptCheckpointError(f"checkpoint {d} is corrupt ({reason}); resume from an earlier checkpoint "
+                                     "of the run or start a new run")
     load_model_weights(d, state.model)
     blob = torch.load(d / STATE_FILE, map_location="cpu", weights_only=True)
     state.optimizer.load_state_dict(blob["optimizer"])

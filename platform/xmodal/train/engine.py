@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
+import json
 import platform
 import random
 import statistics
@@ -375,12 +376,32 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
     try:
         result = trainer(spec, plan, data, callbacks).fit()
         finish_run(plan, result.checkpoint)
-    except BaseException:
+    except BaseException as e:
         if callbacks is None:
             tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
+        write_error = checkpoint_write_error(e)
+        if write_error is not None:
+            raise ckpt.CheckpointStorageError(write_error.advice()) from None
         raise
     return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
                      plan.baselines)
+
+
+def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | None:
+    """The CheckpointWriteError a worker raised, wherever it sits in what `fit()` raised: Ray Train's
+    WorkerGroupError holds each worker's exception (`worker_failures`), a ControllerError its cause."""
+    seen: set[int] = set()
+    todo: list[Any] = [error]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ckpt.CheckpointWriteError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None),
+                 *(getattr(e, "worker_failures", None) or {}).values()]
+    return None
 
 
 def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None = None,
@@ -483,7 +504,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     plan = RunPlan(**plan_dict)
     cfg = spec.config_class.model_validate(plan.config)
     ctx = ray.train.get_context()
-    resume = ray.train.get_checkpoint()
+    resume = good_checkpoint(ray.train.get_checkpoint(), loud=ctx.get_world_rank() == 0)
     meta: dict[str, Any] = {}
     if resume is not None:
         with resume.as_directory() as d:
@@ -496,7 +517,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
                     fresh=resume is None)
     if resume is not None:
         with resume.as_directory() as d:
-            meta = ckpt.restore(d, w.state)
+            meta = ckpt.restore(d, w.state, verified=True)
             if w.selection is not None:
                 w.selection.restore(d)
 
@@ -509,10 +530,61 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     selecting = w.selection is not None
     hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, w.rank, w.world, w.device, evaluate, meta,
                      on_checkpoint=w.selection.save if selecting else None,
-                     on_end=functools.partial(_held_out, spec, w, plan) if selecting else None)
+                     on_end=functools.partial(_held_out, spec, w, plan) if selecting else None,
+                     resumed_from=resume.path if resume is not None else None)
     fit(w.state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs,
         total_steps=plan.total_steps, grad_accum=cfg.train.grad_accum,
         start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg))
+
+
+def good_checkpoint(latest, loud: bool = True):
+    """The checkpoint to resume from: Ray Train's latest if it verifies (`ckpt.verify`), else the
+    run's other `checkpoint_*` folders in its storage, highest step first, the first that verifies;
+    None (start from scratch) when none does. Every worker lists and checks the same folders, so all
+    pick the same one; `loud`: say what was skipped."""
+    if latest is None:
+        return None
+    reason = _verify_remote(latest)
+    if reason is None:
+        return latest
+    import pyarrow.fs
+    from ray.train import Checkpoint
+
+    fs, bad = latest.filesystem, latest.path.rstrip("/")
+    run_dir, bad_name = bad.rsplit("/", 1) if "/" in bad else ("", bad)
+    candidates = []
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(run_dir)):
+        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_") \
+                and info.base_name != bad_name:
+            candidates.append((_meta_step(fs, info.path), info.base_name, info.path))
+    candidates.sort(reverse=True)  # highest step first; unreadable metas (-1) last, then by name
+    for step, _, path in candidates:
+        other = Checkpoint(path=path, filesystem=fs)
+        why = _verify_remote(other)
+        if why is None:
+            if loud:
+                say(f"[xmodal] checkpoint {bad} is corrupt ({reason}); resuming from {path} (step {step})")
+            return other
+        if loud:
+            say(f"[xmodal] checkpoint {path} is corrupt too ({why}); skipped")
+    if loud:
+        say(f"[xmodal] checkpoint {bad} is corrupt ({reason}) and no other checkpoint of the run verifies; "
+            "starting from scratch")
+    return None
+
+
+def _verify_remote(checkpoint) -> str | None:
+    with checkpoint.as_directory() as d:
+        return ckpt.verify(d)
+
+
+def _meta_step(fs, folder: str) -> int:
+    """The step in a checkpoint folder's meta, -1 if it cannot be read (sorted last)."""
+    try:
+        with fs.open_input_stream(f"{folder}/{ckpt.META_FILE}") as f:
+            return int(json.loads(f.read())["step"])
+    except Exception:  # any unreadable meta (missing, truncated, not JSON): verification says why
+        return -1
 
 
 def _held_out(spec: JobSpec, w: Worker, plan: RunPlan | None, _state) -> dict[str, float]:

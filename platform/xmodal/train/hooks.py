@@ -66,11 +66,15 @@ class RunHooks:
     def __init__(self, plan, train: TrainConfig, system_metrics: bool, rank: int, world: int,
                  device: torch.device, evaluate: Callable[[], dict[str, float]], meta: dict[str, Any],
                  on_checkpoint: Callable[[TrainState, Path, bool], None] | None = None,
-                 on_end: Callable[[TrainState], dict[str, float]] | None = None):
+                 on_end: Callable[[TrainState], dict[str, float]] | None = None,
+                 resumed_from: str | None = None):
         """`on_checkpoint(state, folder, is_new_best)` adds files to a checkpoint (rank 0);
         `on_end(state)` runs on every worker after the final checkpoint (e.g. the test split on
-        the selected model) and its metrics are logged and reported."""
+        the selected model) and its metrics are logged and reported; `resumed_from` is the path of
+        the checkpoint restored (the one a failed checkpoint write leaves as the last)."""
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
+        self.last_checkpoint: tuple[int, str] | None = (
+            (meta["step"], resumed_from) if resumed_from is not None and "step" in meta else None)
         self.on_checkpoint, self.on_end = on_checkpoint, on_end
         self.evaluate = evaluate
         self.faults = {tuple(f) for f in plan.faults}
@@ -142,15 +146,43 @@ class RunHooks:
         if finished and self.on_end is None:
             report["final"] = 1  # the run's last report (with on_end, that report comes after)
         if self.rank == 0:
+            self._report_checkpoint(state, epoch, pos, finished, new_best, report)
+        else:
+            ray.train.report(report)
+
+    def _report_checkpoint(self, state, epoch, pos, finished, new_best, report) -> None:
+        """Rank 0: write the checkpoint folder, seal it (checksums) and hand it to Ray Train, which
+        copies it to the run's storage. A storage failure becomes one CheckpointWriteError."""
+        import ray.train
+
+        storage = ray.train.get_context().get_storage()
+        name = storage.make_default_checkpoint_dir_name()  # Ray's own naming, known here to clean up
+        where, copying = tempfile.gettempdir(), False  # until the folder is complete, the local disk's
+        try:
             with tempfile.TemporaryDirectory() as tmp:
+                where = tmp
                 ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
                                        "run_id": self.plan.run_id, "config": self.plan.config,
                                        "store": self.plan.data})
                 if self.on_checkpoint is not None:
                     self.on_checkpoint(state, Path(tmp), new_best)
-                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        else:
-            ray.train.report(report)
+                ckpt.seal(tmp)
+                where, copying = f"{self.plan.storage.rstrip('/')}/{self.plan.run_name}", True
+                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=name)
+        except Exception as e:
+            if not ckpt.is_storage_failure(e):
+                raise
+            if copying:
+                # The partial copy is no checkpoint (never registered, fails verify); on a full disk it
+                # also holds the space Ray Train's controller needs for its run state: remove it.
+                try:
+                    storage.storage_filesystem.delete_dir(f"{storage.experiment_fs_path}/{name}")
+                except Exception:  # read-only or gone: nothing was written, or nothing can be removed
+                    pass
+            raise ckpt.CheckpointWriteError(self.plan.run_name, where, state.step, " ".join(str(e).split()),
+                                            self.last_checkpoint) from e
+        self.last_checkpoint = (state.step, ray.train.get_checkpoint().path)
 
     def _maybe_fail(self, step: int) -> None:
         """The testing aid: at a scheduled (step, rank) that worker exits, once (a marker file records it:

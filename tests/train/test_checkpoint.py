@@ -1,0 +1,123 @@
+"""Checkpoint folders: checksums in the meta (`seal`), `verify`, restore of a bad folder, and the
+choice of the folder to resume from when the latest is bad (no Ray cluster: local files)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+import torch
+
+from xmodal.errors import UserError
+from xmodal.train import checkpoint as ckpt
+from xmodal.train.engine import checkpoint_write_error, good_checkpoint
+from xmodal.train.runtime import prepare
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_state():
+    from xmodal.config import OptimConfig, TrainConfig
+
+    torch.manual_seed(0)
+    return prepare(torch.nn.Linear(4, 3), torch.device("cpu"), TrainConfig(), OptimConfig(lr=1e-3), 10)
+
+
+def sealed(folder, step=3, extra=True):
+    state = make_state()
+    state.step = step
+    ckpt.save(folder, state, {"epoch": 0, "pos": step})
+    if extra:  # a file a job's on_checkpoint adds after save (best_model.pt)
+        torch.save({"score": 1.0}, folder / "best_model.pt")
+    ckpt.seal(folder)
+    return folder
+
+
+def test_a_sealed_folder_verifies_and_lists_every_file(tmp_path):
+    d = sealed(tmp_path / "c")
+    assert ckpt.verify(d) is None
+    assert set(ckpt.read_meta(d)["files"]) == {ckpt.MODEL_FILE, ckpt.STATE_FILE, "best_model.pt"}
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: (d / ckpt.MODEL_FILE).write_bytes((d / ckpt.MODEL_FILE).read_bytes()[:100]),
+     r"model.pt has 100 bytes, expected \d+ \(truncated"),
+    (lambda d: (d / "best_model.pt").write_bytes(bytes([(d / "best_model.pt").read_bytes()[0] ^ 1])
+                                                 + (d / "best_model.pt").read_bytes()[1:]),
+     r"best_model.pt: sha256 mismatch \(corrupted\)"),
+    (lambda d: (d / ckpt.STATE_FILE).unlink(), "state.pt missing"),
+    (lambda d: (d / ckpt.META_FILE).unlink(), "meta.json missing"),
+    (lambda d: (d / ckpt.META_FILE).write_text('{"step": 3, "fil'), "meta.json unreadable"),
+])
+def test_verify_names_what_is_wrong(tmp_path, damage, reason):
+    d = sealed(tmp_path / "c")
+    damage(d)
+    why = ckpt.verify(d)
+    assert why is not None and re.search(reason, why), why
+
+
+def test_a_checkpoint_from_before_checksums_is_accepted(tmp_path):
+    d = tmp_path / "old"
+    ckpt.save(d, make_state(), {"epoch": 0, "pos": 0})  # no seal: as written before checksums
+    assert ckpt.verify(d) is None
+    (d / ckpt.STATE_FILE).unlink()
+    assert ckpt.verify(d) == "state.pt missing"
+
+
+def test_restore_of_a_corrupt_folder_raises_a_clear_error(tmp_path):
+    d = sealed(tmp_path / "c")
+    (d / ckpt.MODEL_FILE).write_bytes(b"")
+    with pytest.raises(ckpt.CorruptCheckpointError, match=f"checkpoint {d} is corrupt \\(model.pt has 0 bytes"):
+        ckpt.restore(d, make_state())
+    assert issubclass(ckpt.CorruptCheckpointError, UserError)
+
+
+def test_resume_falls_back_to_the_highest_step_that_verifies(tmp_path, capfd):
+    from pyarrow.fs import LocalFileSystem
+    from ray.train import Checkpoint
+
+    run = tmp_path / "run"
+    for name, step in [("checkpoint_a", 4), ("checkpoint_b", 8), ("checkpoint_c", 12), ("checkpoint_d", 16)]:
+        sealed(run / name, step)
+    (run / "checkpoint_c" / ckpt.MODEL_FILE).write_bytes(b"x")  # step 12 is bad too
+    (run / "checkpoint_e").mkdir()  # what a failed copy leaves: no meta
+    (run / "checkpoint_d" / ckpt.STATE_FILE).unlink()
+    fs = LocalFileSystem()
+    picked = good_checkpoint(Checkpoint(str(run / "checkpoint_d"), fs))
+    assert picked.path == str(run / "checkpoint_b")
+    out = capfd.readouterr().out
+    assert (f"[xmodal] checkpoint {run / 'checkpoint_d'} is corrupt (state.pt missing); resuming from "
+            f"{run / 'checkpoint_b'} (step 8)") in out
+    assert f"checkpoint {run / 'checkpoint_c'} is corrupt too (model.pt has 1 bytes" in out
+
+    good = Checkpoint(str(run / "checkpoint_b"), fs)
+    assert good_checkpoint(good).path == good.path  # a good latest is taken as it is
+    for name in ("checkpoint_a", "checkpoint_b"):
+        (run / name / ckpt.META_FILE).unlink()
+    assert good_checkpoint(Checkpoint(str(run / "checkpoint_d"), fs)) is None
+    assert "no other checkpoint of the run verifies; starting from scratch" in capfd.readouterr().out
+
+
+def test_a_write_error_crosses_processes_and_is_found_in_what_fit_raises():
+    from ray.train import WorkerGroupError
+
+    e = ckpt.CheckpointWriteError("r1", "/mnt/full/r1", 8, "[Errno 28] No space left on device",
+                                  (4, "/mnt/full/r1/checkpoint_x"))
+    e = pickle.loads(pickle.dumps(e))  # Ray pickles a worker's exception to the driver
+    raised = WorkerGroupError("worker 0 failed", {1: RuntimeError("collateral"), 0: e})
+    found = checkpoint_write_error(raised)
+    assert found is not None and found.step == 8
+    assert found.advice() == (
+        "writing a checkpoint of run r1 under /mnt/full/r1 failed at step 8: [Errno 28] No space left on "
+        "device; the previous checkpoint (step 4, /mnt/full/r1/checkpoint_x) is intact: make the storage "
+        "writable (or free space) and rerun with mlflow.run_name=r1 to resume")
+    assert checkpoint_write_error(WorkerGroupError("x", {0: RuntimeError("a bug")})) is None
+    assert not ckpt.is_storage_failure(RuntimeError("copy failed"))
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("upload failed") from inner
+    except RuntimeError as outer:
+        assert ckpt.is_storage_failure(outer)
