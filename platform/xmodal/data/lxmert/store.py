@@ -474,7 +474,7 @@ def open_store(path: str | Path) -> LxmertStore:
                          "lxmert|synthetic`)")
     m = LxmertManifest.read(root)  # names the path and the kind expected when it is not an LXMERT store
     expected = arrow_schema(m.num_objects, m.feat_dim, m.max_seq_len)
-    row_groups: dict[str, list[int]] = {}
+    row_groups: dict[str, list[tuple[int, int]]] = {}  # file -> (images, sentences) per row group
     for shards in m.shards.values():
         for s in shards:
             p = root / s.file

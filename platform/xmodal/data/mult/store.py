@@ -366,6 +366,7 @@ class MultStore:
     def __init__(self, path: Path, manifest: MultManifest):
         self.path = path
         self.manifest = manifest
+        self._units: dict[str, list[Unit]] = {}  # split -> its row groups (footers read on first use)
 
     def __repr__(self) -> str:
         return f"MultStore({str(self.path)!r}, {self.manifest.dataset}, rows {self.manifest.rows})"
@@ -411,7 +412,10 @@ class MultStore:
         return [str(self.path / sh.file) for sh in self.manifest.splits[split]]
 
     def units(self, split: str) -> list[Unit]:
-        """The split's row groups, the units it is dealt out in to workers (samples = clips)."""
+        """The split's row groups, the units it is dealt out in to workers (samples = clips); the
+        footers are read once per split and store object."""
+        if split in self._units:
+            return self._units[split]
         out = []
         for f in self.shard_paths(split):
             try:
@@ -420,6 +424,7 @@ class MultStore:
                 raise StoreError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e}); re-ingest the "
                                  "store") from None
             out += [Unit(f, g, md.row_group(g).num_rows, md.row_group(g).num_rows) for g in range(md.num_row_groups)]
+        self._units[split] = out
         return out
 
     def _check_split(self, split: str) -> None:
