@@ -37,6 +37,7 @@ from torch import nn
 
 from xmodal import tracking
 from xmodal.config import ConfigError, flatten
+from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cluster import connect, storage_path
 from xmodal.train.hooks import RunHooks, ValidationSelection, say, summary_table
@@ -244,6 +245,14 @@ def total_steps(spec: JobSpec, cfg, data, micro: int, workers: int) -> int:
         if cfg.train.max_steps and total >= cfg.train.max_steps:
             return cfg.train.max_steps
     return total
+
+
+def dealt_epoch_steps(units, cfg, micro: int, workers: int, epoch: int) -> int:
+    """`JobSpec.epoch_steps` of a job whose train split is dealt out in units (row groups, see
+    `data.common.epoch_units`): every worker stops an epoch when the one with the fewest samples
+    runs out."""
+    shares = epoch_samples(units, seed=cfg.train.seed, epoch=epoch, world=workers)
+    return min(shares) // micro // cfg.train.grad_accum
 
 
 def check(spec: JobSpec, cfg) -> Checked:

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from xmodal.config import ConfigError, MultTrainConfig
-from xmodal.data.common import epoch_samples, epoch_units, read_unit
+from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
-from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
+from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.loop import autocast, gather_rows
 
 DEFAULT_STORE = "data/synthetic_mult"
@@ -52,9 +52,7 @@ class MultJob(JobSpec):
         return store.manifest.rows["train"]
 
     def epoch_steps(self, cfg, store, micro: int, workers: int, epoch: int) -> int:
-        # Every worker stops an epoch when the one with the fewest clips runs out.
-        shares = epoch_samples(store.units("train"), seed=cfg.train.seed, epoch=epoch, world=workers)
-        return min(shares) // micro // cfg.train.grad_accum
+        return dealt_epoch_steps(store.units("train"), cfg, micro, workers, epoch)
 
     def run_name(self, cfg: MultTrainConfig) -> str:
         return f"mult-{cfg.model.variant}"

@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
-from xmodal.data.common import epoch_samples
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
-from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
+from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.loop import evaluate_sums, ratios
 
 DEFAULT_STORE = "data/synthetic_lxmert"
@@ -46,9 +45,7 @@ class PretrainJob(JobSpec):
         return store.manifest.sentences("train")
 
     def epoch_steps(self, cfg, store, micro: int, workers: int, epoch: int) -> int:
-        # Every worker stops an epoch when the one with the fewest sentences runs out.
-        shares = epoch_samples(store.units("train"), seed=cfg.train.seed, epoch=epoch, world=workers)
-        return min(shares) // micro // cfg.train.grad_accum
+        return dealt_epoch_steps(store.units("train"), cfg, micro, workers, epoch)
 
     def run_name(self, cfg: PretrainConfig) -> str:
         return f"pretrain-{cfg.preset}"
