@@ -259,6 +259,25 @@ def test_chaos_sweep_survives_worker_faults_and_a_killed_driver(tmp_path, tiny_s
         for col, value in row.items():
             assert chaos_rows[params][col] == pytest.approx(value, abs=1e-5), (params, col)
 
+    # Step by step, each faulty trial against the fault-free trial with the same values.
+    clean_runs = {(r.params["train.max_steps"], r.params["optim.lr"]): r for r in children(uri, clean["parent_run_id"])}
+    worst, lost = 0.0, 0
+    for r in runs:
+        twin = clean_runs[(r.params["train.max_steps"], r.params["optim.lr"])]
+        for key in ("train/loss", "eval/loss/mlm", "eval/match_acc"):
+            mine, theirs = (dict(tracking.metric_history(uri, x.run_id, key)) for x in (r, twin))
+            assert mine.keys() == theirs.keys(), (r.name, key)
+            worst = max(worst, *(abs(mine[s] - theirs[s]) for s in theirs))
+        # Steps trained twice: from each restart's checkpoint up to the last step logged before it.
+        logged = tracking.metric_points(uri, r.run_id, "train/loss")
+        for back in tracking.metric_points(uri, r.run_id, "train/resumed_from_step"):
+            lost += max([p.step for p in logged if p.timestamp < back.timestamp], default=0) - int(back.value)
+    assert worst <= 1e-5, f"a faulty trial differs from its fault-free twin by {worst}"
+    print(f"[chaos] {len(injected)} worker faults and 1 driver kill injected, all survived: 4 of 4 trials "
+          f"finished, 0 metric values lost, {lost} steps trained twice (to the 2-step logging interval), "
+          f"largest difference from the "
+          f"fault-free sweep {worst:.2e}")
+
 
 def _table(path: Path) -> dict[tuple, dict[str, float]]:
     """The report's table.csv: (parameter values) -> its numeric columns."""

@@ -1,5 +1,6 @@
 """The shared loop, step and checkpoints, with the tiny LXMERT on random batches (no Ray)."""
 
+import pytest
 import torch
 
 from xmodal.batches import LxmertBatch
@@ -43,34 +44,40 @@ class Recorder:
 def test_fit_runs_epochs_with_accumulation_and_drops_partial_groups():
     data = batches(5)
     state, rec = make_state(), Recorder()
-    fit(state, lambda epoch, skip: data[skip:], rec, epochs=2, total_steps=100, grad_accum=2)
-    # 5 micro-batches per epoch with accumulation 2: two steps per epoch, the 5th micro-batch dropped.
+    fit(state, lambda epoch, skip: data[skip:], rec, epoch_steps=[2, 2], grad_accum=2)
+    # 5 micro-batches per epoch with accumulation 2: two steps per epoch, the 5th micro-batch unused.
     assert [s for _, s, _ in rec.steps] == [1, 2, 3, 4]
     assert [e for e, _, _ in rec.steps] == [0, 0, 1, 1]
     assert rec.ended == (2, 4)
 
 
-def test_fit_stops_at_total_steps_and_resumes_from_a_position():
+def test_fit_takes_the_planned_steps_and_resumes_from_a_position():
     data = batches(6)
     state, rec = make_state(), Recorder()
-    fit(state, lambda epoch, skip: data[skip:], rec, epochs=3, total_steps=8, start=(1, 4))
+    fit(state, lambda epoch, skip: data[skip:], rec, epoch_steps=[6, 6, 4], start=(1, 4))
     # Resumed in epoch 1 after 4 steps: 2 steps left there, then 6 in epoch 2 until step 8.
     assert [(e, s) for e, s, _ in rec.steps][:3] == [(1, 1), (1, 2), (2, 3)]
-    assert rec.ended[1] == 8
+    assert rec.ended == (3, 6)
+
+
+def test_a_worker_short_of_its_planned_batches_stops_the_run():
+    data = batches(3)
+    with pytest.raises(RuntimeError, match="epoch 1: this worker's train batches ran out after 3 of the 4 steps"):
+        fit(make_state(), lambda epoch, skip: data[skip:], Recorder(), epoch_steps=[3, 4])
 
 
 def test_checkpoint_round_trip_restores_training_exactly(tmp_path):
     data = batches(4, seed=1)
     a = make_state()
-    fit(a, lambda e, s: data[s:2], Recorder(), epochs=1, total_steps=2)
+    fit(a, lambda e, s: data[s:2], Recorder(), epoch_steps=[2])
     ckpt.save(tmp_path / "c", a, {"epoch": 0, "pos": 2})
     b = make_state(seed=123)  # different init: everything must come from the checkpoint
     meta = ckpt.restore(tmp_path / "c", b)
     assert meta["pos"] == 2 and b.step == 2
     assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
     ra, rb = Recorder(), Recorder()
-    fit(a, lambda e, s: data[2:], ra, epochs=1, total_steps=10)
-    fit(b, lambda e, s: data[2:], rb, epochs=1, total_steps=10)
+    fit(a, lambda e, s: data[2:], ra, epoch_steps=[2])
+    fit(b, lambda e, s: data[2:], rb, epoch_steps=[2])
     assert [x[2] for x in ra.steps] == [x[2] for x in rb.steps]
 
 

@@ -196,6 +196,7 @@ class Checked:
     tracking_uri: str
     storage: str
     faults: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (step, rank): the testing aid
+    epoch_steps: list[int] = dataclasses.field(default_factory=list)  # `epoch_plan`
 
 
 @dataclass
@@ -214,6 +215,7 @@ class RunPlan:
     micro_batch: int
     faults: list[tuple[int, int]]  # (step, rank) at which a worker exits once (fault injection, a testing aid)
     fault_dir: str | None  # where each fault, once injected, leaves its marker
+    epoch_steps: list[int]  # the steps of each epoch, the same on every worker (`epoch_plan`)
     baselines: dict[str, list] = dataclasses.field(default_factory=dict)
 
 
@@ -234,17 +236,19 @@ def split_batch(cfg) -> int:
     return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
 
 
-def total_steps(spec: JobSpec, cfg, data, micro: int, workers: int) -> int:
-    total = 0
+def epoch_plan(spec: JobSpec, cfg, data, micro: int, workers: int) -> list[int]:
+    """The optimizer steps of each epoch the run trains (the last one cut at `train.max_steps`):
+    every worker takes exactly these, so the loop needs no agreement on who still has a batch."""
+    plan: list[int] = []
     for epoch in range(cfg.train.epochs):
         steps = spec.epoch_steps(cfg, data, micro, workers, epoch)
         if steps < 1:
             raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than a worker's share of the "
                               f"{spec.train_examples(cfg, data)} training examples of {spec.data_path(data)}")
-        total += steps
-        if cfg.train.max_steps and total >= cfg.train.max_steps:
-            return cfg.train.max_steps
-    return total
+        if cfg.train.max_steps and sum(plan) + steps >= cfg.train.max_steps:
+            return [*plan, cfg.train.max_steps - sum(plan)]
+        plan.append(steps)
+    return plan
 
 
 def dealt_epoch_steps(units, cfg, micro: int, workers: int, epoch: int) -> int:
@@ -268,14 +272,16 @@ def check(spec: JobSpec, cfg) -> Checked:
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)
-    total = total_steps(spec, cfg, data, micro, cfg.scale.num_workers)
+    epochs = epoch_plan(spec, cfg, data, micro, cfg.scale.num_workers)
+    total = sum(epochs)
     try:
         with torch.device("meta"):  # the whole model, no memory: shapes and options checked
             spec.build_objective(cfg, data)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
     spec.check_batches(cfg, data)
-    return Checked(cfg, data, start, micro, total, uri, storage, fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name))
+    return Checked(cfg, data, start, micro, total, uri, storage,
+                   fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs)
 
 
 def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name: str) -> list[tuple[int, int]]:
@@ -329,7 +335,8 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                              {f"baseline/{k.split('/', 1)[-1]}": v[0] for k, v in baselines.items()})
     return RunPlan(job=spec.name, config=cfg.model_dump(mode="json"), data=spec.data_path(data),
                    start=checked.start, tracking_uri=checked.tracking_uri, run_id=run_id, run_name=name,
-                   storage=checked.storage, total_steps=checked.total_steps, micro_batch=checked.micro_batch,
+                   storage=checked.storage, total_steps=checked.total_steps, epoch_steps=checked.epoch_steps,
+                   micro_batch=checked.micro_batch,
                    faults=checked.faults,
                    fault_dir=str(Path(checked.storage) / name / ".faults") if checked.faults else None,
                    baselines=baselines)
@@ -541,8 +548,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
                      on_checkpoint=w.selection.save if selecting else None,
                      on_end=functools.partial(_held_out, spec, w, plan) if selecting else None,
                      resumed_from=resume.path if resume is not None else None)
-    fit(w.state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs,
-        total_steps=plan.total_steps, grad_accum=cfg.train.grad_accum,
+    fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=plan.epoch_steps,
+        grad_accum=cfg.train.grad_accum,
         start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg))
 
 
@@ -637,10 +644,11 @@ def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, flo
     start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
     cfg = spec.fit_to_data(cfg, data, pretrained)
     micro = split_batch(cfg)
-    total = total_steps(spec, cfg, data, micro, workers=1)
+    epochs = epoch_plan(spec, cfg, data, micro, workers=1)
+    total = sum(epochs)
     w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
     hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
-    fit(w.state, functools.partial(spec.train_batches, w), hooks, epochs=cfg.train.epochs, total_steps=total,
+    fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=epochs,
         grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg))
     if w.selection is None:
         return w, spec.evaluate(w)

@@ -83,7 +83,7 @@ class RunHooks:
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
         self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics)
                        if rank == 0 else None)
-        self.window: dict[str, float] = {}
+        self.window: dict[str, torch.Tensor] = {}  # loss sums since the last log step
         self.window_steps = 0
         self.last_metrics: dict[str, float] = {}
         if self.logger is not None and "step" in meta:
@@ -95,8 +95,8 @@ class RunHooks:
         t = self.train
         self.meter.add(t.batch_size)
         self._maybe_fail(state.step)
-        for k, v in losses.items():
-            self.window[k] = self.window.get(k, 0.0) + float(v)
+        for k, v in losses.items():  # summed on the device: read once per log step, not every step
+            self.window[k] = self.window.get(k, 0) + v
         self.window_steps += 1
         if state.step % t.log_every == 0:
             sums = all_reduce_sums(self.window, self.device)

@@ -2,15 +2,16 @@
 
 `fit` drives `train_step` over epochs; everything task- or platform-specific
 (logging, evaluation, checkpoints, fault injection) happens in `hooks`.
-Works in one process or under torch.distributed (DDP): workers stop an epoch
-together when any of them runs out of batches, so no collective ever hangs.
+Works in one process or under torch.distributed (DDP): every worker takes the steps the driver
+planned for each epoch (its smallest share), so workers never have to agree, batch by batch, on who
+still has one: the steady state has no host sync (losses stay on the device until a log step).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -40,18 +41,21 @@ def fit(
     data: Callable[[int, int], Iterable[Any]],  # (epoch, micro-batches to skip) -> micro-batches
     hooks: Hooks,
     *,
-    epochs: int,
-    total_steps: int,
+    epoch_steps: Sequence[int],  # optimizer steps of each epoch, the same on every worker
     grad_accum: int = 1,
     start: tuple[int, int] = (0, 0),  # (epoch, optimizer steps already done in it), from a checkpoint
     step_kwargs: Callable[[int], dict[str, Any]] = lambda epoch: {},
 ) -> None:
     epoch, pos = start
-    while epoch < epochs and state.step < total_steps:
-        micro = synced(data(epoch, pos * grad_accum), device_of(state.model))
-        while state.step < total_steps and (group := list(itertools.islice(micro, grad_accum))):
+    while epoch < len(epoch_steps):
+        micro = iter(data(epoch, pos * grad_accum)) if pos < epoch_steps[epoch] else iter(())
+        while pos < epoch_steps[epoch]:
+            group = list(itertools.islice(micro, grad_accum))
             if len(group) < grad_accum:
-                break  # a partial accumulation group at the end of an epoch is dropped
+                # The driver counted every worker's share (engine.epoch_plan): a worker short of
+                # batches would leave the others waiting in a collective, so it stops the run.
+                raise RuntimeError(f"epoch {epoch}: this worker's train batches ran out after {pos} of the "
+                                   f"{epoch_steps[epoch]} steps planned for the epoch")
             losses = train_step(state, group, **step_kwargs(epoch))
             pos += 1
             hooks.after_step(state, epoch, pos, losses)
@@ -63,28 +67,13 @@ def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def synced(batches: Iterable[Any], device: torch.device) -> Iterator[Any]:
-    """Yield batches while EVERY worker still has one (all-reduce MIN of a flag per batch)."""
-    it = iter(batches)
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    while True:
-        batch = next(it, None)
-        if distributed:
-            flag = torch.tensor([0 if batch is None else 1], device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            if int(flag.item()) == 0:
-                return
-        elif batch is None:
-            return
-        yield batch
-
-
 def all_reduce_sums(sums: dict[str, torch.Tensor | float], device: torch.device) -> dict[str, float]:
-    """Sum a dict of scalars over all workers (keys must match on every worker)."""
+    """Sum a dict of scalars (floats or 0-d tensors, left on their device) over all workers (keys must
+    match on every worker); one host read in all."""
     keys = sorted(sums)
     if not keys:
         return {}
-    vec = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=device)
+    vec = torch.stack([torch.as_tensor(sums[k], device=device).to(torch.float64) for k in keys])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(vec)
     return dict(zip(keys, vec.tolist(), strict=True))

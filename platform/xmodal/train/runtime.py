@@ -66,8 +66,10 @@ def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, op
         opt = adamw(objective, optim.lr, optim.weight_decay, optim.betas, optim.eps)
     else:  # Adam without decoupled weight decay (the MulT reference)
         params = [p for p in objective.parameters() if p.requires_grad]
+        # Fused, as AdamW (step.adamw): the for-loop Adam reads every parameter's step count back to
+        # the host (`.item()`) at every step.
         opt = torch.optim.Adam(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                               weight_decay=optim.weight_decay)
+                               weight_decay=optim.weight_decay, fused=device.type in ("cuda", "cpu"))
     scheduler = linear_warmup_decay(opt, total_steps, optim.warmup_ratio)
     model: nn.Module = objective
     if train.compile:
