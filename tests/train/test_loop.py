@@ -1,5 +1,7 @@
 """The shared loop, step and checkpoints, with the tiny LXMERT on random batches (no Ray)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,9 +25,9 @@ def batches(n, seed=0, size=8):
             .to("cpu", torch.float32) for _ in range(n)]
 
 
-def make_state(total_steps=20, seed=0):
+def make_state(total_steps=20, seed=0, config=C):
     torch.manual_seed(seed)
-    obj = PretrainingObjective(LxmertForPretraining(C), PretrainTasks())
+    obj = PretrainingObjective(LxmertForPretraining(config), PretrainTasks())
     return prepare(obj, torch.device("cpu"), TrainConfig(), OptimConfig(lr=1e-3), total_steps)
 
 
@@ -79,6 +81,26 @@ def test_checkpoint_round_trip_restores_training_exactly(tmp_path):
     fit(a, lambda e, s: data[2:], ra, epoch_steps=[2])
     fit(b, lambda e, s: data[2:], rb, epoch_steps=[2])
     assert [x[2] for x in ra.steps] == [x[2] for x in rb.steps]
+
+
+def test_each_worker_draws_its_own_dropout_and_a_resumed_run_draws_the_same(tmp_path):
+    data = batches(4, seed=2)
+    dropping = dataclasses.replace(C, dropout=0.1, attention_dropout=0.1)
+
+    def run(rank, state=None, skip=0):
+        state, rec = state or make_state(config=dropping), Recorder()  # the same weights on every worker
+        fit(state, lambda e, s: data[skip:][s:], rec, epoch_steps=[4 - skip], seed=(0, rank))
+        return [x[2] for x in rec.steps]
+
+    whole = run(0)
+    assert whole[0] != run(1)[0]  # the same weights and batch, other dropout masks
+    head = make_state(config=dropping)
+    fit(head, lambda e, s: data[:2], Recorder(), epoch_steps=[2], seed=(0, 0))
+    ckpt.save(tmp_path / "c", head, {"epoch": 0, "pos": 2})
+    resumed = make_state(seed=7, config=dropping)
+    ckpt.restore(tmp_path / "c", resumed)
+    torch.manual_seed(12345)  # any generator state: the step's seed decides its masks
+    assert run(0, resumed, skip=2) == whole[2:]
 
 
 def test_evaluate_reports_task_metrics():

@@ -550,7 +550,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
                      resumed_from=resume.path if resume is not None else None)
     fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=plan.epoch_steps,
         grad_accum=cfg.train.grad_accum,
-        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg))
+        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg),
+        seed=(cfg.train.seed, w.rank))
 
 
 def good_checkpoint(latest, loud: bool = True):
@@ -649,7 +650,7 @@ def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, flo
     w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
     hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
     fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=epochs,
-        grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg))
+        grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg), seed=(cfg.train.seed, 0))
     if w.selection is None:
         return w, spec.evaluate(w)
     return w, _held_out(spec, w, None, w.state)

@@ -45,6 +45,7 @@ def fit(
     grad_accum: int = 1,
     start: tuple[int, int] = (0, 0),  # (epoch, optimizer steps already done in it), from a checkpoint
     step_kwargs: Callable[[int], dict[str, Any]] = lambda epoch: {},
+    seed: tuple[int, int] | None = None,  # (run seed, rank): each step's dropout masks
 ) -> None:
     epoch, pos = start
     while epoch < len(epoch_steps):
@@ -56,11 +57,20 @@ def fit(
                 # batches would leave the others waiting in a collective, so it stops the run.
                 raise RuntimeError(f"epoch {epoch}: this worker's train batches ran out after {pos} of the "
                                    f"{epoch_steps[epoch]} steps planned for the epoch")
+            if seed is not None:
+                torch.manual_seed(step_seed(*seed, state.step))
             losses = train_step(state, group, **step_kwargs(epoch))
             pos += 1
             hooks.after_step(state, epoch, pos, losses)
         epoch, pos = epoch + 1, 0
     hooks.at_end(state, epoch, pos)
+
+
+def step_seed(seed: int, rank: int, step: int) -> int:
+    """The torch seed of one optimizer step on one worker: every worker draws its own dropout masks
+    (the same initial weights come from the run seed alone), and a resumed run draws the masks the
+    uninterrupted one drew, whatever generator state the checkpoint holds."""
+    return (seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1)
 
 
 def device_of(model: torch.nn.Module) -> torch.device:
