@@ -157,3 +157,20 @@ def wait_job(client, job_id: str, timeout: float) -> str:
         time.sleep(2)
     raise TimeoutError(f"job {job_id} still {client.get_job_status(job_id)} after {timeout} s:\n"
                        f"{client.get_job_logs(job_id)[-5000:]}")
+
+
+def tiny_worker(job: str, store: Path, *overrides: str):
+    """(spec, config, worker) of `job` on the tiny preset, 16 samples a step, on the CPU."""
+    import torch
+
+    from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
+    from xmodal.train import engine
+    from xmodal.train.specs import job_spec
+
+    spec = job_spec(job)
+    config = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
+    cfg = load_config(config, overrides=["preset=tiny", "train.batch_size=16", f"data.store={store}", *overrides])
+    data = spec.resolve_data(cfg)
+    start, pretrained = spec.resolve_start(cfg, data, "", Path("."))
+    cfg = spec.fit_to_data(cfg, data, pretrained)
+    return spec, cfg, engine.make_worker(spec, cfg, data, start, torch.device("cpu"), 20, engine.split_batch(cfg))

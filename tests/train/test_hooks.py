@@ -7,35 +7,18 @@ from __future__ import annotations
 
 import collections
 import functools
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
-from xmodal.train import engine
 from xmodal.train.hooks import RunHooks
 from xmodal.train.loop import fit
+from xmodal_testing import tiny_worker
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 READS = ("item", "__float__", "__int__", "__bool__", "__index__", "tolist")
-
-
-@pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    from xmodal.data.finetune.synthetic import build_synthetic_vqa
-    from xmodal.data.lxmert.synthetic import build_synthetic_store
-    from xmodal.data.mult.synthetic import SyntheticMultOptions
-    from xmodal.data.mult.synthetic import build_synthetic_store as build_mult
-    from xmodal.data.options import SyntheticLxmertOptions
-
-    root = tmp_path_factory.mktemp("stores")
-    images = build_synthetic_store(root / "lxmert", SyntheticLxmertOptions(
-        num_images=160, feat_dim=16, num_objects=8, num_object_labels=10, num_attr_labels=4, num_answers=20))
-    return {"pretrain": images.path, "mult": build_mult(root / "mult", SyntheticMultOptions(num_samples=240)).path,
-            "finetune": build_synthetic_vqa(images.path, root / "vqa", questions_per_image=2).path}
 
 
 class Counter:
@@ -84,16 +67,7 @@ class LogPoints(RunHooks):
 
 @pytest.mark.parametrize("job", ["pretrain", "mult", "finetune"])
 def test_the_steady_state_reads_the_device_once_per_log_step(job, stores):
-    from xmodal.train.specs import job_spec
-
-    spec = job_spec(job)
-    config = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
-    cfg = load_config(config, overrides=["preset=tiny", "train.batch_size=16", "train.log_every=10",
-                                         "train.eval_every=1000", f"data.store={stores[job]}"])
-    data = spec.resolve_data(cfg)
-    start, pretrained = spec.resolve_start(cfg, data, "", Path("."))
-    cfg = spec.fit_to_data(cfg, data, pretrained)
-    w = engine.make_worker(spec, cfg, data, start, torch.device("cpu"), 20, engine.split_batch(cfg))
+    spec, cfg, w = tiny_worker(job, stores[job], "train.log_every=10", "train.eval_every=1000")
     every = (b for epoch in range(8) for b in spec.train_batches(w, epoch, 0))  # small stores: several epochs
     batches = list(zip(range(20), every, strict=False))
     assert len(batches) == 20

@@ -60,11 +60,17 @@ class PretrainTasks:
         return dataclasses.replace(self, **changes)
 
 
-def _mean(x: Tensor, weight: Tensor | None = None) -> Tensor:
-    """Mean that is 0 (with a graph) on an empty selection."""
-    if weight is None:
-        return x.sum() / max(x.numel(), 1)
-    return (x * weight).sum() / max(x.numel(), 1)
+def _masked_mean(x: Tensor, keep: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Mean of `x` over the kept entries (0, with a graph, when none is kept). Static shapes: every
+    entry is computed and the unkept ones are zeroed, so a compiled graph never breaks on a boolean
+    selection (`nonzero`) and nothing waits for the host."""
+    kept = keep.to(x.dtype)
+    scale = kept if weight is None else kept * weight.to(x.dtype)
+    return (x * scale).sum() / kept.sum().clamp(min=1)
+
+
+def _hits(logits: Tensor, target: Tensor, keep: Tensor) -> Tensor:
+    return ((logits.argmax(-1) == target) & keep).sum()
 
 
 def pretraining_losses(
@@ -79,7 +85,8 @@ def pretraining_losses(
     `active` narrows the enabled tasks for this step (the paper's schedule adds
     QA only in the last half). Returns {"loss": sum, "loss/<task>": ...} and,
     with `with_metrics`, "<metric>/correct" and "<metric>/count" sums that can be
-    reduced across workers before dividing.
+    reduced across workers before dividing. Each loss is a mean over the positions its task
+    selects (masked words, masked or labelled objects, matched pairs), computed with static shapes.
     """
     run = tuple(t for t in tasks.enabled() if active is None or t in active)
     out = model(batch.input_ids, batch.attention_mask, batch.visual_feats, batch.boxes, batch.visual_mask)
@@ -87,45 +94,47 @@ def pretraining_losses(
 
     if "mlm" in run:
         sel = batch.mlm_labels != IGNORE  # (B, T)
-        logits = model.mlm_head(out.lang[sel])  # (M, V) at masked words only
-        target = batch.mlm_labels[sel]
-        res["loss/mlm"] = _mean(F.cross_entropy(logits.float(), target, reduction="none"))
+        logits = model.mlm_head(out.lang).float()  # (B, T, V): every word, the loss keeps the masked ones
+        target = batch.mlm_labels.clamp(min=0)
+        ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(sel)
+        res["loss/mlm"] = _masked_mean(ce, sel)
         if with_metrics:
-            res["mlm_acc/correct"] = (logits.argmax(-1) == target).sum()
-            res["mlm_acc/count"] = target.new_tensor(target.numel())
+            res["mlm_acc/correct"] = _hits(logits, target, sel)
+            res["mlm_acc/count"] = sel.sum()
 
     if "obj_feat" in run or "obj_label" in run:
         masked = batch.obj_masked & batch.visual_mask  # (B, N)
         need = masked if tasks.label_objects == "masked" or "obj_label" not in run else batch.visual_mask
-        h = model.object_heads.transform(out.visn[need])  # (K, D)
-        masked_in_need = masked[need]  # (K,)
+        h = model.object_heads.transform(out.visn)  # (B, N, D); the losses keep `need`
 
         if "obj_feat" in run:
-            pred = model.object_heads.feat(h[masked_in_need]).float()  # (M, F)
-            target = batch.feat_targets[masked].float()
+            pred = model.object_heads.feat(h).float()  # (B, N, F)
+            target = batch.feat_targets.float()
             if tasks.feat_loss == "l2":
                 per_obj = F.mse_loss(pred, target, reduction="none").mean(-1)
             else:
                 per_obj = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
-            res["loss/obj_feat"] = tasks.visual_loss_scale * _mean(per_obj)
+            res["loss/obj_feat"] = tasks.visual_loss_scale * _masked_mean(per_obj, masked)
             if with_metrics:
-                res["feat_mse/correct"] = F.mse_loss(pred, target, reduction="none").mean(-1).sum().detach()
-                res["feat_mse/count"] = batch.obj_labels.new_tensor(pred.shape[0])
+                mse = F.mse_loss(pred, target, reduction="none").mean(-1)
+                res["feat_mse/correct"] = (mse * masked).sum().detach()
+                res["feat_mse/count"] = masked.sum()
 
         if "obj_label" in run:
             total = h.new_zeros((), dtype=torch.float32)
             for name, head, labels, conf in (
-                ("obj", model.object_heads.obj, batch.obj_labels[need], batch.obj_conf[need]),
-                ("attr", model.object_heads.attr, batch.attr_labels[need], batch.attr_conf[need]),
+                ("obj", model.object_heads.obj, batch.obj_labels, batch.obj_conf),
+                ("attr", model.object_heads.attr, batch.attr_labels, batch.attr_conf),
             ):
-                keep = labels != IGNORE
-                logits = head(h[keep]).float()
-                ce = F.cross_entropy(logits, labels[keep], reduction="none")
-                weight = conf[keep].float() if tasks.label_confidence_weighted else None
-                total = total + _mean(ce, weight)
+                keep = need & (labels != IGNORE)  # (B, N)
+                logits = head(h).float()  # (B, N, L)
+                target = labels.clamp(min=0)
+                ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(keep)
+                weight = conf.float() if tasks.label_confidence_weighted else None
+                total = total + _masked_mean(ce, keep, weight)
                 if with_metrics:
-                    res[f"{name}_acc/correct"] = (logits.argmax(-1) == labels[keep]).sum()
-                    res[f"{name}_acc/count"] = labels.new_tensor(int(keep.sum()))
+                    res[f"{name}_acc/correct"] = _hits(logits, target, keep)
+                    res[f"{name}_acc/count"] = keep.sum()
             res["loss/obj_label"] = tasks.visual_loss_scale * total
 
     if "matching" in run:
@@ -138,12 +147,12 @@ def pretraining_losses(
     if "qa" in run:
         # Only matched pairs carry a QA target (paper §3.1.3).
         sel = (batch.qa_labels != IGNORE) & (batch.is_matched == 1)  # (B,)
-        logits = model.qa_head(out.pooled[sel]).float()  # (Q, A)
-        target = batch.qa_labels[sel]
-        res["loss/qa"] = _mean(F.cross_entropy(logits, target, reduction="none"))
+        logits = model.qa_head(out.pooled).float()  # (B, A)
+        target = batch.qa_labels.clamp(min=0)
+        res["loss/qa"] = _masked_mean(F.cross_entropy(logits, target, reduction="none"), sel)
         if with_metrics:
-            res["qa_acc/correct"] = (logits.argmax(-1) == target).sum()
-            res["qa_acc/count"] = target.new_tensor(target.numel())
+            res["qa_acc/correct"] = _hits(logits, target, sel)
+            res["qa_acc/count"] = sel.sum()
 
     res["loss"] = sum(res[f"loss/{t}"] for t in run)
     return res
