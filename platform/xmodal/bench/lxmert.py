@@ -44,9 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-mode", default="default",
                    choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
                    help="torch.compile mode (with --compile)")
-    p.add_argument("--capture-dynamic-shapes", action="store_true",
-                   help="with --compile: trace data-dependent shapes (our losses select masked rows with "
-                        "boolean indexing, which otherwise breaks the graph at every nonzero)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     p.add_argument("--steps", type=int, default=20, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per model first (compile happens here)")
@@ -270,8 +267,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.compile and args.capture_dynamic_shapes:
-        torch._dynamo.config.capture_dynamic_output_shape_ops = True
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 training on Hopper uses TF32; same for both
         torch.backends.cudnn.allow_tf32 = True
@@ -289,8 +284,7 @@ def run(args: argparse.Namespace) -> int:
     ).to(device, float_dtype=torch.float32)  # features travel as fp16; both models take fp32 (autocast casts)
 
     where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    compiled = f"on ({args.compile_mode}{', dynamic shapes' if args.capture_dynamic_shapes else ''})" \
-        if args.compile else "off"
+    compiled = f"on ({args.compile_mode})" if args.compile else "off"
     print(f"LXMERT train step: preset={args.preset} batch={args.batch} T={SEQ_LEN} N={NUM_OBJECTS} "
           f"precision={args.precision} device={device.type} ({where}) compile={compiled} "
           f"steps={args.steps} warmup={args.warmup}")
