@@ -216,7 +216,8 @@ def check_against_plain(config: MultConfig, device: torch.device, batch: int = 4
     torch.manual_seed(0)
     model = Mult(config).to(device).eval()
     plain = PlainMult(config).to(device).load_from(model).eval()
-    b = MultBatch.random(batch, generator=torch.Generator().manual_seed(1), **MOSEI_SHAPES).to(device, torch.float32)
+    b = MultBatch.random(batch, generator=torch.Generator().manual_seed(1), dims=(config.l_dim, config.a_dim, config.v_dim),
+                         seq_lens=MOSEI_SHAPES["seq_lens"]).to(device, torch.float32)
     x = (b.text, b.audio, b.vision)
     failures = []
     for prec, tol in (("fp32", 2e-3), ("bf16", 0.15)):
@@ -273,8 +274,9 @@ def run(args: argparse.Namespace) -> int:
     print("-" * len(header), flush=True)
     variable = args.lengths == "variable"
     for bs in args.batch:
+        # MOSEI's lengths; the feature dims are the preset's (the reference preset's are MOSEI's).
         batch = MultBatch.random(bs, variable_lengths=variable, generator=torch.Generator().manual_seed(0),
-                                 **MOSEI_SHAPES)
+                                 dims=(config.l_dim, config.a_dim, config.v_dim), seq_lens=MOSEI_SHAPES["seq_lens"])
         for prec in args.precision:
             torch.manual_seed(0)
             model = Mult(config)
