@@ -86,6 +86,15 @@ def test_mult_config_rejects_bad_model_values():
         load_config(MultTrainConfig, overrides=["preset=reference", "model.dim=31"])
 
 
+def test_mult_f1_protocol_takes_sklearn_or_reference():
+    from xmodal.config import MultTrainConfig
+
+    assert load_config(MultTrainConfig).f1_protocol == "sklearn"
+    assert load_config(MultTrainConfig, overrides=["f1_protocol=reference"]).f1_protocol == "reference"
+    with pytest.raises(ConfigError, match="f1_protocol = 'macro': expected 'sklearn' or 'reference'"):
+        load_config(MultTrainConfig, overrides=["f1_protocol=macro"])
+
+
 # ---------------------------------------------------------------- bounds: every bad value fails at load
 
 

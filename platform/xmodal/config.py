@@ -25,6 +25,7 @@ from xmodal.models.lxmert import LxmertConfig
 from xmodal.models.mult import PRESETS as MULT_PRESETS
 from xmodal.models.mult import MultConfig
 from xmodal.objectives.pretraining import PretrainTasks
+from xmodal.objectives.sentiment import F1Protocol
 
 
 class ConfigError(UserError):
@@ -251,6 +252,11 @@ class MultTrainConfig(Section):
     preset: Literal["small", "reference", "paper_mosei", "paper_mosi", "paper_iemocap", "tiny"] = "small"
     model: MultConfig = Field(default_factory=lambda: MULT_PRESETS["small"])
     regression_loss: Literal["l1", "l2", "smooth_l1"] = "l1"
+    # Metrics: whose support weights the sentiment F1 (`f1`, non-zero protocol). "sklearn": the true
+    # classes' (sklearn's documented order, MMSA); "reference": the predicted classes', as the MulT
+    # reference's src/eval_metrics.py computes it and its published F1s are. IEMOCAP F1s are the same
+    # under both. Logged as the run tag `f1_protocol`.
+    f1_protocol: F1Protocol = "sklearn"
     data: MultDataConfig = Field(default_factory=MultDataConfig)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(
         lr=3e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))

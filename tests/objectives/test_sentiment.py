@@ -76,6 +76,45 @@ def test_weighted_f1_cases_and_sklearn():
     assert m["f1_has0"] == pytest.approx(sk.f1_score(c >= 0, b >= 0, average="weighted"))
 
 
+# Unbalanced where the two F1 protocols differ. Non-zero truths (the sample with truth 0 is left out):
+# true > 0   1 1 1 1 1 0
+# pred > 0   1 1 1 0 0 0
+# class 1: tp 3, 5 true, 3 predicted -> F1 6/8 ; class 0: tp 1, 1 true, 3 predicted -> F1 2/4
+F1_PREDS = np.array([1.5, 0.2, 2.0, -0.3, -1.0, -2.0, 1.0])
+F1_TRUTHS = np.array([2.0, 1.0, 0.5, 3.0, 1.2, -1.0, 0.0])
+
+
+def test_f1_protocols_weight_by_true_or_predicted_support():
+    sk = sentiment_metrics(F1_PREDS, F1_TRUTHS, "sklearn")
+    ref = sentiment_metrics(F1_PREDS, F1_TRUTHS, "reference")
+    assert sk["f1"] == pytest.approx((5 * 6 / 8 + 1 * 2 / 4) / 6)  # true supports 5 / 1: 17/24
+    assert ref["f1"] == pytest.approx((3 * 6 / 8 + 3 * 2 / 4) / 6)  # predicted supports 3 / 3: 15/24
+    # The default is sklearn's order, as before; only `f1` depends on the protocol.
+    assert sentiment_metrics(F1_PREDS, F1_TRUTHS) == sk
+    assert {k: v for k, v in ref.items() if k != "f1"} == {k: v for k, v in sk.items() if k != "f1"}
+    assert compute_metrics("sentiment", F1_PREDS[:, None], F1_TRUTHS, "reference") == ref
+    # The hand example above: true supports 3 / 3, predicted 4 / 2.
+    assert sentiment_metrics(PREDS, TRUTHS, "reference")["f1"] == pytest.approx((4 * 6 / 7 + 2 * 4 / 5) / 6)
+    with pytest.raises(ValueError, match="f1_protocol = 'macro'; expected one of 'sklearn', 'reference'"):
+        sentiment_metrics(F1_PREDS, F1_TRUTHS, "macro")
+    with pytest.raises(ValueError, match="f1_protocol = 'macro'"):
+        compute_metrics("emotions", np.zeros((2, 8)), np.zeros((2, 4)), "macro")
+
+
+def test_f1_protocols_against_sklearn():
+    """"reference" is the MulT reference's call, f1_score(preds > 0, truths > 0); "sklearn" the documented order."""
+    sk = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(1)
+    t = rng.normal(0.8, 1.0, 400).round(1)  # unbalanced, with exact zeros to leave out
+    p = t + rng.normal(0.0, 1.5, 400)
+    nz = t != 0
+    assert sentiment_metrics(p, t, "reference")["f1"] == pytest.approx(
+        sk.f1_score(p[nz] > 0, t[nz] > 0, average="weighted"))
+    assert sentiment_metrics(p, t, "sklearn")["f1"] == pytest.approx(
+        sk.f1_score(t[nz] > 0, p[nz] > 0, average="weighted"))
+    assert sentiment_metrics(p, t, "reference")["f1"] != pytest.approx(sentiment_metrics(p, t, "sklearn")["f1"])
+
+
 def test_emotion_metrics_by_hand():
     labels = np.array([[0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 0], [0, 1, 1, 1]])
     pred = np.array([[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [1, 1, 0, 1]])
@@ -92,6 +131,8 @@ def test_emotion_metrics_by_hand():
     onehot = np.eye(2)[labels]
     assert emotion_metrics(logits, onehot) == m
     assert compute_metrics("emotions", logits.reshape(4, 8), labels) == m
+    # The reference's eval_iemocap calls f1_score(truth, preds): both protocols are sklearn's order here.
+    assert compute_metrics("emotions", logits.reshape(4, 8), labels, "reference") == m
 
 
 def test_objective_losses():

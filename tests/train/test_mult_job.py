@@ -26,6 +26,15 @@ def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
     assert not (tmp_path / "m.db").exists()
 
 
+def test_run_tags_name_the_f1_protocol(mult_store):
+    from xmodal.train.mult import MultJob
+
+    for protocol in ("sklearn", "reference"):
+        cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", f"f1_protocol={protocol}"])
+        tags = MultJob().tags(cfg, mult_store, {})
+        assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
+
+
 @pytest.mark.slow
 def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path, ray_local):
     from xmodal.train.engine import run_job
@@ -35,7 +44,7 @@ def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}",
         "preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "seeds=[1, 2]",
-        "scale.num_workers=2", "mlflow.run_name=seeded", "mlflow.system_metrics=false"])
+        "scale.num_workers=2", "mlflow.run_name=seeded", "mlflow.system_metrics=false", "f1_protocol=reference"])
     out = run_job(MultJob(), cfg)
     parent = tracking.get_run(uri, out.run_id)
     assert parent.status == "FINISHED"
@@ -45,6 +54,7 @@ def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path
     for child in children:
         m = child.metrics
         assert child.status == "FINISHED"
+        assert child.tags["f1_protocol"] == "reference" and child.params["f1_protocol"] == "reference"
         for key in ("test/mae", "test/corr", "test/acc7", "test/acc2", "test/f1", "test/acc2_has0", "best_valid/mae"):
             assert key in m, key
         # The selected model is the best on validation: no logged validation MAE beats it.

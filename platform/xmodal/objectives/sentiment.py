@@ -13,12 +13,20 @@ Sentiment, scores in [-3, 3]
   acc7       accuracy of round(clip(x, -3, 3)) on both sides (7 classes)
   acc5       the same with clip to [-2, 2] (5 classes)
   acc2, f1   non-zero protocol (the paper's): samples with true != 0 only;
-             pred > 0 vs true > 0; f1 is the support-weighted F1
+             pred > 0 vs true > 0; f1 is the support-weighted F1 (weights: see f1_protocol)
   acc2_has0, f1_has0
              has-zero protocol (MMSA's): all samples; pred >= 0 vs true >= 0
 Rounding is numpy's (half to even), as the reference's `np.round`: 2.5 -> 2, -0.5 -> 0.
-The reference calls sklearn's f1_score(pred, true), arguments swapped, which weights by
-PREDICTED support; here F1 is weighted by TRUE support (sklearn's documented order, MMSA).
+
+f1_protocol (`MultTrainConfig.f1_protocol`) says whose support weights the non-zero `f1`:
+  "sklearn"    (default) the TRUE classes' support, sklearn's documented order
+               f1_score(y_true, y_pred), as MMSA computes it;
+  "reference"  the PREDICTED classes' support: the MulT reference's src/eval_metrics.py:
+               eval_mosei_senti calls f1_score(preds > 0, truths > 0), arguments swapped. The F1
+               numbers published from that code (MulT Tables 1-2) are this one.
+Per-class F1 is symmetric in its two arguments, so only the weights differ. `f1_has0` (MMSA's
+metric) and the IEMOCAP F1s (the reference's eval_iemocap calls f1_score(truth, preds)) use the
+true support under both protocols.
 
 IEMOCAP: per emotion (Neutral, Happy, Sad, Angry) binary accuracy and weighted F1 of the
 argmax over its 2 logits: "<emotion>_acc", "<emotion>_f1", plus their means.
@@ -26,6 +34,7 @@ argmax over its 2 logits: "<emotion>_acc", "<emotion>_f1", plus their means.
 
 from __future__ import annotations
 
+import typing
 from typing import Literal
 
 import numpy as np
@@ -38,6 +47,8 @@ from xmodal.models.mult import Mult
 
 EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")
 Task = Literal["sentiment", "emotions"]
+F1Protocol = Literal["sklearn", "reference"]
+F1_PROTOCOLS: tuple[str, ...] = typing.get_args(F1Protocol)
 
 
 # -- metrics (numpy) ---------------------------------------------------------------------------
@@ -77,19 +88,23 @@ def _as_1d(name: str, a) -> np.ndarray:
     return a.reshape(-1)
 
 
-def sentiment_metrics(preds, truths) -> dict[str, float]:
-    """MOSI / MOSEI metrics on full arrays of predicted and true scores (any shape with one value a sample)."""
+def sentiment_metrics(preds, truths, f1_protocol: F1Protocol = "sklearn") -> dict[str, float]:
+    """MOSI / MOSEI metrics on full arrays of predicted and true scores (any shape with one value a sample);
+    f1_protocol weights the non-zero `f1` by true ("sklearn") or predicted ("reference") support."""
+    _check_protocol(f1_protocol)
     p, t = _as_1d("preds", preds), _as_1d("truths", truths)
     if p.shape != t.shape or p.size == 0:
         raise ValueError(f"sentiment_metrics: {p.size} predictions and {t.size} truths; expected the same, > 0")
     nz = t != 0
+    # weighted_f1 weights by its first argument's support: the reference passes the predictions first.
+    f1_by = (t[nz] > 0, p[nz] > 0) if f1_protocol == "sklearn" else (p[nz] > 0, t[nz] > 0)
     out = {
         "mae": float(np.mean(np.abs(p - t))),
         "corr": pearson(p, t),
         "acc7": float(np.mean(np.round(np.clip(p, -3, 3)) == np.round(np.clip(t, -3, 3)))),
         "acc5": float(np.mean(np.round(np.clip(p, -2, 2)) == np.round(np.clip(t, -2, 2)))),
         "acc2": float(np.mean((p[nz] > 0) == (t[nz] > 0))) if nz.any() else float("nan"),
-        "f1": weighted_f1(t[nz] > 0, p[nz] > 0) if nz.any() else float("nan"),
+        "f1": weighted_f1(*f1_by) if nz.any() else float("nan"),
         "acc2_has0": float(np.mean((p >= 0) == (t >= 0))),
         "f1_has0": weighted_f1(t >= 0, p >= 0),
     }
@@ -114,10 +129,17 @@ def emotion_metrics(logits, labels, emotions: tuple[str, ...] = EMOTIONS) -> dic
     return out
 
 
-def compute_metrics(task: Task, outputs, labels) -> dict[str, float]:
-    """The task's metrics from gathered model outputs (N, output_dim) and labels."""
+def _check_protocol(f1_protocol: str) -> None:
+    if f1_protocol not in F1_PROTOCOLS:
+        raise ValueError(f"f1_protocol = {f1_protocol!r}; expected one of {', '.join(map(repr, F1_PROTOCOLS))}")
+
+
+def compute_metrics(task: Task, outputs, labels, f1_protocol: F1Protocol = "sklearn") -> dict[str, float]:
+    """The task's metrics from gathered model outputs (N, output_dim) and labels. f1_protocol changes
+    only the sentiment `f1`: the reference weights the IEMOCAP F1s as sklearn does."""
+    _check_protocol(f1_protocol)
     if task == "sentiment":
-        return sentiment_metrics(outputs, labels)
+        return sentiment_metrics(outputs, labels, f1_protocol)
     if task == "emotions":
         return emotion_metrics(outputs, labels)
     raise ValueError(f"unknown task {task!r}; expected 'sentiment' or 'emotions'")

@@ -58,8 +58,9 @@ class MultJob(JobSpec):
         return f"mult-{cfg.model.variant}"
 
     def tags(self, cfg: MultTrainConfig, store, start) -> dict[str, str]:
+        # The F1 protocol beside the metrics, to compare with published tables (docs/papers.md).
         return {"model": "mult", "variant": cfg.model.variant, "task": store.task, "preset": cfg.preset,
-                "dataset": store.manifest.dataset}
+                "dataset": store.manifest.dataset, "f1_protocol": cfg.f1_protocol}
 
     # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
@@ -111,7 +112,7 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
 @torch.no_grad()
 def evaluate_split(w: Worker, split: str) -> dict[str, float]:
     """Metrics on a whole split (docs/papers.md#metrics): every worker's outputs are gathered in
-    row order, then the metrics computed on all of them."""
+    row order, then the metrics computed on all of them, F1 by the config's `f1_protocol`."""
     objective = w.model
     objective.eval()
     outs, labels, index, loss_sum = [], [], [], 0.0
@@ -130,6 +131,6 @@ def evaluate_split(w: Worker, split: str) -> dict[str, float]:
     idx, cols, sums = gather_rows(cat(index), {"out": cat(outs), "lab": cat(labels)}, {"loss": loss_sum})
     if len(idx) == 0:
         raise RuntimeError(f"evaluation on {split!r} saw no samples on any worker")
-    metrics = compute_metrics(objective.task, cols["out"].numpy(), cols["lab"].numpy())
+    metrics = compute_metrics(objective.task, cols["out"].numpy(), cols["lab"].numpy(), w.cfg.f1_protocol)
     metrics["loss"] = sums["loss"] / len(idx)
     return {f"{split}/{k}": float(v) for k, v in metrics.items()}
