@@ -180,6 +180,10 @@ def test_foreign_missing_and_unexpected_keys_name_the_file_and_the_keys(tmp_path
                                                      r"lxrt_encoder\.model\.bert\.pooler\.dense\.weight"):
         reference_weights(tmp_path / "BEST.pth")
 
+    torch.save(reference_pretraining(LxmertForPretraining(REF.replace(hidden_size=96))), tmp_path / "narrow.pth")
+    with pytest.raises(PretrainedWeightsError, match="narrow.pth: hidden size 96 is not a multiple of 64"):
+        reference_weights(tmp_path / "narrow.pth")
+
 
 def test_a_file_that_is_not_a_state_dict_is_refused(tmp_path):
     (tmp_path / "notes.pth").write_text("not a checkpoint\n")

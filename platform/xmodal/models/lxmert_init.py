@@ -327,7 +327,7 @@ def convert_reference_state_dict(state_dict: Mapping[str, Tensor], source: str =
         hint = ""
         if any(k.startswith("lxmert.") for k in sd):
             hint = " It looks like a transformers checkpoint: use --init transformers with its directory."
-        elif any(k.startswith(("encoder.", "model.encoder.")) for k in strip_wrappers(state_dict)):
+        elif any(re.match(r"((module|_orig_mod|model)\.)*encoder\.", k) for k in state_dict):
             hint = " It looks like an xmodal checkpoint: use --init checkpoint with its folder."
         raise PretrainedWeightsError(
             f"{source}: not a reference LXMERT snapshot (no bert.embeddings.word_embeddings.weight, with or without "
