@@ -94,6 +94,8 @@ CASES = [
     Case("finetune-init-run-without-id", "finetune.py", ["--init", "run"], ["init.run_id", "--init-run-id"]),
     Case("finetune-init-checkpoint-missing", "finetune.py", ["--init", "checkpoint", "--init-path", "no_ckpt"],
          ["no_ckpt"]),
+    Case("finetune-init-reference-missing", "finetune.py", ["--init", "reference", "--init-path", "no_such.pth"],
+         ["init.path", "no_such.pth"]),
     Case("finetune-bad-task", "finetune.py", ["--task", "squad"], ["task", "'squad'", "'nlvr2'"]),
     Case("finetune-store-missing", "finetune.py", ["--task", "vqa", "--store", "no_such_set"], ["no_such_set"]),
     Case("finetune-bad-best-metric", "finetune.py", _set("train.best_metric=valid/bleu"),

@@ -286,8 +286,10 @@ class FinetuneInit(Section):
 
     # latest: the newest FINISHED pretraining run on the same image store, else scratch (with a note);
     # run: an MLflow run id (its logged model); checkpoint: a checkpoint folder or its model.pt;
-    # transformers: a transformers LxmertForPreTraining directory (config.json + weights), via the adapter.
-    source: Literal["latest", "scratch", "run", "checkpoint", "transformers"] = "latest"
+    # transformers: a transformers LxmertForPreTraining directory (config.json + weights), via the adapter;
+    # reference: a snapshot file of the reference code (airsplay/lxmert): its pretrained model_LXRT.pth or a
+    # fine-tuned BEST.pth (the answer head too, when its shapes match), via the same adapter.
+    source: Literal["latest", "scratch", "run", "checkpoint", "transformers", "reference"] = "latest"
     run_id: str | None = Field(None, min_length=1)
     path: str | None = Field(None, min_length=1)
     pretrain_experiment: str = Field("xmodal-pretrain", min_length=1)  # where `latest` and `run` look
@@ -300,8 +302,9 @@ class FinetuneInit(Section):
         if self.source == "run" and not self.run_id:
             raise ValueError("run_id: required with source=run: the MLflow run id of a pretraining run "
                              "(jobs/finetune.py --init-run-id ID)")
-        if self.source in ("checkpoint", "transformers") and not self.path:
-            raise ValueError(f"path: required with source={self.source} (jobs/finetune.py --init-path DIR)")
+        if self.source in ("checkpoint", "transformers", "reference") and not self.path:
+            what = "FILE" if self.source == "reference" else "DIR"
+            raise ValueError(f"path: required with source={self.source} (jobs/finetune.py --init-path {what})")
         return self
 
 

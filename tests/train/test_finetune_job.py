@@ -48,6 +48,8 @@ def artifact(uri: str, run_id: str, path: str, tmp: Path) -> Path:
     (["init.source=run", "init.run_id=0123456789abcdef"], "init.run_id: no MLflow run '0123456789abcdef'"),
     (["init.source=checkpoint", "init.path={tmp}"], "is not a checkpoint: model.pt, meta.json missing"),
     (["init.source=transformers", "init.path={tmp}"], "init.path: .*config.json not found"),
+    (["init.source=reference", "init.path={tmp}"], "init.path: .* is not a file; expected a snapshot"),
+    (["init.source=reference", "init.path={tmp}/notes.pth"], "init.path: .*notes.pth: not a torch state dict file"),
     (["task=nlvr2"], "is a vqa set, but task='nlvr2'"),
     (["data.store={tmp}/nowhere"], "data.store: '.*nowhere' does not exist"),
     (["train.best_metric=valid/consistency"], "not measured on vqa; valid: valid/accuracy, valid/loss"),
@@ -56,6 +58,7 @@ def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
     from xmodal.train.finetune import FinetuneJob
 
     overrides = [o.format(tmp=tmp_path) for o in overrides]
+    (tmp_path / "notes.pth").write_text("not a checkpoint\n")
     with pytest.raises(ConfigError, match=message):
         FinetuneJob().check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
     assert not (tmp_path / "runs").exists()
@@ -160,3 +163,27 @@ def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_
     assert line.startswith("encoder from transformers")  # no answer table in a transformers checkpoint
     _, want = encoder_state_from_hf_dir(tmp_path / "hf")
     assert all(torch.equal(v, want[f"encoder.{k}"]) for k, v in objective.model.encoder.state_dict().items())
+
+
+def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
+    from lxmert_reference_layout import randomised, reference_pretraining
+    from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
+    from xmodal.train.finetune import FinetuneJob, Init, load_init
+
+    data = open_finetune(sets["vqa"])
+    store = data.store.manifest
+    src = randomised(LxmertForPretraining(LxmertConfig(
+        vocab_size=store.vocab_size, hidden_size=64, num_heads=1, ffn_size=48, l_layers=1, r_layers=1, x_layers=1,
+        max_positions=40, token_type_embedding=True, visual_feat_dim=store.feat_dim, num_qa_labels=7)))
+    torch.save(reference_pretraining(src), tmp_path / "model_LXRT.pth")
+    job = FinetuneJob()
+    checked = job.check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=reference",
+                               f"init.path={tmp_path / 'model_LXRT.pth'}", "mlflow.system_metrics=false"))
+    assert checked.cfg.model == src.config  # the reference's architecture: 64-wide heads, token types, pooler
+    assert checked.start == {"source": "reference", "path": str(tmp_path / "model_LXRT.pth"), "run_id": None,
+                             "pretrain_answers": None}
+    objective = job.build_objective(checked.cfg, data)
+    line = load_init(objective, Init(**checked.start), list(data.answers.answers), True)
+    assert line == f"encoder from reference {tmp_path / 'model_LXRT.pth'}"
+    want = src.encoder.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in objective.model.encoder.state_dict().items())

@@ -8,9 +8,11 @@ NLVR2: CSV of identifier,True|False), logged as artifacts under `predictions/`.
 
 Where the weights come from (`init.source`): the newest finished pretraining run on the same image
 store (`latest`, the default; scratch when there is none), an MLflow run id (`run`), a checkpoint
-folder (`checkpoint`), or a transformers LxmertForPreTraining directory (`transformers`). From a
+folder (`checkpoint`), a transformers LxmertForPreTraining directory (`transformers`), or a snapshot
+file of the reference code (`reference`: its pretrained model_LXRT.pth or a fine-tuned BEST.pth). From a
 pretrained model the architecture is the checkpoint's, and the answer head starts from the
-pretraining QA head where the answer tables overlap (the reference's trick).
+pretraining QA head where the answer tables overlap (the reference's trick); from a fine-tuned
+reference snapshot, the answer head is the snapshot's when its shapes match.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2
 class Init:
     """The resolved `init`: what the workers load (plain JSON-able data in the run plan)."""
 
-    source: str  # scratch | run | checkpoint | transformers
-    path: str | None = None  # local folder with model.pt (+ meta.json), or the transformers directory
+    source: str  # scratch | run | checkpoint | transformers | reference
+    path: str | None = None  # folder with model.pt (+ meta.json), the transformers directory, or the reference file
     run_id: str | None = None
     pretrain_answers: list[str] | None = None  # the pretraining QA table, when its store is known
 
@@ -53,12 +55,15 @@ class FinetuneJob(JobSpec):
     def check_inputs(self, cfg: FinetuneConfig, tracking_uri: str) -> None:
         """The init's folder or run exists (before the embedded set is built; no database created)."""
         i = cfg.init
-        if i.source in ("checkpoint", "transformers"):
+        if i.source in ("checkpoint", "transformers", "reference"):
             path = Path(i.path).expanduser().resolve()
             if not path.exists():
                 raise ConfigError(f"init.path: {str(path)!r} does not exist")
             if i.source == "checkpoint":
                 _checkpoint_files(path)
+            if i.source == "reference" and not path.is_file():
+                raise ConfigError(f"init.path: {str(path)!r} is not a file; expected a snapshot of the reference "
+                                  "code: its pretrained model_LXRT.pth or a fine-tuned BEST.pth")
         if i.source == "run" and tracking_uri.startswith("sqlite:///") \
                 and not Path(tracking_uri[len("sqlite:///"):]).exists():
             raise ConfigError(f"init.run_id: no MLflow run {i.run_id!r}: there is no MLflow database at "
@@ -201,6 +206,17 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
             return Init("transformers", path=str(path)), config_from_hf_dir(path)
         except (FileNotFoundError, KeyError, ValueError) as e:
             raise ConfigError(f"init.path: {e}") from None
+    if source == "reference":
+        from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights
+
+        path = Path(i.path).expanduser().resolve()
+        try:  # read and converted here too, so that a foreign file fails before Ray starts
+            weights = reference_weights(path)
+        except (OSError, PretrainedWeightsError) as e:
+            raise ConfigError(f"init.path: {e}") from None
+        what = f"a fine-tuned snapshot ({weights.head})" if weights.head else "a pretrained snapshot"
+        say(f"[xmodal] fine-tuning from the reference code's {what} {path}")
+        return Init("reference", path=str(path)), weights.config
     if source == "run":
         try:
             tracking.get_run(uri, run_id)
@@ -253,11 +269,24 @@ def load_init(objective, init: Init, answers: list[str] | None, answer_head_from
     from xmodal.models.lxmert_init import (
         encoder_state_from_hf_dir,
         init_answer_head_from_qa,
+        load_finetuned_head,
         load_pretrained_encoder,
+        reference_weights,
     )
 
     if init.source == "scratch":
         return "from scratch"
+    if init.source == "reference":
+        weights = reference_weights(init.path)
+        load_pretrained_encoder(objective.model, weights.state)
+        line = f"encoder from reference {init.path}"
+        if weights.head is not None:
+            loaded = load_finetuned_head(objective.model, weights)
+            line += (f"; {weights.head} from the snapshot" if loaded else
+                     f"; the snapshot's {weights.head} does not fit this model's head (another task or answer "
+                     "count): the head starts fresh")
+        # A pretrained snapshot's QA head stays unused: the reference's answer table is not in the file.
+        return line
     if init.source == "transformers":
         _, state = encoder_state_from_hf_dir(init.path)
         pretrain_answers = None  # transformers' checkpoints carry no answer table
