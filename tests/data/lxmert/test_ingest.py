@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-from refdata import RefCorpus
+from refdata import ANSWERS, WORDS, RefCorpus
 
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert, minival_by_hash
 from xmodal.data.lxmert.store import open_store
 from xmodal.ingest_cli import main as ingest_main
+from xmodal_testing import REPO
 
 MINIVAL = ["COCO_000001", "COCO_000004", "COCO_000009", "COCO_000014", "COCO_000020"]
 
@@ -209,3 +211,33 @@ def test_manifest_without_the_new_fields_still_opens(reference: RefCorpus, tmp_p
     # A store written before these fields has the fingerprint it had (fine-tuning sets over it stay valid).
     assert "minival_split" not in old.identity() and "missing_labelf" not in old.identity()
     assert store.manifest.identity()["minival_split"]["method"] == "hash"
+
+
+def test_the_readme_command_on_files_named_as_the_reference(reference: RefCorpus, tmp_path: Path, capsys):
+    """The README's `jobs/ingest.py lxmert` example, run as written on small files with the reference's names."""
+    readme = (REPO / "README.md").read_text()
+    command = re.search(r"^python jobs/ingest\.py (lxmert data/lxmert_store(?:[^\n]*\\\n)*[^\n]*)$", readme, re.M)
+    assert command is not None, "the README no longer shows the reference ingest command"
+    argv = command.group(1).replace("\\\n", " ").split()
+    assert "--minival" in argv and "mscoco_minival.json" in argv
+
+    d = tmp_path / "reference"
+    d.mkdir()
+    ids = sorted(reference.images)
+    where = {"train2014_obj36.tsv": ids[:12], "val2014_obj36.tsv": ids[12:18], "vg_gqa_obj36.tsv": ids[18:]}
+    for name, part in where.items():
+        (d / name).write_text("".join(reference.images[i].line() for i in part))
+    records = {r["img_id"]: r for p in reference.json for r in json.loads(p.read_text())}
+    sentences = {"mscoco_train.json": ids[:12], "mscoco_nominival.json": ids[12:15],
+                 "mscoco_minival.json": ids[15:18], "vgnococo.json": ids[18:]}
+    for name, part in sentences.items():
+        (d / name).write_text(json.dumps([records[i] for i in part]))
+    (d / "all_ans.json").write_text(json.dumps([{"ans": a, "dsets": ["vqa"]} for a in ANSWERS]))
+    (d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "?", "is", *WORDS]))
+    out = tmp_path / "store"
+    argv = [str(out) if a == "data/lxmert_store" else str(d / a) if (d / a).is_file() else a for a in argv]
+    assert ingest_main([*argv, "--no-progress"]) == 0, capsys.readouterr().err
+    store = open_store(out)
+    assert _split_images(store) == {"minival": set(ids[15:18]), "train": set(ids) - set(ids[15:18])}
+    assert store.manifest.minival_split.files == [str(d / "mscoco_minival.json")]
+    assert store.answers().answers == ANSWERS
