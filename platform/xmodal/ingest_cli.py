@@ -27,8 +27,15 @@ def _lxmert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, default=30522, help="size of a trained vocabulary")
     p.add_argument("--answers", help="reference all_ans.json (default: the most frequent answers)")
     p.add_argument("--num-answers", type=int, default=9500, help="answer table size (default 9500)")
-    p.add_argument("--minival-fraction", type=float, default=0.1,
-                   help="fraction of images held out as minival, by a hash of img_id (default 0.1)")
+    p.add_argument("--minival", action="append", metavar="FILE",
+                   help="minival JSON (repeatable; the reference's mscoco_minival.json): its images are minival, "
+                        "all others train; read as a sentence file too")
+    p.add_argument("--split", choices=("auto", "reference", "hash"), default="auto",
+                   help="how minival is chosen: reference (the --minival files' images), hash (--minival-fraction "
+                        "of the images by a hash of img_id), auto (default: reference when --minival is given or "
+                        "a --json is named mscoco_minival.json, else hash)")
+    p.add_argument("--minival-fraction", type=float, default=None,
+                   help="--split hash: fraction of images held out as minival (default 0.1)")
     p.add_argument("--max-seq-len", type=int, default=20, help="tokens per sentence incl. [CLS]/[SEP]")
     p.add_argument("--num-objects", type=int, default=36, help="object slots per image")
     p.add_argument("--feat-dim", type=int, default=None, help="feature width (default: from the first line)")
@@ -37,6 +44,8 @@ def _lxmert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images-per-shard", type=int, default=256)
     p.add_argument("--allow-missing-images", action="store_true",
                    help="drop sentences whose image has no features instead of failing")
+    p.add_argument("--allow-missing-labelf", action="store_true",
+                   help="take JSON records without \"labelf\" as having no questions (counted) instead of failing")
     p.add_argument("--overwrite", action="store_true", help="replace an existing LXMERT store")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -46,16 +55,24 @@ def _lxmert(args: argparse.Namespace) -> None:
 
     store = ingest_lxmert(args.out, args.tsv, args.json, vocab=args.vocab, answers=args.answers,
                           num_answers=args.num_answers, vocab_size=args.vocab_size,
-                          minival_fraction=args.minival_fraction, max_seq_len=args.max_seq_len,
+                          split=args.split, minival=args.minival, minival_fraction=args.minival_fraction,
+                          max_seq_len=args.max_seq_len,
                           num_objects=args.num_objects, feat_dim=args.feat_dim,
                           num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
                           images_per_shard=args.images_per_shard, allow_missing_images=args.allow_missing_images,
-                          overwrite=args.overwrite, progress=not args.no_progress)
+                          allow_missing_labelf=args.allow_missing_labelf, overwrite=args.overwrite,
+                          progress=not args.no_progress)
     m = store.manifest
     print(store)
     print(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "
           f"questions without a known answer {m.unanswerable_questions}, truncated sentences "
-          f"{m.truncated_sentences}, images without sentences {m.dropped_images}")
+          f"{m.truncated_sentences}, images without sentences {m.dropped_images}, records without labelf "
+          f"{m.missing_labelf}")
+    how = m.minival_split
+    if how is not None and how.method == "reference":
+        print(f"minival: the reference split, {m.images('minival')} images of {', '.join(how.files)}")
+    elif how is not None:
+        print(f"minival: {m.images('minival')} images, {how.fraction:g} of all by a hash of img_id")
 
 
 # ============================================================================ synthetic (LXMERT)

@@ -5,16 +5,22 @@ Inputs (docs/papers.md#lxmert-data-formats):
   (b64 float32[N]), attrs_id (b64 int64[N]), attrs_conf (b64 float32[N]), num_boxes, boxes (b64
   float32[N*4], pixel x1 y1 x2 y2), features (b64 float32[N*2048]).
 - JSON: a list of {"img_id", "sentf": {source: [sentence, ...]}, "labelf": {source: [{answer: score}, ...]}}.
+  Every record needs "labelf" (the reference reads it unconditionally; `{}` = no questions); a missing
+  one is an error unless allow_missing_labelf (then counted in the manifest as missing_labelf).
+
+The split is by image, so no image is in both: the reference's (the images of the minival JSON,
+mscoco_minival.json; all its sentences from any file go with it) or a hash of img_id (does not
+depend on file order). `choose_minival` decides; the manifest records it (minival_split).
 
 Order of work, so that bad input fails before the expensive part and nothing is left behind:
 1. parse and check every JSON record; build the answer table and the tokenizer; tokenise all
    sentences (fixed length, [CLS] ... [SEP]);
-2. pre-scan the TSVs' first column: duplicate images and sentences whose image has no features
-   fail here, before any base64 is decoded;
-3. stream the TSVs, decode and check each used line (field count, base64, box count, feature width,
-   finite values, boxes inside the image, label ranges), normalise the boxes by the image size,
-   cast features to float16, and append to the train or minival shards (split by a hash of img_id,
-   so no image is in both and the split does not depend on file order).
+2. pre-scan every TSV line's shape without decoding (field count, base64 lengths against num_boxes,
+   one feature width): a line cut short, duplicate images, then sentences whose image has no
+   features fail here, in that order, before any base64 is decoded;
+3. stream the TSVs, decode and check each used line (base64, box count, feature width, finite
+   values, boxes inside the image, label ranges), normalise the boxes by the image size, cast
+   features to float16, and append to the train or minival shards.
 Images with features but no sentence are not stored (counted in the manifest as dropped_images).
 QA targets: each question keeps all its known answers with their soft scores (a raw answer is
 normalised first; variants that normalise alike keep the highest score); the batch builder draws
@@ -36,13 +42,16 @@ import numpy as np
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import check_target
-from xmodal.data.lxmert.store import KIND, ImageBlock, LxmertStore, StoreWriter, concat_ranges
+from xmodal.data.lxmert.store import KIND, ImageBlock, LxmertStore, MinivalSplit, StoreWriter, concat_ranges
 from xmodal.data.tokenizer import WordPieceTokenizer
 from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
                                "num_boxes", "boxes", "features")
 BOX_TOLERANCE_PX = 1.0  # detector boxes may poke a pixel past the border; more than that is bad data
+REFERENCE_MINIVAL = "mscoco_minival.json"  # the reference's minival sentences: their images are minival
+SPLIT_METHODS: tuple[str, ...] = ("auto", "reference", "hash")
+DEFAULT_MINIVAL_FRACTION = 0.1  # the hash split's default
 
 
 class IngestError(UserError):
@@ -60,14 +69,18 @@ class Corpus:
     labels: list[dict[str, float] | None] = field(default_factory=list)  # per sentence; None = not a question
     by_image: dict[str, list[int]] = field(default_factory=dict)  # img_id -> sentence indices
     first_seen: dict[str, str] = field(default_factory=dict)  # img_id -> "file: record #i"
+    missing_labelf: int = 0  # records without "labelf" taken as having no questions (when allowed)
 
 
 def _fail(where: str, msg: str) -> IngestError:
     return IngestError(f"{where}: {msg}")
 
 
-def load_pretrain_json(path: Path, corpus: Corpus) -> None:
-    """Parse and check one pretraining JSON file into `corpus` (records of one image are merged)."""
+def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool = False) -> set[str]:
+    """Parse and check one pretraining JSON file into `corpus` (records of one image are merged);
+    returns the file's img_ids. Every record needs "labelf" (`{}` when it has no questions, as the
+    reference's files write it); with `allow_missing_labelf` a record without it (or with null) is
+    taken as having no questions and counted in `corpus.missing_labelf`."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -78,6 +91,7 @@ def load_pretrain_json(path: Path, corpus: Corpus) -> None:
     if not isinstance(data, list):
         raise _fail(str(path), f"expected a JSON list of {{\"img_id\", \"sentf\", \"labelf\"}} records, "
                                f"got {type(data).__name__}")
+    img_ids: set[str] = set()
     for i, rec in enumerate(data):
         where = f"{path}: record #{i}"
         if not isinstance(rec, dict):
@@ -89,8 +103,15 @@ def load_pretrain_json(path: Path, corpus: Corpus) -> None:
         sentf = rec.get("sentf")
         if not isinstance(sentf, dict):
             raise _fail(where, f"field 'sentf': expected {{source: [sentence, ...]}}, got {type(sentf).__name__}")
-        labelf = rec.get("labelf", {})
+        labelf = rec.get("labelf")
         if labelf is None:
+            if not allow_missing_labelf:
+                n = sum(1 for r in data if isinstance(r, dict) and r.get("labelf") is None)
+                got = "is missing" if "labelf" not in rec else "is null"
+                raise _fail(where, f"field 'labelf' {got}: expected {{source: [{{answer: score}}, ...]}} "
+                                   f"({{}} for a record without questions); {n} record(s) of this file lack it; "
+                                   "--allow-missing-labelf takes them as having no questions")
+            corpus.missing_labelf += 1
             labelf = {}
         if not isinstance(labelf, dict):
             raise _fail(where, f"field 'labelf': expected {{source: [{{answer: score}}, ...]}}, "
@@ -98,6 +119,7 @@ def load_pretrain_json(path: Path, corpus: Corpus) -> None:
         for source in labelf:
             if source not in sentf:
                 raise _fail(where, f"field 'labelf.{source}': no sentences 'sentf.{source}' for these labels")
+        img_ids.add(img_id)
         indices = corpus.by_image.setdefault(img_id, [])
         corpus.first_seen.setdefault(img_id, where)
         for source, sents in sentf.items():
@@ -126,6 +148,7 @@ def load_pretrain_json(path: Path, corpus: Corpus) -> None:
                 indices.append(len(corpus.sentences))
                 corpus.sentences.append(s)
                 corpus.labels.append(label)
+    return img_ids
 
 
 def answer_arrays(corpus: Corpus, table: AnswerTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
@@ -256,9 +279,66 @@ def parse_tsv_line(line: str, where: str, *, feat_dim: int | None, num_objects: 
                     attr_conf=np.clip(arrays["attrs_conf"], 0, 1), boxes=norm, features=feats.astype(np.float16))
 
 
-def scan_tsv_ids(paths: list[Path], progress: bool) -> dict[str, str]:
-    """img_id -> "file:line" from the first column only (no decoding); duplicates fail here."""
+# base64 array fields: (name, bytes per value, values per box)
+_B64_ARRAYS: tuple[tuple[str, int, int], ...] = (("objects_id", 8, 1), ("objects_conf", 4, 1), ("attrs_id", 8, 1),
+                                                 ("attrs_conf", 4, 1), ("boxes", 4, 4))
+
+
+def _b64_size(line: bytes, start: int, end: int) -> int | None:
+    """Bytes that the base64 text line[start:end] decodes to; None if it is not whole 4-character groups."""
+    n = end - start
+    if n % 4:
+        return None
+    pad = (n >= 1 and line[end - 1] == 0x3D) + (n >= 2 and line[end - 2] == 0x3D)  # "="
+    return n // 4 * 3 - pad
+
+
+def check_line_shape(line: bytes, where: str, width: int | None, width_from: str) -> int:
+    """The shape of one TSV line, without decoding: 10 fields, every base64 array holds num_boxes
+    values, the features a whole `width` per box (None: any width). Returns the feature width. A
+    line cut short (a truncated file) fails here, named by file:line, before images are matched."""
+    cut = "" if line.endswith(b"\n") else " (the file ends in this line, without a line end: it looks cut off)"
+    end = len(line)
+    while end and line[end - 1] in (0x0A, 0x0D):
+        end -= 1
+    starts = [0]
+    while len(starts) < len(TSV_FIELDS) and (tab := line.find(b"\t", starts[-1], end)) >= 0:
+        starts.append(tab + 1)
+    if len(starts) != len(TSV_FIELDS) or line.find(b"\t", starts[-1], end) >= 0:
+        fields = line.count(b"\t", 0, end) + 1
+        raise _fail(where, f"expected {len(TSV_FIELDS)} tab-separated fields ({', '.join(TSV_FIELDS)}), "
+                           f"got {fields}{cut}")
+    bounds = [(a, b - 1) for a, b in zip(starts, starts[1:], strict=False)] + [(starts[-1], end)]
+    img_id = line[:bounds[0][1]].decode("utf-8", errors="replace")
+    where = f"{where} (img_id {img_id!r})"
+    a, b = bounds[TSV_FIELDS.index("num_boxes")]
+    n = _int(line[a:b].decode("utf-8", errors="replace"), "num_boxes", where)
+    for name, itemsize, per_box in _B64_ARRAYS:
+        a, b = bounds[TSV_FIELDS.index(name)]
+        size = _b64_size(line, a, b)
+        if size is None or size != n * per_box * itemsize:
+            got = f"{size // itemsize} values" if size is not None and size % itemsize == 0 else \
+                f"{b - a} base64 characters ({size} bytes)"
+            raise _fail(where, f"field {name!r}: {got}, expected num_boxes * {per_box} = {n * per_box} "
+                               f"({itemsize}-byte values; wrong number of boxes){cut}")
+    a, b = bounds[TSV_FIELDS.index("features")]
+    size = _b64_size(line, a, b)
+    if size is None or size % (4 * n):
+        raise _fail(where, f"field 'features': {b - a} base64 characters ({size} bytes) are not a whole number "
+                           f"of float32 values per box (num_boxes={n}); expected num_boxes * feature width{cut}")
+    got_width = size // (4 * n)
+    if width is not None and got_width != width:
+        raise _fail(where, f"field 'features': width {got_width} per box ({size // 4} values / {n} boxes), "
+                           f"expected {width} ({width_from}){cut}")
+    return got_width
+
+
+def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None) -> dict[str, str]:
+    """img_id -> "file:line", reading every line's shape but decoding nothing (`check_line_shape`):
+    duplicate images, lines cut short and feature widths other than `feat_dim` (else the first
+    line's) fail here."""
     seen: dict[str, str] = {}
+    width, width_from = feat_dim, "--feat-dim"
     bar = _bar(sum(p.stat().st_size for p in paths), "scan TSV", "B", progress)
     for p in paths:
         with open(p, "rb") as f:
@@ -266,8 +346,11 @@ def scan_tsv_ids(paths: list[Path], progress: bool) -> dict[str, str]:
                 bar.update(len(line))
                 if not line.strip():
                     continue
-                img_id = line.split(b"\t", 1)[0].decode("utf-8", errors="replace")
                 where = f"{p}:{lineno}"
+                got = check_line_shape(line, where, width, width_from)
+                if width is None:
+                    width, width_from = got, f"the width of the first image, at {where}"
+                img_id = line.split(b"\t", 1)[0].decode("utf-8", errors="replace")
                 if img_id in seen:
                     raise _fail(where, f"img_id {img_id!r} already has features at {seen[img_id]}")
                 seen[img_id] = where
@@ -285,6 +368,46 @@ def _bar(total: int, desc: str, unit: str, enabled: bool):
 def minival_by_hash(img_id: str, fraction: float) -> bool:
     """Stable, order-independent split by image: crc32(img_id) / 2**32 < fraction."""
     return zlib.crc32(img_id.encode("utf-8")) < fraction * 2**32
+
+
+def choose_minival(split: str, json_paths: list[Path], minival_paths: list[Path],
+                   minival_fraction: float | None) -> tuple[MinivalSplit, str | None]:
+    """How minival is chosen, and a note for the user when it was chosen for them (None otherwise).
+
+    `split`: "reference" (the images of the --minival files; with none given, of a --json named
+    mscoco_minival.json), "hash" (`minival_fraction` of the images by a hash of img_id), or "auto":
+    reference when there is a minival file (given, or found by that name), else hash.
+    """
+    if split not in SPLIT_METHODS:
+        raise IngestError(f"--split {split!r}: expected one of {', '.join(SPLIT_METHODS)}")
+    if minival_fraction is not None and not 0 <= minival_fraction < 1:
+        raise IngestError(f"--minival-fraction {minival_fraction}: expected a fraction in [0, 1)")
+    named = [p for p in json_paths if p.name == REFERENCE_MINIVAL]
+    if split == "hash":
+        if minival_paths:
+            raise IngestError(f"--minival {minival_paths[0]}: --split hash chooses minival by a hash of img_id and "
+                              "takes no minival file; drop one of them")
+        return MinivalSplit(method="hash", fraction=_fraction(minival_fraction)), None
+    if not minival_paths and not named:
+        if split == "reference":
+            raise IngestError(f"--split reference: no minival file; name it with --minival FILE (the reference's "
+                              f"{REFERENCE_MINIVAL})")
+        note = None if minival_fraction is not None else (
+            f"minival = {_fraction(None):g} of the images by a hash of img_id: no --minival file and no --json "
+            f"named {REFERENCE_MINIVAL} (the reference's split: --minival {REFERENCE_MINIVAL})")
+        return MinivalSplit(method="hash", fraction=_fraction(minival_fraction)), note
+    files = minival_paths or named
+    if minival_fraction is not None:
+        raise IngestError(f"--minival-fraction {minival_fraction}: only for --split hash; minival here is the "
+                          f"images of {', '.join(str(p) for p in files)}")
+    note = None if minival_paths else (
+        f"minival = the images of {', '.join(str(p) for p in named)} (the reference's split, found by its file "
+        "name); --split hash for a hash split instead")
+    return MinivalSplit(method="reference", files=[str(p) for p in files], chosen_by_name=not minival_paths), note
+
+
+def _fraction(value: float | None) -> float:
+    return DEFAULT_MINIVAL_FRACTION if value is None else value
 
 
 # ============================================================================ the ingest
@@ -320,28 +443,41 @@ def _block(images: list[TsvImage], corpus: Corpus, tokens: np.ndarray, ans: tupl
 
 def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str | Path], *,
                   vocab: str | Path | None = None, answers: str | Path | None = None, num_answers: int = 9500,
-                  vocab_size: int = 30522, minival_fraction: float = 0.1, max_seq_len: int = 20,
+                  vocab_size: int = 30522, split: str = "auto", minival: list[str | Path] | None = None,
+                  minival_fraction: float | None = None, max_seq_len: int = 20,
                   num_objects: int = 36, feat_dim: int | None = None, num_object_labels: int = 1600,
                   num_attr_labels: int = 400, images_per_shard: int = 256, row_group_images: int = 32,
-                  allow_missing_images: bool = False, overwrite: bool = False,
+                  allow_missing_images: bool = False, allow_missing_labelf: bool = False, overwrite: bool = False,
                   progress: bool = True) -> LxmertStore:
-    """Build a store from reference files; see the module docstring for the checks and their order."""
+    """Build a store from reference files; see the module docstring for the checks and their order.
+    `split`, `minival`, `minival_fraction`: how minival is chosen (`choose_minival`); the minival
+    files are sentence files too (a file given both as --json and --minival is read once)."""
     out_path = Path(out).expanduser().resolve()
     check_target(out_path, overwrite, KIND)  # before reading anything
     tsv_paths = [Path(p).expanduser().resolve() for p in tsv]
     json_paths = [Path(p).expanduser().resolve() for p in json_files]
+    minival_paths = [Path(p).expanduser().resolve() for p in minival or []]
     if not tsv_paths or not json_paths:
         raise IngestError("need at least one --tsv feature file and one --json sentence file")
-    for p in [*tsv_paths, *json_paths, *(Path(x) for x in (vocab, answers) if x is not None)]:
+    for p in [*tsv_paths, *json_paths, *minival_paths, *(Path(x) for x in (vocab, answers) if x is not None)]:
         if not Path(p).is_file():
             raise IngestError(f"{p}: input file does not exist")
-    if not 0 <= minival_fraction < 1:
-        raise IngestError(f"--minival-fraction {minival_fraction}: expected a fraction in [0, 1)")
+    how, note = choose_minival(split, json_paths, minival_paths, minival_fraction)
+    if note:
+        print(f"[xmodal] note: {note}", flush=True)
 
     # 1. sentences, answers, tokens
     corpus = Corpus()
-    for p in json_paths:
-        load_pretrain_json(p, corpus)
+    sentence_files = list(dict.fromkeys([*json_paths, *minival_paths]))  # each file once, in order
+    minival_ids: set[str] = set()
+    for p in sentence_files:
+        ids = load_pretrain_json(p, corpus, allow_missing_labelf=allow_missing_labelf)
+        if str(p) in how.files:
+            if not ids:
+                raise IngestError(f"{p}: the minival file has no records; expected the reference's minival "
+                                  "sentences (a JSON list of {\"img_id\", \"sentf\", \"labelf\"} records)")
+            minival_ids |= ids
+    counters_json = {"missing_labelf": corpus.missing_labelf}
     if answers is not None:
         table = AnswerTable.from_reference(answers, limit=num_answers)
     else:
@@ -349,15 +485,15 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
         if len(table) == 0:
             table = AnswerTable(["yes"])  # a corpus without questions still needs a (1-answer) QA head
     ans = answer_arrays(corpus, table)
-    counters = dict(ans[3])
+    counters = {**ans[3], **counters_json}
     if vocab is not None:
         tokenizer = WordPieceTokenizer.from_vocab(vocab, max_seq_len)
     else:
         tokenizer = WordPieceTokenizer.train(corpus.sentences, max_seq_len, vocab_size=vocab_size)
     tokens, counters["truncated_sentences"] = tokenizer.encode(corpus.sentences)  # (S, T) int32
 
-    # 2. which images have features (first column only)
-    located = scan_tsv_ids(tsv_paths, progress)
+    # 2. which images have features (every line's shape, no decoding)
+    located = scan_tsv_ids(tsv_paths, progress, feat_dim)
     missing = [i for i in corpus.by_image if i not in located and corpus.by_image[i]]
     if missing and not allow_missing_images:
         first = missing[0]
@@ -366,14 +502,24 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     for i in missing:
         del corpus.by_image[i]
     counters["dropped_images"] = sum(1 for i in located if not corpus.by_image.get(i))
+    if how.method == "reference" and not any(corpus.by_image.get(i) for i in minival_ids):
+        raise IngestError(f"none of the {len(minival_ids)} images of the minival file(s) {', '.join(how.files)} has "
+                          "both sentences and features in the --tsv files: minival would be empty")
+
+    def split_of(img_id: str) -> str:
+        if how.method == "reference":
+            return "minival" if img_id in minival_ids else "train"
+        return "minival" if minival_by_hash(img_id, _fraction(minival_fraction)) else "train"
 
     # 3. decode, check, write
     options = {"vocab": str(vocab) if vocab else None, "answers": str(answers) if answers else None,
-               "num_answers": num_answers, "vocab_size": vocab_size, "minival_fraction": minival_fraction,
+               "num_answers": num_answers, "vocab_size": vocab_size, "split": how.method,
+               "minival": how.files, "minival_fraction": how.fraction,
                "max_seq_len": max_seq_len, "num_objects": num_objects, "feat_dim": feat_dim,
                "num_object_labels": num_object_labels, "num_attr_labels": num_attr_labels,
                "images_per_shard": images_per_shard, "row_group_images": row_group_images,
-               "allow_missing_images": allow_missing_images, "missing_images": len(missing)}
+               "allow_missing_images": allow_missing_images, "missing_images": len(missing),
+               "allow_missing_labelf": allow_missing_labelf}
     used = sum(1 for i in located if corpus.by_image.get(i))
     writer: StoreWriter | None = None
     buffers: dict[str, list[TsvImage]] = {"train": [], "minival": []}
@@ -392,7 +538,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                 writer = StoreWriter(out_path, num_objects=num_objects, feat_dim=feat_dim, max_seq_len=max_seq_len,
                                      images_per_shard=images_per_shard, row_group_images=row_group_images,
                                      overwrite=overwrite)
-            split = "minival" if minival_by_hash(img_id, minival_fraction) else "train"
+            split = split_of(img_id)
             buffers[split].append(im)
             if len(buffers[split]) >= chunk:
                 writer.add(split, _block(buffers[split], corpus, tokens, ans[:3], num_objects, feat_dim))
@@ -406,7 +552,8 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                 writer.add(split, _block(images, corpus, tokens, ans[:3], num_objects, feat_dim))
         return writer.finish(tokenizer=tokenizer, answers=table, source="lxmert",
                              num_object_labels=num_object_labels, num_attr_labels=num_attr_labels,
-                             inputs=[str(p) for p in [*tsv_paths, *json_paths]], options=options, **counters)
+                             inputs=[str(p) for p in [*tsv_paths, *sentence_files]], options=options,
+                             minival_split=how, **counters)
     except BaseException:
         if writer is not None:
             writer.abort()

@@ -315,6 +315,19 @@ class ShardInfo(pydantic.BaseModel):
     questions: int  # sentences with at least one known answer
 
 
+class MinivalSplit(pydantic.BaseModel):
+    """How the images were dealt into minival and train."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    # reference: the images of the minival JSON files (the reference's mscoco_minival.json);
+    # hash: crc32(img_id) below a fraction; seeded: an exact seeded fraction (synthetic stores)
+    method: Literal["reference", "hash", "seeded"]
+    files: list[str] = []  # reference: the minival JSON files (absolute paths)
+    chosen_by_name: bool = False  # reference: taken from --json by the reference's file name
+    fraction: float | None = None  # hash, seeded: the fraction asked for
+
+
 class LxmertManifest(Manifest):
     """What `manifest.json` holds (kind "lxmert"). `open_store` checks it against the shards.
     Stores written before the kind was recorded have no "kind" field: they open, and count as an
@@ -340,7 +353,13 @@ class LxmertManifest(Manifest):
     unanswerable_questions: int = 0  # questions none of whose answers is in the table (no QA target)
     truncated_sentences: int = 0  # sentences longer than max_seq_len tokens
     dropped_images: int = 0  # images with features but no sentence (not stored)
+    missing_labelf: int = 0  # JSON records without "labelf", taken as having no questions (--allow-missing-labelf)
+    minival_split: MinivalSplit | None = None  # None: built before the split was recorded
     created: str = ""
+
+    # Fields added after stores were first written: left out of `identity` at their defaults, so a
+    # store's fingerprint does not change when this code reads an older manifest.
+    _LATER_FIELDS: ClassVar[dict[str, Any]] = {"missing_labelf": 0, "minival_split": None}
 
     @classmethod
     def upgrade(cls, raw: dict[str, Any]) -> str | None:
@@ -371,6 +390,9 @@ class LxmertManifest(Manifest):
         d = super().dump()
         d.pop("created", None)
         d.pop("kind", None)
+        for name, default in self._LATER_FIELDS.items():
+            if d.get(name) == default:
+                d.pop(name, None)
         return d
 
 
@@ -593,7 +615,8 @@ class StoreWriter:
 
     def finish(self, *, tokenizer: WordPieceTokenizer, answers: AnswerTable, source: str,
                num_object_labels: int, num_attr_labels: int, inputs: Sequence[str] = (),
-               options: dict[str, Any] | None = None, **counts: int) -> LxmertStore:
+               options: dict[str, Any] | None = None, minival_split: MinivalSplit | None = None,
+               **counts: int) -> LxmertStore:
         for split in SPLITS:
             if self._pending_rows[split]:
                 self._flush(split, self._pending_rows[split])
@@ -606,7 +629,7 @@ class StoreWriter:
             num_object_labels=num_object_labels, num_attr_labels=num_attr_labels, num_answers=len(answers),
             vocab_size=tokenizer.vocab_size, max_seq_len=self.max_seq_len,
             special_tokens=dict(tokenizer.special_ids), shards={s: v for s, v in self.shards.items() if v},
-            source=source, inputs=list(inputs), options=dict(options or {}),
+            source=source, inputs=list(inputs), options=dict(options or {}), minival_split=minival_split,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **counts)
         manifest.write(self.tmp)
         open_store(self.tmp)  # check what was written before it becomes visible

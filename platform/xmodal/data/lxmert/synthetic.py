@@ -27,7 +27,15 @@ import numpy as np
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
-from xmodal.data.lxmert.store import KIND, ImageBlock, LxmertManifest, LxmertStore, StoreWriter, open_store
+from xmodal.data.lxmert.store import (
+    KIND,
+    ImageBlock,
+    LxmertManifest,
+    LxmertStore,
+    MinivalSplit,
+    StoreWriter,
+    open_store,
+)
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.data.tokenizer import WordPieceTokenizer
 from xmodal.errors import UserError
@@ -242,7 +250,8 @@ def build_synthetic_store(path: str | Path, options: SyntheticLxmertOptions | No
                 writer.add(split, block)
         return writer.finish(tokenizer=tokenizer, answers=table, source="synthetic",
                              num_object_labels=o.num_object_labels, num_attr_labels=o.num_attr_labels,
-                             options=_options_dict(o), **counters)
+                             options=_options_dict(o),
+                             minival_split=MinivalSplit(method="seeded", fraction=o.minival_fraction), **counters)
 
 
 def _options_dict(o: SyntheticLxmertOptions) -> dict:
