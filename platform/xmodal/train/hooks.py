@@ -76,7 +76,9 @@ class RunHooks:
         self.last_eval_step = meta.get("step", -1)
         self.best = meta.get("best")
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
-        self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics)
+        self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics,
+                                          spool=tracking.spool_path(plan.storage, plan.run_name),
+                                          outage_wait_s=plan.config["mlflow"]["outage_wait_s"])
                        if rank == 0 else None)
         self.window: dict[str, float] = {}
         self.window_steps = 0
