@@ -203,6 +203,11 @@ def _say(message: str) -> None:
     print(message, file=sys.__stdout__, flush=True)
 
 
+def _rejected(e: Exception) -> bool:
+    """The server answered and refused the values (a bad key or value), as opposed to being away."""
+    return getattr(e, "error_code", None) == "INVALID_PARAMETER_VALUE"
+
+
 def _drop_logged(client, run_id: str, items: list) -> list:
     """`items` (mlflow Metric) less those whose (key, step) the run's history already holds: a retry or a
     replay after a partial success adds no duplicate."""
@@ -239,6 +244,7 @@ class RunLogger:
         self._cond = threading.Condition()
         self._closing = False
         self._abandoned = False
+        self._failing = False  # the last attempt failed: the server is away
         self._thread = threading.Thread(target=self._run, name="xmodal-mlflow-logger", daemon=True)
         self._thread.start()
         self._system = None
@@ -281,10 +287,14 @@ class RunLogger:
         while not self._abandoned:
             try:
                 if reachable(self.uri):
-                    return what()
+                    out = what()
+                    self._failing = False
+                    return out
             except Exception:  # any failure of the server or the network: keep the data, try again
                 pass
             with self._cond:
+                self._failing = True
+                self._cond.notify_all()
                 self._cond.wait_for(lambda: self._abandoned, timeout=_backoff(attempt))
             attempt += 1
         return None
@@ -327,14 +337,36 @@ class RunLogger:
             try:
                 # After a failure the batch may have reached the server all the same (a lost reply).
                 todo = _drop_logged(client, self.run_id, batch) if failed else batch
-                if todo:
-                    client.log_batch(self.run_id, metrics=todo)
+                try:
+                    if todo:
+                        client.log_batch(self.run_id, metrics=todo)
+                except Exception as e:
+                    if not _rejected(e):
+                        raise
+                    # The server rejects some values themselves: a retry cannot help, and it would hold
+                    # up every later metric. The others go one by one; the bad ones are said and dropped.
+                    for m in todo:
+                        try:
+                            client.log_batch(self.run_id, metrics=[m])
+                        except Exception as e1:
+                            if not _rejected(e1):
+                                raise
+                            _say(f"[xmodal] MLflow rejected {m.key}={m.value} at step {m.step}, not logged: {e1}")
                 return True
             except Exception:
                 failed = True
                 raise
 
         self._retrying(send)
+
+    def flush(self, timeout_s: float = 60.0) -> bool:
+        """Wait until everything queued is sent, unless the server is away (then at once): called before
+        a checkpoint, so that a worker killed later loses no metric of the steps that checkpoint holds.
+        Returns whether the queue is empty."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: (not self._queue and not self._inflight) or self._failing or self._abandoned
+                or not self._thread.is_alive(), timeout=timeout_s) and not self._queue and not self._inflight
 
     # ------------------------------------------------ the end
 

@@ -139,6 +139,7 @@ class RunHooks:
             shown = " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in sorted(metrics.items()))
             say(f"[xmodal] eval @ step {state.step}: {shown}")
             self.logger.log(metrics, state.step)
+            self.logger.flush()  # the checkpoint's steps are in MLflow before it (unless the server is away)
         report = {**metrics, "step": state.step, "epoch": epoch}
         if finished and self.on_end is None:
             report["final"] = 1  # the run's last report (with on_end, that report comes after)
