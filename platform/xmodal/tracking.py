@@ -359,9 +359,11 @@ class RunLogger:
 
         self._retrying(send)
 
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait until everything queued is sent, unless the server is away (then at once): called before
-        a checkpoint, so that a worker killed later loses no metric of the steps that checkpoint holds.
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything queued is sent, unless the server is away (then at once) or `timeout_s`
+        has passed: called before a checkpoint, so that a worker killed later loses no metric of the
+        steps that checkpoint holds. The bound matters when the server went away during a request:
+        MLflow's client then retries inside that call for minutes before the sender sees a failure.
         Returns whether the queue is empty."""
         with self._cond:
             return self._cond.wait_for(
