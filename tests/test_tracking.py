@@ -142,7 +142,7 @@ def test_logger_rides_out_a_server_outage(server, tmp_path):
     log = tracking.RunLogger(server.uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=60)
     for step in range(1, 6):
         log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
-    assert log.flush()  # what a checkpoint waits for: sent
+    assert log.flush(timeout_s=30)  # what a checkpoint waits for: sent
     assert loss_steps(server.uri, run_id) == [1, 2, 3, 4, 5]
     server.stop()
     t0 = time.monotonic()
