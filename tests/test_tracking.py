@@ -1,11 +1,20 @@
-"""tracking.py against a real MLflow SQLite store: runs come back as plain data, not MLflow objects."""
+"""tracking.py against a real MLflow SQLite store and a real `mlflow server`: runs come back as plain
+data, not MLflow objects; a server outage loses no metric."""
+
+from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+import time
 
 import pytest
 
 from xmodal import tracking
+from xmodal.errors import UserError
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+from xmodal_testing import REPO, MlflowServer
 
 
 def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
@@ -23,10 +32,13 @@ def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
     log = tracking.RunLogger(uri, run_id)
     for step in (1, 2, 3):
         log.log({"train/loss": 1.0 / step}, step)
+    assert log.close() is None  # everything sent: no spool file
     # A restarted worker replays steps 2..4: only step 4 is new.
     log2 = tracking.RunLogger(uri, run_id)
     for step in (2, 3, 4):
         log2.log({"train/loss": 10.0 + step}, step)
+    log2.close()
+    assert log2.logged_up_to == 3
     points = tracking.metric_points(uri, run_id, "train/loss")
     assert all(isinstance(p, tracking.MetricPoint) and p.timestamp > 0 for p in points)
     assert sorted((p.step, p.value) for p in points) == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 14.0)]
@@ -96,3 +108,123 @@ def test_unknown_run_and_artifacts(tmp_path, monkeypatch):
 def test_bad_tracking_uri_is_explained():
     with pytest.raises(ValueError, match="mlflow.tracking_uri 'mlflow.db'"):
         tracking.resolve_tracking_uri("mlflow.db")
+
+
+def test_logger_drops_only_values_the_server_rejects(tmp_path, capfd):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.create_run(uri, tracking.ensure_experiment(uri, "e"), "r", {}, {})
+    log = tracking.RunLogger(uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=30)
+    log.log({"train/loss": 1.0, "bad name!": 2.0}, 1)
+    log.log({"train/loss": 0.5}, 2)
+    t0 = time.monotonic()
+    assert log.close() is None and time.monotonic() - t0 < 10  # not retried until the wait ran out
+    assert tracking.metric_history(uri, run_id, "train/loss") == [(1, 1.0), (2, 0.5)]
+    assert "[xmodal] MLflow rejected bad name!=2.0 at step 1, not logged" in capfd.readouterr().out
+
+
+# ---------------------------------------------------------------- a tracking server that goes away
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = MlflowServer(tmp_path).start()
+    yield s
+    s.stop()
+
+
+def loss_steps(uri: str, run_id: str) -> list[int]:
+    return [p.step for p in sorted(tracking.metric_points(uri, run_id, "train/loss"), key=lambda p: p.timestamp)]
+
+
+def test_logger_rides_out_a_server_outage(server, tmp_path):
+    exp = tracking.ensure_experiment(server.uri, "e")
+    run_id = tracking.create_run(server.uri, exp, "r", {}, {})
+    log = tracking.RunLogger(server.uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=60)
+    for step in range(1, 6):
+        log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
+    assert log.flush(timeout_s=30)  # what a checkpoint waits for: sent
+    assert loss_steps(server.uri, run_id) == [1, 2, 3, 4, 5]
+    server.stop()
+    t0 = time.monotonic()
+    for step in range(6, 11):
+        log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
+    assert time.monotonic() - t0 < 0.1  # queued, not sent: training does not wait for the server
+    assert not log.flush(timeout_s=30) and time.monotonic() - t0 < 15  # the server is away: no wait
+    time.sleep(2)  # the logger is retrying meanwhile
+    server.start()
+    assert log.close() is None and not (tmp_path / "spool.jsonl").exists()
+    assert loss_steps(server.uri, run_id) == list(range(1, 11))  # every step once, in order
+    assert [s for s, _ in tracking.metric_history(server.uri, run_id, "train/lr")] == list(range(1, 11))
+
+
+def test_server_that_never_returns_spools_and_replay_completes_the_run(server, tmp_path, capfd):
+    exp = tracking.ensure_experiment(server.uri, "e")
+    run_id = tracking.create_run(server.uri, exp, "r", {}, {})
+    tracking.log_metrics(server.uri, run_id, {"train/loss": 1.0}, step=1)
+    server.stop()
+    # Started during the outage (a restarted worker): it must start, and still skip step 1 later.
+    spool = tmp_path / "run" / tracking.SPOOL_FILE
+    log = tracking.RunLogger(server.uri, run_id, spool=spool, outage_wait_s=1)
+    for step in range(1, 8):
+        log.log({"train/loss": 1.0 / step}, step)
+    log.log({"final/acc": 0.5}, 7, force=True)
+    t0 = time.monotonic()
+    assert log.close() == spool
+    assert time.monotonic() - t0 < 5
+    line = capfd.readouterr().out.strip()
+    assert line == (f"[xmodal] MLflow at {server.uri} unreachable: 8 metric values not logged, saved to {spool}; "
+                    f"replay them with python jobs/replay_tracking.py {spool}")
+
+    # The driver's end of the run: given up on after its wait, kept with a copy of the file.
+    art = tmp_path / "model.pt"
+    art.write_text("weights")
+    out = tracking.Outbox(server.uri, run_id, spool, wait_s=1)
+    out.artifact(art, "model")
+    out.terminated("FINISHED")
+    art.unlink()  # the checkpoint folder is gone by the time of the replay
+    out.report()
+    assert capfd.readouterr().out.strip() == (
+        f"[xmodal] MLflow at {server.uri} unreachable: 2 end-of-run records (artifact, terminated) not logged, "
+        f"saved to {spool}; replay them with python jobs/replay_tracking.py {spool}")
+    ops = [json.loads(x)["op"] for x in spool.read_text().splitlines()]
+    assert ops == ["metrics", "artifact", "terminated"]
+
+    with pytest.raises(UserError, match="unreachable"):
+        tracking.replay(spool)
+    server.start()
+    summary = tracking.replay(spool)
+    assert (summary.metrics_logged, summary.metrics_skipped, summary.artifacts, summary.terminated) == (7, 1, 1, 1)
+    assert summary.path == spool.with_name(spool.name + ".replayed") and not spool.exists()
+    assert loss_steps(server.uri, run_id) == list(range(1, 8))
+    assert tracking.metric_history(server.uri, run_id, "final/acc") == [(7, 0.5)]
+    run = tracking.get_run(server.uri, run_id)
+    assert run.status == "FINISHED" and tracking.list_artifacts(server.uri, run_id, "model") == ["model/model.pt"]
+    # Again, through the command line: nothing new.
+    out = subprocess.run([sys.executable, str(REPO / "jobs" / "replay_tracking.py"), str(summary.path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "0 metric values logged, 8 already there" in out.stdout
+    assert loss_steps(server.uri, run_id) == list(range(1, 8))
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ('{"op": "metrics", "uri": "sqlite:///x.db", "run_id": "r", "items": [["a", 1, 2, 3]]}\n{"op": "metr',
+     "line 2: not valid JSON"),
+    ('{"op": "rename", "uri": "sqlite:///x.db", "run_id": "r"}', "line 1: unknown op 'rename'; expected"),
+    ('{"op": "metrics", "uri": "sqlite:///x.db", "run_id": "r", "items": [["a", "one", 2, 3]]}',
+     r"line 1: metric item \['a', 'one', 2, 3\]; expected \[key, value, timestamp_ms, step\]"),
+    ('{"op": "artifact", "uri": "sqlite:///x.db", "run_id": "r", "path": "/nonexistent/model.pt"}',
+     "line 1: artifact file '/nonexistent/model.pt' does not exist"),
+    ('{"op": "terminated", "uri": "sqlite:///x.db", "run_id": "r"}', "line 1: op 'terminated' without 'status'"),
+])
+def test_bad_spool_file_is_rejected_before_anything_is_sent(tmp_path, content, message):
+    f = tmp_path / "spool.jsonl"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(UserError, match=message) as e:
+        tracking.replay(f)
+    assert str(f) in str(e.value)
+    assert not (tmp_path / "x.db").exists()  # nothing written to MLflow
+    if content is not None:
+        assert f.exists()

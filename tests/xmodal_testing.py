@@ -12,11 +12,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 RAY = str(Path(sys.executable).parent / "ray")
+MLFLOW = str(Path(sys.executable).parent / "mlflow")
 
 
 def all_logits(model, out) -> dict:
@@ -174,3 +176,43 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     start, pretrained = spec.resolve_start(cfg, data, "", Path("."))
     cfg = spec.fit_to_data(cfg, data, pretrained)
     return spec, cfg, engine.make_worker(spec, cfg, data, start, torch.device("cpu"), 20, engine.split_batch(cfg))
+
+
+class MlflowServer:
+    """A real `mlflow server` on a local port (SQLite backend, artifacts served), stopped and started
+    again by the test on the same port and database."""
+
+    def __init__(self, tmp: Path, port: int | None = None):
+        self.tmp, self.port = tmp, port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> MlflowServer:
+        db = self.tmp / "server.db"
+        if not db.exists():
+            from xmodal import tracking
+
+            tracking.ensure_experiment(f"sqlite:///{db}", "e")  # the tables, made faster in-process
+        log = open(self.tmp / "mlflow-server.log", "a")  # noqa: SIM115 - kept open for the server's lifetime
+        self.proc = subprocess.Popen(
+            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.tmp / 'server.db'}",
+             "--artifacts-destination", str(self.tmp / "server-artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=2).close()
+                return self
+            except OSError:
+                assert self.proc.poll() is None, (self.tmp / "mlflow-server.log").read_text()[-3000:]
+                assert time.time() < deadline, f"mlflow server not ready after {timeout} s"
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+            self.proc = None
+        from xmodal import tracking
+
+        assert not tracking.reachable(self.uri)

@@ -8,9 +8,17 @@ at once fail); rank 0 of the training workers logs into that run by id.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,19 +148,105 @@ def git_commit() -> str:
         return "unknown"
 
 
-class RunLogger:
-    """Logs metrics into an existing run from a training worker (rank 0).
+SPOOL_FILE = "mlflow_unlogged.jsonl"
+REPLAY_COMMAND = "python jobs/replay_tracking.py"
+_SPOOL_OPS = {"metrics": ("items",), "artifact": ("path",), "terminated": ("status",)}
 
-    After a restart, steps at or below the last step already in MLflow are
-    skipped, so a run's metric history has neither duplicates nor a restart.
+
+def spool_path(storage: str, run_name: str) -> Path:
+    """Where a run writes what it could not log: `<storage>/<run_name>/mlflow_unlogged.jsonl` when the
+    checkpoint storage is local, else this machine's temp folder (remote storage is not a file)."""
+    root = Path(storage) if "://" not in storage else Path(tempfile.gettempdir()) / "xmodal-runs"
+    return root / run_name / SPOOL_FILE
+
+
+def reachable(uri: str, timeout_s: float = 5.0) -> bool:
+    """Whether an http(s) tracking server answers at all (any HTTP status counts). MLflow's own
+    client retries a refused connection for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES, exponential
+    backoff): asking first keeps a sender out of that loop while the server is down, without
+    changing MLflow's settings for the rest of the process. Other URIs (files, SQLite) count as up."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _backoff(attempt: int) -> float:
+    return min(10.0, float(2 ** attempt))  # 1, 2, 4, 8, 10, 10, ... seconds
+
+
+def _append_spool(path: Path, records: list[dict[str, Any]]) -> None:
+    """One JSON object per line, each line written by one append and synced: a crash mid-write leaves
+    the earlier lines whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for rec in records:
+            os.write(fd, (json.dumps(rec) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlogged_message(uri: str, what: str, path: Path) -> str:
+    return (f"[xmodal] MLflow at {uri} unreachable: {what} not logged, saved to {path}; "
+            f"replay them with {REPLAY_COMMAND} {path}")
+
+
+def _say(message: str) -> None:
+    """Straight to the process's stdout, as train.hooks.say: Ray Train and MLflow wrap sys.stdout."""
+    print(message, file=sys.__stdout__, flush=True)
+
+
+def _rejected(e: Exception) -> bool:
+    """The server answered and refused the values (a bad key or value), as opposed to being away."""
+    return getattr(e, "error_code", None) == "INVALID_PARAMETER_VALUE"
+
+
+def _drop_logged(client, run_id: str, items: list) -> list:
+    """`items` (mlflow Metric) less those whose (key, step) the run's history already holds: a retry or a
+    replay after a partial success adds no duplicate."""
+    seen = {k: {m.step for m in client.get_metric_history(run_id, k)} for k in {m.key for m in items}}
+    return [m for m in items if m.step not in seen[m.key]]
+
+
+class RunLogger:
+    """Logs metrics into an existing run from a training worker (rank 0), in the background.
+
+    `log` only queues (it never blocks or raises); a daemon thread sends the queue in order with
+    `log_batch`. While the tracking server is unreachable the thread keeps the batch and retries it
+    (backoff 1 s growing to 10 s), so training goes on and nothing is lost or reordered. `close` waits
+    up to `outage_wait_s` for the queue to drain, then writes what is left to the spool file (replayed
+    into MLflow later with jobs/replay_tracking.py).
+
+    After a restart, steps at or below the last step already in MLflow (read by the thread, so that a
+    worker restarted during an outage starts) are skipped, so a run's metric history has neither
+    duplicates nor a restart.
     """
 
-    def __init__(self, uri: str, run_id: str, system_metrics: bool = False, watch_key: str = "train/loss"):
+    BATCH = 500  # MLflow's limit of metrics per log_batch
+
+    def __init__(self, uri: str, run_id: str, system_metrics: bool = False, watch_key: str = "train/loss",
+                 spool: str | Path | None = None, outage_wait_s: float = 300.0):
         self.uri = uri
         self.run_id = run_id
-        self.client = _client(uri)
-        history = self.client.get_metric_history(run_id, watch_key)
-        self.logged_up_to = max((m.step for m in history), default=-1)
+        self.watch_key = watch_key
+        self.spool = Path(spool) if spool is not None else Path.cwd() / SPOOL_FILE
+        self.outage_wait_s = outage_wait_s
+        self.logged_up_to: int | None = None  # known once the thread has read the history
+        self._queue: deque[tuple[str, float, int, int, bool]] = deque()  # key, value, ms, step, force
+        self._inflight: list = []  # the batch being sent (mlflow Metric)
+        self._cond = threading.Condition()
+        self._closing = False
+        self._abandoned = False
+        self._failing = False  # the last attempt failed: the server is away
+        self._thread = threading.Thread(target=self._run, name="xmodal-mlflow-logger", daemon=True)
+        self._thread.start()
         self._system = None
         if system_metrics:
             self._start_system_metrics()
@@ -170,21 +264,280 @@ class RunLogger:
             self._system = None
 
     def log(self, metrics: dict[str, float], step: int, force: bool = False) -> None:
-        if step <= self.logged_up_to and not force:
-            return
-        mlflow = _mlflow()
+        """Queue one step's metrics (sent in the background)."""
         ts = int(time.time() * 1000)
-        items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
-        for i in range(0, len(items), 500):
-            self.client.log_batch(self.run_id, metrics=items[i:i + 500])
+        with self._cond:
+            if self._closing:
+                return
+            self._queue.extend((k, float(v), ts, step, force) for k, v in metrics.items())
+            self._cond.notify()
 
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 
-    def close(self) -> None:
+    @property
+    def client(self):
+        return _client(self.uri)
+
+    # ------------------------------------------------ the sending thread
+
+    def _retrying(self, what):
+        """`what()` until it succeeds or the logger is abandoned (then None)."""
+        attempt = 0
+        while not self._abandoned:
+            try:
+                if reachable(self.uri):
+                    out = what()
+                    self._failing = False
+                    return out
+            except Exception:  # any failure of the server or the network: keep the data, try again
+                pass
+            with self._cond:
+                self._failing = True
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._abandoned, timeout=_backoff(attempt))
+            attempt += 1
+        return None
+
+    def _run(self) -> None:
+        client = self.client
+
+        def read_history() -> int:
+            return max((m.step for m in client.get_metric_history(self.run_id, self.watch_key)), default=-1)
+
+        logged_up_to = self._retrying(read_history)
+        if logged_up_to is None:
+            return
+        self.logged_up_to = logged_up_to
+        mlflow = _mlflow()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closing or self._abandoned)
+                if self._abandoned or not self._queue:
+                    return
+                batch = []
+                while self._queue and len(batch) < self.BATCH:
+                    k, v, ts, step, force = self._queue.popleft()
+                    if force or step > logged_up_to:
+                        batch.append(mlflow.entities.Metric(k, v, ts, step))
+                self._inflight = batch
+            if batch:
+                self._send(client, batch)
+            with self._cond:
+                if self._abandoned:
+                    return
+                self._inflight = []
+                self._cond.notify_all()
+
+    def _send(self, client, batch: list) -> None:
+        failed = False
+
+        def send() -> bool:
+            nonlocal failed
+            try:
+                # After a failure the batch may have reached the server all the same (a lost reply).
+                todo = _drop_logged(client, self.run_id, batch) if failed else batch
+                try:
+                    if todo:
+                        client.log_batch(self.run_id, metrics=todo)
+                except Exception as e:
+                    if not _rejected(e):
+                        raise
+                    # The server rejects some values themselves: a retry cannot help, and it would hold
+                    # up every later metric. The others go one by one; the bad ones are said and dropped.
+                    for m in todo:
+                        try:
+                            client.log_batch(self.run_id, metrics=[m])
+                        except Exception as e1:
+                            if not _rejected(e1):
+                                raise
+                            _say(f"[xmodal] MLflow rejected {m.key}={m.value} at step {m.step}, not logged: {e1}")
+                return True
+            except Exception:
+                failed = True
+                raise
+
+        self._retrying(send)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything queued is sent, unless the server is away (then at once) or `timeout_s`
+        has passed: called before a checkpoint, so that a worker killed later loses no metric of the
+        steps that checkpoint holds. The bound matters when the server went away during a request:
+        MLflow's client then retries inside that call for minutes before the sender sees a failure.
+        Returns whether the queue is empty."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: (not self._queue and not self._inflight) or self._failing or self._abandoned
+                or not self._thread.is_alive(), timeout=timeout_s) and not self._queue and not self._inflight
+
+    # ------------------------------------------------ the end
+
+    def close(self, timeout_s: float | None = None) -> Path | None:
+        """Wait up to `timeout_s` (default `outage_wait_s`) for the queue to be sent; what is left goes
+        to the spool file, said in one line. Returns the spool file if written."""
         if self._system is not None:
             self._system.finish()
             self._system = None
+        wait = self.outage_wait_s if timeout_s is None else timeout_s
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(wait)
+        if not self._thread.is_alive():
+            return None
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify_all()
+            items = [[m.key, m.value, m.timestamp, m.step] for m in self._inflight]
+            up_to = self.logged_up_to
+            items += [[k, v, ts, step] for k, v, ts, step, force in self._queue
+                      if force or up_to is None or step > up_to]
+            self._queue.clear()
+        if not items:
+            return None
+        _append_spool(self.spool, [{"op": "metrics", "uri": self.uri, "run_id": self.run_id,
+                                    "items": items[i:i + 1000]} for i in range(0, len(items), 1000)])
+        _say(_unlogged_message(self.uri, f"{len(items)} metric values", self.spool))
+        return self.spool
+
+
+class Outbox:
+    """The driver's last calls of a run (artifacts, final status) through a tracking server that may be
+    down: each is retried until a deadline shared by all (`wait_s` from the first failure); once it has
+    passed, that call and every later one is appended to the spool file instead, in order. Files are
+    copied next to the spool file (`mlflow_unlogged/`): checkpoints and temp folders may go away."""
+
+    def __init__(self, uri: str, run_id: str, spool: str | Path, wait_s: float):
+        self.uri, self.run_id, self.spool, self.wait_s = uri, run_id, Path(spool), wait_s
+        self.deadline: float | None = None
+        self.spooled: list[str] = []
+
+    def _call(self, what, record) -> None:
+        """`what()`, retried until the deadline; else `record()` (a spool record) is appended."""
+        attempt = 0
+        while not self.spooled:  # once one call was given up on, the later ones follow it (order)
+            try:
+                if reachable(self.uri):
+                    what()
+                    return
+            except Exception:  # the server or the network: retried until the deadline
+                pass
+            now = time.monotonic()
+            self.deadline = self.deadline if self.deadline is not None else now + self.wait_s
+            if now >= self.deadline:
+                break
+            time.sleep(min(_backoff(attempt), self.deadline - now))
+            attempt += 1
+        rec = record()
+        _append_spool(self.spool, [{"op": rec["op"], "uri": self.uri, "run_id": self.run_id, **rec}])
+        self.spooled.append(rec["op"])
+
+    def artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        def record() -> dict[str, Any]:  # a copy, made only when the call is given up on
+            keep = self.spool.parent / "mlflow_unlogged" / (artifact_path or "") / Path(local_path).name
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(local_path, keep)
+            return {"op": "artifact", "path": str(keep), "artifact_path": artifact_path}
+
+        self._call(lambda: log_artifact(self.uri, self.run_id, local_path, artifact_path), record)
+
+    def terminated(self, status: str) -> None:
+        self._call(lambda: set_terminated(self.uri, self.run_id, status),
+                   lambda: {"op": "terminated", "status": status})
+
+    def report(self) -> None:
+        """One line if anything went to the spool file."""
+        if self.spooled:
+            what = f"{len(self.spooled)} end-of-run records ({', '.join(dict.fromkeys(self.spooled))})"
+            _say(_unlogged_message(self.uri, what, self.spool))
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """What `replay` did: metric values logged and skipped (already in the run), artifacts, statuses."""
+
+    path: Path  # the file as renamed after the replay
+    runs: tuple[str, ...]
+    metrics_logged: int
+    metrics_skipped: int
+    artifacts: int
+    terminated: int
+
+
+def read_spool(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a spool file, all checked first; a UserError names the file, the line and what
+    was expected."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such file; expected a {SPOOL_FILE} written by a run that could not reach its "
+                        "tracking server")
+    records = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p}, line {n}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg}); expected one JSON object per line") from None
+        if not isinstance(rec, dict) or rec.get("op") not in _SPOOL_OPS:
+            op = rec.get("op") if isinstance(rec, dict) else rec
+            raise UserError(f"{where}: unknown op {op!r}; expected an object with op one of "
+                            f"{', '.join(_SPOOL_OPS)}")
+        for key in ("uri", "run_id", *_SPOOL_OPS[rec["op"]]):
+            if not rec.get(key):
+                raise UserError(f"{where}: op {rec['op']!r} without {key!r}")
+        if rec["op"] == "metrics":
+            for item in rec["items"]:
+                if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
+                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in item[1:])):
+                    raise UserError(f"{where}: metric item {item!r}; expected [key, value, timestamp_ms, step]")
+        elif rec["op"] == "artifact" and not Path(rec["path"]).is_file():
+            raise UserError(f"{where}: artifact file {rec['path']!r} does not exist")
+        elif rec["op"] == "terminated" and rec["status"] not in ("FINISHED", "FAILED", "KILLED"):
+            raise UserError(f"{where}: status {rec['status']!r}; expected FINISHED, FAILED or KILLED")
+        records.append(rec)
+    return records
+
+
+def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
+    """Send a spool file's records to MLflow in order (into `tracking_uri` if given, else the URI each
+    record names), then rename the file to `*.replayed`. Idempotent: a metric value whose (key, step)
+    the run already has is skipped, so replaying twice adds no duplicate."""
+    p = Path(path)
+    records = read_spool(p)  # the whole file checked before anything is sent
+    uri_of = {r["uri"]: resolve_tracking_uri(tracking_uri) if tracking_uri else r["uri"] for r in records}
+    for uri in set(uri_of.values()):
+        if not reachable(uri):
+            raise UserError(f"{p}: MLflow at {uri} is unreachable; start it (or pass --tracking-uri) and replay again")
+    runs = list(dict.fromkeys((uri_of[r["uri"]], r["run_id"]) for r in records))
+    for uri, run_id in runs:
+        try:
+            get_run(uri, run_id)
+        except RunNotFound:
+            raise UserError(f"{p}: run {run_id!r} is not in {uri}; pass the tracking server that holds it "
+                            "with --tracking-uri") from None
+    mlflow = _mlflow()
+    logged = skipped = artifacts = terminated = 0
+    for rec in records:
+        uri, run_id = uri_of[rec["uri"]], rec["run_id"]
+        if rec["op"] == "metrics":
+            client = _client(uri)
+            unique = {(k, int(step)): mlflow.entities.Metric(k, float(v), int(ts), int(step))
+                      for k, v, ts, step in reversed(rec["items"])}  # a repeated (key, step): the first wins
+            items = sorted(unique.values(), key=lambda m: (m.step, m.timestamp))
+            todo = _drop_logged(client, run_id, items)
+            for i in range(0, len(todo), RunLogger.BATCH):
+                client.log_batch(run_id, metrics=todo[i:i + RunLogger.BATCH])
+            logged, skipped = logged + len(todo), skipped + len(rec["items"]) - len(todo)
+        elif rec["op"] == "artifact":
+            log_artifact(uri, run_id, rec["path"], rec.get("artifact_path"))
+            artifacts += 1
+        else:
+            set_terminated(uri, run_id, rec["status"])
+            terminated += 1
+    done = p if p.name.endswith(".replayed") else p.rename(p.with_name(p.name + ".replayed"))
+    return ReplaySummary(done, tuple(r for _, r in runs), logged, skipped, artifacts, terminated)
 
 
 def log_artifacts(uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:

@@ -394,7 +394,9 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
         finish_run(plan, result.checkpoint)
     except BaseException as e:
         if callbacks is None:
-            tracking.set_terminated(plan.tracking_uri, plan.run_id, "FAILED")
+            out = outbox(plan)
+            out.terminated("FAILED")
+            out.report()
         write_error = checkpoint_write_error(e)
         if write_error is not None:
             raise ckpt.CheckpointStorageError(write_error.advice()) from None
@@ -428,18 +430,26 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
     return train_and_finish(spec, p, checked.data, callbacks)
 
 
+def outbox(plan: RunPlan) -> tracking.Outbox:
+    """The driver's end-of-run MLflow calls, retried while the server is down (`mlflow.outage_wait_s`),
+    then kept in the run's spool file for jobs/replay_tracking.py."""
+    return tracking.Outbox(plan.tracking_uri, plan.run_id, tracking.spool_path(plan.storage, plan.run_name),
+                           plan.config["mlflow"]["outage_wait_s"])
+
+
 def finish_run(plan: RunPlan, checkpoint) -> None:
     """Log the resolved config and the final model as artifacts, then mark the MLflow run finished."""
-    uri, run_id = plan.tracking_uri, plan.run_id
+    out = outbox(plan)
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "config.yaml"
         cfg_file.write_text(yaml.safe_dump(plan.config, sort_keys=False))
-        tracking.log_artifact(uri, run_id, cfg_file)
+        out.artifact(cfg_file)
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
-                tracking.log_artifact(uri, run_id, Path(d) / f, "model")
-    tracking.set_terminated(uri, run_id, "FINISHED")
+                out.artifact(Path(d) / f, "model")
+    out.terminated("FINISHED")
+    out.report()
 
 
 def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:

@@ -81,7 +81,9 @@ class RunHooks:
         self.last_eval_step = meta.get("step", -1)
         self.best = meta.get("best")
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
-        self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics)
+        self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics,
+                                          spool=tracking.spool_path(plan.storage, plan.run_name),
+                                          outage_wait_s=plan.config["mlflow"]["outage_wait_s"])
                        if rank == 0 else None)
         self.window: dict[str, torch.Tensor] = {}  # loss sums since the last log step
         self.window_steps = 0
@@ -142,6 +144,7 @@ class RunHooks:
             shown = " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in sorted(metrics.items()))
             say(f"[xmodal] eval @ step {state.step}: {shown}")
             self.logger.log(metrics, state.step)
+            self.logger.flush()  # the checkpoint's steps are in MLflow before it (unless the server is away)
         report = {**metrics, "step": state.step, "epoch": epoch}
         if finished and self.on_end is None:
             report["final"] = 1  # the run's last report (with on_end, that report comes after)
