@@ -18,6 +18,7 @@ answer table or sentence column. Written in a hidden temporary directory and ren
 from __future__ import annotations
 
 import datetime
+import hashlib
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,9 @@ class FeatureManifest(Manifest):
     shards: list[FeatureShard]
     source: str  # "tsv": reference feature TSV files
     inputs: list[str] = []  # absolute paths of the files ingested
+    # sha256 of the image lines ingested, in order: a store rebuilt from changed files at the same
+    # paths gets another fingerprint (a fine-tuning set over it is refused)
+    content_sha256: str
     options: dict[str, Any] = {}  # the options that built it
     created: str = ""
 
@@ -205,8 +209,11 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
             shards.append(FeatureShard(file=rel, rows=len(buffer)))
             buffer.clear()
 
+        digest = hashlib.sha256()
         bar = progress_bar(len(located), "decode TSV", "img", progress)
         for where, line in tsv_lines(paths):
+            digest.update(line.rstrip("\r\n").encode("utf-8"))
+            digest.update(b"\n")
             im = parse_tsv_line(line, where, feat_dim=width, num_objects=num_objects,
                                 num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
             width = im.features.shape[1]
@@ -221,7 +228,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
         FeatureManifest(
             schema_version=SCHEMA_VERSION, kind=KIND, num_objects=num_objects, feat_dim=width,
             num_object_labels=num_object_labels, num_attr_labels=num_attr_labels, shards=shards, source="tsv",
-            inputs=[str(p) for p in paths], options={**options, "feat_dim": width},
+            inputs=[str(p) for p in paths], content_sha256=digest.hexdigest(), options={**options, "feat_dim": width},
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")).write(tmp)
         open_features(tmp)  # check what was written before it becomes visible
         publish_dir(tmp, out_path, lambda: check_target(out_path, overwrite, KIND))
