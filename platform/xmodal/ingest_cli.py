@@ -81,7 +81,7 @@ def _lxmert(args: argparse.Namespace) -> None:
 def _features_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="store directory to create")
     p.add_argument("--tsv", action="append", required=True,
-                   help="feature TSV (repeatable), e.g. the reference's nlvr2 train.obj36.tsv")
+                   help="feature TSV (repeatable), e.g. the reference's data/nlvr2_imgfeat/train_obj36.tsv")
     p.add_argument("--num-objects", type=int, default=36, help="object slots per image")
     p.add_argument("--feat-dim", type=int, default=None, help="feature width (default: from the first line)")
     p.add_argument("--num-object-labels", type=int, default=1600)

@@ -1,6 +1,6 @@
 """Feature-only image stores (kind "features"): the images of reference feature TSVs without sentences.
 
-NLVR2's own images (train/valid/test.obj36.tsv), GQA testdev and COCO test2015 have no pretraining
+NLVR2's own images (nlvr2_imgfeat/train_obj36.tsv, valid_obj36.tsv, test_obj36.tsv), GQA testdev and COCO test2015 have no pretraining
 sentences, so an LXMERT store (`jobs/ingest.py lxmert`) leaves them out. A feature-only store holds
 them for fine-tuning sets (`xmodal.data.finetune`), which look their images up across one or several
 image stores:
