@@ -160,3 +160,25 @@ def test_changed_store_is_detected_and_old_manifests_open(tmp_path: Path, small_
     small = read_images(small_store)
     k = [small["img_id"].tolist().index(img) for img in imgs]
     np.testing.assert_array_equal(batch.visual_feats.numpy(), small["features"][k])
+
+
+def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Path, small_store: LxmertStore):
+    """The job's own path in process (no Ray): config checks, model dims, batches, evaluation, predictions."""
+    from xmodal.config import FinetuneConfig, load_config
+    from xmodal.train.engine import run_in_process
+    from xmodal.train.finetune import FinetuneJob
+
+    ids = [f"x-{k}-img{j}" for k in range(16) for j in (0, 1)]
+    feats, _ = _features_store(tmp_path, "nlvr2_feats", ids, seed=8)
+    recs = [{"identifier": f"x-{k}-0-0", "img0": f"x-{k}-img0", "img1": f"x-{k}-img1", "sent": "two dogs",
+             "label": k % 2} for k in range(16)]
+    split = _write(tmp_path / "s.json", recs)
+    data = ingest_finetune("nlvr2", {"train": [split], "valid": [split]}, [small_store.path, feats.path],
+                           tmp_path / "nlvr2")
+    cfg = load_config(FinetuneConfig, overrides=[
+        "task=nlvr2", "preset=tiny", "init.source=scratch", "train.batch_size=8", "train.eval_every=2",
+        "train.log_every=1", f"data.store={data.path}", f"scale.storage_path={tmp_path / 'runs'}"])
+    _, final = run_in_process(FinetuneJob(), cfg, open_finetune(data.path))
+    # Evaluated on all 16 valid pairs: accuracy and consistency are multiples of 1/16 and 1/16 statements.
+    assert set(final) == {"best_valid/accuracy", "best_valid/loss", "best_valid/consistency"}, final
+    assert (final["best_valid/accuracy"] * 16).is_integer() and np.isfinite(final["best_valid/loss"]), final
