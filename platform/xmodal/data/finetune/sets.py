@@ -436,7 +436,8 @@ def _read_images(stores: list[ImageStore], index: Mapping[str, tuple[int, str, i
 
 def open_finetune(path: str | Path, store: str | Path | None = None) -> FinetuneData:
     """Open a fine-tuning set and check it: manifest, split files (schema, row counts), answer table, and
-    that the store (the recorded path, or `store` if it moved) is still the one the set was made from."""
+    that every image store and the tokenizer store (the recorded path, or `store` if it moved) is
+    still the one the set was made from, and that the stores agree on objects per image and width."""
     root = Path(path).expanduser().resolve()
     mpath = root / MANIFEST_FILE
     m = FinetuneManifest.read(root)  # names the path and the kind expected when it is not a fine-tuning set

@@ -603,7 +603,6 @@ class StoreWriter:
         self.images_per_shard = max(1, images_per_shard)
         self.row_group_images = max(1, min(row_group_images, self.images_per_shard))
         self.tmp = temp_dir_beside(self.path)
-        self._schema = arrow_schema(num_objects, feat_dim, max_seq_len)
         self._pending: dict[str, list[ImageBlock]] = {s: [] for s in SPLITS}
         self._pending_rows: dict[str, int] = dict.fromkeys(SPLITS, 0)
         self.shards: dict[str, list[ShardInfo]] = {s: [] for s in SPLITS}
