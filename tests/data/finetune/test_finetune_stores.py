@@ -182,3 +182,37 @@ def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Pa
     # Evaluated on all 16 valid pairs: accuracy and consistency are multiples of 1/16 and 1/16 statements.
     assert set(final) == {"best_valid/accuracy", "best_valid/loss", "best_valid/consistency"}, final
     assert (final["best_valid/accuracy"] * 16).is_integer() and np.isfinite(final["best_valid/loss"]), final
+
+
+def _readme_command(readme: str, head: str) -> list[str]:
+    found = re.search(rf"^python jobs/ingest\.py ({re.escape(head)}(?:[^\n]*\\\n)*[^\n]*)$", readme, re.M)
+    assert found is not None, f"the README no longer shows `jobs/ingest.py {head} ...`"
+    return [a for line in found.group(1).split("\\\n") for a in line.split("#")[0].split()]
+
+
+def test_the_readme_nlvr2_commands_on_files_named_as_the_reference(tmp_path: Path, small_store: LxmertStore,
+                                                                   capsys):
+    """The README's `features` and `nlvr2` examples, run as written on small files with the reference's names."""
+    from xmodal_testing import REPO
+
+    readme = (REPO / "README.md").read_text()
+    d = tmp_path / "reference"
+    images: dict[str, RefImage] = {}
+    for seed, split in enumerate(("train", "valid", "test")):
+        images.update(_tsv(d / f"{split}_obj36.tsv", [f"{split}-{k}-img{j}" for k in range(3) for j in (0, 1)], seed))
+        recs = [{"identifier": f"{split}-{k}-0-0", "img0": f"{split}-{k}-img0", "img1": f"{split}-{k}-img1",
+                 "sent": "two dogs", **({} if split == "test" else {"label": k % 2})} for k in range(3)]
+        _write(d / f"{split}.json", recs)
+    paths = {"data/lxmert_store": str(small_store.path), "data/nlvr2_features": str(tmp_path / "feats"),
+             "data/nlvr2": str(tmp_path / "nlvr2")}
+    for head in ("features data/nlvr2_features", "nlvr2 data/nlvr2"):
+        argv = [paths.get(a, str(d / a) if (d / a).is_file() else a) for a in _readme_command(readme, head)]
+        # (the small pretraining store has 12 object slots, the reference 36)
+        extra = ["--no-progress", "--num-objects", "12"] if head.startswith("features") else []
+        assert ingest_main([*argv, *extra]) == 0, capsys.readouterr().err
+    data = open_finetune(tmp_path / "nlvr2")
+    assert data.manifest.splits == {"train": 3, "valid": 3, "test": 3}
+    assert [r.kind for r in data.manifest.image_stores] == ["lxmert", "features"]
+    np.testing.assert_array_equal(data.split("test").labels, [-1, -1, -1])
+    b = next(iter_finetune_batches(data, "test", 3, seed=0, epoch=0, shuffle=False))
+    _check_feats(b.visual_feats[2, 1].numpy(), b.boxes[2, 1].numpy(), images["test-2-img1"])
