@@ -8,7 +8,7 @@ stderr, no Ray start-up text, and the working directory unchanged apart from the
 (no mlflow.db, data/, runs/, mlruns/ or half-written store).
 
 The cases run in parallel threads (one module fixture) and are reported one test each. Measured:
-about 85 s for the whole file (45 cases, 4 threads) on the shared 2-core machine: each subprocess
+about 85 s for the whole file (47 cases, 4 threads) on the shared 2-core machine: each subprocess
 imports torch and Ray Train, 3-4 s of CPU.
 """
 
@@ -135,6 +135,8 @@ CASES = [
          ["s.json", "record #1", "'COCO_2'", "'labelf' is missing", "--allow-missing-labelf"],
          files={"f.tsv": "", "s.json": '[{"img_id": "COCO_1", "sentf": {"vqa": ["what?"]}, "labelf": {"vqa": [{}]}},'
                                        ' {"img_id": "COCO_2", "sentf": {"vqa": ["is it red?"]}}]'}),
+    Case("ingest-features-cut-line", "ingest.py", ["features", "out", "--tsv", "f.tsv"],
+         ["f.tsv:2", "tab-separated fields", "cut off"], files={"f.tsv": "\n" + "\t".join(["COCO_1", "480", "640"])}),
     Case("ingest-synthetic-seq-len", "ingest.py", ["synthetic", "out", "--max-seq-len", "2"], ["max_seq_len"]),
     Case("ingest-mult-missing-pickle", "ingest.py", ["mult", "out", "--pickle", "no.pkl", "--format", "reference"],
          ["no.pkl"]),

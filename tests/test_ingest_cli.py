@@ -37,6 +37,8 @@ def test_every_source_reports_bad_input_as_one_error_line(tmp_path: Path):
     cases = {
         "lxmert": (["lxmert", out, "--tsv", str(missing), "--json", str(missing), "--no-progress"],
                    [str(missing), "does not exist"]),
+        "features": (["features", str(lxmert.path), "--tsv", str(missing), "--overwrite", "--no-progress"],
+                     [str(lxmert.path), "LXMERT feature store", "feature-only image store", "refusing"]),
         "synthetic": (["synthetic", out, "--num-images", "1", "--no-progress"], ["num_images=1"]),
         # the reported bug: --overwrite of a MulT ingest replaced an LXMERT store
         "mult": (["mult", str(lxmert.path), "--pickle", str(pickle), "--format", "mmsa", "--overwrite"],

@@ -75,6 +75,31 @@ def _lxmert(args: argparse.Namespace) -> None:
         print(f"minival: {m.images('minival')} images, {how.fraction:g} of all by a hash of img_id")
 
 
+# ============================================================================ features
+
+
+def _features_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", help="store directory to create")
+    p.add_argument("--tsv", action="append", required=True,
+                   help="feature TSV (repeatable), e.g. the reference's data/nlvr2_imgfeat/train_obj36.tsv")
+    p.add_argument("--num-objects", type=int, default=36, help="object slots per image")
+    p.add_argument("--feat-dim", type=int, default=None, help="feature width (default: from the first line)")
+    p.add_argument("--num-object-labels", type=int, default=1600)
+    p.add_argument("--num-attr-labels", type=int, default=400)
+    p.add_argument("--images-per-shard", type=int, default=256)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing feature-only store")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _features(args: argparse.Namespace) -> None:
+    from xmodal.data.lxmert.features import ingest_features
+
+    print(ingest_features(args.out, args.tsv, num_objects=args.num_objects, feat_dim=args.feat_dim,
+                          num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
+                          images_per_shard=args.images_per_shard, overwrite=args.overwrite,
+                          progress=not args.no_progress))
+
+
 # ============================================================================ synthetic (LXMERT)
 
 
@@ -171,7 +196,10 @@ def _mult_synthetic(args: argparse.Namespace) -> None:
 
 def _finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="fine-tuning set directory to create")
-    p.add_argument("--store", required=True, help="feature store holding the images (jobs/ingest.py lxmert)")
+    p.add_argument("--store", action="append", required=True, metavar="STORE",
+                   help="image store (repeatable, searched in order): an LXMERT store (jobs/ingest.py lxmert; the "
+                        "first one's tokenizer tokenises the sentences) or a feature-only store (jobs/ingest.py "
+                        "features)")
     for split in ("train", "valid", "test"):
         p.add_argument(f"--{split}", action="append", metavar="A.json[,B.json]",
                        help=f"JSON file(s) of the {split} split (comma separated or repeated)")
@@ -179,6 +207,8 @@ def _finetune_arguments(p: argparse.ArgumentParser) -> None:
                                      "default: the train split's most frequent answers)")
     p.add_argument("--num-answers", type=int, default=None,
                    help="answer table size (default 3129 vqa / 1842 gqa, or the whole --answers file)")
+    p.add_argument("--allow-missing-images", action="store_true",
+                   help="drop (and count) questions whose image is in no --store instead of failing")
     p.add_argument("--overwrite", action="store_true", help="replace an existing fine-tuning set")
 
 
@@ -190,7 +220,8 @@ def _finetune(args: argparse.Namespace) -> None:
     if not splits:
         raise UserError(f"{args.command}: give at least one of --train, --valid, --test")
     data = ingest_finetune(args.command, splits, args.store, args.out, answers=args.answers,
-                           overwrite=args.overwrite, num_answers=args.num_answers)
+                           overwrite=args.overwrite, num_answers=args.num_answers,
+                           allow_missing_images=args.allow_missing_images)
     m = data.manifest
     print(data)
     print(f"answers {m.num_answers}, ignored {m.ignored}, {m.stats}")
@@ -240,12 +271,13 @@ Source = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Nam
 # subcommand -> (its arguments, what it runs, one-line help)
 SOURCES: dict[str, Source] = {
     "lxmert": (_lxmert_arguments, _lxmert, "reference feature TSV + pretraining JSON -> LXMERT store"),
+    "features": (_features_arguments, _features, "reference feature TSV without sentences -> feature-only store"),
     "synthetic": (_synthetic_arguments, _synthetic, "learnable synthetic LXMERT corpus -> LXMERT store"),
     "mult": (_mult_arguments, _mult, "reference / MMSA sentiment pickles -> MulT store"),
     "mult-synthetic": (_mult_synthetic_arguments, _mult_synthetic, "learnable synthetic unaligned streams -> MulT store"),
-    "vqa": (_finetune_arguments, _finetune, "reference VQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
-    "gqa": (_finetune_arguments, _finetune, "reference GQA fine-tuning JSON -> fine-tuning set over an LXMERT store"),
-    "nlvr2": (_finetune_arguments, _finetune, "reference NLVR2 JSON -> fine-tuning set over an LXMERT store"),
+    "vqa": (_finetune_arguments, _finetune, "reference VQA fine-tuning JSON -> fine-tuning set over image stores"),
+    "gqa": (_finetune_arguments, _finetune, "reference GQA fine-tuning JSON -> fine-tuning set over image stores"),
+    "nlvr2": (_finetune_arguments, _finetune, "reference NLVR2 JSON -> fine-tuning set over image stores"),
     "synthetic-vqa": (_synthetic_finetune_arguments, _synthetic_finetune,
                       "learnable synthetic VQA over a synthetic LXMERT store"),
     "synthetic-gqa": (_synthetic_finetune_arguments, _synthetic_finetune,

@@ -39,6 +39,7 @@ MANIFEST_FILE = "manifest.json"
 # kind recorded in manifest.json -> what it is, in words
 KINDS: dict[str, str] = {
     "lxmert": "an LXMERT feature store",
+    "features": "a feature-only image store",
     "mult": "a MulT store",
     "lxmert-finetune": "an LXMERT fine-tuning set",
 }

@@ -114,17 +114,25 @@ def test_answer_table_from_reference_file_and_unknown_answers(tmp_path: Path, sm
     np.testing.assert_array_equal(sp.targets(np.arange(3), 3), [[0, 1, 0], [0, 0, 0], [0, 0, 0]])
 
 
-def test_missing_images_are_counted_unless_all_are(tmp_path: Path, small_store, store_images):
+def test_missing_images_fail_or_are_counted_unless_all_are(tmp_path: Path, small_store, store_images):
     imgs = sorted(store_images)
     recs = _vqa_records(imgs[:4] + [f"COCO_missing_{i}" for i in range(7)])
-    data = ingest_finetune("gqa", {"train": [_write(tmp_path / "t.json", recs)]}, small_store.path, tmp_path / "g")
+    train = _write(tmp_path / "t.json", recs)
+    # By default an image in no store is an error naming the file, the record, the img_id and the stores.
+    with pytest.raises(FinetuneError, match=rf"t\.json: record #4 \(id '1004'\): img_id 'COCO_missing_0' is in none "
+                                            rf"of the image stores searched \({re.escape(str(small_store.path))}\); "
+                                            r"7 record\(s\) .*--allow-missing-images"):
+        ingest_finetune("gqa", {"train": [train]}, small_store.path, tmp_path / "g")
+    _no_leftovers(tmp_path, "g")
+    data = ingest_finetune("gqa", {"train": [train]}, small_store.path, tmp_path / "g", allow_missing_images=True)
     m = data.manifest
     assert m.splits == {"train": 4} and m.ignored["missing_images"] == 7
     assert len(m.missing_image_examples) == 5
     assert m.missing_image_examples[0] == {"split": "train", "id": "1004", "img_id": "COCO_missing_0"}
     bad = _write(tmp_path / "valid.json", _vqa_records(["COCO_missing_a", "COCO_missing_b"]))
     with pytest.raises(FinetuneError, match=r"valid\.json: none of its 2 records .*'COCO_missing_a'"):
-        ingest_finetune("gqa", {"train": [tmp_path / "t.json"], "valid": [bad]}, small_store.path, tmp_path / "g2")
+        ingest_finetune("gqa", {"train": [tmp_path / "t.json"], "valid": [bad]}, small_store.path, tmp_path / "g2",
+                        allow_missing_images=True)
     _no_leftovers(tmp_path, "g2")
 
 
@@ -184,7 +192,8 @@ def test_nlvr2_ingest_and_unlabelled_test_split(tmp_path, small_store, store_ima
         {"identifier": "train-x-0-0", "img0": imgs[0], "img1": "missing", "sent": "x", "label": 1}])
     test = _write(tmp_path / "test.json", [{k: v for k, v in r.items() if k != "label"}
                                            for r in _nlvr2_records(imgs[5:], "test")])
-    data = ingest_finetune("nlvr2", {"train": [train], "test": [test]}, small_store.path, tmp_path / "n")
+    data = ingest_finetune("nlvr2", {"train": [train], "test": [test]}, small_store.path, tmp_path / "n",
+                           allow_missing_images=True)
     assert data.answers is None and data.manifest.num_answers == 0
     assert data.manifest.ignored == {"missing_images": 1}
     sp = data.split("train")

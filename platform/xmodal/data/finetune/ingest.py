@@ -1,5 +1,10 @@
 """Reference fine-tuning JSON -> fine-tuning set (`python jobs/ingest.py vqa|gqa|nlvr2 OUT --store STORE ...`).
 
+The images are looked up in one or several image stores (`--store`, repeatable, in order; the first
+store holding an img_id gives it): LXMERT stores and feature-only stores (`jobs/ingest.py features`,
+e.g. NLVR2's own images or GQA testdev). The sentences are tokenised with the first LXMERT store's
+tokenizer (the pretraining store: a feature-only store has no vocabulary), so one must be named.
+
 Inputs (docs/papers.md#fine-tuning-json), each file a JSON list:
 - vqa: {"question_id", "img_id", "sent", "label": {answer: soft score}} (3,129 answers);
 - gqa: the same shape, label {answer: 1} (1,842 answers);
@@ -8,10 +13,12 @@ Other keys (question_type, answer_type, ...) are ignored. question_id may be a J
 the reference VQA files) and is stored as a string. "label" may be missing only in a split named
 "test" (the reference VQA test file has none): such a question has no target, such a pair label -1.
 
-What the ingest does with imperfect data, as the reference loaders do:
-- a question/pair whose image is not in the store is dropped and counted (manifest.ignored
-  missing_images, with up to 5 examples); if EVERY record of a file misses its image the store is
-  the wrong one, and that is an error naming the file and an img_id;
+What the ingest does with imperfect data:
+- a question/pair whose image is in none of the stores is an error naming the file, the record, the
+  img_id and the stores searched; with allow_missing_images (--allow-missing-images) it is dropped
+  and counted instead (manifest.ignored missing_images, with up to 5 examples), as the reference
+  loaders do; even then, if EVERY record of a file misses its image the stores are the wrong ones,
+  and that is an error naming the file and an img_id;
 - an answer outside the answer table is dropped from that question's label (ignored
   unknown_answers); the question stays with its remaining answers (maybe none: stats
   unanswerable_questions), as the reference `VQATorchDataset` keeps it with a partial target;
@@ -35,8 +42,17 @@ from typing import Any
 import numpy as np
 
 from xmodal.data.answers import AnswerError, AnswerTable, normalize_answer
-from xmodal.data.finetune.sets import FinetuneData, FinetuneError, FinetuneSplit, check_task, write_finetune
-from xmodal.data.lxmert.store import LxmertStore, open_store
+from xmodal.data.finetune.sets import (
+    FinetuneData,
+    FinetuneError,
+    FinetuneSplit,
+    check_same_dims,
+    check_task,
+    image_index,
+    write_finetune,
+)
+from xmodal.data.lxmert.features import ImageStore, open_image_store
+from xmodal.data.lxmert.store import LxmertStore
 
 DEFAULT_NUM_ANSWERS: dict[str, int] = {"vqa": 3129, "gqa": 1842}
 MAX_MISSING_EXAMPLES = 5
@@ -148,18 +164,41 @@ def _build_answers(task: str, records: dict[str, _Records], answers: str | Path 
     return table
 
 
-def ingest_finetune(task: str, json_paths_by_split: dict[str, list[str | Path]], store_path: str | Path,
-                    out_dir: str | Path, answers: str | Path | None = None, overwrite: bool = False, *,
-                    num_answers: int | None = None) -> FinetuneData:
-    """Parse and check the reference JSON of each split, tokenise with the store's tokenizer, and write
-    the set (atomically). `answers`: a reference answer file, else the train split's most frequent
-    `num_answers` answers (default 3,129 vqa / 1,842 gqa); with a file, `num_answers` keeps its first ones."""
+def open_image_stores(paths: str | Path | list[str | Path]) -> tuple[LxmertStore, list[ImageStore]]:
+    """(the tokenizer store: the first LXMERT store, every image store in order) of `paths`."""
+    given = [paths] if isinstance(paths, str | Path) else list(paths)
+    if not given:
+        raise FinetuneError("no image store given (--store)")
+    stores: list[ImageStore] = []
+    for p in given:
+        st = open_image_store(p)
+        if any(st.path == x.path for x in stores):
+            raise FinetuneError(f"--store {st.path}: given twice")
+        stores.append(st)
+    text = next((st for st in stores if isinstance(st, LxmertStore)), None)
+    if text is None:
+        raise FinetuneError(f"none of the stores {', '.join(str(st.path) for st in stores)} is an LXMERT store: "
+                            "the sentences need its tokenizer (feature-only stores have no vocabulary); add the "
+                            "pretraining store with --store")
+    check_same_dims(stores, "--store")
+    return text, stores
+
+
+def ingest_finetune(task: str, json_paths_by_split: dict[str, list[str | Path]],
+                    store_path: str | Path | list[str | Path], out_dir: str | Path,
+                    answers: str | Path | None = None, overwrite: bool = False, *,
+                    num_answers: int | None = None, allow_missing_images: bool = False) -> FinetuneData:
+    """Parse and check the reference JSON of each split, tokenise with the first LXMERT store's tokenizer,
+    look every image up in the stores `store_path` (one or several, in order), and write the set
+    (atomically). `answers`: a reference answer file, else the train split's most frequent
+    `num_answers` answers (default 3,129 vqa / 1,842 gqa); with a file, `num_answers` keeps its first ones.
+    `allow_missing_images`: drop (and count) examples whose image is in no store instead of failing."""
     check_task(task)
     if task == "nlvr2" and (answers is not None or num_answers is not None):
         raise FinetuneError("nlvr2 has no answer table: --answers / --num-answers do not apply")
     if not json_paths_by_split or not all(json_paths_by_split.values()):
         raise FinetuneError(f"{task}: no JSON file given for some split: {dict(json_paths_by_split)}")
-    store = open_store(store_path)
+    store, image_stores = open_image_stores(store_path)
     records: dict[str, _Records] = {}
     seen: dict[str, tuple[str, int]] = {}
     for split, paths in json_paths_by_split.items():
@@ -175,15 +214,15 @@ def ingest_finetune(task: str, json_paths_by_split: dict[str, list[str | Path]],
                                         f"(split {split!r}); ids must be unique within a split")
                 seen[ident] = where
     table = _build_answers(task, records, answers, num_answers) if task != "nlvr2" else None
-    return _write(task, store, records, table, json_paths_by_split, out_dir, overwrite)
+    return _write(task, store, image_stores, records, table, json_paths_by_split, out_dir, overwrite,
+                  allow_missing_images)
 
 
-def _write(task: str, store: LxmertStore, records: dict[str, _Records], table: AnswerTable | None,
-           inputs: dict[str, list[str | Path]], out_dir: str | Path, overwrite: bool) -> FinetuneData:
-    present: set[str] = set()
-    for shards in store.manifest.shards.values():
-        for s in shards:
-            present.update(store.read_table(s.file, columns=["img_id"]).column("img_id").to_pylist())
+def _write(task: str, store: LxmertStore, image_stores: list[ImageStore], records: dict[str, _Records],
+           table: AnswerTable | None, inputs: dict[str, list[str | Path]], out_dir: str | Path, overwrite: bool,
+           allow_missing_images: bool) -> FinetuneData:
+    present = image_index(image_stores)
+    searched = ", ".join(str(st.path) for st in image_stores)
     tokenizer = store.tokenizer()
     splits: dict[str, FinetuneSplit] = {}
     ignored: dict[str, dict[str, int]] = {}
@@ -207,9 +246,17 @@ def _write(task: str, store: LxmertStore, records: dict[str, _Records], table: A
         for file, missing in by_file.items():
             if all(missing):
                 e = next(k for k, w in enumerate(rec.where) if w[0] == file)
-                raise FinetuneError(f"{file}: none of its {len(missing)} records has its image in the store "
-                                    f"{store.path} (e.g. img_id {[x for x in rec.img_ids[e] if x not in present][0]!r}); "
-                                    "is it the store of these images?")
+                raise FinetuneError(f"{file}: none of its {len(missing)} records has its image in the store(s) "
+                                    f"{searched} (e.g. img_id {[x for x in rec.img_ids[e] if x not in present][0]!r}); "
+                                    "are they the stores of these images?")
+        if counts["missing_images"] and not allow_missing_images:
+            e = next(k for k, imgs in enumerate(rec.img_ids) if any(x not in present for x in imgs))
+            file, i = rec.where[e]
+            gone = next(x for x in rec.img_ids[e] if x not in present)
+            raise FinetuneError(f"{file}: record #{i} (id {rec.ids[e]!r}): img_id {gone!r} is in none of the image "
+                                f"stores searched ({searched}); {counts['missing_images']} record(s) of split "
+                                f"{split!r} miss an image; add the store that holds them (--store), or "
+                                "--allow-missing-images to drop and count them")
         ids, truncated = tokenizer.encode([rec.sents[e] for e in keep])
         stats["truncated_sentences"] += truncated
         common = dict(task=task, ids=np.array([rec.ids[e] for e in keep], dtype=object), input_ids=ids)
@@ -239,7 +286,8 @@ def _write(task: str, store: LxmertStore, records: dict[str, _Records], table: A
         splits[split] = FinetuneSplit(**common, img_ids=np.array([rec.img_ids[e][0] for e in keep], dtype=object),
                                       ans_offsets=offsets, ans_ids=np.array(ans_ids, np.int32),
                                       ans_scores=np.array(scores, np.float32))
-    return write_finetune(out_dir, task=task, store=store, splits=splits, answers=table, source="reference",
+    return write_finetune(out_dir, task=task, store=store, image_stores=image_stores, splits=splits, answers=table,
+                          source="reference",
                           overwrite=overwrite, ignored_by_split=ignored, missing_image_examples=examples,
                           stats=stats, inputs={s: [str(Path(p).expanduser().resolve()) for p in v]
                                                for s, v in inputs.items()})

@@ -1,10 +1,13 @@
 """LXMERT fine-tuning sets (VQA, GQA, NLVR2) on disk, and their batches.
 
-A fine-tuning set references the images of an existing feature store (`xmodal.data.lxmert.store`) by
-img_id; features are not copied, so a set is a few MB and several sets share one store:
+A fine-tuning set references the images of existing image stores by img_id: LXMERT stores
+(`xmodal.data.lxmert.store`) and feature-only stores (`xmodal.data.lxmert.features`, e.g. NLVR2's own
+images, GQA testdev). Features are not copied, so a set is a few MB and several sets share a store:
 
-    DIR/manifest.json     task, store (absolute path + fingerprint), examples per split, answer count,
-                          counters of what the ingest ignored, where the set came from
+    DIR/manifest.json     task, store (the LXMERT store whose tokenizer made input_ids: absolute path +
+                          fingerprint), image_stores (every store the images are looked up in, in
+                          order, with their fingerprints), examples per split, answer count, counters
+                          of what the ingest ignored, where the set came from
     DIR/answers.json      vqa/gqa: the answer table (label index = position), `AnswerTable.save`
     DIR/<split>.parquet   one file per split
 
@@ -12,16 +15,18 @@ Row schemas: vqa/gqa `question_id` string, `img_id` string, `input_ids` fixed_si
 `answers` list<int32>, `scores` list<float32> (soft scores; GQA has one answer with score 1);
 nlvr2 `identifier`, `img0`, `img1` strings, `input_ids`, `label` int8 (1 = true, -1 = unknown, for an
 unlabelled test split). `input_ids` were tokenised with the store's tokenizer to the store's
-max_seq_len ([CLS] ... [SEP] [PAD]...), so a set is only valid with the store it was made from: the
-manifest keeps a fingerprint of the store (manifest minus its date, plus vocab.txt) and
-`open_finetune` refuses a store that no longer matches.
+max_seq_len ([CLS] ... [SEP] [PAD]...), so a set is only valid with the stores it was made from: the
+manifest keeps a fingerprint of each store (manifest minus its date, plus vocab.txt for an LXMERT
+store) and `open_finetune` refuses a store that no longer matches. An image is taken from the first
+store (in the recorded order) that holds its img_id. A set written before several stores were
+recorded has no image_stores: its one store is `store`.
 
 Writes go to a hidden temporary directory beside the target that is renamed into place only when
 complete and re-opened; any error removes it. An existing set is replaced only with overwrite=True,
 and never a directory that is not a fine-tuning set (e.g. the feature store itself).
 
 Batches (`iter_finetune_batches`): fine-tuning sets are small, so the image features a split needs
-are read from the store once (only the row groups that hold them) and kept as float16 arrays; every
+are read from the stores once (per store, only the row groups that hold them) and kept as float16 arrays; every
 epoch is a permutation fixed by (seed, epoch), cut into equal shares per rank (the remainder is
 dropped, so DDP ranks run the same number of steps). Imports numpy and pyarrow only (torch when batches
 are made, so ingesting does not load it).
@@ -54,6 +59,7 @@ from xmodal.data.common import (
     publish_dir,
     temp_dir_beside,
 )
+from xmodal.data.lxmert.features import FeatureStore, ImageStore, open_image_store
 from xmodal.data.lxmert.store import LxmertStore, concat_ranges, open_store
 from xmodal.data.tokenizer import VOCAB_FILE
 from xmodal.errors import UserError
@@ -190,6 +196,16 @@ def table_to_split(table: pa.Table, task: str) -> FinetuneSplit:
 # ============================================================================ manifest
 
 
+class StoreRef(pydantic.BaseModel):
+    """One image store a set looks its images up in."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    path: str  # absolute
+    kind: Literal["lxmert", "features"]
+    fingerprint: str  # `store_fingerprint(store)` when the set was made
+
+
 class FinetuneManifest(Manifest):
     """What `manifest.json` holds (kind "lxmert-finetune"); `open_finetune` checks it against the files
     and the store."""
@@ -198,8 +214,11 @@ class FinetuneManifest(Manifest):
     SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
 
     task: Literal["vqa", "gqa", "nlvr2"]
-    store: str  # absolute path of the feature store whose images and tokenizer this set uses
+    store: str  # absolute path of the LXMERT store whose tokenizer (and maybe images) this set uses
     store_fingerprint: str  # `store_fingerprint(store)` when the set was made
+    # Where images are looked up, in order (the first store holding an img_id gives it); empty in
+    # sets written before several stores were recorded: then `store` alone.
+    image_stores: list[StoreRef] = []
     max_seq_len: pydantic.PositiveInt
     splits: dict[str, pydantic.NonNegativeInt]  # split -> examples
     num_answers: pydantic.NonNegativeInt  # answer table size (0 for nlvr2)
@@ -215,6 +234,10 @@ class FinetuneManifest(Manifest):
     options: dict[str, Any] = {}  # what built it (synthetic sets)
     created: str = ""
 
+    def store_refs(self) -> list[StoreRef]:
+        """The image stores, in lookup order (an older set's one store included)."""
+        return list(self.image_stores) or [StoreRef(path=self.store, kind="lxmert", fingerprint=self.store_fingerprint)]
+
     def check(self, where: str) -> None:
         for name in self.splits:
             if not _SPLIT_NAME.match(name):
@@ -222,13 +245,31 @@ class FinetuneManifest(Manifest):
                                  "digits, '_' or '-'")
 
 
-def store_fingerprint(store: LxmertStore) -> str:
-    """Identity of a store's contents: its manifest without the build date, and its vocabulary file.
-    Any rebuild that changes images, counts or token ids changes it (a synthetic store rebuilt with
-    the same options usually does too: its WordPiece training orders tied tokens differently)."""
+def store_fingerprint(store: ImageStore) -> str:
+    """Identity of a store's contents: its manifest without the build date, and (LXMERT store) its
+    vocabulary file. Any rebuild that changes images, counts or token ids changes it (a synthetic
+    store rebuilt with the same options usually does too: its WordPiece training orders tied tokens
+    differently)."""
     h = hashlib.sha256(json.dumps(store.manifest.identity(), sort_keys=True).encode())
-    h.update((store.path / VOCAB_FILE).read_bytes())
+    if isinstance(store, LxmertStore):
+        h.update((store.path / VOCAB_FILE).read_bytes())
     return h.hexdigest()[:16]
+
+
+def store_ref(store: ImageStore) -> StoreRef:
+    return StoreRef(path=str(store.path), kind="features" if isinstance(store, FeatureStore) else "lxmert",
+                    fingerprint=store_fingerprint(store))
+
+
+def check_same_dims(stores: list[ImageStore], where: str) -> None:
+    """Every image store of a set has the same objects per image and feature width (batches stack them)."""
+    first = stores[0]
+    for st in stores[1:]:
+        a, b = first.manifest, st.manifest
+        if (a.num_objects, a.feat_dim) != (b.num_objects, b.feat_dim):
+            raise FinetuneError(f"{where}: the image store {st.path} has num_objects={b.num_objects}, "
+                                f"feat_dim={b.feat_dim}, but {first.path} has num_objects={a.num_objects}, "
+                                f"feat_dim={a.feat_dim}; the stores of one set must agree")
 
 
 # ============================================================================ the opened set
@@ -247,26 +288,33 @@ class SplitImages:
 
 class FinetuneData:
     """An opened, checked fine-tuning set. Splits and their images are loaded on first use and kept.
-    Pickles as (path, manifest, store): caches are rebuilt where it is unpickled."""
+    `store`: the LXMERT store whose tokenizer made the set; `image_stores`: where images are looked
+    up, in order (default: `store` alone). Pickles as (path, manifest, stores, answers): caches are
+    rebuilt where it is unpickled."""
 
-    def __init__(self, path: Path, manifest: FinetuneManifest, store: LxmertStore, answers: AnswerTable | None):
+    def __init__(self, path: Path, manifest: FinetuneManifest, store: LxmertStore, answers: AnswerTable | None,
+                 image_stores: list[ImageStore] | None = None):
         self.path = path
         self.manifest = manifest
         self.store = store
         self.answers = answers
+        self.image_stores: list[ImageStore] = list(image_stores) if image_stores else [store]
         self._splits: dict[str, FinetuneSplit] = {}
         self._images: dict[str, SplitImages] = {}
-        self._store_index: dict[str, tuple[str, int]] | None = None
+        self._store_index: dict[str, tuple[int, str, int]] | None = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "manifest": self.manifest, "store": self.store, "answers": self.answers}
+        return {"path": self.path, "manifest": self.manifest, "store": self.store, "answers": self.answers,
+                "image_stores": self.image_stores}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["manifest"], state["store"], state["answers"])
+        self.__init__(state["path"], state["manifest"], state["store"], state["answers"], state.get("image_stores"))
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{s} {n}" for s, n in self.manifest.splits.items())
-        return f"FinetuneData({str(self.path)!r}, {self.task}, {sizes}, store {str(self.store.path)!r})"
+        images = "" if [self.store] == self.image_stores else \
+            f", images {', '.join(repr(str(st.path)) for st in self.image_stores)}"
+        return f"FinetuneData({str(self.path)!r}, {self.task}, {sizes}, store {str(self.store.path)!r}{images})"
 
     @property
     def task(self) -> str:
@@ -309,15 +357,11 @@ class FinetuneData:
 
     # ----------------------------------------------------------------- images
 
-    def store_index(self) -> dict[str, tuple[str, int]]:
-        """img_id -> (shard file, row in the shard) over all the store's splits (reads img_id only)."""
+    def store_index(self) -> dict[str, tuple[int, str, int]]:
+        """img_id -> (image store index, shard file, row in the shard) over every shard of every image
+        store (reads img_id only); the first store holding an img_id gives it."""
         if self._store_index is None:
-            index: dict[str, tuple[str, int]] = {}
-            for shards in self.store.manifest.shards.values():
-                for s in shards:
-                    ids = self.store.read_table(s.file, columns=["img_id"]).column("img_id").to_pylist()
-                    index.update((img, (s.file, r)) for r, img in enumerate(ids))
-            self._store_index = index
+            self._store_index = image_index(self.image_stores)
         return self._store_index
 
     def images(self, split: str) -> SplitImages:
@@ -325,7 +369,8 @@ class FinetuneData:
         if split not in self._images:
             sp = self.split(split)
             uniq, inverse = np.unique(sp.img_ids.astype(str), return_inverse=True)
-            feats, boxes, nbox = _read_images(self.store, self.store_index(), uniq, f"{self.path} split {split!r}")
+            feats, boxes, nbox = _read_images(self.image_stores, self.store_index(), uniq,
+                                              f"{self.path} split {split!r}")
             n = feats.shape[1]
             self._images[split] = SplitImages(
                 img_ids=uniq.astype(object), features=feats, boxes=boxes,
@@ -340,24 +385,37 @@ def _tensor(col: pa.ChunkedArray) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _read_images(store: LxmertStore, index: Mapping[str, tuple[str, int]], img_ids: np.ndarray,
+def image_index(stores: list[ImageStore]) -> dict[str, tuple[int, str, int]]:
+    """img_id -> (store index, shard file, row in the shard); the first store holding an img_id wins."""
+    index: dict[str, tuple[int, str, int]] = {}
+    for i, st in enumerate(stores):
+        for file in st.image_files():
+            ids = st.read_table(file, columns=["img_id"]).column("img_id").to_pylist()
+            for r, img in enumerate(ids):
+                index.setdefault(img, (i, file, r))
+    return index
+
+
+def _read_images(stores: list[ImageStore], index: Mapping[str, tuple[int, str, int]], img_ids: np.ndarray,
                  where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features (K, N, F) float16, boxes (K, N, 4) float32, num_boxes (K,)) of `img_ids`, reading only
-    the row groups that hold them."""
-    m = store.manifest
+    the row groups that hold them, shard by shard of each store."""
+    m = stores[0].manifest
     k = len(img_ids)
     missing = [x for x in img_ids if x not in index]
     if missing:
-        raise FinetuneError(f"{where}: {len(missing)} image(s) are not in the store {store.path} "
-                            f"(e.g. {missing[0]!r}); the store changed, re-create the set")
+        raise FinetuneError(f"{where}: {len(missing)} image(s) are in none of the image stores "
+                            f"{', '.join(str(st.path) for st in stores)} (e.g. {missing[0]!r}); a store changed, "
+                            "re-create the set")
     feats = np.zeros((k, m.num_objects, m.feat_dim), np.float16)
     boxes = np.zeros((k, m.num_objects, 4), np.float32)
     nbox = np.zeros(k, np.int64)
-    by_file: dict[str, list[tuple[int, int]]] = {}
+    by_file: dict[tuple[int, str], list[tuple[int, int]]] = {}
     for pos, img in enumerate(img_ids):
-        file, row = index[img]
-        by_file.setdefault(file, []).append((row, pos))
-    for file, wanted in by_file.items():
+        i, file, row = index[img]
+        by_file.setdefault((i, file), []).append((row, pos))
+    for (i, file), wanted in by_file.items():
+        store = stores[i]
         rows = np.array([r for r, _ in wanted], np.int64)
         pos = np.array([p for _, p in wanted], np.int64)
         md = pq.ParquetFile(store.path / file).metadata
@@ -378,7 +436,8 @@ def _read_images(store: LxmertStore, index: Mapping[str, tuple[str, int]], img_i
 
 def open_finetune(path: str | Path, store: str | Path | None = None) -> FinetuneData:
     """Open a fine-tuning set and check it: manifest, split files (schema, row counts), answer table, and
-    that the store (the recorded path, or `store` if it moved) is still the one the set was made from."""
+    that every image store and the tokenizer store (the recorded path, or `store` if it moved) is
+    still the one the set was made from, and that the stores agree on objects per image and width."""
     root = Path(path).expanduser().resolve()
     mpath = root / MANIFEST_FILE
     m = FinetuneManifest.read(root)  # names the path and the kind expected when it is not a fine-tuning set
@@ -407,11 +466,24 @@ def open_finetune(path: str | Path, store: str | Path | None = None) -> Finetune
             raise FinetuneError(f"{root / AnswerTable.FILE}: has {len(answers)} answers, manifest says "
                                 f"num_answers={m.num_answers}")
     st = open_store(store if store is not None else m.store)
-    if (fp := store_fingerprint(st)) != m.store_fingerprint:
+    _check_fingerprint(root, st, m.store_fingerprint)
+    images: list[ImageStore] = []
+    for ref in m.store_refs():
+        if ref.path == m.store:  # the tokenizer store (maybe moved: `store`)
+            images.append(st)
+            continue
+        other = open_image_store(ref.path)
+        _check_fingerprint(root, other, ref.fingerprint)
+        images.append(other)
+    check_same_dims(images, str(root))
+    return FinetuneData(root, m, st, answers, images)
+
+
+def _check_fingerprint(root: Path, st: ImageStore, recorded: str) -> None:
+    if (fp := store_fingerprint(st)) != recorded:
         raise FinetuneError(f"{root}: the store {st.path} is not the one this set was made from (fingerprint "
-                            f"{fp}, set has {m.store_fingerprint}): it was rebuilt, so token ids or images may "
+                            f"{fp}, set has {recorded}): it was rebuilt, so token ids or images may "
                             "differ; re-create the set")
-    return FinetuneData(root, m, st, answers)
 
 
 # ============================================================================ writing
@@ -422,12 +494,17 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
                    ignored_by_split: Mapping[str, Mapping[str, int]] | None = None,
                    missing_image_examples: list[dict[str, str]] | None = None,
                    stats: Mapping[str, int] | None = None, inputs: Mapping[str, list[str]] | None = None,
-                   options: Mapping[str, Any] | None = None) -> FinetuneData:
-    """Write the splits as a fine-tuning set at `path`, atomically (temporary directory + rename)."""
+                   options: Mapping[str, Any] | None = None,
+                   image_stores: list[ImageStore] | None = None) -> FinetuneData:
+    """Write the splits as a fine-tuning set at `path`, atomically (temporary directory + rename).
+    `store` made the token ids; `image_stores` (default: `store` alone) hold the images, in lookup order."""
     check_task(task)
     root = Path(path).expanduser().resolve()
-    if root == store.path or store.path in root.parents:
-        raise FinetuneError(f"{root}: inside the feature store {store.path}; write the set elsewhere")
+    stores = list(image_stores) if image_stores else [store]
+    for st in [store, *stores]:
+        if root == st.path or st.path in root.parents:
+            raise FinetuneError(f"{root}: inside the feature store {st.path}; write the set elsewhere")
+    check_same_dims([store, *stores], str(root))
     if (task == "nlvr2") != (answers is None):
         raise FinetuneError(f"task {task}: {'no answer table' if task == 'nlvr2' else 'an answer table'} expected")
     if not splits:
@@ -452,7 +529,7 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
             totals[k] = totals.get(k, 0) + v
     manifest = FinetuneManifest(
         schema_version=SCHEMA_VERSION, kind=KIND, task=task, store=str(store.path),
-        store_fingerprint=store_fingerprint(store), max_seq_len=t, splits={s: len(sp) for s, sp in splits.items()},
+        store_fingerprint=store_fingerprint(store), image_stores=[store_ref(st) for st in stores], max_seq_len=t, splits={s: len(sp) for s, sp in splits.items()},
         num_answers=len(answers) if answers is not None else 0, source=source, ignored=totals,
         ignored_by_split=by_split, missing_image_examples=list(missing_image_examples or []),
         stats=dict(stats or {}), inputs={s: list(v) for s, v in (inputs or {}).items()}, options=dict(options or {}),

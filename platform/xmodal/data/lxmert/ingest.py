@@ -339,7 +339,7 @@ def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None)
     line's) fail here."""
     seen: dict[str, str] = {}
     width, width_from = feat_dim, "--feat-dim"
-    bar = _bar(sum(p.stat().st_size for p in paths), "scan TSV", "B", progress)
+    bar = progress_bar(sum(p.stat().st_size for p in paths), "scan TSV", "B", progress)
     for p in paths:
         with open(p, "rb") as f:
             for lineno, line in enumerate(f, 1):
@@ -358,7 +358,7 @@ def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None)
     return seen
 
 
-def _bar(total: int, desc: str, unit: str, enabled: bool):
+def progress_bar(total: int, desc: str, unit: str, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
@@ -413,8 +413,9 @@ def _fraction(value: float | None) -> float:
 # ============================================================================ the ingest
 
 
-def _block(images: list[TsvImage], corpus: Corpus, tokens: np.ndarray, ans: tuple[np.ndarray, ...],
-           num_objects: int, feat_dim: int) -> ImageBlock:
+def pack_images(images: list[TsvImage], num_objects: int, feat_dim: int) -> dict[str, np.ndarray]:
+    """Decoded TSV images -> the image fields (`store.IMAGE_FIELDS`) as (K, ...) arrays, padded to
+    `num_objects` slots (zero features/boxes, id -1)."""
     k, n = len(images), num_objects
     feats = np.zeros((k, n, feat_dim), np.float16)
     boxes = np.zeros((k, n, 4), np.float32)
@@ -425,16 +426,22 @@ def _block(images: list[TsvImage], corpus: Corpus, tokens: np.ndarray, ans: tupl
         feats[i, :m], boxes[i, :m] = im.features, im.boxes
         ints["obj_ids"][i, :m], ints["attr_ids"][i, :m] = im.obj_ids, im.attr_ids
         confs["obj_conf"][i, :m], confs["attr_conf"][i, :m] = im.obj_conf, im.attr_conf
+    return dict(img_id=np.array([im.img_id for im in images], dtype=object),
+                img_h=np.array([im.img_h for im in images], np.int32),
+                img_w=np.array([im.img_w for im in images], np.int32),
+                num_boxes=np.array([im.num_boxes for im in images], np.int32), features=feats, boxes=boxes,
+                **ints, **confs)
+
+
+def _block(images: list[TsvImage], corpus: Corpus, tokens: np.ndarray, ans: tuple[np.ndarray, ...],
+           num_objects: int, feat_dim: int) -> ImageBlock:
     sent_lists = [corpus.by_image[im.img_id] for im in images]
     sents = np.fromiter((s for lst in sent_lists for s in lst), dtype=np.int64)
     ans_off, ans_lab, ans_score = ans
     a0, a1 = ans_off[sents], ans_off[sents + 1]
     idx = concat_ranges(a0, a1)
     return ImageBlock(
-        img_id=np.array([im.img_id for im in images], dtype=object),
-        img_h=np.array([im.img_h for im in images], np.int32), img_w=np.array([im.img_w for im in images], np.int32),
-        num_boxes=np.array([im.num_boxes for im in images], np.int32), features=feats, boxes=boxes,
-        obj_ids=ints["obj_ids"], obj_conf=confs["obj_conf"], attr_ids=ints["attr_ids"], attr_conf=confs["attr_conf"],
+        **pack_images(images, num_objects, feat_dim),
         sent_offsets=np.concatenate([[0], np.cumsum([len(s) for s in sent_lists])]).astype(np.int64),
         input_ids=tokens[sents],
         ans_offsets=np.concatenate([[0], np.cumsum(a1 - a0)]).astype(np.int64),
@@ -525,8 +532,8 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     buffers: dict[str, list[TsvImage]] = {"train": [], "minival": []}
     chunk = max(1, min(images_per_shard, 64))
     try:
-        bar = _bar(used, "decode TSV", "img", progress)
-        for where, line in _tsv_lines(tsv_paths):
+        bar = progress_bar(used, "decode TSV", "img", progress)
+        for where, line in tsv_lines(tsv_paths):
             img_id = line.split("\t", 1)[0]
             if not corpus.by_image.get(img_id):
                 continue
@@ -560,7 +567,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
         raise
 
 
-def _tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
+def tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
     for p in paths:
         with open(p, "rb") as f:
             for lineno, raw in enumerate(f, 1):

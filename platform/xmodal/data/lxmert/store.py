@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -173,7 +173,13 @@ def concat_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 # ============================================================================ Arrow <-> numpy
 
 
-def arrow_schema(num_objects: int, feat_dim: int, max_seq_len: int) -> pa.Schema:
+# The image columns, shared with the feature-only stores (`xmodal.data.lxmert.features`).
+IMAGE_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "num_boxes", "features", "boxes", "obj_ids", "obj_conf",
+                                 "attr_ids", "attr_conf")
+
+
+def image_schema(num_objects: int, feat_dim: int) -> pa.Schema:
+    """The image columns of a shard (an LXMERT store's first columns; all of a feature-only store's)."""
     n = num_objects
     return pa.schema([
         ("img_id", pa.string()),
@@ -186,6 +192,12 @@ def arrow_schema(num_objects: int, feat_dim: int, max_seq_len: int) -> pa.Schema
         ("obj_conf", pa.fixed_shape_tensor(pa.float32(), [n])),
         ("attr_ids", pa.fixed_shape_tensor(pa.int32(), [n])),
         ("attr_conf", pa.fixed_shape_tensor(pa.float32(), [n])),
+    ])
+
+
+def arrow_schema(num_objects: int, feat_dim: int, max_seq_len: int) -> pa.Schema:
+    return pa.schema([
+        *image_schema(num_objects, feat_dim),
         ("input_ids", pa.list_(pa.list_(pa.int32(), max_seq_len))),
         ("answer_ids", pa.list_(pa.list_(pa.int32()))),
         ("answer_scores", pa.list_(pa.list_(pa.float32()))),
@@ -196,6 +208,43 @@ def _tensor_array(x: np.ndarray) -> pa.Array:
     return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(x))
 
 
+def image_columns(a: Mapping[str, np.ndarray]) -> dict[str, pa.Array]:
+    """The image columns (`IMAGE_FIELDS`) of K images given as numpy arrays named like ImageBlock's."""
+    return {
+        "img_id": pa.array([str(x) for x in a["img_id"]], pa.string()),
+        "img_h": pa.array(a["img_h"].astype(np.int32)),
+        "img_w": pa.array(a["img_w"].astype(np.int32)),
+        "num_boxes": pa.array(a["num_boxes"].astype(np.int32)),
+        "features": _tensor_array(a["features"]),
+        "boxes": _tensor_array(a["boxes"].astype(np.float32)),
+        "obj_ids": _tensor_array(a["obj_ids"].astype(np.int32)),
+        "obj_conf": _tensor_array(a["obj_conf"].astype(np.float32)),
+        "attr_ids": _tensor_array(a["attr_ids"].astype(np.int32)),
+        "attr_conf": _tensor_array(a["attr_conf"].astype(np.float32)),
+    }
+
+
+def write_shard(table: pa.Table, path: Path, row_group_images: int) -> None:
+    """One Parquet shard: features and boxes uncompressed (they do not compress; reading them is the
+    hot path), the rest Snappy."""
+    pq.write_table(table, path, row_group_size=row_group_images, use_dictionary=False,
+                   compression={c: ("NONE" if c in ("features", "boxes") else "SNAPPY") for c in table.schema.names},
+                   write_statistics=False)
+
+
+def read_shard(path: Path, row_groups: Sequence[int] | None = None,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """Read one shard (or some of its row groups); errors name the shard."""
+    try:
+        pf = pq.ParquetFile(path)
+        if row_groups is None:
+            return pf.read(columns=columns)
+        return pf.read_row_groups(list(row_groups), columns=columns)
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(f"{path}: cannot read the shard ({type(e).__name__}: {e}); it is corrupted, "
+                         "re-ingest the store") from None
+
+
 def block_to_table(block: ImageBlock) -> pa.Table:
     n, f = block.features.shape[1:]
     t = block.input_ids.shape[1]
@@ -203,16 +252,7 @@ def block_to_table(block: ImageBlock) -> pa.Table:
     ans_off = pa.array(block.ans_offsets.astype(np.int32))
     tokens = pa.FixedSizeListArray.from_arrays(pa.array(block.input_ids.reshape(-1).astype(np.int32)), t)
     cols = {
-        "img_id": pa.array([str(x) for x in block.img_id], pa.string()),
-        "img_h": pa.array(block.img_h.astype(np.int32)),
-        "img_w": pa.array(block.img_w.astype(np.int32)),
-        "num_boxes": pa.array(block.num_boxes.astype(np.int32)),
-        "features": _tensor_array(block.features),
-        "boxes": _tensor_array(block.boxes.astype(np.float32)),
-        "obj_ids": _tensor_array(block.obj_ids.astype(np.int32)),
-        "obj_conf": _tensor_array(block.obj_conf.astype(np.float32)),
-        "attr_ids": _tensor_array(block.attr_ids.astype(np.int32)),
-        "attr_conf": _tensor_array(block.attr_conf.astype(np.float32)),
+        **image_columns({name: getattr(block, name) for name in IMAGE_FIELDS}),
         "input_ids": pa.ListArray.from_arrays(sent_off, tokens),
         "answer_ids": pa.ListArray.from_arrays(
             sent_off, pa.ListArray.from_arrays(ans_off, pa.array(block.ans_ids.astype(np.int32)))),
@@ -442,15 +482,11 @@ class LxmertStore:
     def read_table(self, file: str, row_groups: Sequence[int] | None = None,
                    columns: Sequence[str] | None = None) -> pa.Table:
         """Read one shard (or some of its row groups); errors name the shard."""
-        p = self.path / file
-        try:
-            pf = pq.ParquetFile(p)
-            if row_groups is None:
-                return pf.read(columns=columns)
-            return pf.read_row_groups(list(row_groups), columns=columns)
-        except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"{p}: cannot read the shard ({type(e).__name__}: {e}); it is corrupted, "
-                             "re-ingest the store") from None
+        return read_shard(self.path / file, row_groups, columns)
+
+    def image_files(self) -> list[str]:
+        """Every shard (relative paths), all splits: where a fine-tuning set looks its images up."""
+        return [s.file for shards in self.manifest.shards.values() for s in shards]
 
     def read_split(self, split: str) -> ImageBlock:
         """The whole split in memory (tests, small stores)."""
@@ -567,7 +603,6 @@ class StoreWriter:
         self.images_per_shard = max(1, images_per_shard)
         self.row_group_images = max(1, min(row_group_images, self.images_per_shard))
         self.tmp = temp_dir_beside(self.path)
-        self._schema = arrow_schema(num_objects, feat_dim, max_seq_len)
         self._pending: dict[str, list[ImageBlock]] = {s: [] for s in SPLITS}
         self._pending_rows: dict[str, int] = dict.fromkeys(SPLITS, 0)
         self.shards: dict[str, list[ShardInfo]] = {s: [] for s in SPLITS}
@@ -605,10 +640,7 @@ class StoreWriter:
         rel = f"{split}/part-{len(self.shards[split]):05d}.parquet"
         (self.tmp / split).mkdir(exist_ok=True)
         table = block_to_table(head)
-        pq.write_table(table, self.tmp / rel, row_group_size=self.row_group_images, use_dictionary=False,
-                       compression={c: ("NONE" if c in ("features", "boxes") else "SNAPPY")
-                                    for c in self._schema.names},
-                       write_statistics=False)
+        write_shard(table, self.tmp / rel, self.row_group_images)
         questions = int((np.diff(head.ans_offsets) > 0).sum())
         self.shards[split].append(ShardInfo(file=rel, rows=head.num_images, sentences=head.num_sentences,
                                             questions=questions))

@@ -1,0 +1,256 @@
+"""Feature-only image stores (kind "features"): the images of reference feature TSVs without sentences.
+
+NLVR2's own images (nlvr2_imgfeat/train_obj36.tsv, valid_obj36.tsv, test_obj36.tsv), GQA testdev and COCO test2015 have no pretraining
+sentences, so an LXMERT store (`jobs/ingest.py lxmert`) leaves them out. A feature-only store holds
+them for fine-tuning sets (`xmodal.data.finetune`), which look their images up across one or several
+image stores:
+
+    STORE/manifest.json               kind "features": dims, shards with their row counts, inputs
+    STORE/images/part-NNNNN.parquet   one row per image
+
+The rows are an LXMERT store's image columns (`store.image_schema`: img_id, img_h, img_w,
+num_boxes, float16 features, normalised boxes, object/attribute ids and confidences), decoded and
+checked by the same code (`ingest.scan_tsv_ids`, `ingest.parse_tsv_line`); there is no vocabulary,
+answer table or sentence column. Written in a hidden temporary directory and renamed into place
+(`common.publish_dir`). Imports numpy and pyarrow only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pydantic
+
+from xmodal.data.common import (
+    KINDS,
+    MANIFEST_FILE,
+    Manifest,
+    StoreError,
+    check_target,
+    kind_at,
+    publish_dir,
+    temp_dir_beside,
+)
+from xmodal.data.lxmert.ingest import (
+    IngestError,
+    pack_images,
+    parse_tsv_line,
+    progress_bar,
+    scan_tsv_ids,
+    tsv_lines,
+)
+from xmodal.data.lxmert.store import (
+    IMAGE_FIELDS,
+    LxmertStore,
+    image_columns,
+    image_schema,
+    open_store,
+    read_shard,
+    table_to_block,
+    write_shard,
+)
+
+KIND = "features"
+SCHEMA_VERSION = 1
+SHARD_DIR = "images"
+
+
+class FeatureShard(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    file: str  # relative to the store directory
+    rows: pydantic.NonNegativeInt  # images
+
+
+class FeatureManifest(Manifest):
+    """What a feature-only store's `manifest.json` holds; `open_features` checks it against the shards."""
+
+    KIND: ClassVar[str] = KIND
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+
+    num_objects: pydantic.PositiveInt
+    feat_dim: pydantic.PositiveInt
+    num_object_labels: pydantic.PositiveInt
+    num_attr_labels: pydantic.PositiveInt
+    shards: list[FeatureShard]
+    source: str  # "tsv": reference feature TSV files
+    inputs: list[str] = []  # absolute paths of the files ingested
+    # sha256 of the image lines ingested, in order: a store rebuilt from changed files at the same
+    # paths gets another fingerprint (a fine-tuning set over it is refused)
+    content_sha256: str
+    options: dict[str, Any] = {}  # the options that built it
+    created: str = ""
+
+    @property
+    def images(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    def identity(self) -> dict[str, Any]:
+        """The manifest without its build date (what a fine-tuning set's store fingerprint hashes)."""
+        d = self.dump()
+        d.pop("created", None)
+        return d
+
+
+class FeatureStore:
+    """An opened, checked feature-only store. Cheap to pickle (path + manifest)."""
+
+    def __init__(self, path: Path, manifest: FeatureManifest):
+        self.path = path
+        self.manifest = manifest
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"FeatureStore({str(self.path)!r}, {m.images} images, {m.num_objects} objects x {m.feat_dim} "
+                f"features, {len(m.shards)} shard(s))")
+
+    def image_files(self) -> list[str]:
+        """Every shard (relative paths)."""
+        return [s.file for s in self.manifest.shards]
+
+    def read_table(self, file: str, row_groups: Sequence[int] | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+        """Read one shard (or some of its row groups); errors name the shard."""
+        return read_shard(self.path / file, row_groups, columns)
+
+    def read_all(self) -> pa.Table:
+        """Every image (tests, small stores)."""
+        return pa.concat_tables([self.read_table(f) for f in self.image_files()])
+
+
+def open_features(path: str | Path) -> FeatureStore:
+    """Open a feature-only store and check its manifest against the shards' footers (files exist,
+    are Parquet, have the rows and the schema the manifest says). Reads no feature data."""
+    root = Path(path).expanduser().resolve()
+    m = FeatureManifest.read(root)  # names the path and the kind expected when it is not a feature-only store
+    expected = image_schema(m.num_objects, m.feat_dim)
+    for s in m.shards:
+        p = root / s.file
+        if not p.is_file():
+            raise StoreError(f"{p}: shard listed in {MANIFEST_FILE} is missing")
+        try:
+            pf = pq.ParquetFile(p)
+            schema, rows = pf.schema_arrow, pf.metadata.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise StoreError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e}); the shard is "
+                             "corrupted, re-ingest the store") from None
+        if rows != s.rows:
+            raise StoreError(f"{p}: has {rows} rows, manifest says {s.rows}")
+        if not schema.equals(expected):
+            raise StoreError(f"{p}: columns {schema.names} of types {schema.types} differ from the image columns "
+                             f"{expected.types} (manifest: num_objects={m.num_objects}, feat_dim={m.feat_dim})")
+    return FeatureStore(root, m)
+
+
+ImageStore = LxmertStore | FeatureStore
+
+
+def open_image_store(path: str | Path) -> ImageStore:
+    """An LXMERT store or a feature-only store, by the kind its manifest records."""
+    root = Path(path).expanduser().resolve()
+    kind = kind_at(root) if root.is_dir() else None
+    if kind == KIND:
+        return open_features(root)
+    if kind == "lxmert":
+        return open_store(root)
+    what = "does not exist" if not root.exists() else (
+        "has no manifest.json" if kind is None else f"holds {KINDS.get(kind, f'a directory of kind {kind!r}')}")
+    raise StoreError(f"{root}: {what}; expected {KINDS['lxmert']} or {KINDS[KIND]} (build one with "
+                     "`python jobs/ingest.py lxmert|synthetic|features`)")
+
+
+def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: int = 36,
+                    feat_dim: int | None = None, num_object_labels: int = 1600, num_attr_labels: int = 400,
+                    images_per_shard: int = 256, row_group_images: int = 32, overwrite: bool = False,
+                    progress: bool = True) -> FeatureStore:
+    """Reference feature TSVs -> a feature-only store at `out`. Every line is pre-scanned first (a line
+    cut short, a duplicate img_id or another feature width fails, named by file:line, before any
+    decoding), then decoded and checked as the LXMERT ingest does; nothing is left behind on error."""
+    out_path = Path(out).expanduser().resolve()
+    check_target(out_path, overwrite, KIND)  # before reading anything
+    paths = [Path(p).expanduser().resolve() for p in tsv]
+    if not paths:
+        raise IngestError("need at least one feature TSV file")
+    for p in paths:
+        if not p.is_file():
+            raise IngestError(f"{p}: input file does not exist")
+    for name, value in (("num_objects", num_objects), ("num_object_labels", num_object_labels),
+                        ("num_attr_labels", num_attr_labels), ("images_per_shard", images_per_shard),
+                        ("row_group_images", row_group_images)):
+        if value < 1:
+            raise IngestError(f"--{name.replace('_', '-')} {value}: expected >= 1")
+    located = scan_tsv_ids(paths, progress, feat_dim)
+    if not located:
+        raise IngestError(f"no image in {', '.join(str(p) for p in paths)}: the files hold no line")
+    options = {"num_objects": num_objects, "feat_dim": feat_dim, "num_object_labels": num_object_labels,
+               "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
+               "row_group_images": row_group_images}
+    tmp = temp_dir_beside(out_path)
+    try:
+        (tmp / SHARD_DIR).mkdir()
+        shards: list[FeatureShard] = []
+        buffer = []
+        width = feat_dim
+
+        def flush() -> None:
+            rel = f"{SHARD_DIR}/part-{len(shards):05d}.parquet"
+            assert width is not None
+            cols = image_columns(pack_images(buffer, num_objects, width))
+            write_shard(pa.Table.from_pydict(cols, schema=image_schema(num_objects, width)), tmp / rel,
+                        min(row_group_images, images_per_shard))
+            shards.append(FeatureShard(file=rel, rows=len(buffer)))
+            buffer.clear()
+
+        digest = hashlib.sha256()
+        bar = progress_bar(len(located), "decode TSV", "img", progress)
+        for where, line in tsv_lines(paths):
+            digest.update(line.rstrip("\r\n").encode("utf-8"))
+            digest.update(b"\n")
+            im = parse_tsv_line(line, where, feat_dim=width, num_objects=num_objects,
+                                num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
+            width = im.features.shape[1]
+            buffer.append(im)
+            if len(buffer) >= images_per_shard:
+                flush()
+            bar.update(1)
+        bar.close()
+        if buffer:
+            flush()
+        assert width is not None
+        FeatureManifest(
+            schema_version=SCHEMA_VERSION, kind=KIND, num_objects=num_objects, feat_dim=width,
+            num_object_labels=num_object_labels, num_attr_labels=num_attr_labels, shards=shards, source="tsv",
+            inputs=[str(p) for p in paths], content_sha256=digest.hexdigest(), options={**options, "feat_dim": width},
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")).write(tmp)
+        open_features(tmp)  # check what was written before it becomes visible
+        publish_dir(tmp, out_path, lambda: check_target(out_path, overwrite, KIND))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_features(out_path)
+
+
+def read_images(store: ImageStore) -> dict[str, np.ndarray]:
+    """Every image of a store as numpy arrays named like `store.IMAGE_FIELDS` (tests, small stores)."""
+    if isinstance(store, LxmertStore):
+        tables = [store.read_table(f) for f in store.image_files()]
+        b = table_to_block(pa.concat_tables(tables))
+        return {name: getattr(b, name) for name in IMAGE_FIELDS}
+    t = store.read_all()
+    out: dict[str, np.ndarray] = {}
+    for name in t.column_names:
+        col = t.column(name)
+        if isinstance(col.type, pa.FixedShapeTensorType):
+            parts = [c.to_numpy_ndarray() for c in col.chunks]
+            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out
