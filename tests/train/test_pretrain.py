@@ -185,11 +185,18 @@ def checkpoint_bytes(store: Path) -> int:
 
 
 @pytest.mark.slow
-def test_full_storage_stops_with_one_error_and_the_rerun_resumes(tmp_path, tiny_store):
-    """The storage has room for one checkpoint (step 4), not two: writing the step-8 one fails. The
+def test_storage_faults_full_storage_then_a_corrupt_checkpoint(tmp_path, tiny_store, ray_local):
+    """1. The storage has room for one checkpoint (step 4), not two: writing the step-8 one fails. The
     job stops with one error line naming the storage (exit 2); once the storage has room again, the
-    rerun resumes from the step-4 checkpoint and finishes."""
+    rerun resumes from the step-4 checkpoint and finishes.
+    2. That finished run's final checkpoint (step 10) is then truncated; the next rerun says so, resumes
+    from the step-8 one, trains steps 9-10 again and ends with the same weights and evaluation.
+    The jobs attach to the shared test Ray (RAY_ADDRESS), as a submitted job attaches to its cluster."""
     import os
+
+    import torch
+
+    from xmodal.train import checkpoint as ckpt
 
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs (the full storage) needs root")
@@ -200,9 +207,10 @@ def test_full_storage_stops_with_one_error_and_the_rerun_resumes(tmp_path, tiny_
                              capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
+    env = ray_env(RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
     try:
         cmd = [PYTHON, PRETRAIN, *short_args(tmp_path, tiny_store, storage, "full", steps=10)]
-        first = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=400)
+        first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
         assert first.returncode == 2, first.stdout[-3000:] + first.stderr[-3000:]
         errors = [line for line in first.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1, first.stderr[-3000:]
@@ -216,53 +224,39 @@ def test_full_storage_stops_with_one_error_and_the_rerun_resumes(tmp_path, tiny_
         assert run.status == "FAILED"
 
         subprocess.run(["mount", "-o", "remount,size=16m", str(storage)], check=True)  # storage back
-        second = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=400)
+        second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         assert "resumed from checkpoint at step 4" in second.stdout
         uri, run = the_run(tmp_path, "full")
         assert run.status == "FINISHED"
         assert [m.value for m in tracking.metric_points(uri, run.run_id, "train/resumed_from_step")] == [4]
         assert steps_of(uri, run.run_id, "train/loss") == [2, 4, 6, 8, 10]
+
+        folders = sorted(f for f in (storage / "full").glob("checkpoint_*") if f.is_dir())
+        assert [ckpt.read_meta(f)["step"] for f in folders] == [4, 8, 10]
+        final = torch.load(folders[-1] / ckpt.MODEL_FILE, weights_only=True)
+        model = folders[-1] / ckpt.MODEL_FILE
+        size = model.stat().st_size
+        model.write_bytes(model.read_bytes()[:1000])  # truncated
+        third = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+        assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+        assert (f"[xmodal] checkpoint {folders[-1]} is corrupt (model.pt has 1000 bytes, expected {size} "
+                "(truncated or overwritten)); resuming from") in third.stdout
+        assert f"resuming from {folders[1]} (step 8)" in third.stdout
+        assert "resumed from checkpoint at step 8" in third.stdout
+        evals = [[line.split("[xmodal] ", 1)[1] for line in out.splitlines() if "eval @ step 10:" in line]
+                 for out in (second.stdout, third.stdout)]
+        assert evals[0] and evals[0] == evals[1]  # the same final evaluation (4 decimals)
+        newest = max(f for f in (storage / "full").glob("checkpoint_*") if f.is_dir())
+        assert ckpt.verify(newest) is None and ckpt.read_meta(newest)["finished"]
+        again = torch.load(newest / ckpt.MODEL_FILE, weights_only=True)
+        worst = max(float((again[k] - final[k]).abs().max()) for k in final)
+        assert worst <= 1e-5, f"the retrained steps end with other weights (max difference {worst})"
+        uri, run = the_run(tmp_path, "full")
+        assert run.status == "FINISHED"
+        assert [m.value for m in tracking.metric_points(uri, run.run_id, "train/resumed_from_step")] == [4, 8]
     finally:
         subprocess.run(["umount", "-l", str(storage)], check=False)
-
-
-@pytest.mark.slow
-def test_a_corrupt_latest_checkpoint_is_skipped_for_the_previous_good_one(tmp_path, tiny_store):
-    """A finished run's final checkpoint (step 10) is truncated; the rerun says so, resumes from the
-    step-8 one, trains steps 9-10 again and ends with the same weights and evaluation."""
-    import torch
-
-    from xmodal.train import checkpoint as ckpt
-
-    storage = tmp_path / "runs"
-    cmd = [PYTHON, PRETRAIN, *short_args(tmp_path, tiny_store, storage, "corrupt", steps=10)]
-    first = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=400)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    folders = sorted(f for f in (storage / "corrupt").glob("checkpoint_*") if f.is_dir())
-    assert [ckpt.read_meta(f)["step"] for f in folders] == [4, 8, 10]
-    final = torch.load(folders[-1] / ckpt.MODEL_FILE, weights_only=True)
-    model = folders[-1] / ckpt.MODEL_FILE
-    size = model.stat().st_size
-    model.write_bytes(model.read_bytes()[:1000])  # truncated
-
-    second = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=400)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert (f"[xmodal] checkpoint {folders[-1]} is corrupt (model.pt has 1000 bytes, expected {size} "
-            "(truncated or overwritten)); resuming from") in second.stdout
-    assert f"resuming from {folders[1]} (step 8)" in second.stdout
-    assert "resumed from checkpoint at step 8" in second.stdout
-    evals = [[line.split("[xmodal] ", 1)[1] for line in out.splitlines() if "eval @ step 10:" in line]
-             for out in (first.stdout, second.stdout)]
-    assert evals[0] and evals[0] == evals[1]  # the same final evaluation (4 decimals)
-    newest = max(f for f in (storage / "corrupt").glob("checkpoint_*") if f.is_dir())
-    assert ckpt.verify(newest) is None and ckpt.read_meta(newest)["finished"]
-    again = torch.load(newest / ckpt.MODEL_FILE, weights_only=True)
-    worst = max(float((again[k] - final[k]).abs().max()) for k in final)
-    assert worst <= 1e-5, f"the retrained steps end with other weights (max difference {worst})"
-    uri, run = the_run(tmp_path, "corrupt")
-    assert run.status == "FINISHED"
-    assert [m.value for m in tracking.metric_points(uri, run.run_id, "train/resumed_from_step")] == [8]
 
 
 if __name__ == "__main__":
