@@ -125,9 +125,10 @@ def test_logger_drops_only_values_the_server_rejects(tmp_path, capfd):
 # ---------------------------------------------------------------- a tracking server that goes away
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = MlflowServer(tmp_path).start()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the module (starting one costs seconds); each test leaves it running."""
+    s = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     yield s
     s.stop()
 
