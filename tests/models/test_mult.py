@@ -172,14 +172,21 @@ def test_head_padding_and_ffn_recompute_change_nothing():
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-5, msg=n)
 
 
-def test_bf16_autocast_runs():
+@pytest.mark.parametrize("compute_dtype", [torch.bfloat16, None], ids=["declared", "bare-autocast"])
+def test_bf16_autocast_runs(compute_dtype):
+    """bf16 as training runs it (the compute dtype declared: weights and masks cast once per forward),
+    and under a bare autocast (matmuls cast per use): the same result up to bf16 rounding."""
     m = Mult(preset("tiny"))
     x = [t.half() for t in _inputs(2, (5, 8, 6))]  # features travel as float16
     lengths = (torch.tensor([5, 2]), torch.tensor([8, 3]), torch.tensor([6, 6]))
+    with torch.no_grad():
+        ref = m(*x, lengths=lengths).output
+    m.compute_dtype = compute_dtype
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = m(*x, lengths=lengths).output
     out.float().sum().backward()
-    assert torch.isfinite(out.float()).all()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.float(), ref, atol=0.05, rtol=0.05)
 
 
 def test_presets_and_config_errors():

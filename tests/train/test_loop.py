@@ -105,7 +105,7 @@ def test_each_worker_draws_its_own_dropout_and_a_resumed_run_draws_the_same(tmp_
 
 def test_evaluate_reports_task_metrics():
     state = make_state()
-    sums = evaluate_sums(state.model, batches(2), lambda b: b, None)
+    sums = evaluate_sums(state.model, batches(2), lambda b: b)
     m = ratios(sums)
     for key in ("eval/loss", "eval/mlm_acc", "eval/obj_acc", "eval/attr_acc", "eval/match_acc", "eval/feat_mse"):
         assert key in m
@@ -132,4 +132,5 @@ def test_prepare_reads_plain_settings_objects():
     optim = SimpleNamespace(lr=0.5, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8, warmup_ratio=0.0, grad_clip=2.0)
     state = prepare(torch.nn.Linear(3, 1), torch.device("cpu"), train, optim, total_steps=4, optimizer="adam")
     assert isinstance(state.optimizer, torch.optim.Adam) and state.optimizer.param_groups[0]["betas"] == (0.9, 0.99)
-    assert state.grad_clip == 2.0 and state.autocast_dtype is None
+    assert state.grad_clip == 2.0
+    assert not hasattr(state.model, "_xmodal_autocast")  # "auto" on a CPU is fp32: no autocast

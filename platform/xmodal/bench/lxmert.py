@@ -28,8 +28,8 @@ from torch import nn
 from xmodal.batches import LxmertBatch
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
-from xmodal.train.runtime import compile_module
-from xmodal.train.step import TrainState, adamw, autocast, resolve_precision, train_step
+from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
+from xmodal.train.step import TrainState, adamw, train_step
 
 H200_BF16_DENSE_TFLOPS = 989.0
 SEQ_LEN, NUM_OBJECTS = 20, 36  # paper: sentences of at most 20 tokens, 36 objects
@@ -121,15 +121,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def count_flops(module: nn.Module, batch: LxmertBatch, device: torch.device, dtype) -> int:
+def count_flops(module: nn.Module, batch: LxmertBatch) -> int:
     """FLOPs of one forward + backward (eager, uncompiled; the optimizer step is not counted)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     module.train()
     with FlopCounterMode(display=False) as counter:
-        with autocast(device, dtype):
-            loss = module(batch)["loss"]
-        loss.backward()
+        module(batch)["loss"].backward()
     module.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
@@ -139,11 +137,12 @@ def setup(c: Contender, batch: LxmertBatch, args, device: torch.device) -> None:
     dtype = resolve_precision(args.precision, device)
     torch.manual_seed(args.seed)
     module, opt = c.build()
+    module = apply_precision(module, dtype)  # as training does (runtime.prepare)
     c.params = sum(p.numel() for p in module.parameters())
     if args.flops:
-        c.flops_per_step = count_flops(module, batch, device, dtype)
+        c.flops_per_step = count_flops(module, batch)
     model = compile_module(module, mode=args.compile_mode) if args.compile else module
-    c.state = TrainState(model=model, optimizer=opt, autocast_dtype=dtype)
+    c.state = TrainState(model=model, optimizer=opt)
     for _ in range(args.warmup):
         train_step(c.state, [batch])
     _sync(device)

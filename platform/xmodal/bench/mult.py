@@ -17,6 +17,7 @@ GPU targets: >= 1,500 samples/s at batch 24 and >= 7,000 at batch 256 with <= 6 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import resource
 import sys
@@ -37,7 +38,7 @@ from xmodal.models.mult import (
     sinusoidal_positions,
 )
 from xmodal.objectives.sentiment import MultObjective
-from xmodal.train.runtime import compile_module
+from xmodal.train.runtime import apply_precision, compile_module
 from xmodal.train.step import TrainState, train_step
 
 MOSEI_SHAPES = {"dims": (300, 74, 35), "seq_lens": (50, 500, 500)}
@@ -183,12 +184,13 @@ def _peak_bytes(device: torch.device) -> int:
 
 
 def time_steps(objective: nn.Module, batch: MultBatch, device: torch.device, precision: str,
-               steps: int, warmup: int) -> dict[str, float]:
-    """Samples/s and peak memory of `steps` train steps after `warmup` ones."""
-    objective.to(device)
+               steps: int, warmup: int, compile: bool = False) -> dict[str, float]:
+    """Samples/s and peak memory of `steps` train steps after `warmup` ones; the precision and
+    compilation applied as training applies them (runtime.prepare)."""
+    objective = apply_precision(objective.to(device), torch.bfloat16 if precision == "bf16" else None)
     opt = torch.optim.Adam(objective.parameters(), lr=1e-3)
-    state = TrainState(model=objective, optimizer=opt, grad_clip=0.8,
-                       autocast_dtype=torch.bfloat16 if precision == "bf16" else None)
+    model = compile_module(objective) if compile else objective
+    state = TrainState(model=model, optimizer=opt, grad_clip=0.8)
     b = batch.to(device, float_dtype=torch.float32)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
@@ -216,14 +218,18 @@ def check_against_plain(config: MultConfig, device: torch.device, batch: int = 4
     torch.manual_seed(0)
     model = Mult(config).to(device).eval()
     plain = PlainMult(config).to(device).load_from(model).eval()
+    # Ours in bf16 as training runs it (its precision applied); the plain model under bare autocast.
+    ours_at = {"fp32": model, "bf16": apply_precision(copy.deepcopy(model), torch.bfloat16)}
     b = MultBatch.random(batch, generator=torch.Generator().manual_seed(1), dims=(config.l_dim, config.a_dim, config.v_dim),
                          seq_lens=MOSEI_SHAPES["seq_lens"]).to(device, torch.float32)
     x = (b.text, b.audio, b.vision)
     failures = []
     for prec, tol in (("fp32", 2e-3), ("bf16", 0.15)):
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=prec == "bf16"):
+        model = ours_at[prec]
+        with torch.no_grad():
             ours = model(*x).output.float()
-            ref = plain(*x).float()
+            with torch.autocast(device.type, torch.bfloat16, enabled=prec == "bf16"):
+                ref = plain(*x).float()
             # Padded copy of sample 0's first half: the padded batch must give the unpadded result.
             half = [t[:1, : t.shape[1] // 2] for t in x]
             alone = model(*half).output.float()
@@ -281,8 +287,7 @@ def run(args: argparse.Namespace) -> int:
             torch.manual_seed(0)
             model = Mult(config)
             objective = MultObjective(model, use_lengths=variable)
-            ours = time_steps(compile_module(objective) if args.compile else objective, batch, device, prec,
-                              steps, warmup)
+            ours = time_steps(objective, batch, device, prec, steps, warmup, compile=args.compile)
             plain = None
             if args.plain:
                 del model, objective

@@ -253,13 +253,6 @@ def _group_runs(keys: list[tuple]) -> list[tuple[int, int]]:
     return runs
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype the projections will produce from `x` (the autocast dtype when autocast is on)."""
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
-
-
 def _as_sdpa_mask(mask, dtype: torch.dtype):
     """A bool mask becomes an additive one once per forward (SDPA would convert it in every layer)."""
     if isinstance(mask, Tensor) and mask.dtype == torch.bool:
@@ -286,15 +279,14 @@ class TemporalEmbedding(nn.Module):
         self.embed_dropout = embed_dropout
         self.scale = math.sqrt(dim) if scale else 1.0
 
-    def forward(self, x: Tensor, lengths: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, lengths: Tensor | None, compute_dtype: torch.dtype | None = None) -> Tensor:
         b, t, _ = x.shape  # (B, T, F)
         valid = _valid(lengths, t)
         if valid is not None:
             # Padding must be exact zeros: a kernel > 1 reads it as the convolution's own zero padding.
             x = x * valid[..., None].to(x.dtype)
         w = self.conv.weight  # (D, F, k)
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            x = x.to(w.dtype)  # features travel as float16
+        x = x.to(compute_dtype or w.dtype)  # features travel as float16
         x = F.dropout(x, self.input_dropout, self.training)
         if w.shape[-1] == 1:
             h = F.linear(x, w[:, :, 0])  # (B, T, D): a 1x1 convolution without the transposes
@@ -393,7 +385,7 @@ class StreamStack(nn.Module):
         w = F.pad(w, pad)
         return w.reshape(*shape[:dim], -1, *shape[dim + 1:])
 
-    def weights(self, s: int, e: int) -> StreamWeights:
+    def weights(self, s: int, e: int, dtype: torch.dtype | None = None) -> StreamWeights:
         """Fold the LayerNorm affines into the following projections for streams [s, e), all layers:
         LN(x) W^T + b = x_hat (W diag(gamma))^T + (W beta + b), with x_hat the plain normalisation."""
         sl = slice(s, e)
@@ -404,13 +396,10 @@ class StreamStack(nn.Module):
         fc1_w = w1 * self.ln2_weight[:, sl, None, :]
         fc1_b = self.fc1_bias[:, sl] + (w1 @ self.ln2_bias[:, sl, :, None])[..., 0]
         qkv_w, qkv_b = self._pad_heads(qkv_w, -2), self._pad_heads(qkv_b, -1)
-        device = qkv_w.device.type
-        if torch.is_autocast_enabled(device):
-            # Cast once per forward, not once per layer and use (autocast re-casts non-leaf tensors).
-            dtype = torch.get_autocast_dtype(device)
-            qkv_w, qkv_b = qkv_w.to(dtype), qkv_b.to(dtype)
-        else:
-            dtype = qkv_w.dtype
+        # Cast once per forward to the compute dtype, not once per layer and use (autocast would
+        # re-cast these non-leaf tensors at every use).
+        dtype = dtype or qkv_w.dtype
+        qkv_w, qkv_b = qkv_w.to(dtype), qkv_b.to(dtype)
         e = self.num_heads * self.padded_head_dim
         q_w, kv_w = qkv_w.split([e, 2 * e], dim=2)
         q_b, kv_b = qkv_b.split([e, 2 * e], dim=2)
@@ -510,6 +499,10 @@ class Mult(nn.Module):
     def __init__(self, config: MultConfig):
         super().__init__()
         c = self.config = config.validate()
+        # The dtype matmuls run in under autocast (bf16 training), set by the training layer
+        # (`train.runtime.apply_precision`) with the autocast it enters; None = the inputs' dtype.
+        # Known up front, the folded weights and additive masks are cast once per forward.
+        self.compute_dtype: torch.dtype | None = None
         attn_p = {"l": c.attn_dropout, "a": c.attn_dropout_a, "v": c.attn_dropout_v}
         stack = dict(ffn_mult=c.ffn_mult, relu_dropout=c.relu_dropout, res_dropout=c.res_dropout,
                      pad_head_dim_to=c.pad_head_dim_to, recompute_ffn=c.recompute_ffn)
@@ -575,11 +568,11 @@ class Mult(nn.Module):
         length = {m: x.shape[1] for m, x in emb.items()}
         groups = _group_runs([(length[t], length[s], stack.attn_dropout[i]) for i, (s, t) in enumerate(dirs)])
         # Each source normalised once; every layer's LN affine is folded into its K/V projection.
-        dtype = _compute_dtype(next(iter(emb.values())))
+        dtype = self.compute_dtype or next(iter(emb.values())).dtype
         normed = {m: F.layer_norm(emb[m], (d,)).to(dtype) for m in {s for s, _ in dirs}}  # (B, S, D), cast once
         weights, states, kv_low, masks = [], [], [], []
         for s, e in groups:
-            weights.append(stack.weights(s, e))
+            weights.append(stack.weights(s, e, self.compute_dtype))
             states.append(_stack([emb[t] for _, t in dirs[s:e]]))  # (G, B, T, D)
             kv_low.append(_stack([normed[src] for src, _ in dirs[s:e]]))  # (G, B, S, D), in the compute dtype
             mask, is_causal = self._cross_mask(dirs[s:e], length, lens)
@@ -631,7 +624,7 @@ class Mult(nn.Module):
         groups = _group_runs([(x.shape[1], stack.attn_dropout[i]) for i, x in enumerate(inputs)])
         outs = []
         for s, e in groups:
-            w = stack.weights(s, e)
+            w = stack.weights(s, e, self.compute_dtype)
             x = _stack(inputs[s:e])  # (G, B, T, W)
             g, b, t, _ = x.shape
             key_valid = None if valid[s] is None else torch.cat(valid[s:e])[:, None, None, :]  # (GB, 1, 1, T)
@@ -641,7 +634,7 @@ class Mult(nn.Module):
                 mask, is_causal = None, True
             else:
                 mask, is_causal = key_valid, False
-            dtype = _compute_dtype(x)
+            dtype = self.compute_dtype or x.dtype
             mask, key_valid = _as_sdpa_mask(mask, dtype), _as_sdpa_mask(key_valid, dtype)
             p = stack.attn_dropout[s]
             for layer in range(stack.depth - 1):
@@ -664,7 +657,8 @@ class Mult(nn.Module):
                 lengths: tuple[Tensor, Tensor, Tensor] | None = None) -> MultOutput:
         raw = {"l": text, "a": audio, "v": vision}
         lens = None if lengths is None else dict(zip(MODALITIES, lengths, strict=True))
-        emb = {m: self.embed[m](raw[m], None if lens is None else lens[m]) for m in self.inputs}  # (B, T_m, D)
+        emb = {m: self.embed[m](raw[m], None if lens is None else lens[m], self.compute_dtype)
+               for m in self.inputs}  # (B, T_m, D)
         v = self.config.variant
 
         def last_index(m: str, offset: int = 0) -> Tensor | None:

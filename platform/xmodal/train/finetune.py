@@ -31,7 +31,7 @@ from xmodal.models.lxmert import LxmertConfig
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
 from xmodal.train.hooks import say
-from xmodal.train.loop import autocast, gather_rows
+from xmodal.train.loop import gather_rows
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
 
@@ -320,8 +320,7 @@ def predict_split(w: Worker, split: str) -> dict[str, Any]:
         if i % w.world != w.rank:
             continue
         batch = w.to_device(batch)
-        with autocast(w.device, w.state.autocast_dtype):
-            out = objective(batch, with_predictions=True)
+        out = objective(batch, with_predictions=True)
         pred = out["prediction"]
         rows.append(batch.index)
         preds.append(pred)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from xmodal.train.checkpoint import unwrap
-from xmodal.train.step import TrainState, autocast, train_step
+from xmodal.train.step import TrainState, train_step
 
 
 class Hooks(Protocol):
@@ -91,7 +91,7 @@ def all_reduce_sums(sums: dict[str, torch.Tensor | float], device: torch.device)
 
 @torch.no_grad()
 def evaluate_sums(model: torch.nn.Module, batches: Iterable[Any], to_device: Callable[[Any], Any],
-                  autocast_dtype: torch.dtype | None, max_batches: int | None = None,
+                  max_batches: int | None = None,
                   **forward_kwargs) -> dict[str, float]:
     """Run the objective with metrics over this worker's `batches`; return sums reduced over workers.
 
@@ -106,8 +106,7 @@ def evaluate_sums(model: torch.nn.Module, batches: Iterable[Any], to_device: Cal
     n = 0
     for batch in itertools.islice(batches, max_batches):
         batch = to_device(batch)
-        with autocast(device, autocast_dtype):
-            out = module(batch, with_metrics=True, **forward_kwargs)
+        out = module(batch, with_metrics=True, **forward_kwargs)
         size = len(batch)
         for k, v in out.items():
             weight = size if (k == "loss" or k.startswith("loss/")) else 1

@@ -108,8 +108,7 @@ class PretrainJob(JobSpec):
         batches = iter_local_batches(w.data, "minival", w.parts["builder"], w.micro_batch, epoch=0,
                                      seed=w.cfg.train.seed + 1, rank=w.rank, world_size=w.world, shuffle=False,
                                      drop_last=False)
-        return ratios(evaluate_sums(w.model, batches, w.to_device, w.state.autocast_dtype,
-                                    w.cfg.data.eval_batches))
+        return ratios(evaluate_sums(w.model, batches, w.to_device, w.cfg.data.eval_batches))
 
 
 def batch_builder(cfg: PretrainConfig, store):

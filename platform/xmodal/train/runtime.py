@@ -1,5 +1,5 @@
-"""The one place where a model is put on its device, compiled, wrapped for data parallelism,
-and given its optimizer, schedule and precision. Imports only torch.
+"""The one place where a model is put on its device, given its precision, compiled, wrapped for
+data parallelism, and given its optimizer and schedule. Imports only torch.
 
 `prepare` reads a few attributes of the job's `train` and `optim` settings; any object with them
 will do (the jobs pass their pydantic `TrainConfig` / `OptimConfig`, which this module does not
@@ -8,13 +8,51 @@ import: the protocols below name what is read).
 
 from __future__ import annotations
 
+import types
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from xmodal.train.step import TrainState, adamw, linear_warmup_decay, resolve_precision
+from xmodal.train.step import TrainState, adamw, linear_warmup_decay
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a `train.precision` setting: 'auto' = bf16 on CUDA, fp32 (None) elsewhere."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def _autocast_forward(self: nn.Module, *args, **kwargs):
+    device_type, dtype = self._xmodal_autocast
+    with torch.autocast(device_type=device_type, dtype=dtype):
+        return type(self).forward(self, *args, **kwargs)
+
+
+def apply_precision(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """The one place where mixed precision is applied: from now on `module`'s forward runs under
+    autocast(dtype) on the device its parameters are on, whoever calls it (the train step,
+    evaluation, prediction, the benchmarks), and every submodule with a `compute_dtype` attribute
+    (MulT, which casts its folded weights once per forward) is told the dtype. None = fp32:
+    nothing changes. Call it after the module is on its device and before compile and DDP.
+
+    The forward is replaced on the instance by a bound method (so the state dict is unchanged and a
+    deep copy keeps its own), which dynamo traces as one graph with the autocast inside.
+    """
+    if dtype is None:
+        return module
+    if hasattr(module, "_xmodal_autocast"):
+        raise RuntimeError(f"apply_precision: {type(module).__name__} already has its precision "
+                           f"({module._xmodal_autocast[1]})")
+    device_type = next(module.parameters()).device.type
+    for m in module.modules():
+        if hasattr(m, "compute_dtype"):
+            m.compute_dtype = dtype
+    module._xmodal_autocast = (device_type, dtype)
+    module.forward = types.MethodType(_autocast_forward, module)
+    return module
 
 
 def compile_module(module: nn.Module, mode: str | None = None) -> nn.Module:
@@ -60,7 +98,7 @@ class OptimSettings(Protocol):
 def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, optim: OptimSettings,
             total_steps: int, find_unused_parameters: bool = False,
             optimizer: str = "adamw") -> TrainState:
-    objective = objective.to(device)
+    objective = apply_precision(objective.to(device), resolve_precision(train.precision, device))
     # The optimizer holds the plain module's parameters; DDP and compile wrap the same tensors.
     if optimizer == "adamw":
         opt = adamw(objective, optim.lr, optim.weight_decay, optim.betas, optim.eps)
@@ -78,5 +116,4 @@ def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, op
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=find_unused_parameters)
-    return TrainState(model=model, optimizer=opt, scheduler=scheduler, grad_clip=optim.grad_clip,
-                      autocast_dtype=resolve_precision(train.precision, device))
+    return TrainState(model=model, optimizer=opt, scheduler=scheduler, grad_clip=optim.grad_clip)

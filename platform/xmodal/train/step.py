@@ -18,25 +18,13 @@ from torch import Tensor, nn
 
 @dataclass
 class TrainState:
-    model: nn.Module  # the objective module (possibly DDP-wrapped or compiled); forward(batch) -> {"loss", ...}
+    # The objective module (possibly DDP-wrapped or compiled, its precision applied by
+    # `runtime.apply_precision`); forward(batch) -> {"loss", ...}.
+    model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any | None = None
     grad_clip: float = 0.0
-    autocast_dtype: torch.dtype | None = None
     step: int = 0
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """'auto' = bf16 autocast on CUDA, fp32 elsewhere."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
@@ -74,14 +62,12 @@ def train_step(state: TrainState, micro_batches: Sequence[Any], **forward_kwargs
     model = state.model
     model.train()
     n = len(micro_batches)
-    device = next(model.parameters()).device
     sums: dict[str, Tensor] = {}
     for i, batch in enumerate(micro_batches):
         # Under DDP only the last micro-batch all-reduces the gradients.
         sync = contextlib.nullcontext() if i == n - 1 or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
-            with autocast(device, state.autocast_dtype):
-                out = model(batch, **forward_kwargs)
+            out = model(batch, **forward_kwargs)  # precision: the module's own (runtime.apply_precision)
             loss = out["loss"] / n
             loss.backward()
         for k, v in out.items():
