@@ -10,6 +10,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "lxmert": ("xmodal.bench.lxmert", "LXMERT train step: ours vs transformers' LxmertForPreTraining"),
     "data": ("xmodal.bench.data", "LXMERT input pipeline: ready batches/s vs the reference loader's work"),
     "mult": ("xmodal.bench.mult", "MulT train step at unaligned MOSEI shapes"),
+    "suite": ("xmodal.bench.suite", "everything a device run must show, in one run: JSON + Markdown table"),
 }
 
 

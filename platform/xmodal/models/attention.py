@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode  # private, stable since torch 2.0
 
 
 def padding_to_attn_mask(key_valid: Tensor | None) -> Tensor | None:
@@ -166,14 +167,15 @@ def offset_causal_mask(t: int, s: int, device: torch.device | str | None = None)
     - S == T: `is_causal=True` (flash / memory-efficient kernels);
     - S > T: `causal_lower_right(T, S)` (a CausalBias: flash / memory-efficient kernels
       with their native lower-right alignment; a materialised bool mask under
-      torch.compile, which does not trace CausalBias);
+      torch.compile, which does not trace CausalBias, and under a dispatch mode such as
+      FlopCounterMode, in which the CausalBias subclass cannot be created);
     - S < T and T >= 2S - 1: no mask at all (every key is visible to every query);
     - otherwise a bool (t, s) mask.
     """
     if s == t:
         return None, True
     if s > t:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
             return offset_causal_allowed(t, s, device=device), False
         from torch.nn.attention.bias import causal_lower_right
 

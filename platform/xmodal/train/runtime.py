@@ -55,12 +55,13 @@ def apply_precision(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return module
 
 
-def compile_module(module: nn.Module, mode: str | None = None) -> nn.Module:
+def compile_module(module: nn.Module, mode: str | None = None, backend: str = "inductor") -> nn.Module:
     """The compiled model that training runs when `train.compile` is set; the benchmarks compile
-    through it too (`mode`: torch.compile's, for the LXMERT benchmark's --compile-mode)."""
+    through it too (`mode`: torch.compile's, for the LXMERT benchmark's --compile-mode; `backend`:
+    "aot_eager" captures the same graphs without generating code, for the suite's --quick run)."""
     # Static shapes: train batches have one shape (fixed micro-batch, padded sequences), and dynamo
     # fails to trace MulT's checkpointed FFN (recompute_ffn) under dynamic=True.
-    return torch.compile(module, dynamic=False, mode=mode)
+    return torch.compile(module, dynamic=False, mode=mode, backend=backend)
 
 
 class TrainSettings(Protocol):

@@ -1,0 +1,555 @@
+"""Everything a device run must show, measured in one process and one run:
+
+    python jobs/benchmark.py suite [--device cuda|cpu] [--quick] [--out bench-results]
+
+1. LXMERT pretraining step (forward, all five losses, backward, AdamW): ours and transformers'
+   LxmertForPreTraining, each eager and compiled: samples/s, ms/step, peak memory, GFLOP per
+   sample (counted by FlopCounterMode), MFU (CUDA), compile time, graph breaks.
+2. MulT step (L1 loss, clip 0.8, Adam) at unaligned MOSEI shapes: ours and the plain per-direction
+   re-implementation of the reference (`bench.mult.PlainMult`), eager and compiled, per batch size.
+3. DDP overhead: our LXMERT step wrapped in one-worker DistributedDataParallel against the bare step.
+4. The data pipeline at paper dims (36 x 2048 fp16) on one core, at 5 and 50 sentences per image.
+
+Both contenders of a row go through the same `train_step`, precision (`runtime.apply_precision`)
+and compile path (`runtime.compile_module`) as training. CUDA: one contender at a time, so that
+`max_memory_allocated` is its own. CPU: the contenders of a section stay built and their timed steps
+alternate in rounds, so the noise of a shared machine falls on all; memory = peak live CPU tensor
+bytes of one step (torch.profiler).
+
+Writes `<out>/<UTC timestamp>.json` (every figure, the device, versions and settings) and a
+Markdown table beside it, and prints the table. Defaults per device: CUDA = the paper presets at
+the targets' shapes (LXMERT batch 256 bf16; MulT reference at batch 24 and 256, bf16); CPU = the
+`small` LXMERT at batch 32 and the reference MulT at batch 24, fp32. `--quick` (CI) = tiny presets,
+a few steps, and compiled rows through the `aot_eager` backend: the same graph capture, no code
+generation (its figures check the plumbing; they are not speed figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from xmodal.batches import LxmertBatch, MultBatch
+from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
+from xmodal.train.step import TrainState, adamw, train_step
+
+H200_BF16_DENSE_TFLOPS = 989.0
+SECTIONS = ("lxmert", "mult", "ddp", "data")
+TARGETS = {  # samples/s on one H200 (README "Performance"); the data target is per CPU core
+    "lxmert_paper_b256_bf16": 8000.0,
+    "mult_reference_b24": 1500.0,
+    "mult_reference_b256": 7000.0,
+    "data_per_core": 5000.0,
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny presets, few steps, compiled rows via aot_eager (CI: checks every field, not speed)")
+    p.add_argument("--out", default="bench-results", help="folder for <timestamp>.json and .md")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per contender (default: 20 cuda, 6 cpu, 3 quick)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps after the first (default: 3, 1 quick)")
+    p.add_argument("--threads", type=int, default=0, help="CPU: torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS, help="accelerator peak for MFU")
+    p.add_argument("--lxmert-preset", default=None, help="default: paper (cuda), small (cpu), tiny (quick)")
+    p.add_argument("--lxmert-batch", type=int, default=None, help="default: 256 (cuda), 32 (cpu and quick)")
+    p.add_argument("--mult-preset", default=None, help="default: reference; tiny with --quick")
+    p.add_argument("--mult-batch", type=int, nargs="+", default=None, help="default: 24 256 (cuda), 24 (cpu), 4 (quick)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default: bf16 on cuda, fp32 on cpu")
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+@dataclass
+class Settings:
+    device: torch.device
+    quick: bool
+    steps: int
+    warmup: int
+    precision: str
+    backend: str
+    lxmert_preset: str
+    lxmert_batch: int
+    mult_preset: str
+    mult_batch: list[int]
+    mult_seq_lens: tuple[int, int, int]
+    data_images: int
+    data_batches: int
+    peak_tflops: float
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> Settings:
+        device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        cuda, q = device.type == "cuda", a.quick
+
+        def pick(value, quick, on_cuda, on_cpu):
+            return value if value is not None else quick if q else on_cuda if cuda else on_cpu
+
+        return cls(
+            device=device, quick=q, steps=pick(a.steps, 3, 20, 6), warmup=pick(a.warmup, 1, 3, 3),
+            precision=a.precision or ("bf16" if cuda else "fp32"), backend="aot_eager" if q else "inductor",
+            lxmert_preset=pick(a.lxmert_preset, "tiny", "paper", "small"),
+            lxmert_batch=pick(a.lxmert_batch, 32, 256, 32),
+            mult_preset=pick(a.mult_preset, "tiny", "reference", "reference"),
+            mult_batch=pick(a.mult_batch, [4], [24, 256], [24]),
+            mult_seq_lens=(10, 50, 50) if q else (50, 500, 500),
+            data_images=64 if q else 512, data_batches=4 if q else 30, peak_tflops=a.peak_tflops)
+
+
+# ---- one contender: build, count, compile, time --------------------------------------------------
+
+@dataclass
+class Result:
+    """One measured row. Figures a device cannot give are None (MFU on CPU)."""
+
+    section: str
+    impl: str
+    mode: str  # "eager" | "compiled"
+    preset: str
+    batch: int
+    precision: str
+    params: int = 0
+    samples_s: float = float("nan")
+    ms_step: float = float("nan")
+    peak_gib: float | None = None
+    gflop_per_sample: float | None = None
+    mfu: float | None = None
+    compile_s: float | None = None
+    graph_breaks: int | None = None
+    final_loss: float = float("nan")
+
+
+@dataclass
+class Contender:
+    result: Result
+    build: Callable[[], tuple[nn.Module, torch.optim.Optimizer]]
+    batch: Any
+    wrap: Callable[[nn.Module], nn.Module] | None = None  # e.g. DDP, outside compile
+    state: TrainState | None = None
+    elapsed: float = 0.0
+    steps: int = 0
+    step_times: list[float] = field(default_factory=list)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_flops(module: nn.Module, batch) -> int:
+    """FLOPs of one forward + backward (eager; the optimizer step is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        module(batch)["loss"].backward()
+    module.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def graph_breaks(module: nn.Module, batch) -> int:
+    """Graph breaks of the training forward (torch._dynamo.explain: traced, no code generated)."""
+    torch._dynamo.reset()
+    breaks = torch._dynamo.explain(module)(batch).graph_break_count
+    torch._dynamo.reset()
+    return breaks
+
+
+def cpu_peak_tensor_bytes(state: TrainState, batch) -> int | None:
+    """Peak bytes of live CPU tensors during one train step (parameters, optimizer state, batch,
+    activations, gradients): the CPU analogue of max_memory_allocated, from the torch.profiler memory
+    timeline (a private API, guarded: None when it is not there)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            train_step(state, [batch])
+        timeline = prof._memory_profile().timeline
+    except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the suite
+        print(f"note: no CPU memory figure ({type(err).__name__}: {err})")
+        return None
+    live = peak = 0
+    for _, action, (key, _), size in timeline:
+        if key.device.type != "cpu":
+            continue
+        if action.name in ("PREEXISTING", "CREATE"):
+            live += size
+        elif action.name == "DESTROY":
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+def setup(c: Contender, s: Settings, count: bool) -> None:
+    """Build (seeded), apply precision, count FLOPs and graph breaks (eager rows), compile, and run
+    the first step (timed: its excess over a steady step is the compile time) and the warm-up."""
+    r = c.result
+    torch.manual_seed(0)
+    module, opt = c.build()
+    module = apply_precision(module, resolve_precision(r.precision, s.device))
+    r.params = sum(p.numel() for p in module.parameters())
+    if count:
+        r.gflop_per_sample = count_flops(module, c.batch) / r.batch / 1e9
+        r.graph_breaks = graph_breaks(module, c.batch)
+    model = compile_module(module, backend=s.backend) if r.mode == "compiled" else module
+    if c.wrap is not None:
+        model = c.wrap(model)
+    c.state = TrainState(model=model, optimizer=opt, grad_clip=0.8 if r.section == "mult" else 0.0)
+    t0 = time.perf_counter()
+    train_step(c.state, [c.batch])
+    _sync(s.device)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(s.warmup):
+        train_step(c.state, [c.batch])
+    _sync(s.device)
+    steady = (time.perf_counter() - t0) / max(s.warmup, 1)
+    if r.mode == "compiled":
+        r.compile_s = max(0.0, first - steady)
+
+
+def time_steps(c: Contender, n: int, device: torch.device) -> None:
+    start = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = train_step(c.state, [c.batch])
+        if device.type == "cpu":  # per-step times on CPU only: a CUDA sync per step would drain the queue
+            c.step_times.append(time.perf_counter() - t0)
+    _sync(device)
+    c.elapsed += time.perf_counter() - start
+    c.steps += n
+    c.result.final_loss = float(out["loss"])
+
+
+def finish(c: Contender, s: Settings) -> None:
+    r = c.result
+    r.samples_s = c.steps * r.batch / c.elapsed
+    r.ms_step = 1e3 * (statistics.median(c.step_times) if c.step_times else c.elapsed / c.steps)
+    if r.gflop_per_sample is not None and s.device.type == "cuda":
+        r.mfu = r.gflop_per_sample * 1e9 * r.samples_s / (s.peak_tflops * 1e12)
+    if not math.isfinite(r.final_loss):
+        raise RuntimeError(f"{r.section} {r.impl} {r.mode}: non-finite loss {r.final_loss}")
+    c.state = None
+    torch._dynamo.reset()  # compiled graphs hold the model's tensors
+    gc.collect()
+    if s.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure(contenders: list[Contender], s: Settings, count: bool = True) -> list[Result]:
+    """CUDA: one at a time (peak memory its own). CPU: all built, timed steps alternating in rounds.
+    `count`: FLOPs and graph breaks, once per implementation and batch (the eager model's)."""
+    counted: set[str] = set()
+
+    def first_of_impl(c: Contender) -> bool:
+        key = f"{c.result.impl}/{c.result.batch}"
+        fresh = count and key not in counted and c.wrap is None
+        counted.add(key)
+        return fresh
+
+    if s.device.type == "cuda":
+        for c in contenders:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(s.device)
+            setup(c, s, first_of_impl(c))
+            time_steps(c, s.steps, s.device)
+            c.result.peak_gib = torch.cuda.max_memory_allocated(s.device) / 2**30
+            finish(c, s)
+    else:
+        # Eager ones first: counting graph breaks resets dynamo, which would drop compiled code.
+        for c in sorted(contenders, key=lambda c: c.result.mode == "compiled"):
+            setup(c, s, first_of_impl(c))
+            peak = cpu_peak_tensor_bytes(c.state, c.batch)
+            c.result.peak_gib = None if peak is None else peak / 2**30
+        rounds = max(1, min(3, s.steps))
+        for i in range(rounds):
+            n = s.steps // rounds + (1 if i < s.steps % rounds else 0)
+            for c in (contenders if i % 2 == 0 else contenders[::-1]):
+                time_steps(c, n, s.device)
+        for c in contenders:
+            finish(c, s)
+    for c in contenders:  # FLOPs and breaks are the eager model's; share them with its compiled twin
+        twin = next((o.result for o in contenders if o.result.impl == c.result.impl
+                     and o.result.batch == c.result.batch and o.result.gflop_per_sample is not None), None)
+        if twin is not None and c.result.gflop_per_sample is None and c.wrap is None:
+            c.result.gflop_per_sample, c.result.graph_breaks = twin.gflop_per_sample, twin.graph_breaks
+            if c.result.mfu is None and s.device.type == "cuda":
+                c.result.mfu = twin.gflop_per_sample * 1e9 * c.result.samples_s / (s.peak_tflops * 1e12)
+    return [c.result for c in contenders]
+
+
+# ---- the sections --------------------------------------------------------------------------------
+
+def lxmert_contenders(s: Settings, ddp: bool = False) -> list[Contender]:
+    from xmodal.bench.lxmert import NUM_OBJECTS, SEQ_LEN, HFPretraining
+    from xmodal.models.lxmert import LxmertForPretraining, preset
+    from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
+
+    # transformers' LXMERT always adds token-type embedding 0; ours gets it too so the configs are equal.
+    config = preset(s.lxmert_preset).replace(token_type_embedding=True)
+    batch = LxmertBatch.random(
+        s.lxmert_batch, vocab_size=config.vocab_size, visual_feat_dim=config.visual_feat_dim,
+        num_object_labels=config.num_object_labels, num_attr_labels=config.num_attr_labels,
+        num_qa_labels=config.num_qa_labels, seq_len=SEQ_LEN, num_objects=NUM_OBJECTS,
+        generator=torch.Generator().manual_seed(0)).to(s.device, float_dtype=torch.float32)
+
+    def ours():
+        with torch.device(s.device):
+            objective = PretrainingObjective(LxmertForPretraining(config), PretrainTasks())
+        return objective, adamw(objective, lr=1e-4, weight_decay=0.01)
+
+    def row(impl: str, mode: str) -> Result:
+        return Result("lxmert" if not ddp else "ddp", impl, mode, s.lxmert_preset, s.lxmert_batch, s.precision)
+
+    if ddp:
+        return [Contender(row("xmodal", "eager"), ours, batch),
+                Contender(row("xmodal+ddp", "eager"), ours, batch, wrap=_ddp(s.device))]
+
+    def theirs():
+        import transformers
+        from transformers import LxmertForPreTraining
+
+        from xmodal.models.lxmert_hf import config_to_hf
+
+        hf_config = transformers.LxmertConfig() if s.lxmert_preset == "paper" else config_to_hf(config)
+        with torch.device(s.device):
+            module = HFPretraining(LxmertForPreTraining(hf_config))
+        decay = [p for p in module.parameters() if p.ndim >= 2]
+        no_decay = [p for p in module.parameters() if p.ndim < 2]
+        # As a transformers user would: torch.optim.AdamW with its default implementation.
+        return module, torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                          {"params": no_decay, "weight_decay": 0.0}], lr=1e-4, eps=1e-6)
+
+    return [Contender(row(impl, mode), build, batch)
+            for impl, build in (("xmodal", ours), ("transformers", theirs)) for mode in ("eager", "compiled")]
+
+
+def _ddp(device: torch.device) -> Callable[[nn.Module], nn.Module]:
+    def wrap(model: nn.Module) -> nn.Module:
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index or 0] if device.type == "cuda" else None)
+    return wrap
+
+
+def mult_contenders(s: Settings) -> list[Contender]:
+    from xmodal.bench.mult import PlainMult, _PlainObjective
+    from xmodal.models.mult import Mult, preset
+    from xmodal.objectives.sentiment import MultObjective
+
+    config = preset(s.mult_preset)
+    out = []
+    for bs in s.mult_batch:
+        batch = MultBatch.random(bs, generator=torch.Generator().manual_seed(0),
+                                 dims=(config.l_dim, config.a_dim, config.v_dim),
+                                 seq_lens=s.mult_seq_lens).to(s.device, float_dtype=torch.float32)
+
+        def ours():
+            objective = MultObjective(Mult(config), use_lengths=False).to(s.device)
+            return objective, torch.optim.Adam(objective.parameters(), lr=1e-3, fused=True)
+
+        def plain():
+            objective = _PlainObjective(PlainMult(config)).to(s.device)
+            return objective, torch.optim.Adam(objective.parameters(), lr=1e-3)  # the reference's Adam
+
+        for impl, build in (("xmodal", ours), ("plain", plain)):
+            for mode in ("eager", "compiled"):
+                out.append(Contender(Result("mult", impl, mode, s.mult_preset, bs, s.precision), build, batch))
+    return out
+
+
+def ddp_results(s: Settings) -> list[Result]:
+    """One-worker DDP (gloo on CPU, nccl on CUDA; a file store, no port) around our eager step."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("nccl" if s.device.type == "cuda" else "gloo",
+                                store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+        try:
+            return measure(lxmert_contenders(s, ddp=True), s, count=False)
+        finally:
+            dist.destroy_process_group()
+
+
+def data_results(s: Settings) -> list[dict]:
+    """Our input pipeline at paper dims, one worker pinned to one core (in a child process, so the
+    pinning does not reach the other sections), at 5 and 50 sentences per image."""
+    rows = []
+    for spi in (5, 50):
+        code = (
+            "import json, sys, tempfile, time\n"
+            "from pathlib import Path\n"
+            "from xmodal.bench.data import _one_core, our_batches, timed\n"
+            "from xmodal.data.lxmert.synthetic import build_synthetic_store\n"
+            "from xmodal.data.options import SyntheticLxmertOptions\n"
+            "n, spi, batches = map(int, sys.argv[1:4])\n"
+            "with tempfile.TemporaryDirectory() as tmp:\n"
+            "    opts = SyntheticLxmertOptions(num_images=n, num_objects=36, feat_dim=2048, sentences_per_image=spi,\n"
+            "                                  minival_fraction=0.0, images_per_shard=256)\n"
+            "    store = build_synthetic_store(Path(tmp) / 's', opts, overwrite=True)\n"
+            "    _one_core()\n"
+            "    it = our_batches(store, 256)\n"
+            "    next(it)\n"
+            "    rates = [timed(it, max(1, batches // 3), 256) for _ in range(3)]\n"
+            "print(json.dumps({'samples_s': max(rates), 'median_samples_s': sorted(rates)[1]}))\n")
+        out = subprocess.run([sys.executable, "-c", code, str(s.data_images), str(spi), str(s.data_batches)],
+                             capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"data section ({spi} sentences/image) failed:\n{out.stderr[-2000:]}")
+        fig = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append({"sentences_per_image": spi, "images": s.data_images, "batch": 256, "feat_dim": 2048,
+                     "num_objects": 36, **fig, "target": TARGETS["data_per_core"]})
+    return rows
+
+
+# ---- ratios, the report --------------------------------------------------------------------------
+
+def _find(rows: list[Result], **kw) -> Result:
+    return next(r for r in rows if all(getattr(r, k) == v for k, v in kw.items()))
+
+
+def ratios(res: dict[str, Any]) -> dict[str, float]:
+    """ours / peer samples/s per mode and batch, and DDP's step time over the bare step."""
+    out: dict[str, float] = {}
+    lx = [Result(**r) for r in res.get("lxmert", [])]
+    for mode in ("eager", "compiled"):
+        if lx:
+            out[f"lxmert_{mode}_vs_transformers_{mode}"] = (
+                _find(lx, impl="xmodal", mode=mode).samples_s / _find(lx, impl="transformers", mode=mode).samples_s)
+    if lx:
+        out["lxmert_compiled_vs_transformers_best"] = (
+            _find(lx, impl="xmodal", mode="compiled").samples_s
+            / max(r.samples_s for r in lx if r.impl == "transformers"))
+    mu = [Result(**r) for r in res.get("mult", [])]
+    for bs in sorted({r.batch for r in mu}):
+        for mode in ("eager", "compiled"):
+            out[f"mult_b{bs}_{mode}_vs_plain_{mode}"] = (
+                _find(mu, impl="xmodal", mode=mode, batch=bs).samples_s
+                / _find(mu, impl="plain", mode=mode, batch=bs).samples_s)
+    dd = [Result(**r) for r in res.get("ddp", [])]
+    if dd:
+        out["ddp_step_time_over_bare"] = _find(dd, impl="xmodal+ddp").ms_step / _find(dd, impl="xmodal").ms_step
+    return out
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m = res["meta"]
+    lines = [f"Benchmark suite, {m['date']}, {m['device_name']} ({m['device']}), torch {m['torch']}, "
+             f"transformers {m['transformers']}, compile backend {m['compile_backend']}"
+             f"{', QUICK (plumbing check, not speed figures)' if m['quick'] else ''}", ""]
+    rows = res.get("lxmert", []) + res.get("mult", []) + res.get("ddp", [])
+    if rows:
+        lines += ["| section | impl | mode | preset | batch | precision | samples/s | ms/step | peak GiB | "
+                  "GFLOP/sample | MFU | compile s | graph breaks |",
+                  "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            lines.append(
+                f"| {r['section']} | {r['impl']} | {r['mode']} | {r['preset']} | {r['batch']} | {r['precision']} | "
+                f"{r['samples_s']:,.1f} | {r['ms_step']:.2f} | {_f(r['peak_gib'], '.3f')} | "
+                f"{_f(r['gflop_per_sample'], '.3f')} | {_f(None if r['mfu'] is None else 100 * r['mfu'], '.1f')}"
+                f"{'%' if r['mfu'] is not None else ''} | {_f(r['compile_s'], '.1f')} | {_f(r['graph_breaks'], 'd')} |")
+        lines.append("")
+    if res.get("data"):
+        lines += ["| data pipeline (1 core) | sentences/image | samples/s (best) | median | target |",
+                  "|---|---:|---:|---:|---:|"]
+        for d in res["data"]:
+            lines.append(f"| ours, 36 x 2048 fp16, batch {d['batch']} | {d['sentences_per_image']} | "
+                         f"{d['samples_s']:,.0f} | {d['median_samples_s']:,.0f} | {d['target']:,.0f} |")
+        lines.append("")
+    if res["ratios"]:
+        lines += ["| ratio | value |", "|---|---:|"]
+        lines += [f"| {k} | {v:.2f}x |" for k, v in res["ratios"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    import transformers
+
+    s = Settings.from_args(args)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    bad = [x for x in sections if x not in SECTIONS]
+    if bad:
+        print(f"benchmark suite: --sections {args.sections!r}: unknown {bad}; valid: {', '.join(SECTIONS)}")
+        return 2
+    if s.device.type == "cuda" and not torch.cuda.is_available():
+        print("benchmark suite: --device cuda, but torch.cuda.is_available() is False")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if s.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on Hopper uses TF32, for every contender alike
+        torch.backends.cudnn.allow_tf32 = True
+    now = dt.datetime.now(dt.timezone.utc)
+    name = (torch.cuda.get_device_name(s.device) if s.device.type == "cuda"
+            else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    res: dict[str, Any] = {"meta": {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "device": s.device.type, "device_name": name,
+        "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+        "git_commit": _git_commit(), "quick": s.quick, "compile_backend": s.backend,
+        "settings": {k: (str(v) if isinstance(v, torch.device) else v) for k, v in asdict(s).items()},
+        "targets": TARGETS, "sections": sections}}
+    print(f"benchmark suite on {name} ({s.device.type}); sections {', '.join(sections)}; "
+          f"{'quick, ' if s.quick else ''}compile backend {s.backend}", flush=True)
+    t0 = time.perf_counter()
+    timings = {}
+    for sec in sections:
+        ts = time.perf_counter()
+        if sec == "lxmert":
+            res["lxmert"] = [asdict(r) for r in measure(lxmert_contenders(s), s)]
+        elif sec == "mult":
+            res["mult"] = [asdict(r) for r in measure(mult_contenders(s), s)]
+        elif sec == "ddp":
+            res["ddp"] = [asdict(r) for r in ddp_results(s)]
+        else:
+            res["data"] = data_results(s)
+        timings[sec] = time.perf_counter() - ts
+        print(f"  {sec}: done in {timings[sec]:.0f} s", flush=True)
+    res["ratios"] = ratios(res)
+    res["meta"]["section_seconds"] = timings
+    res["meta"]["wall_s"] = time.perf_counter() - t0
+    res["meta"]["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / now.strftime("%Y%m%dT%H%M%SZ")
+    text = markdown(res)
+    tmp = stem.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    tmp.replace(stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(text + "\n")
+    print()
+    print(text)
+    print(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
+    return 0
