@@ -26,12 +26,12 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch
+from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, count_flops, cpu_peak_tensor_bytes
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.train.step import TrainState, adamw, train_step
 
-H200_BF16_DENSE_TFLOPS = 989.0
 SEQ_LEN, NUM_OBJECTS = 20, 36  # paper: sentences of at most 20 tokens, 36 objects
 
 
@@ -121,17 +121,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def count_flops(module: nn.Module, batch: LxmertBatch) -> int:
-    """FLOPs of one forward + backward (eager, uncompiled; the optimizer step is not counted)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    module.train()
-    with FlopCounterMode(display=False) as counter:
-        module(batch)["loss"].backward()
-    module.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
-
-
 def setup(c: Contender, batch: LxmertBatch, args, device: torch.device) -> None:
     """Build (seeded), count parameters and FLOPs, compile as training does, run the warm-up steps."""
     dtype = resolve_precision(args.precision, device)
@@ -167,32 +156,6 @@ def teardown(c: Contender, device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def cpu_peak_tensor_bytes(c: Contender, batch: LxmertBatch) -> int | None:
-    """Peak bytes of live CPU tensors during one train step: parameters, optimizer state, the batch,
-    activations and gradients (the CPU analogue of torch.cuda.max_memory_allocated), from the
-    torch.profiler memory timeline. None when the profiler cannot provide it."""
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                     with_stack=True) as prof:
-            train_step(c.state, [batch])
-        timeline = prof._memory_profile().timeline  # private API (torch >= 2.1): guarded
-    except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the benchmark
-        print(f"note: no CPU memory figure for {c.name} ({type(err).__name__}: {err})")
-        return None
-    live = peak = 0
-    for _, action, (key, _), size in timeline:
-        if key.device.type != "cpu":
-            continue
-        if action.name in ("PREEXISTING", "CREATE"):
-            live += size
-        elif action.name == "DESTROY":
-            live -= size
-        peak = max(peak, live)
-    return peak
 
 
 # ---- the two contenders ------------------------------------------------------------------------
@@ -313,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         # Both models live; alternating rounds spread the noise of a shared CPU over both.
         for c in cs:
             setup(c, batch, args, device)
-            c.peak_mem_bytes = cpu_peak_tensor_bytes(c, batch)
+            c.peak_mem_bytes = cpu_peak_tensor_bytes(c.state, batch)
         rounds = max(1, min(args.rounds, args.steps))
         for r in range(rounds):
             n = args.steps // rounds + (1 if r < args.steps % rounds else 0)

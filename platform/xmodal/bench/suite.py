@@ -49,7 +49,7 @@ from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
-from xmodal.train.step import TrainState, adamw, train_step
+from xmodal.train.step import TrainState, train_step
 
 H200_BF16_DENSE_TFLOPS = 989.0
 SECTIONS = ("lxmert", "mult", "ddp", "data")
@@ -302,9 +302,12 @@ def measure(contenders: list[Contender], s: Settings, count: bool = True) -> lis
 # ---- the sections --------------------------------------------------------------------------------
 
 def lxmert_contenders(s: Settings, ddp: bool = False) -> list[Contender]:
-    from xmodal.bench.lxmert import NUM_OBJECTS, SEQ_LEN, HFPretraining
-    from xmodal.models.lxmert import LxmertForPretraining, preset
-    from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
+    import transformers
+
+    from xmodal.bench.lxmert import NUM_OBJECTS, SEQ_LEN, build_ours, build_transformers
+    from xmodal.models.lxmert import preset
+    from xmodal.models.lxmert_hf import config_to_hf
+    from xmodal.objectives.pretraining import PretrainTasks
 
     # transformers' LXMERT always adds token-type embedding 0; ours gets it too so the configs are equal.
     config = preset(s.lxmert_preset).replace(token_type_embedding=True)
@@ -314,10 +317,7 @@ def lxmert_contenders(s: Settings, ddp: bool = False) -> list[Contender]:
         num_qa_labels=config.num_qa_labels, seq_len=SEQ_LEN, num_objects=NUM_OBJECTS,
         generator=torch.Generator().manual_seed(0)).to(s.device, float_dtype=torch.float32)
 
-    def ours():
-        with torch.device(s.device):
-            objective = PretrainingObjective(LxmertForPretraining(config), PretrainTasks())
-        return objective, adamw(objective, lr=1e-4, weight_decay=0.01)
+    ours = build_ours(config, PretrainTasks(), s.device, lr=1e-4)
 
     def row(impl: str, mode: str) -> Result:
         return Result("lxmert" if not ddp else "ddp", impl, mode, s.lxmert_preset, s.lxmert_batch, s.precision)
@@ -326,20 +326,9 @@ def lxmert_contenders(s: Settings, ddp: bool = False) -> list[Contender]:
         return [Contender(row("xmodal", "eager"), ours, batch),
                 Contender(row("xmodal+ddp", "eager"), ours, batch, wrap=_ddp(s.device))]
 
-    def theirs():
-        import transformers
-        from transformers import LxmertForPreTraining
-
-        from xmodal.models.lxmert_hf import config_to_hf
-
-        hf_config = transformers.LxmertConfig() if s.lxmert_preset == "paper" else config_to_hf(config)
-        with torch.device(s.device):
-            module = HFPretraining(LxmertForPreTraining(hf_config))
-        decay = [p for p in module.parameters() if p.ndim >= 2]
-        no_decay = [p for p in module.parameters() if p.ndim < 2]
-        # As a transformers user would: torch.optim.AdamW with its default implementation.
-        return module, torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                          {"params": no_decay, "weight_decay": 0.0}], lr=1e-4, eps=1e-6)
+    # As a transformers user would train it: torch.optim.AdamW with its default implementation.
+    hf_config = transformers.LxmertConfig() if s.lxmert_preset == "paper" else config_to_hf(config)
+    theirs = build_transformers(hf_config, s.device, lr=1e-4, fused_adamw=False)
 
     return [Contender(row(impl, mode), build, batch)
             for impl, build in (("xmodal", ours), ("transformers", theirs)) for mode in ("eager", "compiled")]
