@@ -82,6 +82,12 @@ def test_ray_lines_become_events_messages_or_pass_through(active, capsys):
     active.ray_lines({"lines": ["Traceback (most recent call last):"], "actor_name": "PlacementGroupCleaner"},
                      forwarded.append)
     assert len(forwarded) == 1
+    # a known-harmless failure's traceback goes with it, over several batches; the next line comes out
+    for batch in (["Failed to stop PlacementGroupCleaner gracefully.", "Traceback (most recent call last):"],
+                  ['  File "x.py", line 1, in get', "ray.exceptions.GetTimeoutError: Get timed out"],
+                  ["Worker group finished"]):
+        active.ray_lines({"lines": batch, "pid": 7, "actor_name": "TrainController"}, forwarded.append)
+    assert forwarded[-1]["lines"] == ["Worker group finished"] and len(forwarded) == 2
     console.set_verbose(True)
     active.ray_lines({"lines": lines[2:3], "actor_name": "TrainController"}, forwarded.append)
     assert forwarded[-1]["lines"] == lines[2:3]  # --verbose: Ray's lines as Ray prints them

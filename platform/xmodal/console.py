@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -28,13 +29,14 @@ log = logging.getLogger("xmodal")
 PREFIX = "[xmodal] "
 EVENT = "[xmodal:event] "
 VERBOSE_ENV = "XMODAL_VERBOSE"  # set by the command line: trial processes and local workers inherit it
-# Ray lines that say nothing a user can act on, dropped on the driver unless --verbose. Ray Train's
-# internal PreemptionWatcher actor logs this from C++ (no Python logger to quiet) on every run.
-RAY_NOISE = ("has constructor arguments in the object store and max_restarts > 0",)
-# Ray Train's internal actors whose output is dropped unless --verbose: on a loaded machine the placement
-# group cleaner's monitor thread dies with a 30-line traceback (a GCS timeout) that changes nothing for
-# the run (the cleaner only frees resources of a dead controller).
-RAY_QUIET_ACTORS = ("PlacementGroupCleaner",)
+# Ray lines that say nothing a user can act on, dropped on the driver (with the traceback that follows
+# them) unless --verbose. Ray Train's internal PreemptionWatcher actor logs the first from C++ (no Python
+# logger to quiet) on every run; on a loaded machine Ray Train's internal placement-group cleaner (it
+# frees a dead controller's resources) times out talking to the GCS or to the controller and both log
+# a 20 to 30 line traceback, while the run goes on unharmed.
+RAY_NOISE = ("has constructor arguments in the object store and max_restarts > 0", "PlacementGroupCleaner")
+RAY_QUIET_ACTORS = ("PlacementGroupCleaner",)  # every line of these actors
+_TRACEBACK_LINE = re.compile(r"^(\s|Traceback \(most recent call last\)|[\w.]+(Error|Exception)\b)")
 PLAIN_EVERY = 0.1  # without a terminal: a progress line every tenth of the run's steps...
 PLAIN_EVERY_S = 300.0  # ...or every 5 minutes, whichever comes first
 
@@ -242,6 +244,7 @@ class Console:
         self.lock = threading.RLock()
         self.bar = None
         self.sweep = False  # a sweep's driver: trial lines only, no bar or tables
+        self._muted: set[Any] = set()  # pids whose noise's traceback is being dropped
         self._reset()
 
     def _reset(self) -> None:
@@ -337,7 +340,7 @@ class Console:
                     keep.append(line)
             elif line.startswith(PREFIX):
                 log.info(line[len(PREFIX):])
-            elif verbose() or not any(n in line for n in RAY_NOISE):
+            elif verbose() or not self._noise(data.get("pid"), line):
                 keep.append(line)
         if keep:
             with self.lock:
@@ -346,6 +349,16 @@ class Console:
                 forward({**data, "lines": keep})
                 if self.bar is not None:
                     self.bar.refresh()
+
+    def _noise(self, pid: Any, line: str) -> bool:
+        if any(n in line for n in RAY_NOISE):
+            self._muted.add(pid)
+            return True
+        if pid in self._muted:
+            if _TRACEBACK_LINE.match(line):
+                return True
+            self._muted.discard(pid)
+        return False
 
 
 CONSOLE = Console()
