@@ -56,8 +56,9 @@ def test_without_a_terminal_progress_is_a_line_every_tenth(active, capsys):
     for step in range(10, 1001, 10):
         active.event({"kind": "progress", "step": step, "epoch": 0, "loss": 1.5, "rate": 1234.0, "eta": 65.0})
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 10, lines
-    assert lines[0] == "[xmodal] step 100/1000 epoch 0  loss 1.5000  1,234 samples/s  ETA 1:05"
+    assert len(lines) == 11, lines  # the first log step, then every tenth
+    assert lines[0] == "[xmodal] step 10/1000 epoch 0  loss 1.5000  1,234 samples/s  ETA 1:05"
+    assert lines[1].startswith("[xmodal] step 110/1000 ")
     assert "\r" not in "".join(lines)
     active.end()
     active.event({"kind": "eval", "step": 1000, "metrics": {"eval/acc": 0.5}})  # after the run: dropped

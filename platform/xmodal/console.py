@@ -5,7 +5,8 @@ Train workers print lines to their stdout, which Ray forwards to the driver: mes
 rank 0, events (`emit`: progress, evaluations) as one JSON line each. The driver's console (`attach_ray`)
 takes those lines out of Ray's log stream: messages are logged without Ray's `(pid=...)` prefix, events
 move the progress bar and print the tables. On a terminal the bar is a live tqdm bar; when stdout is not
-a terminal (a log file, `ray job submit`) it becomes a plain line every tenth of the run. `--verbose`
+a terminal (a log file, `ray job submit`) it becomes a plain line at the first log step and then every
+tenth of the run. `--verbose`
 brings Ray's own output back (progress bars, report dumps, INFO lines).
 
 Standard library only at import (tqdm is imported when a bar is drawn): every layer may use it.
@@ -320,7 +321,7 @@ class Console:
         last_step, last_t = self.last_plain
         now = time.monotonic()
         due = step - last_step >= max(1, int(self.total * PLAIN_EVERY)) or now - last_t >= PLAIN_EVERY_S
-        if due or step >= self.total:
+        if due or step >= self.total or last_step == 0:  # the first says that training has started
             self.last_plain = (step, now)
             self.write(f"{PREFIX}step {step}/{self.total} epoch {e.get('epoch', 0)}  {stats}  "
                        f"ETA {fmt_duration(float(e.get('eta', float('inf'))))}")
