@@ -2,7 +2,7 @@
 store built on first use, `small` preset, MLflow in ./mlflow.db).
 
     python jobs/pretrain.py [--config FILE.yaml] [--set key=value ...] [--store DIR] [--num-workers N]
-        [--gpus-per-worker G] [--storage-path PATH] [--experiment NAME] [--run-name NAME] [--seed S]
+        [--gpus-per-worker G] [--storage-path PATH] [--experiment NAME] [--run-name NAME] [--seed S] [--verbose]
 
 Rerun with the same --run-name to resume a run whose driver died.
 """

@@ -1,7 +1,7 @@
 """Ablation sweep: Ray Tune + Optuna over a search-space file; one MLflow parent run, one child per trial.
 
     python jobs/sweep.py SPACE.yaml [--set key=value ...] [--resume] [--name NAME] [--max-concurrent N]
-        [--gpus-per-trial F] [--num-samples N] [--storage-path PATH] [--no-report]
+        [--gpus-per-trial F] [--num-samples N] [--storage-path PATH] [--no-report] [--verbose]
 
 --set overrides the trials' base config (dotted keys, as in jobs/pretrain.py). With a shipped space
 and no other arguments it runs on the embedded default (local Ray, synthetic store, ./mlflow.db).
@@ -12,7 +12,7 @@ trials are kept, unfinished ones continue from their checkpoints.
 import argparse
 import sys
 
-from xmodal.cli import user_errors
+from xmodal.cli import add_verbose, setup_console, user_errors
 from xmodal.sweep import sweep
 from xmodal.sweep.plan import SweepOptions
 
@@ -29,7 +29,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--num-samples", type=int, help="number of trials")
     p.add_argument("--storage-path", help="where Tune and the trials' Train runs store state (default ./runs/sweeps)")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    add_verbose(p)
     args = p.parse_args(argv)
+    setup_console(args.verbose)
     opts = SweepOptions(space=args.space, sets=args.set, resume=args.resume, name=args.name,
                         num_samples=args.num_samples, max_concurrent=args.max_concurrent,
                         gpus_per_trial=args.gpus_per_trial, storage_path=args.storage_path,

@@ -10,6 +10,18 @@ from collections.abc import Callable
 from xmodal.errors import UserError
 
 
+def add_verbose(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", action="store_true",
+                   help="also show Ray's and MLflow's own output (Ray Data progress bars, report dumps, INFO lines)")
+
+
+def setup_console(verbose: bool) -> None:
+    """The package's logging and the console, once per command line (xmodal.console)."""
+    from xmodal.console import configure
+
+    configure(verbose)
+
+
 def user_errors(fn: Callable[[], int | None]) -> int:
     """Run a command: a `UserError` becomes one line `error: ...` on stderr and exit code 2, no
     traceback (tracebacks are for bugs). Every command line of the package goes through here."""
@@ -58,11 +70,13 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help=f"YAML config file (sections: {sections})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
+    add_verbose(p)
     flags = {flag: (key, "{}", help_text) for flag, (key, help_text) in JOB_FLAGS.items()}
     flags.update(extra or {})
     for flag, (key, _, help_text) in flags.items():
         p.add_argument("--" + flag.replace("_", "-"), help=f"{help_text} (= --set {key}=...)")
     args = p.parse_args(argv)
+    setup_console(args.verbose)
     overrides = [f"{key}={template.format(getattr(args, flag))}" for flag, (key, template, _) in flags.items()
                  if getattr(args, flag) is not None]
 

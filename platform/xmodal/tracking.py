@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -199,8 +198,10 @@ def _unlogged_message(uri: str, what: str, path: Path) -> str:
 
 
 def _say(message: str) -> None:
-    """Straight to the process's stdout, as train.hooks.say: Ray Train and MLflow wrap sys.stdout."""
-    print(message, file=sys.__stdout__, flush=True)
+    """A worker's line reaches the driver through its stdout; a driver's goes through its console."""
+    from xmodal.console import say
+
+    say(message)
 
 
 def _rejected(e: Exception) -> bool:
@@ -257,10 +258,11 @@ class RunLogger:
         except ImportError:
             return
         try:
-            self._system = SystemMetricsMonitor(self.run_id, resume_logging=True)
+            # The run's own store: the default URI is a new mlflow.db in the worker's Ray session folder.
+            self._system = SystemMetricsMonitor(self.run_id, resume_logging=True, tracking_uri=self.uri)
             self._system.start()
         except Exception as e:  # psutil missing or no permission: training goes on without them
-            print(f"[xmodal] system metrics unavailable: {e}")
+            _say(f"[xmodal] system metrics unavailable: {e}")
             self._system = None
 
     def log(self, metrics: dict[str, float], step: int, force: bool = False) -> None:

@@ -138,10 +138,45 @@ def test_worker_failure_resumes_exactly_into_one_history(tmp_path, tiny_store, r
         assert worst <= 1e-5, f"{key}: the resumed run differs from the uninterrupted one by {worst}"
 
 
+def final_metrics(out: str) -> dict[str, str]:
+    """The end summary's final value of each metric (xmodal.console.summary_table)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("[xmodal] finished run "))
+    rows = [line.split() for line in lines[start + 2:]]
+    return {r[0]: r[1] for r in rows if "/" in r[0]}
+
+
+# What may come out of a job besides the package's own lines: Ray starting a local instance.
+FOREIGN_LINES_ALLOWED = ("Started a local Ray instance",)
+RAY_OUTPUT = ("TrainingReport(", "Checkpoint successfully created", "Dataset dataset_", "Running Dataset",
+              "Progress bars disabled", "Creating initial MLflow database tables", "PreemptionWatcher",
+              "Token authentication is enabled", "Requesting resources")
+
+
+def check_console(log: str, name: str) -> None:
+    """The console's promise on a job's log (stdout and stderr in a file): at most 60 lines, none of
+    them Ray's or MLflow's chatter, and the banner, evaluation tables and end summary there."""
+    lines = log.splitlines()
+    assert len(lines) <= 60, f"{len(lines)} lines:\n{log}"
+    for noise in RAY_OUTPUT:
+        assert noise not in log, f"{noise!r} in:\n{log}"
+    assert "\r" not in log  # no bar redrawn into a file
+    foreign = [line for line in lines if not line.startswith(("[xmodal]", "  "))
+               and not any(a in line for a in FOREIGN_LINES_ALLOWED)]
+    assert not foreign, "\n".join(foreign)
+    assert f"[xmodal] pretrain run {name}" in lines
+    assert any(line.startswith("[xmodal] eval @ step ") for line in lines)
+    assert any(line.startswith("  chance/prior") for line in lines)
+    assert any(line.startswith(f"[xmodal] finished run {name} in ") for line in lines)
+    assert any(line.startswith("  view it     mlflow ui --backend-store-uri sqlite:///") for line in lines)
+
+
 @pytest.mark.slow
 def test_driver_killed_midway_resumes_into_the_same_run(tmp_path, tiny_store):
+    """Also the console's test: the rerun goes through the Quickstart's code path (`jobs/pretrain.py`,
+    a local Ray), its output in a file."""
     cmd = [PYTHON, PRETRAIN, *tiny_args(tmp_path, tiny_store, "restarted", "--set", "train.epochs=2",
-                                        "--set", "train.eval_every=8", "--set", "mlflow.system_metrics=false")]
+                                        "--set", "train.eval_every=16", "--set", "mlflow.system_metrics=false")]
     first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(), start_new_session=True,
                              stdout=open(tmp_path / "first.log", "w"), stderr=subprocess.STDOUT)
     try:
@@ -153,13 +188,16 @@ def test_driver_killed_midway_resumes_into_the_same_run(tmp_path, tiny_store):
         time.sleep(2)
     finally:
         kill_tree(first.pid, grace=3)
-    second = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), capture_output=True, text=True, timeout=500)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "resuming run 'restarted'" in second.stdout
+    with open(tmp_path / "second.log", "w") as log:
+        second = subprocess.run(cmd, cwd=tmp_path, env=ray_env(), stdout=log, stderr=subprocess.STDOUT, timeout=500)
+    out = (tmp_path / "second.log").read_text()
+    assert second.returncode == 0, out[-3000:]
+    assert "[xmodal] resuming run 'restarted'" in out
+    check_console(out, "restarted")
     uri, run = the_run(tmp_path, "restarted")
     assert run.status == "FINISHED"
     resumed = tracking.metric_points(uri, run.run_id, "train/resumed_from_step")
-    assert len(resumed) == 1 and resumed[0].value >= 8
+    assert len(resumed) == 1 and resumed[0].value >= 16
     steps = steps_of(uri, run.run_id, "train/loss")
     assert steps == sorted(set(steps)) and steps[-1] > resumed[0].value
 
@@ -244,9 +282,8 @@ def test_storage_faults_full_storage_then_a_corrupt_checkpoint(tmp_path, tiny_st
                 "(truncated or overwritten)); resuming from") in third.stdout
         assert f"resuming from {folders[1]} (step 8)" in third.stdout
         assert "resumed from checkpoint at step 8" in third.stdout
-        evals = [[line.split("[xmodal] ", 1)[1] for line in out.splitlines() if "eval @ step 10:" in line]
-                 for out in (second.stdout, third.stdout)]
-        assert evals[0] and evals[0] == evals[1]  # the same final evaluation (4 decimals)
+        finals = [final_metrics(out.stdout) for out in (second, third)]
+        assert finals[0] and finals[0] == finals[1]  # the same final evaluation (4 decimals)
         newest = max(f for f in (storage / "full").glob("checkpoint_*") if f.is_dir())
         assert ckpt.verify(newest) is None and ckpt.read_meta(newest)["finished"]
         again = torch.load(newest / ckpt.MODEL_FILE, weights_only=True)

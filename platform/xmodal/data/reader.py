@@ -10,13 +10,22 @@ Reads run as Ray tasks beside the workers: leave CPUs to them (`scale.cpus_per_w
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 
 import pyarrow as pa
 import ray.data
 
+from xmodal import console
 from xmodal.data.common import Unit, read_unit
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's progress bars and per-execution INFO lines off in this process unless --verbose: a
+    job shows its own progress (xmodal.console). Set where datasets are built, i.e. on the workers."""
+    ray.data.DataContext.get_current().enable_progress_bars = console.verbose()
+    console.quiet_ray_data(logging.getLogger("ray.data"))
 
 
 def read_units(units: Sequence[Unit], columns: Sequence[str] | None = None, *,
@@ -26,7 +35,7 @@ def read_units(units: Sequence[Unit], columns: Sequence[str] | None = None, *,
         return iter(())
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # the units' order, whatever task finishes first
-    ctx.enable_progress_bars = False  # a job prints its own progress
+    quiet_ray_data()
     cols = list(columns) if columns else None
 
     def read(batch: pa.Table) -> pa.Table:

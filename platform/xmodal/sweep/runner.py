@@ -12,6 +12,7 @@ imports this package. What the trial function cannot do, the driver does through
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -23,8 +24,8 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
+from xmodal import console, tracking
 from xmodal import run_tags as T
-from xmodal import tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
@@ -44,6 +45,7 @@ TRIAL_RESOURCES = {"CPU": 0.01}
 # Tune saves its experiment state at most every 10 s by default; a driver killed in between forgets
 # trials it had started. The state is small: save it often.
 TUNE_STATE_PERIOD_S = "2"
+log = logging.getLogger(__name__)
 
 
 def _check_base(plan: SweepPlan) -> dict[str, Any]:
@@ -80,7 +82,7 @@ def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
     existing = tracking.find_run(uri, exp_id, plan.name)
     if existing is not None:
         tracking.mark_running(uri, existing.run_id)
-        print(f"[xmodal] continuing sweep {plan.name!r} (MLflow parent run {existing.run_id})")
+        log.info(f"continuing sweep {plan.name!r} (MLflow parent run {existing.run_id})")
         return exp_id, existing.run_id
     s = plan.space
     run_id = tracking.create_run(uri, exp_id, plan.name, _space_params(s), {
@@ -111,12 +113,15 @@ def trial_tags(setup: dict[str, Any], space: SearchSpace, chosen: dict[str, Any]
     return tags
 
 
-def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
+def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = False) -> None:
     """One trial = one Ray Train run of the space's job, reporting to Tune through its callback.
 
     `config` holds only the searched values (Optuna's define-by-run); `setup` (job, space, base config,
     sweep and parent run) comes through `tune.with_parameters`, so Tune's tables show the parameters only.
+    `verbose`: the sweep's --verbose, for the trial's Train run.
     """
+    console.set_verbose(verbose)
+    console.quiet_libraries()
     chosen = dict(config)
     trial_id = tune.get_context().get_trial_id()
     run_name = trial_run_name(setup["sweep"], trial_id)
@@ -144,8 +149,8 @@ def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
                                if not k.startswith(("train/", "system/"))}  # eval/, valid/, test/, best_*
     if T.TOTAL_STEPS in run.tags:
         metrics["step"] = int(run.tags[T.TOTAL_STEPS])
-    print(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics from "
-          f"MLflow run {run.run_id} instead of training it again", flush=True)
+    console.say(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics "
+                f"from MLflow run {run.run_id} instead of training it again")
     tune.report(metrics)
     return True
 
@@ -157,25 +162,53 @@ def _trial_name(trial) -> str:
 # ---------------------------------------------------------------- driver-side bookkeeping
 
 
+def _values(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
 class SweepCallback(tune.Callback):
     """Marks child runs from the driver: early-stopped trials (KILLED, xmodal.early_stopped=true), errored
     trials (FAILED), and at the end trials the driver started but Tune's saved state forgot (a driver
-    killed between two state saves): those are KILLED and tagged xmodal.orphaned."""
+    killed between two state saves): those are KILLED and tagged xmodal.orphaned. Says one line when a
+    trial starts and one when it ends (Tune's own status tables are off unless --verbose)."""
 
-    def __init__(self, uri: str, experiment_id: str, sweep: str, parent_run_id: str):
+    def __init__(self, uri: str, experiment_id: str, sweep: str, parent_run_id: str, metric: str = "",
+                 mode: str = "max"):
         self.uri, self.experiment_id, self.sweep, self.parent_run_id = uri, experiment_id, sweep, parent_run_id
+        self.metric, self.mode = metric, mode
         self._stopped: dict[str, int] = {}
+        self._best: dict[str, float] = {}  # trial id -> its best reported score
+
+    def __setstate__(self, state):  # restored sweeps: callbacks saved before these lines existed
+        self.__dict__.update({"metric": "", "mode": "max", "_best": {}, **state})
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        log.info(f"trial {trial.trial_id} started: {_values(trial.config or {})}")
+
+    def _score(self, trial_id: str, result: dict[str, Any]) -> None:
+        value = result.get(self.metric)
+        if isinstance(value, (int, float)) and value == value:
+            old = self._best.get(trial_id)
+            if old is None or (value > old) == (self.mode == "max"):
+                self._best[trial_id] = float(value)
+
+    def _ended(self, trial, how: str) -> None:
+        score = self._best.get(trial.trial_id)
+        shown = f"{self.metric} {score:.4f}" if score is not None else f"no {self.metric or 'score'}"
+        log.info(f"trial {trial.trial_id} {how}: {shown} ({_values(trial.config or {})})")
 
     def _child(self, trial_id: str) -> tracking.RunRecord | None:
         return tracking.find_run(self.uri, self.experiment_id, trial_run_name(self.sweep, trial_id))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._score(trial.trial_id, result)
         # Tune sets done=True on the result that the scheduler answered with STOP (a trial that ends on
         # its own reports done=False and then returns).
         if result.get("done"):
             self._stopped[trial.trial_id] = int(result.get("training_iteration", 0))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        self._ended(trial, "stopped early" if trial.trial_id in self._stopped else "finished")
         run = self._child(trial.trial_id)
         if run is None:
             return
@@ -195,10 +228,11 @@ class SweepCallback(tune.Callback):
         else:
             tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "true", T.STOPPED_AT: str(reports)})
             tracking.set_terminated(self.uri, run.run_id, "KILLED")
-            print(f"[xmodal] trial {trial.trial_id} stopped early after {reports} reports "
-                  f"(MLflow run {run.run_id} marked KILLED)", flush=True)
+            log.info(f"trial {trial.trial_id} stopped early after {reports} reports "
+                     f"(MLflow run {run.run_id} marked KILLED)")
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        self._ended(trial, f"failed (see {trial.error_file or 'the Tune logs'})")
         run = self._child(trial.trial_id)
         if run is not None:
             tracking.set_tags(self.uri, run.run_id, {T.ERROR: str(trial.error_file or "see Tune logs")[:500]})
@@ -216,7 +250,8 @@ class SweepCallback(tune.Callback):
 
 
 def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experiment_id: str):
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), TRIAL_RESOURCES)
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup, verbose=console.verbose()),
+                                    TRIAL_RESOURCES)
     if plan.resume:
         # The trial function must be passed again; search state, scheduler and callbacks come back
         # from the experiment folder. Finished trials are kept, unfinished ones continue (their Train
@@ -242,7 +277,11 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
             trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(
             name=plan.name, storage_path=plan.root, failure_config=tune.FailureConfig(max_failures=s.trial_retries),
-            callbacks=[SweepCallback(plan.tracking_uri, experiment_id, plan.name, parent_run_id)]),
+            # Tune's status tables and per-result lines only with --verbose: SweepCallback says one line
+            # per trial start and end
+            verbose=None if console.verbose() else 0,
+            callbacks=[SweepCallback(plan.tracking_uri, experiment_id, plan.name, parent_run_id, s.metric,
+                                     s.mode)]),
     )
 
 
@@ -257,8 +296,8 @@ def _sweep_setup(plan: SweepPlan, parent_run_id: str, experiment_id: str) -> dic
         before = {**json.loads(saved.read_text()), "parent_run_id": parent_run_id, "experiment_id": experiment_id}
         changed = [k for k in setup if before.get(k) != setup[k]]
         if changed:
-            print(f"[xmodal] --resume continues sweep {plan.name!r} as it was started; ignoring changes to: "
-                  f"{', '.join(changed)}", flush=True)
+            log.info(f"--resume continues sweep {plan.name!r} as it was started; ignoring changes to: "
+                     f"{', '.join(changed)}")
         return before
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps({k: v for k, v in setup.items() if k not in ("parent_run_id", "experiment_id")},
@@ -312,12 +351,13 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     from xmodal.train.cluster import connect
 
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_PERIOD_S)
+    console.CONSOLE.sweep = True  # trial lines only: no progress bar or tables from the trials' runs
     connect()
     experiment_id, parent_run_id = open_parent_run(plan)
     setup = _sweep_setup(plan, parent_run_id, experiment_id)
     uri = plan.tracking_uri
-    print(f"[xmodal] sweep {plan.name!r}: {plan.space.num_samples} trials of {plan.space.job}, at most "
-          f"{plan.space.max_concurrent} at a time; Tune state in {plan.path}", flush=True)
+    log.info(f"sweep {plan.name!r}: {plan.space.num_samples} trials of {plan.space.job}, at most "
+             f"{plan.space.max_concurrent} at a time; Tune state in {plan.path}")
     try:
         results = _tuner(plan, setup, parent_run_id, experiment_id).fit()
         summary = summarise(plan, results, parent_run_id, experiment_id)
@@ -333,17 +373,17 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     status = "FINISHED" if summary["best"] is not None else "FAILED"
     if summary["unfinished"]:
         status = "KILLED"  # --resume marks it RUNNING again
-        print(f"[xmodal] sweep interrupted with {summary['unfinished']} of {plan.space.num_samples} trials "
-              f"unfinished: continue it with --resume --name {plan.name}", flush=True)
+        log.info(f"sweep interrupted with {summary['unfinished']} of {plan.space.num_samples} trials "
+                 f"unfinished: continue it with --resume --name {plan.name}")
     tracking.set_terminated(uri, parent_run_id, status)
     if summary["best"]:
         b = summary["best"]
-        print(f"[xmodal] best trial {b['trial_id']}: {plan.space.metric} = {b[plan.space.metric]:.4f} with "
-              + ", ".join(f"{k}={v}" for k, v in b["params"].items()), flush=True)
+        log.info(f"best trial {b['trial_id']}: {plan.space.metric} = {b[plan.space.metric]:.4f} with "
+                 + ", ".join(f"{k}={v}" for k, v in b["params"].items()))
     if summary["errors"]:
-        print(f"[xmodal] {summary['errors']} of {summary['trials']} trials failed; see {plan.path}", flush=True)
-    print(f"[xmodal] MLflow parent run {parent_run_id} in experiment {plan.experiment!r}; view it: "
-          f"{tracking.ui_command(uri)}", flush=True)
+        log.info(f"{summary['errors']} of {summary['trials']} trials failed; see {plan.path}")
+    log.info(f"MLflow parent run {parent_run_id} in experiment {plan.experiment!r}; view it: "
+             f"{tracking.ui_command(uri)}")
     return {"name": plan.name, "path": plan.path, "parent_run_id": parent_run_id, "tracking_uri": uri,
             "experiment": plan.experiment, "report": report_dir, **summary}
 
@@ -355,7 +395,7 @@ def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
     try:
         make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=out)
     except Exception as e:  # the sweep's results are in MLflow either way
-        print(f"[xmodal] report failed: {e}; rerun `python jobs/report.py --parent-run {parent_run_id}`", flush=True)
+        log.warning(f"report failed: {e}; rerun `python jobs/report.py --parent-run {parent_run_id}`")
         return None
-    print(f"[xmodal] report: {out}", flush=True)
+    log.info(f"report: {out}")
     return str(out)

@@ -21,13 +21,15 @@ def connect(min_logical_cpus: int = 4) -> None:
     A local Ray gets at least `min_logical_cpus` logical CPUs: Train workers take
     fractions, and Ray Data's read tasks need CPUs of their own or `fit()` hangs.
     """
+    from xmodal.console import attach_ray
+
     ray = require_ray()
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-    else:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(log_to_driver=True)
+        else:
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
+    attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up
 
 
 def storage_path(configured: str | None) -> str:

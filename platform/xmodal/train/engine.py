@@ -21,6 +21,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import platform
 import random
 import statistics
@@ -35,16 +36,17 @@ import torch
 import yaml
 from torch import nn
 
-from xmodal import tracking
+from xmodal import console, tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cluster import connect, storage_path
-from xmodal.train.hooks import RunHooks, ValidationSelection, say, summary_table
+from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.loop import NoHooks, fit
 from xmodal.train.runtime import prepare
 
 TOTAL_STEPS_TAG = "xmodal.total_steps"  # tells a finished run from a stopped one (sweeps read it)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +115,10 @@ class JobSpec:
     def baselines(self, cfg, data) -> dict[str, list]:
         """metric -> [value, what it is] (chance level or prior), logged as `baseline/*`."""
         return {}
+
+    def metric_order(self, cfg) -> list[str]:
+        """The evaluation metrics in the order the console's tables show them (others follow by name)."""
+        return []
 
     def check_batches(self, cfg, data) -> None:
         """Build what turns the data into batches, so that a worker would not reject it."""
@@ -197,6 +203,7 @@ class Checked:
     storage: str
     faults: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (step, rank): the testing aid
     epoch_steps: list[int] = dataclasses.field(default_factory=list)  # `epoch_plan`
+    parameters: int = 0  # the model's, counted on the meta device
 
 
 @dataclass
@@ -217,6 +224,8 @@ class RunPlan:
     fault_dir: str | None  # where each fault, once injected, leaves its marker
     epoch_steps: list[int]  # the steps of each epoch, the same on every worker (`epoch_plan`)
     baselines: dict[str, list] = dataclasses.field(default_factory=dict)
+    metric_order: list[str] = dataclasses.field(default_factory=list)  # the console's tables
+    verbose: bool = False  # Ray's own output on the workers too (`--verbose`)
 
 
 @dataclass
@@ -276,12 +285,12 @@ def check(spec: JobSpec, cfg) -> Checked:
     total = sum(epochs)
     try:
         with torch.device("meta"):  # the whole model, no memory: shapes and options checked
-            spec.build_objective(cfg, data)
+            parameters = sum(p.numel() for p in spec.build_objective(cfg, data).parameters())
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
     spec.check_batches(cfg, data)
     return Checked(cfg, data, start, micro, total, uri, storage,
-                   fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs)
+                   fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs, parameters)
 
 
 def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name: str) -> list[tuple[int, int]]:
@@ -314,7 +323,7 @@ def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags:
     existing = tracking.find_run(uri, exp_id, name)
     if existing is not None:
         tracking.mark_running(uri, existing.run_id)
-        say(f"[xmodal] resuming run {name!r} (MLflow run {existing.run_id})")
+        log.info(f"resuming run {name!r} (MLflow run {existing.run_id})")
         return existing.run_id
     return tracking.create_run(uri, exp_id, name, params, {"git_commit": tracking.git_commit(), **tags},
                                parent_run_id)
@@ -339,7 +348,7 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                    micro_batch=checked.micro_batch,
                    faults=checked.faults,
                    fault_dir=str(Path(checked.storage) / name / ".faults") if checked.faults else None,
-                   baselines=baselines)
+                   baselines=baselines, metric_order=spec.metric_order(cfg), verbose=console.verbose())
 
 
 def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
@@ -378,6 +387,8 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
             placement_strategy=scale.placement_strategy),
         run_config=ray.train.RunConfig(
             name=plan.run_name, storage_path=plan.storage, callbacks=callbacks,
+            # Ray Train's INFO lines (worker group start, every report and checkpoint) unless --verbose
+            logging_config=ray.train.LoggingConfig(log_level="INFO" if plan.verbose else "WARNING"),
             failure_config=ray.train.FailureConfig(max_failures=scale.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=train.keep_best, checkpoint_score_attribute=train.best_metric,
@@ -389,8 +400,12 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
     """Ray Train, then the final artifacts; the MLflow run ends FINISHED, or FAILED on any error.
     A run with callbacks is a sweep trial: Tune stops trials by interrupting them, and the sweep
     driver, which knows a stop from an error, marks the run's end (KILLED or FAILED)."""
+    console.CONSOLE.begin(plan.total_steps, plan.baselines, plan.metric_order)
     try:
-        result = trainer(spec, plan, data, callbacks).fit()
+        try:
+            result = trainer(spec, plan, data, callbacks).fit()
+        finally:
+            console.CONSOLE.end()
         finish_run(plan, result.checkpoint)
     except BaseException as e:
         if callbacks is None:
@@ -427,7 +442,55 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
     """check -> plan -> Ray Train -> finish, for one run of any job."""
     checked = check(spec, cfg)
     p = plan(spec, checked, source, parent_run_id, tags)
+    console.CONSOLE.show(banner(spec, checked, p))
     return train_and_finish(spec, p, checked.data, callbacks)
+
+
+def banner(spec: JobSpec, checked: Checked, plan: RunPlan) -> str:
+    """What a run is about to do, shown before Ray Train starts."""
+    cfg, path = checked.cfg, spec.data_path(checked.data)
+    scale = cfg.scale
+    devices = f"{scale.gpus_per_worker:g} GPU each" if scale.gpus_per_worker else "CPU"
+    preset = getattr(cfg, "preset", None)
+    model = (f"preset {preset}, " if preset else "") + f"{checked.parameters / 1e6:.2f} M parameters"
+    epochs = len(plan.epoch_steps)
+    lines = [
+        f"{console.PREFIX}{spec.name} run {plan.run_name}",
+        f"  data      {path} ({_size(path)}, {spec.train_examples(cfg, checked.data):,} training examples)",
+        f"  model     {model}",
+        f"  training  {plan.total_steps:,} steps ({epochs} epoch{'s' if epochs != 1 else ''}, batch "
+        f"{cfg.train.batch_size}) on {scale.num_workers} worker{'s' if scale.num_workers != 1 else ''}, {devices}",
+        f"  MLflow    {plan.tracking_uri} (experiment {cfg.mlflow.experiment!r}, run {plan.run_id})",
+        f"  storage   {plan.storage}/{plan.run_name}",
+    ]
+    return "\n".join(lines)
+
+
+def _size(path: str) -> str:
+    """A local folder's size on disk ("?" for remote or unreadable stores)."""
+    try:
+        n = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    except OSError:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "?"
+
+
+def end_summary(out: RunResult, wall_s: float, history: dict[str, list[tuple[int, float]]],
+                order: list[str]) -> str:
+    """Best and final metrics, the final checkpoint, the wall time and where the run is in MLflow."""
+    step = out.metrics.get("step")
+    lines = [f"{console.PREFIX}finished run {out.run_name} in {console.fmt_duration(wall_s)}"
+             + (f" ({step} steps)" if step is not None else "")]
+    lines += console.summary_table(out.metrics, history, out.baselines, order)
+    if out.checkpoint is not None:
+        lines.append(f"  checkpoint  {out.checkpoint.path}")
+    lines.append(f"  MLflow run  {out.run_id}")
+    lines.append(f"  view it     {tracking.ui_command(out.tracking_uri)}")
+    return "\n".join(lines)
 
 
 def outbox(plan: RunPlan) -> tracking.Outbox:
@@ -457,28 +520,31 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     run per seed under a parent run holding every metric's mean and std over the seeds."""
     seeds = getattr(cfg, "seeds", None)
     if not seeds:
-        out = spec.run(cfg, source)
-        if out.metrics:
-            say(summary_table(out.metrics, out.baselines))
-        say(f"[xmodal] finished MLflow run {out.run_id} ({out.run_name})")
-        say(f"[xmodal] view it: {tracking.ui_command(out.tracking_uri)}")
-        return out
+        return _run_and_sum_up(spec, cfg, source)
     for seed in seeds:  # every seed's config is checked before the first run starts
         spec.check(_seeded(cfg, seed, "check"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     base = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                       {"task": spec.name, "seeds": ",".join(map(str, seeds))})
-    finals = [spec.run(_seeded(cfg, seed, f"{base}-seed{seed}"), source, parent_run_id=parent).run_id
+    finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
               for seed in seeds]
     summary = seed_summary([tracking.get_run(uri, r).metrics for r in finals])
     tracking.log_metrics(uri, parent, summary)
     tracking.set_terminated(uri, parent, "FINISHED")
     shown = {k.removesuffix("_mean"): (v, summary[k.removesuffix("_mean") + "_std"])
              for k, v in summary.items() if k.endswith("_mean") and k.startswith("test/")}
-    say("[xmodal] over seeds " + ", ".join(map(str, seeds)) + ": " +
+    log.info("over seeds " + ", ".join(map(str, seeds)) + ": " +
         "  ".join(f"{k} {m:.4f} ± {s:.4f}" for k, (m, s) in sorted(shown.items())))
     return RunResult(parent, base, uri, summary)
+
+
+def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None) -> RunResult:
+    started = time.monotonic()
+    out = spec.run(cfg, source, parent_run_id=parent_run_id)
+    c = console.CONSOLE
+    c.show(end_summary(out, time.monotonic() - started, c.history, c.order))
+    return out
 
 
 def _seeded(cfg, seed: int, name: str):
@@ -528,6 +594,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     import ray.train.torch
 
     plan = RunPlan(**plan_dict)
+    console.set_verbose(plan.verbose)
+    console.quiet_worker()
     cfg = spec.config_class.model_validate(plan.config)
     ctx = ray.train.get_context()
     resume = good_checkpoint(ray.train.get_checkpoint(), loud=ctx.get_world_rank() == 0)

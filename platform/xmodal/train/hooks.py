@@ -1,11 +1,11 @@
 """What runs on every Train worker besides the loop: logging, evaluation, checkpoints, model
-selection on a validation split and fault injection (a testing aid); and how a worker prints."""
+selection on a validation split and fault injection (a testing aid). Rank 0 shows progress and
+evaluations through the driver's console (`xmodal.console.emit`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -16,6 +16,7 @@ import torch
 
 from xmodal import tracking
 from xmodal.config import TrainConfig
+from xmodal.console import emit, say
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.loop import Throughput, all_reduce_sums
 from xmodal.train.step import TrainState
@@ -109,9 +110,8 @@ class RunHooks:
             metrics.update({"train/lr": state.scheduler.get_last_lr()[0], "train/samples_per_s": rate,
                             "train/epoch": epoch})
             if self.rank == 0:
-                say(f"[xmodal] step {state.step}/{self.plan.total_steps} epoch {epoch} "
-                    f"loss {metrics.get('train/loss', float('nan')):.4f} {rate:,.0f} samples/s "
-                    f"ETA {_fmt_eta(eta)}")
+                emit("progress", step=state.step, epoch=epoch, loss=metrics.get("train/loss", float("nan")),
+                     rate=rate, eta=eta)
                 self.logger.log(metrics, state.step)
         if state.step % t.eval_every == 0:
             self._eval_and_checkpoint(state, epoch, pos, finished=False)
@@ -123,8 +123,7 @@ class RunHooks:
         self._eval_and_checkpoint(state, epoch, pos, finished=True, rerun_eval=rerun)
         if self.on_end is not None:
             final = self.on_end(state)
-            if self.rank == 0:
-                say("[xmodal] final: " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final.items())))
+            if self.rank == 0:  # shown by the driver's end summary
                 self.logger.log(final, state.step, force=True)
             ray.train.report({**self.last_metrics, **final, "step": state.step, "epoch": epoch, "final": 1})
         if self.logger is not None:
@@ -141,8 +140,7 @@ class RunHooks:
         if new_best:
             self.best = score
         if self.rank == 0 and rerun_eval:
-            shown = " ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in sorted(metrics.items()))
-            say(f"[xmodal] eval @ step {state.step}: {shown}")
+            emit("eval", step=state.step, epoch=epoch, metrics=metrics)
             self.logger.log(metrics, state.step)
             self.logger.flush()  # the checkpoint's steps are in MLflow before it (unless the server is away)
         report = {**metrics, "step": state.step, "epoch": epoch}
@@ -208,31 +206,3 @@ class RunHooks:
 def ray_train_poll_s() -> float:
     """How often Ray Train V2's controller polls its workers (its own setting, read where it reads it)."""
     return float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
-
-
-def say(message: str) -> None:
-    """Progress from a Train worker. Ray Train patches `print` into its logger and, when another
-    library has wrapped sys.stdout (MLflow does), also tees it: lines came out twice."""
-    print(message, file=sys.__stdout__, flush=True)
-
-
-def _fmt_eta(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def summary_table(metrics: dict[str, float], baselines: dict[str, list]) -> str:
-    """The last evaluation as a table, each metric beside its chance level or prior where known."""
-    step = metrics.get("step")
-    rows = [(k, v) for k, v in sorted(metrics.items())
-            if "/" in k and isinstance(v, (int, float)) and not k.split("/", 1)[1].startswith("loss")]
-    width = max((len(k) for k, _ in rows), default=6)
-    lines = [f"[xmodal] final evaluation (step {step}):", f"  {'metric':<{width}}   value   baseline"]
-    for k, v in rows:
-        base = baselines.get(k)
-        shown = f"{base[0]:.3f} ({base[1]})" if base else "-"
-        lines.append(f"  {k:<{width}}  {v:6.3f}   {shown}")
-    return "\n".join(lines)

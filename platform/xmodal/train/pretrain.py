@@ -61,6 +61,9 @@ class PretrainJob(JobSpec):
         priors = pretraining_priors(store, cfg.data.masking.mismatch_prob)
         return {k: [v, PRIOR_NAMES[k]] for k, v in priors.items() if k in measured and v == v}  # v == v: no NaN
 
+    def metric_order(self, cfg: PretrainConfig) -> list[str]:
+        return pretraining_eval_metrics(cfg.tasks)
+
     def check_batches(self, cfg: PretrainConfig, store) -> None:
         batch_builder(cfg, store)
 

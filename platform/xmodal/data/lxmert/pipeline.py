@@ -39,7 +39,7 @@ from xmodal.data.common import StoreError, epoch_units, group_tables, prefetch_i
 from xmodal.data.lxmert.loader import batches_from_tables
 from xmodal.data.lxmert.masking import LxmertBatchBuilder
 from xmodal.data.lxmert.store import LxmertStore, open_store
-from xmodal.data.reader import read_units
+from xmodal.data.reader import quiet_ray_data, read_units
 
 # What the batch builder reads (img_h / img_w are left in the shards).
 BATCH_COLUMNS: tuple[str, ...] = (
@@ -56,8 +56,7 @@ def lxmert_dataset(store: LxmertStore | str, split: str, *, seed: int | None = 0
     TorchTrainer(datasets={...}); for evaluation sets that every worker should read whole, use
     DataConfig(datasets_to_split=["train"]).
     """
-    # Per-operator progress bars from every split coordinator swamp a job's log; training prints its own.
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    quiet_ray_data()
     if not isinstance(store, LxmertStore):
         store = open_store(store)
     paths = store.shard_paths(split)

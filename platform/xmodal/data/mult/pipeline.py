@@ -40,7 +40,7 @@ from ray.data import FileShuffleConfig
 from xmodal.batches import MultBatch
 from xmodal.data.common import StoreError, epoch_units, prefetch_iter
 from xmodal.data.mult.store import MultStore, PadTo, table_to_split
-from xmodal.data.reader import read_units
+from xmodal.data.reader import quiet_ray_data, read_units
 
 
 def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, shuffle: bool = True) -> ray.data.Dataset:
@@ -49,7 +49,7 @@ def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, sh
     whole, use DataConfig(datasets_to_split=["train"])."""
     if not isinstance(store, MultStore):
         store = MultStore.open(store)
-    ray.data.DataContext.get_current().enable_progress_bars = False  # as lxmert_dataset
+    quiet_ray_data()
     paths = store.shard_paths(split)
     if not paths:
         raise StoreError(f"{store.path}: split {split!r} has no shards")

@@ -1,0 +1,393 @@
+"""What a job prints: the package's logging, the switches that quiet Ray's and MLflow's chatter, and the
+driver's view of a run (start banner, one progress bar, an evaluation table per evaluation, end summary).
+
+Train workers print lines to their stdout, which Ray forwards to the driver: messages (`say`) and, from
+rank 0, events (`emit`: progress, evaluations) as one JSON line each. The driver's console (`attach_ray`)
+takes those lines out of Ray's log stream: messages are logged without Ray's `(pid=...)` prefix, events
+move the progress bar and print the tables. On a terminal the bar is a live tqdm bar; when stdout is not
+a terminal (a log file, `ray job submit`) it becomes a plain line at the first log step and then every
+tenth of the run. `--verbose`
+brings Ray's own output back (progress bars, report dumps, INFO lines).
+
+Standard library only at import (tqdm is imported when a bar is drawn): every layer may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger("xmodal")
+
+PREFIX = "[xmodal] "
+EVENT = "[xmodal:event] "
+VERBOSE_ENV = "XMODAL_VERBOSE"  # set by the command line: trial processes and local workers inherit it
+# Ray lines that say nothing a user can act on, dropped on the driver (with the traceback that follows
+# them) unless --verbose. Ray Train's internal PreemptionWatcher actor logs the first from C++ (no Python
+# logger to quiet) on every run; on a loaded machine Ray Train's internal placement-group cleaner (it
+# frees a dead controller's resources) times out talking to the GCS or to the controller and both log
+# a 20 to 30 line traceback, while the run goes on unharmed.
+RAY_NOISE = ("has constructor arguments in the object store and max_restarts > 0", "PlacementGroupCleaner")
+RAY_QUIET_ACTORS = ("PlacementGroupCleaner",)  # every line of these actors
+_TRACEBACK_LINE = re.compile(r"^(\s|Traceback \(most recent call last\)|[\w.]+(Error|Exception)\b)")
+PLAIN_EVERY = 0.1  # without a terminal: a progress line every tenth of the run's steps...
+PLAIN_EVERY_S = 300.0  # ...or every 5 minutes, whichever comes first
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def set_verbose(on: bool) -> None:
+    os.environ[VERBOSE_ENV] = "1" if on else "0"
+
+
+# ---------------------------------------------------------------- logging
+
+
+class _Formatter(logging.Formatter):
+    """`[xmodal] message`; warnings say so; continuation lines of a record are kept as they are."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        return PREFIX + text
+
+
+class _ConsoleHandler(logging.Handler):
+    """Writes through the console, so that a log line never lands in the middle of the progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            CONSOLE.write(self.format(record))
+        except Exception:  # a closed stream must not take the job down
+            self.handleError(record)
+
+
+def configure(verbose_output: bool = False) -> None:
+    """Once, in the command line: the package's log lines on stdout, Ray's and MLflow's quiet (unless
+    `verbose_output`), and this process's console active (banner, bar, tables, summary)."""
+    set_verbose(verbose_output)
+    if not any(isinstance(h, _ConsoleHandler) for h in log.handlers):
+        handler = _ConsoleHandler()
+        handler.setFormatter(_Formatter())
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    CONSOLE.active = True
+    quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """Python loggers of Ray and MLflow whose INFO lines (and one warning) fill a job's log."""
+    if verbose():
+        return
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow configures its loggers
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # "Token authentication is enabled for this Ray cluster" on every start: not something to act on.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+
+
+def quiet_worker() -> None:
+    """In a Train worker: Ray Train's per-report INFO lines (`Reporting training result N:
+    TrainingReport(...)`, logged on a logger named after its file) go through the root logger."""
+    if verbose():
+        return
+    logging.getLogger().setLevel(logging.WARNING)
+    quiet_libraries()
+
+
+def quiet_ray_data(ray_data_logger: logging.Logger) -> None:
+    """Ray Data's console lines (per-execution start, plan, finish, "progress bars disabled") above
+    INFO only; its log files in the Ray session keep everything. Called where Ray Data is imported."""
+    if verbose():
+        return
+    for handler in ray_data_logger.handlers:
+        if handler.get_name() == "console":
+            handler.setLevel(logging.WARNING)
+            if not any(isinstance(f, _DropProgressNotice) for f in handler.filters):
+                handler.addFilter(_DropProgressNotice())
+
+
+class _DropProgressNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Progress bars disabled")
+
+
+# ---------------------------------------------------------------- worker side
+
+
+def say(message: str) -> None:
+    """A line for the user from code that runs on Train workers (and sometimes on the driver). Ray
+    Train patches `print` into its logger and, when another library has wrapped sys.stdout (MLflow
+    does), also tees it: so the process's own stdout, which Ray forwards to the driver. In a process
+    whose console is active (the driver) it is logged."""
+    if CONSOLE.active:
+        log.info(message.removeprefix(PREFIX))
+    else:
+        print(message, file=sys.__stdout__, flush=True)
+
+
+def emit(kind: str, **data: Any) -> None:
+    """An event for the driver's console (rank 0): one JSON line on stdout."""
+    if CONSOLE.active:
+        CONSOLE.event({"kind": kind, **data})
+    else:
+        print(EVENT + json.dumps({"kind": kind, **data}), file=sys.__stdout__, flush=True)
+
+
+# ---------------------------------------------------------------- driver side
+
+
+def fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _short(key: str) -> str:
+    return key.split("/", 1)[1] if key.startswith(("eval/", "valid/")) else key
+
+
+def _is_loss(key: str) -> bool:
+    name = _short(key)
+    return name == "loss" or name.startswith("loss/")
+
+
+def _lower_is_better(key: str) -> bool:
+    name = _short(key).rsplit("/", 1)[-1]
+    return name.startswith("loss") or name.endswith(("mse", "mae", "error"))
+
+
+def _ordered(metrics: Iterable[str], order: list[str]) -> list[str]:
+    keys = list(metrics)
+    rank = {k: i for i, k in enumerate(order)}
+    return sorted(keys, key=lambda k: (rank.get(k, len(rank)), k))
+
+
+def eval_table(step: int, total: int | None, metrics: dict[str, float], baselines: dict[str, list],
+               order: list[str] | None = None, width: int = 100) -> str:
+    """One evaluation as a few lines: a column per metric (the job's order, the total loss last), its
+    value, and the chance level or prior under it where the job knows one. Per-task losses are left
+    to MLflow. Wide tables wrap."""
+    keys = [k for k in _ordered(metrics, order or []) if not _is_loss(k)]
+    keys += [k for k in metrics if _short(k) == "loss"]
+    title = f"{PREFIX}eval @ step {step}" + (f"/{total}" if total else "")
+    if not keys:
+        return title + ": (no metrics)"
+    cols = [(_short(k), f"{metrics[k]:.4f}", f"{baselines[k][0]:.4f}" if k in baselines else "-") for k in keys]
+    label = max(len(title), len("  chance/prior"))
+    lines: list[str] = []
+    chunk: list[tuple[str, str, str]] = []
+    used = label
+    for col in [*cols, None]:
+        w = max(len(col[0]), len(col[1])) + 2 if col else 0
+        if col is None or (chunk and used + w > width):
+            head = title if not lines else ""
+            lines.append(f"{head:<{label}}" + "".join(f"{c[0]:>{max(len(c[0]), len(c[1])) + 2}}" for c in chunk))
+            lines.append(f"{'  value':<{label}}" + "".join(f"{c[1]:>{max(len(c[0]), len(c[1])) + 2}}"
+                                                         for c in chunk))
+            if baselines:
+                lines.append(f"{'  chance/prior':<{label}}" + "".join(
+                    f"{c[2]:>{max(len(c[0]), len(c[1])) + 2}}" for c in chunk))
+            chunk, used = [], label
+        if col is not None:
+            chunk.append(col)
+            used += w
+    return "\n".join(lines)
+
+
+def summary_table(final: dict[str, Any], history: dict[str, list[tuple[int, float]]],
+                  baselines: dict[str, list], order: list[str] | None = None) -> list[str]:
+    """The end summary's metric rows: final value, best value over the evaluations (and its step),
+    the chance level or prior (what it is). Counters and per-task losses are left out."""
+    keys = [k for k in final if "/" in k and isinstance(final[k], (int, float)) and not isinstance(final[k], bool)
+            and not _short(k).startswith("loss/") and not k.startswith(("train/", "system/"))]
+    keys = _ordered(keys, order or [])
+    keys = [k for k in keys if not _is_loss(k)] + [k for k in keys if _is_loss(k)]
+    if not keys:
+        return []
+    width = max(len(k) for k in keys)
+    rows = [f"  {'metric':<{width}}     final   best (step)       chance/prior"]
+    for k in keys:
+        seen = history.get(k, [])
+        if seen:
+            pick = min if _lower_is_better(k) else max
+            b_step, b_val = pick(seen, key=lambda sv: sv[1])
+            best = f"{b_val:8.4f} ({b_step})"
+        else:
+            best = f"{'-':>8}"
+        base = f"{baselines[k][0]:.4f} ({baselines[k][1]})" if k in baselines else "-"
+        rows.append(f"  {k:<{width}}  {final[k]:8.4f}   {best:<16}  {base}")
+    return rows
+
+
+class Console:
+    """The driver's view of a run. Inactive (every call a no-op) in processes whose command line did
+    not `configure` it: library use, tests, sweep trials."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.lock = threading.RLock()
+        self.bar = None
+        self.sweep = False  # a sweep's driver: trial lines only, no bar or tables
+        self._muted: set[Any] = set()  # pids whose noise's traceback is being dropped
+        self._reset()
+
+    def _reset(self) -> None:
+        self.total = 0
+        self.baselines: dict[str, list] = {}
+        self.order: list[str] = []
+        self.history: dict[str, list[tuple[int, float]]] = {}
+        self.started = time.monotonic()
+        self.last_plain = (0, 0.0)  # (step, time) of the last plain progress line
+        self.run_open = False
+
+    # ------------------------------------------------ output
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.bar is not None:
+                self.bar.clear()
+            print(text, file=sys.stdout, flush=True)
+            if self.bar is not None:
+                self.bar.refresh()
+
+    def show(self, text: str) -> None:
+        """A block of the console (banner, table, summary): shown only where the console is active."""
+        if self.active:
+            self.write(text)
+
+    # ------------------------------------------------ a run
+    def begin(self, total_steps: int, baselines: dict[str, list], order: list[str]) -> None:
+        if not self.active or self.sweep:
+            return
+        with self.lock:
+            self._close_bar()
+            self._reset()
+            self.total, self.baselines, self.order, self.run_open = total_steps, baselines, order, True
+            self.last_plain = (0, time.monotonic())
+
+    def end(self) -> float:
+        """Close the bar; returns the run's wall time in seconds. Events after this are dropped."""
+        with self.lock:
+            self._close_bar()
+            self.run_open = False
+            return time.monotonic() - self.started
+
+    def _close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def event(self, e: dict[str, Any]) -> None:
+        with self.lock:
+            if not self.run_open:
+                return
+            if e.get("kind") == "progress":
+                self._progress(e)
+            elif e.get("kind") == "eval":
+                metrics = e.get("metrics", {})
+                for k, v in metrics.items():
+                    self.history.setdefault(k, []).append((int(e["step"]), float(v)))
+                self.write(eval_table(int(e["step"]), self.total, metrics, self.baselines, self.order))
+
+    def _progress(self, e: dict[str, Any]) -> None:
+        step, loss, rate = int(e["step"]), float(e.get("loss", float("nan"))), float(e.get("rate", 0.0))
+        stats = f"loss {loss:.4f}  {rate:,.0f} samples/s"
+        if sys.stdout.isatty():
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.total, initial=step, file=sys.stdout, dynamic_ncols=True,
+                                unit="step", bar_format="{percentage:3.0f}%|{bar}| {n}/{total} "
+                                                        "[{elapsed}<{remaining}] {postfix}")
+            self.bar.set_postfix_str(f"epoch {e.get('epoch', 0)}  {stats}", refresh=False)
+            self.bar.update(step - self.bar.n)
+            return
+        last_step, last_t = self.last_plain
+        now = time.monotonic()
+        due = step - last_step >= max(1, int(self.total * PLAIN_EVERY)) or now - last_t >= PLAIN_EVERY_S
+        if due or step >= self.total or last_step == 0:  # the first says that training has started
+            self.last_plain = (step, now)
+            self.write(f"{PREFIX}step {step}/{self.total} epoch {e.get('epoch', 0)}  {stats}  "
+                       f"ETA {fmt_duration(float(e.get('eta', float('inf'))))}")
+
+    # ------------------------------------------------ Ray's log stream
+    def ray_lines(self, data: dict[str, Any], forward: Callable[[dict[str, Any]], None]) -> None:
+        """A batch of worker lines from Ray: events and messages taken out, noise dropped, the rest
+        printed by Ray (with the bar cleared around them)."""
+        if not verbose() and data.get("actor_name") in RAY_QUIET_ACTORS:
+            return
+        keep = []
+        for line in data.get("lines", []):
+            if line.startswith(EVENT):
+                try:
+                    self.event(json.loads(line[len(EVENT):]))
+                except (ValueError, KeyError, TypeError):
+                    keep.append(line)
+            elif line.startswith(PREFIX):
+                log.info(line[len(PREFIX):])
+            elif verbose() or not self._noise(data.get("pid"), line):
+                keep.append(line)
+        if keep:
+            with self.lock:
+                if self.bar is not None:
+                    self.bar.clear()
+                forward({**data, "lines": keep})
+                if self.bar is not None:
+                    self.bar.refresh()
+
+    def _noise(self, pid: Any, line: str) -> bool:
+        if any(n in line for n in RAY_NOISE):
+            self._muted.add(pid)
+            return True
+        if pid in self._muted:
+            if _TRACEBACK_LINE.match(line):
+                return True
+            self._muted.discard(pid)
+        return False
+
+
+CONSOLE = Console()
+
+
+class _RayLines:
+    def __init__(self, forward: Callable[[dict[str, Any]], None]):
+        self.forward = forward
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        CONSOLE.ray_lines(data, self.forward)
+
+
+def attach_ray() -> bool:
+    """Route the worker lines Ray forwards to this driver through the console (after `ray.init`).
+    Uses Ray's log dispatcher (a private API, checked against Ray 2.60); without it, the lines come
+    out as Ray prints them. Returns whether the console is attached."""
+    if not CONSOLE.active:
+        return False
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return False
+    with dispatcher._lock:
+        for i, (name, handler) in enumerate(dispatcher.handlers):
+            if isinstance(handler, _RayLines):
+                return True
+            if name == "ray_print_logs":
+                dispatcher.handlers[i] = (name, _RayLines(handler))
+                return True
+    return False

@@ -1,0 +1,103 @@
+"""The console: evaluation tables, plain progress lines without a terminal, Ray's worker lines sorted
+into events, messages, noise and the rest."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from xmodal import console
+from xmodal.console import EVENT, Console, eval_table
+
+
+@pytest.fixture
+def active(monkeypatch):
+    """A fresh active console in place of the module's (the package logger writes through it)."""
+    c = Console()
+    c.active = True
+    monkeypatch.setattr(console, "CONSOLE", c)
+    monkeypatch.setenv(console.VERBOSE_ENV, "0")
+    handler = console._ConsoleHandler()
+    handler.setFormatter(console._Formatter())
+    log = logging.getLogger("xmodal")
+    old = (log.level, log.propagate)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    yield c
+    log.removeHandler(handler)
+    log.setLevel(old[0])
+    log.propagate = old[1]
+
+
+def test_eval_table_is_three_lines_in_the_jobs_order_with_baselines():
+    metrics = {"eval/attr_acc": 0.42, "eval/loss": 9.19, "eval/loss/mlm": 1.63, "eval/mlm_acc": 0.474}
+    text = eval_table(500, 2696, metrics, {"eval/mlm_acc": [0.115, "most frequent word"]},
+                      order=["eval/loss", "eval/mlm_acc", "eval/attr_acc"])
+    head, value, base = text.splitlines()
+    assert head.split() == ["[xmodal]", "eval", "@", "step", "500/2696", "mlm_acc", "attr_acc", "loss"]
+    assert value.split() == ["value", "0.4740", "0.4200", "9.1900"]  # per-task losses left to MLflow
+    assert base.split() == ["chance/prior", "0.1150", "-", "-"]
+    # columns line up under their names
+    assert value.index("0.4740") + len("0.4740") == head.index("mlm_acc") + len("mlm_acc")
+
+
+def test_wide_tables_wrap():
+    metrics = {f"eval/t{i:02d}_acc": i / 10 for i in range(12)}
+    lines = eval_table(1, 2, metrics, {}, width=80).splitlines()
+    assert len(lines) == 4 and all(len(line) <= 80 for line in lines)  # two blocks of (names, values)
+    assert sum(line.split().count("value") for line in lines) == 2
+
+
+def test_without_a_terminal_progress_is_a_line_every_tenth(active, capsys):
+    active.begin(1000, {}, [])
+    for step in range(10, 1001, 10):
+        active.event({"kind": "progress", "step": step, "epoch": 0, "loss": 1.5, "rate": 1234.0, "eta": 65.0})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 11, lines  # the first log step, then every tenth
+    assert lines[0] == "[xmodal] step 10/1000 epoch 0  loss 1.5000  1,234 samples/s  ETA 1:05"
+    assert lines[1].startswith("[xmodal] step 110/1000 ")
+    assert "\r" not in "".join(lines)
+    active.end()
+    active.event({"kind": "eval", "step": 1000, "metrics": {"eval/acc": 0.5}})  # after the run: dropped
+    assert capsys.readouterr().out == ""
+
+
+def test_ray_lines_become_events_messages_or_pass_through(active, capsys):
+    active.begin(10, {}, [])
+    forwarded = []
+    lines = [EVENT + json.dumps({"kind": "eval", "step": 5, "epoch": 0, "metrics": {"eval/acc": 0.75}}),
+             "[xmodal] resumed from checkpoint at step 4 (epoch 0)",
+             "[2026 E core_worker.cc:2465] Actor with class name: 'PreemptionWatcher' and ID: 'e3' has constructor "
+             "arguments in the object store and max_restarts > 0. If the arguments ...",
+             "UserWarning: something a user can act on"]
+    active.ray_lines({"lines": lines, "pid": 12, "actor_name": "RayTrainWorker"}, forwarded.append)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[xmodal] eval @ step 5/10") and out[1].split() == ["value", "0.7500"]
+    assert out[2] == "[xmodal] resumed from checkpoint at step 4 (epoch 0)"  # no Ray prefix
+    assert [d["lines"] for d in forwarded] == [["UserWarning: something a user can act on"]]
+    assert active.history == {"eval/acc": [(5, 0.75)]}
+
+    active.ray_lines({"lines": ["Traceback (most recent call last):"], "actor_name": "PlacementGroupCleaner"},
+                     forwarded.append)
+    assert len(forwarded) == 1
+    # a known-harmless failure's traceback goes with it, over several batches; the next line comes out
+    for batch in (["Failed to stop PlacementGroupCleaner gracefully.", "Traceback (most recent call last):"],
+                  ['  File "x.py", line 1, in get', "ray.exceptions.GetTimeoutError: Get timed out"],
+                  ["Worker group finished"]):
+        active.ray_lines({"lines": batch, "pid": 7, "actor_name": "TrainController"}, forwarded.append)
+    assert forwarded[-1]["lines"] == ["Worker group finished"] and len(forwarded) == 2
+    console.set_verbose(True)
+    active.ray_lines({"lines": lines[2:3], "actor_name": "TrainController"}, forwarded.append)
+    assert forwarded[-1]["lines"] == lines[2:3]  # --verbose: Ray's lines as Ray prints them
+
+
+def test_worker_lines_without_a_console_are_printed(capfd):
+    console.say("[xmodal] a worker's message")
+    console.emit("progress", step=3, loss=0.5)
+    out = capfd.readouterr().out.splitlines()
+    assert out[0] == "[xmodal] a worker's message"
+    assert out[1].startswith(EVENT) and json.loads(out[1][len(EVENT):]) == {"kind": "progress", "step": 3,
+                                                                            "loss": 0.5}
