@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
 
     sys.exit(main(sys.argv[1:]))
 """)
-ROW_FIELDS = {"section", "impl", "mode", "preset", "batch", "precision", "params", "samples_s", "ms_step",
+ROW_FIELDS = {"section", "impl", "mode", "preset", "batch", "precision", "params", "samples_s", "samples_s_mean", "ms_step",
               "peak_gib", "gflop_per_sample", "mfu", "compile_s", "graph_breaks", "final_loss"}
 
 
@@ -59,7 +59,7 @@ def test_quick_cpu_suite_writes_every_field(tmp_path):
         assert {(r["impl"], r["mode"]) for r in rows} == pairs, section
         for r in rows:
             assert set(r) == ROW_FIELDS, (section, set(r) ^ ROW_FIELDS)
-            assert r["samples_s"] > 0 and r["ms_step"] > 0 and r["params"] > 0 and math.isfinite(r["final_loss"])
+            assert r["samples_s"] > 0 and r["samples_s_mean"] > 0 and r["ms_step"] > 0 and r["params"] > 0 and math.isfinite(r["final_loss"])
             assert r["mfu"] is None  # no MFU without an accelerator peak
             assert r["peak_gib"] is None or r["peak_gib"] > 0
             if section != "ddp":

@@ -14,7 +14,8 @@ Both contenders of a row go through the same `train_step`, precision (`runtime.a
 and compile path (`runtime.compile_module`) as training. CUDA: one contender at a time, so that
 `max_memory_allocated` is its own. CPU: the contenders of a section stay built and their timed steps
 alternate in rounds, so the noise of a shared machine falls on all; memory = peak live CPU tensor
-bytes of one step (torch.profiler).
+bytes of one step (torch.profiler), and samples/s comes from the median step time (the mean over all
+steps, stalls included, is kept as `samples_s_mean`).
 
 Writes `<out>/<UTC timestamp>.json` (every figure, the device, versions and settings) and a
 Markdown table beside it, and prints the table. Defaults per device: CUDA = the paper presets at
@@ -129,8 +130,9 @@ class Result:
     batch: int
     precision: str
     params: int = 0
-    samples_s: float = float("nan")
-    ms_step: float = float("nan")
+    samples_s: float = float("nan")  # CUDA: over all timed steps; CPU: from the median step (robust to stalls)
+    samples_s_mean: float = float("nan")  # over all timed steps, stalls included
+    ms_step: float = float("nan")  # CPU: the median step; CUDA: the mean
     peak_gib: float | None = None
     gflop_per_sample: float | None = None
     mfu: float | None = None
@@ -243,8 +245,11 @@ def time_steps(c: Contender, n: int, device: torch.device) -> None:
 
 def finish(c: Contender, s: Settings) -> None:
     r = c.result
-    r.samples_s = c.steps * r.batch / c.elapsed
+    r.samples_s_mean = c.steps * r.batch / c.elapsed
     r.ms_step = 1e3 * (statistics.median(c.step_times) if c.step_times else c.elapsed / c.steps)
+    # On a shared CPU a few steps stall on other processes; the median step is the figure that
+    # repeats. On CUDA steps are not synchronised one by one, so the mean over all is the figure.
+    r.samples_s = r.batch / (r.ms_step / 1e3) if c.step_times else r.samples_s_mean
     if r.gflop_per_sample is not None and s.device.type == "cuda":
         r.mfu = r.gflop_per_sample * 1e9 * r.samples_s / (s.peak_tflops * 1e12)
     if not math.isfinite(r.final_loss):
