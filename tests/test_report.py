@@ -140,6 +140,11 @@ def test_the_command_line(store, tmp_path):
                           "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| 2 | True | smooth_l1 |" in out.stdout and (tmp_path / "cli" / "table.csv").exists()
+    given = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--parent-run", parent, "--tracking-uri", uri,
+                            "--out", str(tmp_path / "b"), "--no-log", "--baseline", "model.x_layers=1",
+                            "tasks.obj_feat=False"], capture_output=True, text=True, timeout=120)
+    assert given.returncode == 0, given.stderr
+    assert "| 1 | False | - | 2 | 0.7000 ± 0.1414 | 0.3000 ± 0.1414 | baseline |" in given.stdout
     bad = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--experiment", "nope", "--tracking-uri", uri],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "experiment 'nope' not found" in bad.stderr
