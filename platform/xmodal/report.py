@@ -597,7 +597,9 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
         ax.legend(fontsize="small", loc="best")
     better = "higher" if rep.mode == "max" else "lower"
     axes[0][0].set_ylabel(f"{rep.metric} ({better} is better)")
-    fig.suptitle(f"{rep.metric} against cost ({rep.title})")
+    left_out = sum(r.partial for r in rep.rows)
+    fig.suptitle(f"{rep.metric} against cost ({rep.title})"
+                 + (f"; {left_out} configuration(s) stopped early left out" if left_out else ""))
     fig.tight_layout()
     path = out / f"{_slug(rep.metric)}_vs_cost.png"
     fig.savefig(path, dpi=100)
