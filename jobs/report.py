@@ -1,17 +1,19 @@
 """Ablation report from MLflow: comparison table (Markdown + CSV) and plots (PNG).
 
     python jobs/report.py (--experiment NAME | --parent-run RUN_ID) [--out DIR] [--metric KEY]
-        [--tracking-uri URI] [--no-log]
+        [--baseline KEY=VALUE ...] [--tracking-uri URI] [--no-log]
 
-One row per configuration (runs that differ only in their seed are grouped: mean ± std). The files
-go to --out (default reports/NAME) and are logged to the sweep's parent run.
+One row per configuration (runs that differ only in their seed are grouped: mean ± std), each tested
+against the baseline row by Welch's t-test (n.s. marked), with the runs' cost beside the scores and a
+plot of score against cost (Pareto front). The files go to --out (default reports/NAME) and are
+logged to the sweep's parent run.
 """
 
 import argparse
 import sys
 
 from xmodal.cli import user_errors
-from xmodal.report import make_report
+from xmodal.report import make_report, parse_value
 
 
 def main(argv: list[str]) -> int:
@@ -21,16 +23,26 @@ def main(argv: list[str]) -> int:
     which.add_argument("--parent-run", help="one sweep: its MLflow parent run id")
     p.add_argument("--out", help="output folder (default reports/NAME)")
     p.add_argument("--metric", help="sort and plot by this metric (default: the sweep's)")
+    p.add_argument("--baseline", nargs="+", metavar="KEY=VALUE",
+                   help="the configuration rows are tested against (default: the space's baseline, else its "
+                        "first try_first)")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
     args = p.parse_args(argv)
+
+    baseline = None
+    if args.baseline:
+        bad = [b for b in args.baseline if "=" not in b]
+        if bad:
+            p.error(f"--baseline {bad[0]!r}: expected KEY=VALUE (an ablation parameter and its value)")
+        baseline = {k: parse_value(v) for k, v in (b.split("=", 1) for b in args.baseline)}
 
     def go() -> None:
         from xmodal import tracking
 
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=args.out,
-                          metric=args.metric, log=not args.no_log)
+                          metric=args.metric, log=not args.no_log, baseline=baseline)
         print(open(f"{rep.out_dir}/table.md").read())
         print(f"[xmodal] report written to {rep.out_dir}")
 

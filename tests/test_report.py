@@ -140,6 +140,11 @@ def test_the_command_line(store, tmp_path):
                           "--out", str(tmp_path / "cli")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| 2 | True | smooth_l1 |" in out.stdout and (tmp_path / "cli" / "table.csv").exists()
+    given = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--parent-run", parent, "--tracking-uri", uri,
+                            "--out", str(tmp_path / "b"), "--no-log", "--baseline", "model.x_layers=1",
+                            "tasks.obj_feat=False"], capture_output=True, text=True, timeout=120)
+    assert given.returncode == 0, given.stderr
+    assert "| 1 | False | - | 2 | 0.7000 ± 0.1414 | 0.3000 ± 0.1414 | baseline |" in given.stdout
     bad = subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), "--experiment", "nope", "--tracking-uri", uri],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "experiment 'nope' not found" in bad.stderr
@@ -170,3 +175,77 @@ def test_a_job_that_logs_its_selected_model_and_test_metrics(tmp_path, monkeypat
     assert full.stats["valid/mae"][0] == pytest.approx(0.65) and full.stats["test/mae"][0] == pytest.approx(0.69)
     assert full.stats["valid/corr"][0] == pytest.approx(0.35)  # the selected model's, not the last
     assert early.stats["valid/mae"][0] == pytest.approx(0.85)
+
+
+def costed_sweep(uri: str, exp: str, name: str, rows: dict[int, list[float]], parent_params: dict | None = None,
+                 parent_tags: dict | None = None) -> str:
+    """A sweep over model.x_layers whose trials log one evaluation and the cost/* metrics of a job:
+    x_layers n costs n GFLOP per sample, n M parameters and n/100 device-hours."""
+    parent = tracking.create_run(uri, exp, name, parent_params or {},
+                                 {T.KIND: "sweep", T.SWEEP: name, T.METRIC: "eval/match_acc", T.MODE: "max",
+                                  **(parent_tags or {})})
+    for layers, values in rows.items():
+        for seed, v in enumerate(values):
+            run_id = trial(uri, exp, parent, f"x{layers}s{seed}",
+                           {"model.x_layers": layers, "tasks.obj_feat": False, "train.seed": seed}, [v])
+            tracking.log_metrics(uri, run_id, {
+                "cost/params": layers * 1e6, "cost/gflop_per_sample": float(layers), "cost/samples_per_s": 1500.0,
+                "cost/peak_mem_gib": 0.5, "cost/wall_s": 36.0 * layers, "cost/device_hours": layers / 100})
+    return parent
+
+
+# baseline x_layers=1; 2 is better (Welch p = 0.0036); 3 is no different (p = 0.578); 4 ran once
+KNOWN = {1: [0.60, 0.62, 0.64], 2: [0.70, 0.72, 0.74], 3: [0.59, 0.65, 0.67], 4: [0.9]}
+BASELINE = {"model.x_layers": 1, "tasks.obj_feat": False}
+
+
+def test_rows_are_tested_against_the_baseline_and_cost_is_beside_the_score(store, tmp_path):
+    uri, _, _ = store
+    exp = tracking.ensure_experiment(uri, "xmodal-sweep-known")
+    parent = costed_sweep(uri, exp, "known", KNOWN, parent_tags={T.BASELINE: json.dumps(BASELINE)})
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
+    by_layers = {r.params["model.x_layers"]: r for r in rep.rows}
+    assert by_layers[1].baseline and by_layers[1].test is None
+    better, same, once = by_layers[2].test, by_layers[3].test, by_layers[4].test
+    assert better.delta == pytest.approx(0.10) and better.p == pytest.approx(0.0036022, rel=1e-4)
+    assert better.significant
+    assert same.delta == pytest.approx(0.0166667, rel=1e-4) and same.p == pytest.approx(0.578028, rel=1e-4)
+    assert same.significant is False
+    assert once.p is None and once.why == "1 run"
+    # Pareto front of score against GFLOP/sample: 3 layers cost more than 2 and score lower
+    assert {k: r.pareto for k, r in by_layers.items()} == {1: True, 2: True, 3: False, 4: True}
+
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert ("| model.x_layers | tasks.obj_feat | runs | eval/match_acc | eval/loss | vs baseline (eval/match_acc) "
+            "| params (M) | GFLOP/sample | samples/s | peak mem (GiB) | wall (s) | device-h | Pareto |") in md
+    assert "| 2 | False | 3 | 0.7200 ± 0.0200 | 0.2800 ± 0.0200 | +0.1000 (p=0.0036) | 2 | 2 | 1,500 | 0.5 | 72 " \
+           "| 0.02 | ◆ |" in md
+    assert "| 3 | False | 3 | 0.6367 ± 0.0416 | 0.3633 ± 0.0416 | +0.0167 (p=0.58, n.s.) | 3 | 3 |" in md
+    assert "| 1 | False | 3 | 0.6200 ± 0.0200 | 0.3800 ± 0.0200 | baseline | 1 | 1 |" in md
+    assert "| +0.2800 (untested: 1 run) |" in md
+    assert "Welch's t-test (unequal variances)" in md
+    rows = {r["model.x_layers"]: r for r in rows_of(tmp_path / "out" / "table.csv")}
+    assert float(rows["2"]["p_welch"]) == pytest.approx(0.0036022, rel=1e-4) and rows["3"]["significant"] == "False"
+    assert float(rows["3"]["cost/gflop_per_sample mean"]) == 3.0 and rows["3"]["cost/device_hours n"] == "3"
+    assert rows["1"]["baseline"] == "True" and rows["4"]["p_welch"] == ""
+
+    png = tmp_path / "out" / "eval_match_acc_vs_cost.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "report/eval_match_acc_vs_cost.png" in tracking.list_artifacts(uri, parent, "report")
+
+
+def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(store, tmp_path):
+    uri, _, _ = store
+    exp = tracking.ensure_experiment(uri, "xmodal-sweep-tryfirst")
+    first = [{"model.x_layers": 2, "tasks.obj_feat": False}, BASELINE]
+    parent = costed_sweep(uri, exp, "tf", {1: [0.6, 0.62], 2: [0.7, 0.72]},
+                          parent_params={"try_first": json.dumps(first)})
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "a", log=False)
+    assert [r.params["model.x_layers"] for r in rep.rows if r.baseline] == [2]
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "b", log=False,
+                      baseline={"model.x_layers": 1})
+    assert [r.params["model.x_layers"] for r in rep.rows if r.baseline] == [1]
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "c", log=False, baseline={"model.x_layers": 7})
+    assert not any(r.baseline or r.test for r in rep.rows)
+    assert "No significance test: no row matches the baseline (model.x_layers=7)." in \
+        (tmp_path / "c" / "table.md").read_text()

@@ -11,9 +11,17 @@ each run's validation-selected model: the sweep metric's best evaluation (the ru
 checkpoint by it), and `best_<metric>` where the job logs the selected model's values (MulT), else
 the last evaluation. Statistics use the runs that trained to the end; a configuration whose runs
 were all stopped early by the scheduler shows their values, marked †.
-Plots: the metric against each ablation parameter, and the learning curves of the best
-configurations. Everything is read through `xmodal.tracking`; the files are also logged to the
-sweep's parent run (artifact folder `report`, or `report_experiment` for an experiment report).
+Significance: each row's runs are compared with the baseline row's on the sweep metric by Welch's
+two-sided t-test (unequal variances, scipy.stats.ttest_ind); a difference with p >= 0.05 is marked
+"n.s.". The baseline row is the space's `baseline:` configuration, else its first `try_first` one
+(a tag or param of the parent run), else `--baseline`. Rows with fewer than two finished runs, or a
+baseline with fewer, are not tested.
+Cost: every job logs `cost/*` (xmodal.train.cost); the table shows their means beside the scores,
+and marks the rows on the Pareto front of score against GFLOP per sample.
+Plots: the metric against each ablation parameter, the learning curves of the best configurations,
+and the score against cost (GFLOP per sample, device-hours) with the Pareto front and the baseline.
+Everything is read through `xmodal.tracking`; the files are also logged to the sweep's parent run
+(artifact folder `report`, or `report_experiment` for an experiment report).
 """
 
 from __future__ import annotations
@@ -32,6 +40,17 @@ from xmodal.errors import UserError
 
 MISSING = "-"  # a conditional parameter that did not apply to a run
 CURVES_TOP = 3  # configurations shown in the learning-curve plot
+ALPHA = 0.05  # Welch's t-test: p at or above this is "n.s."
+# cost/* metric -> (table header, factor applied to the mean and std shown)
+COST_COLUMNS = {
+    "cost/params": ("params (M)", 1e-6),
+    "cost/gflop_per_sample": ("GFLOP/sample", 1.0),
+    "cost/samples_per_s": ("samples/s", 1.0),
+    "cost/peak_mem_gib": ("peak mem (GiB)", 1.0),
+    "cost/wall_s": ("wall (s)", 1.0),
+    "cost/device_hours": ("device-h", 1.0),
+}
+PARETO_COST = "cost/gflop_per_sample"  # the table's Pareto column: score against counted compute
 
 
 class ReportError(UserError):
@@ -59,11 +78,28 @@ class TrialRun:
 
 
 @dataclass
+class Test:
+    """Welch's t-test of a row against the baseline row: the difference of the means, p (None: not
+    tested, `why` says why)."""
+
+    delta: float
+    p: float | None
+    why: str = ""
+
+    @property
+    def significant(self) -> bool | None:
+        return None if self.p is None else self.p < ALPHA
+
+
+@dataclass
 class Row:
     params: dict[str, Any]
     runs: list[TrialRun]
     stats: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # metric -> (mean, std, n)
     partial: bool = False  # statistics come from early-stopped runs only
+    baseline: bool = False
+    test: Test | None = None  # against the baseline row, on the sweep metric
+    pareto: bool = False  # on the front of score against PARETO_COST
 
     def count(self, state: str) -> int:
         return sum(r.state == state for r in self.runs)
@@ -80,6 +116,9 @@ class Report:
     skipped: dict[str, int]  # state -> runs left out of the table (failed, running, ...)
     parents: list[str]
     out_dir: str | None = None
+    cost_columns: list[str] = field(default_factory=list)  # the cost/* metrics some run logged
+    baseline: dict[str, Any] | None = None  # the baseline configuration asked for
+    notes: list[str] = field(default_factory=list)  # e.g. why no row is the baseline
 
 
 def parse_value(text: str) -> Any:
@@ -171,8 +210,90 @@ def _sweep_mode(parents: list[tracking.RunRecord]) -> str:
     return _parent_tag(parents, T.MODE) or "max"
 
 
+def _baseline_of(parents: list[tracking.RunRecord]) -> dict[str, Any] | None:
+    """The parents' baseline configuration: the space's `baseline:` (a tag), else its first
+    `try_first` configuration (a param of every sweep's parent run)."""
+    tagged = _parent_tag(parents, T.BASELINE)
+    if tagged:
+        return json.loads(tagged)
+    for p in sorted(parents, key=lambda p: p.start_time or 0, reverse=True):
+        first = json.loads(p.params.get("try_first", "[]") or "[]")
+        if first:
+            return first[0]
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """A value read back from a tag against one from JSON: 1 == 1.0, "True" is not 1."""
+    if _numeric([a]) and _numeric([b]):
+        return float(a) == float(b)
+    return str(a) == str(b)
+
+
+def _baseline_row(rows: list[Row], keys: list[str], baseline: dict[str, Any], notes: list[str]) -> Row | None:
+    wanted = {k: v for k, v in baseline.items() if k not in T.REPLICATE_KEYS}
+    described = ", ".join(f"{k}={_fmt_param(v)}" for k, v in wanted.items())
+    unknown = [k for k in wanted if k not in keys]
+    if unknown:
+        notes.append(f"No significance test: the baseline ({described}) names {', '.join(unknown)}, which is not an "
+                     f"ablation parameter of these runs ({', '.join(keys)}).")
+        return None
+    found = [r for r in rows if all(_same(r.params[k], v) for k, v in wanted.items())]
+    if len(found) != 1:
+        notes.append(f"No significance test: {'no row matches' if not found else f'{len(found)} rows match'} "
+                     f"the baseline ({described}).")
+        return None
+    return found[0]
+
+
+def _finished_values(row: Row, metric: str) -> list[float]:
+    vals = [r.value(metric) for r in row.runs if r.state == "finished"]
+    return [v for v in vals if v is not None and math.isfinite(v)]
+
+
+def welch_test(values: list[float], baseline: list[float]) -> float | None:
+    """Two-sided p of Welch's t-test (unequal variances); None with fewer than two values a side."""
+    if len(values) < 2 or len(baseline) < 2:
+        return None
+    m, b = _stats(values), _stats(baseline)
+    if m[1] == 0 and b[1] == 0:  # no spread on either side: t is 0 or infinite
+        return 1.0 if m[0] == b[0] else 0.0
+    from scipy import stats
+
+    return float(stats.ttest_ind(values, baseline, equal_var=False).pvalue)
+
+
+def _test(row: Row, base: Row, metric: str) -> Test:
+    delta = row.stats[metric][0] - base.stats[metric][0]
+    if row.partial:
+        return Test(delta, None, "stopped early")
+    a, b = _finished_values(row, metric), _finished_values(base, metric)
+    if len(a) < 2 or len(b) < 2:
+        return Test(delta, None, f"{len(a)} run" if len(a) < 2 else f"baseline {len(b)} run")
+    return Test(delta, welch_test(a, b))
+
+
+def pareto_front(points: list[tuple[float, float]], mode: str) -> list[bool]:
+    """For (cost, score) points: True where no other point is at most as costly and at least as good,
+    and strictly one of them (lower cost is better; the score by `mode`)."""
+    sign = 1.0 if mode == "max" else -1.0
+    front = []
+    for i, (c, v) in enumerate(points):
+        front.append(not any(c2 <= c and sign * v2 >= sign * v and (c2 < c or sign * v2 > sign * v)
+                             for j, (c2, v2) in enumerate(points) if j != i))
+    return front
+
+
+def _costed(rows: list[Row], metric: str, cost: str) -> list[Row]:
+    """Rows with a finite mean score and cost from finished runs (the Pareto front's candidates)."""
+    return [r for r in rows if not r.partial and cost in r.stats and math.isfinite(r.stats[cost][0])
+            and math.isfinite(r.stats[metric][0])]
+
+
 def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metric: str | None = None, mode: str | None = None,
-                 columns: list[str] | None = None, title: str = "ablation") -> Report:
+                 columns: list[str] | None = None, title: str = "ablation",
+                 baseline: dict[str, Any] | None = None) -> Report:
+    """`baseline`: the configuration the rows are tested against (default: the parents')."""
     metric = metric or _sweep_metric(parents)
     mode = mode or _sweep_mode(parents)
     if metric is None:
@@ -191,6 +312,7 @@ def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metr
             if k not in keys and k not in T.REPLICATE_KEYS:
                 keys.append(k)
     columns = columns or _default_columns(metric, trials)
+    cost_columns = [c for c in COST_COLUMNS if any(c in t.metrics for t in trials)]
 
     groups: dict[str, Row] = {}
     for t in trials:
@@ -199,7 +321,7 @@ def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metr
     for row in groups.values():
         used = [r for r in row.runs if r.state == "finished"] or row.runs
         row.partial = all(r.state != "finished" for r in row.runs)
-        row.stats = {c: _stats([r.value(c) for r in used]) for c in columns}
+        row.stats = {c: _stats([r.value(c) for r in used]) for c in [*columns, *cost_columns]}
     sign = -1.0 if mode == "max" else 1.0
 
     def order(row: Row):
@@ -207,8 +329,21 @@ def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metr
         return (row.partial, math.isnan(mean), sign * mean if not math.isnan(mean) else 0.0)
 
     rows = sorted(groups.values(), key=order)
-    return Report(title=title, metric=metric, mode=mode, keys=keys, columns=columns, rows=rows, skipped=skipped,
-                  parents=[p.run_id for p in parents])
+    rep = Report(title=title, metric=metric, mode=mode, keys=keys, columns=columns, rows=rows, skipped=skipped,
+                 parents=[p.run_id for p in parents], cost_columns=cost_columns,
+                 baseline=baseline if baseline is not None else _baseline_of(parents))
+    base = _baseline_row(rows, keys, rep.baseline, rep.notes) if rep.baseline is not None else None
+    if base is not None:
+        base.baseline = True
+        for row in rows:
+            if row is not base:
+                row.test = _test(row, base, metric)
+    if PARETO_COST in cost_columns:
+        candidates = _costed(rows, metric, PARETO_COST)
+        points = [(r.stats[PARETO_COST][0], r.stats[metric][0]) for r in candidates]
+        for row, on in zip(candidates, pareto_front(points, mode), strict=True):
+            row.pareto = on
+    return rep
 
 
 # ---------------------------------------------------------------- files
@@ -229,6 +364,28 @@ def _fmt_param(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _cost_cell(stats: tuple[float, float, int], factor: float) -> str:
+    x = stats[0] * factor
+    if math.isnan(x):
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _p(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+
+
+def _test_cell(row: Row) -> str:
+    if row.baseline:
+        return "baseline"
+    t = row.test
+    if t is None:
+        return ""
+    if t.p is None:
+        return f"{t.delta:+.4f} (untested: {t.why})"
+    return f"{t.delta:+.4f} ({_p(t.p)}{'' if t.significant else ', n.s.'})"
+
+
 def _runs_cell(row: Row) -> str:
     stopped = row.count("early-stopped")
     return f"{len(row.runs)}" + (f" ({stopped} stopped early)" if stopped else "")
@@ -241,14 +398,34 @@ def to_markdown(rep: Report) -> str:
              f"(seeds). `{rep.metric}`: each run's best evaluation (the checkpoint it keeps, selected on "
              "validation); other columns: the selected model's values where the job logs them "
              "(`best_<metric>`), else the last evaluation.", ""]
-    head = [*rep.keys, "runs", *rep.columns]
+    tested = any(r.baseline for r in rep.rows)
+    pareto = PARETO_COST in rep.cost_columns
+    head = [*rep.keys, "runs", *rep.columns] + ([f"vs baseline ({rep.metric})"] if tested else []) \
+        + [COST_COLUMNS[c][0] for c in rep.cost_columns] + (["Pareto"] if pareto else [])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rep.rows:
         mark = " †" if row.partial else ""
         cells = [_fmt_param(row.params[k]) for k in rep.keys] + [_runs_cell(row)] + \
-            [_cell(row.stats[c]) + mark for c in rep.columns]
+            [_cell(row.stats[c]) + mark for c in rep.columns] + ([_test_cell(row)] if tested else []) + \
+            [_cost_cell(row.stats[c], COST_COLUMNS[c][1]) for c in rep.cost_columns] + \
+            (["◆" if row.pareto else ""] if pareto else [])
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if tested:
+        lines.append(f"vs baseline: the difference of the means from the baseline row's, and the two-sided p of "
+                     f"Welch's t-test (unequal variances) on the finished runs' `{rep.metric}`; n.s.: not "
+                     f"significant at α = {ALPHA:g} (no correction for testing several rows). Rows or a baseline "
+                     "with fewer than two finished runs are not tested.")
+    lines += rep.notes
+    if rep.cost_columns:
+        lines.append("Cost (the mean over a row's runs; std in table.csv), logged by the job: parameters; GFLOP "
+                     "per sample of one training forward + backward, counted (FlopCounterMode); training "
+                     "samples/s; peak memory (GPU: max allocated; CPU: the worker's peak RSS); wall time; "
+                     "device-hours = wall x workers x devices per worker (GPU-hours, or on CPU the CPU-hours "
+                     "of the cores reserved).")
+    if pareto:
+        lines.append(f"◆: on the Pareto front of `{rep.metric}` against GFLOP per sample (no other row is as "
+                     "good for less compute).")
     if any(r.partial for r in rep.rows):
         lines.append("† every run of this configuration was stopped early by the scheduler: its values at the stop.")
     if MISSING in {str(v) for r in rep.rows for v in r.params.values()}:
@@ -261,13 +438,18 @@ def to_markdown(rep: Report) -> str:
 def write_csv(rep: Report, path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
+        stats = [*rep.columns, *rep.cost_columns]
         w.writerow([*rep.keys, "runs", "finished", "early_stopped", "seeds",
-                    *[f"{c} {s}" for c in rep.columns for s in ("mean", "std", "n")]])
+                    *[f"{c} {s}" for c in stats for s in ("mean", "std", "n")],
+                    "baseline", "delta", "p_welch", "significant", "pareto"])
         for row in rep.rows:
             seeds = ";".join(sorted({r.seed for r in row.runs if r.seed is not None}))
+            t = row.test
             w.writerow([row.params[k] for k in rep.keys]
                        + [len(row.runs), row.count("finished"), row.count("early-stopped"), seeds]
-                       + [x for c in rep.columns for x in row.stats[c]])
+                       + [x for c in stats for x in row.stats[c]]
+                       + [row.baseline, "" if t is None else t.delta, "" if t is None or t.p is None else t.p,
+                          "" if t is None or t.p is None else t.significant, row.pareto])
 
 
 def _slug(text: str) -> str:
@@ -361,9 +543,75 @@ def plot_learning_curves(rep: Report, uri: str, out: Path, top: int = CURVES_TOP
     return path
 
 
+COST_AXES = {  # the score-against-cost plot's panels: cost metric -> axis label (with units)
+    "cost/gflop_per_sample": "GFLOP per sample (training forward + backward, counted)",
+    "cost/device_hours": "device-hours (GPU-hours; on CPU, CPU-hours of the cores reserved)",
+}
+
+
+def _label(row: Row) -> str:
+    """A row's parameters, short: the last part of each key, conditional ones that did not apply left out."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={_fmt_param(v)}" for k, v in row.params.items() if v != MISSING) \
+        or "base"
+
+
+def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
+    """The sweep metric (mean ± std over seeds) against each cost of COST_AXES, one panel each, the
+    Pareto front drawn and labelled, the baseline starred. Rows with finished runs only."""
+    panels = [c for c in COST_AXES if c in rep.cost_columns and _costed(rep.rows, rep.metric, c)]
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), sharey=True, squeeze=False)
+    for ax, cost in zip(axes[0], panels, strict=True):
+        rows = _costed(rep.rows, rep.metric, cost)
+        xs = [r.stats[cost][0] for r in rows]
+        ys = [r.stats[rep.metric][0] for r in rows]
+        front = pareto_front(list(zip(xs, ys, strict=True)), rep.mode)
+        kinds = [("configuration (mean ± std over seeds)", "C0", lambda r: not (r.test and r.test.significant is False)),
+                 (f"not significantly different from the baseline (Welch, p ≥ {ALPHA:g})", "0.6",
+                  lambda r: r.test is not None and r.test.significant is False)]
+        for label, color, which in kinds:
+            sel = [(x, y, r.stats[rep.metric][1]) for r, x, y in zip(rows, xs, ys, strict=True) if which(r)]
+            if sel:
+                ax.errorbar([x for x, _, _ in sel], [y for _, y, _ in sel], yerr=[e for _, _, e in sel], fmt="o",
+                            color=color, alpha=0.85, capsize=3, label=label)
+        on = sorted((x, y) for x, y, f in zip(xs, ys, front, strict=True) if f)
+        ax.plot([x for x, _ in on], [y for _, y in on], color="C3", drawstyle="steps-post", linewidth=1.5,
+                marker="o", markerfacecolor="none", markersize=11, label="Pareto front")
+        for r, x, y, f in zip(rows, xs, ys, front, strict=True):
+            if f or r.baseline:
+                ax.annotate(_label(r), (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+            if r.baseline:
+                ax.scatter([x], [y], marker="*", s=260, color="gold", edgecolors="black", zorder=5,
+                           label="baseline")
+        if min(xs) > 0 and max(xs) / min(xs) >= 10:
+            ax.set_xscale("log")
+        ax.margins(x=0.2, y=0.12)  # room for the labels
+        ax.set_xlabel(COST_AXES[cost])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="best")
+    better = "higher" if rep.mode == "max" else "lower"
+    axes[0][0].set_ylabel(f"{rep.metric} ({better} is better)")
+    left_out = sum(r.partial for r in rep.rows)
+    fig.suptitle(f"{rep.metric} against cost ({rep.title})"
+                 + (f"; {left_out} configuration(s) stopped early left out" if left_out else ""))
+    fig.tight_layout()
+    path = out / f"{_slug(rep.metric)}_vs_cost.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
-                out_dir: str | Path | None = None, metric: str | None = None, log: bool = True) -> Report:
-    """Write table.md, table.csv and the plots to `out_dir`; log them to the parent run(s)."""
+                out_dir: str | Path | None = None, metric: str | None = None, log: bool = True,
+                baseline: dict[str, Any] | None = None) -> Report:
+    """Write table.md, table.csv and the plots to `out_dir`; log them to the parent run(s).
+    `baseline`: the configuration rows are tested against (default: the sweep's)."""
     uri = tracking.resolve_tracking_uri(uri)
     trials, parents = collect(uri, experiment, parent_run_id)
     if parent_run_id is not None:
@@ -377,13 +625,14 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
         hist = [v for v in hist if math.isfinite(v)]
         if hist:
             t.selected[metric] = max(hist) if mode == "max" else min(hist)
-    rep = build_report(trials, parents, metric=metric, mode=mode, title=title)
+    rep = build_report(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
     out = Path(out_dir or Path("reports") / _slug(title.split(" ", 1)[1])).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(to_markdown(rep))
     write_csv(rep, out / "table.csv")
     plot_metric_vs_params(rep, out)
     plot_learning_curves(rep, uri, out)
+    plot_score_vs_cost(rep, out)
     if log:
         where = "report" if parent_run_id is not None else "report_experiment"
         used = {t.parent_run_id for row in rep.rows for t in row.runs}

@@ -24,6 +24,7 @@ METRIC = "xmodal.sweep.metric"
 MODE = "xmodal.sweep.mode"
 JOB = "xmodal.sweep.job"
 SPACE = "xmodal.sweep.space"
+BASELINE = "xmodal.sweep.baseline"  # JSON: the space's baseline configuration (reports test rows against it)
 BEST = "xmodal.best."  # + trial_id / run_id / parameter name, on the parent at the end
 
 # Parameters that make replicates rather than configurations: reports group runs over them.

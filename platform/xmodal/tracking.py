@@ -636,6 +636,14 @@ def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0)
         _client(uri).log_batch(run_id, metrics=items[i:i + 500])
 
 
+def log_params(uri: str, run_id: str, params: dict[str, Any]) -> None:
+    """Params of an existing run (logging one again with the same value is allowed; another value is not)."""
+    mlflow = _mlflow()
+    items = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        _client(uri).log_batch(run_id, params=items[i:i + 100])
+
+
 def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str | Path) -> Path:
     """Copy a run's artifact (file or folder) into `dst_dir`; returns the local path."""
     Path(dst_dir).mkdir(parents=True, exist_ok=True)

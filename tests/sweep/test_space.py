@@ -122,6 +122,13 @@ def test_mult_space_validates_against_the_mult_job_config(tmp_path):
     ("- {optim.lr: 1e-9}", "- {optim.lr: 1e-9, tasks.obj_feat: false, tasks.feat_loss: l2}",
      ["try_first[1]: tasks.feat_loss is given but its condition does not hold"]),
     ("- {optim.lr: 1e-9}", "- {optimm.lr: 1e-9}", ["try_first[1]: 'optimm.lr' is not a parameter"]),
+    # the report's baseline: one whole configuration of the space, run first unless try_first lists it
+    ("  - {optim.lr: 1e-9}\n", "  - {optim.lr: 1e-9}\nbaseline: {optim.lr: 1e-3}\n",
+     ["baseline: optim.lr=0.001 is outside the space", "one of 0.01, 1e-09"]),
+    ("  - {optim.lr: 1e-9}\n", "  - {optim.lr: 1e-9}\nbaseline: {optim.lr: 1e-2}\n",
+     ["baseline: gives no value for tasks.obj_feat, model.x_layers; expected a value for every parameter"]),
+    ("  - {optim.lr: 1e-9}\n", "  - {optim.lr: 1e-9}\nbaseline: {optim.lr: 1e-9, tasks.obj_feat: false, "
+     "model.x_layers: 1}\nnum_samples: 2\n", ["try_first and the baseline: 3 configurations but num_samples is 2"]),
     # keys the sweep owns
     ("  model.x_layers:", "  mlflow.experiment: {type: choice, values: [a, b]}\n  model.x_layers:",
      ["'mlflow.experiment' cannot be searched"]),
@@ -355,3 +362,16 @@ def test_every_probe_value_builds_a_valid_config(tmp_path, monkeypatch):
         assert (key, repr(value)) in seen, (key, value)
     for loss in ("l2", "smooth_l1"):
         assert any(raw.get("tasks", {}) == {"obj_feat": True, "feat_loss": loss} for raw in tried), loss
+
+
+def test_the_baseline_is_run_first_and_defaults_to_the_first_try_first(tmp_path):
+    base = {"optim.lr": 1e-9, "tasks.obj_feat": False, "model.x_layers": 2}
+    with_base = load_space(write(tmp_path, GOOD + "baseline: {optim.lr: 1e-9, tasks.obj_feat: false, "
+                                               "model.x_layers: 2}\n"))
+    assert with_base.baseline_point() == base
+    assert with_base.first_points() == [base, *with_base.try_first]
+    listed = load_space(write(tmp_path, replace(GOOD, "- {optim.lr: 1e-9}", "- {optim.lr: 1e-9, tasks.obj_feat: "
+                                                "false, model.x_layers: 2}") + f"baseline: {base}\n", "b.yaml"))
+    assert listed.first_points() == listed.try_first  # already listed: not run twice
+    plain = load_space(write(tmp_path, GOOD, "c.yaml"))
+    assert plain.baseline_point() == plain.try_first[0]

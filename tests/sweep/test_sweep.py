@@ -94,6 +94,12 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     assert parent.tags[T.BEST + "optim.lr"] == "0.01"
     assert parent.metrics["best/eval/loss/mlm"] == pytest.approx(result["best"]["eval/loss/mlm"])
     assert {"space/space.yaml", "space/sweep.yaml"} <= set(tracking.list_artifacts(uri, parent_id, "space"))
+    # the report's baseline: the first try_first configuration; the best trial's cost beside its score
+    assert json.loads(parent.tags[T.BASELINE]) == {"optim.lr": 0.01, "tasks.obj_feat": True,
+                                                   "tasks.feat_loss": "smooth_l1"}
+    assert parent.metrics["best/cost/gflop_per_sample"] > 0 and parent.metrics["best/cost/wall_s"] > 0
+    assert "| optim.lr | tasks.obj_feat | tasks.feat_loss | runs | eval/loss/mlm |" in \
+        parent.tags["mlflow.note.content"]  # the run page shows the table
 
     runs = children(uri, parent_id)
     assert len(runs) == 4 and len({r.tags[T.TRIAL_ID] for r in runs}) == 4
@@ -110,6 +116,11 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
         if has_cond:
             assert params["tasks.feat_loss"] == tags[T.ABLATION + "tasks.feat_loss"]
         assert params["train.best_metric"] == "eval/loss/mlm" and params["preset"] == "tiny"
+        # one param per searched parameter in every trial, for MLflow's comparison of runs
+        assert all(params[f"ablation.{k}"] == tags.get(T.ABLATION + k, "-")
+                   for k in ("optim.lr", "tasks.obj_feat", "tasks.feat_loss"))
+        # cost, logged at each evaluation: trials stopped early have it too
+        assert r.metrics["cost/gflop_per_sample"] > 0 and r.metrics["cost/device_hours"] > 0
         if tags.get(T.EARLY_STOPPED) == "true":
             stopped.append(r)
             assert r.status == "KILLED" and int(tags[T.STOPPED_AT]) < 4
@@ -142,9 +153,12 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
         assert float(row["eval/loss/mlm mean"]) == pytest.approx(mean)
         assert int(row["runs"]) == len(group)
     assert rows[0]["optim.lr"] == "0.01" and rows[0]["finished"] == "1"  # sorted best first
-    assert len(list(out.glob("*.png"))) == 4  # metric vs each of the 3 parameters + learning curves
+    assert [(r["optim.lr"], r["tasks.feat_loss"]) for r in rows if r["baseline"] == "True"] == [("0.01", "smooth_l1")]
+    assert all(float(r["cost/gflop_per_sample mean"]) > 0 for r in rows)
+    # metric vs each of the 3 parameters, learning curves, score against cost
+    assert len(list(out.glob("*.png"))) == 5
     logged = set(tracking.list_artifacts(uri, parent_id, "report"))
-    assert "report/table.md" in logged
+    assert {"report/table.md", "report/eval_loss_mlm_vs_cost.png"} <= logged
 
 
 # ---------------------------------------------------------------- chaos: worker faults, retried trials, a killed driver

@@ -136,6 +136,15 @@ def test_worker_failure_resumes_exactly_into_one_history(tmp_path, tiny_store, r
         assert faulty_h.keys() == clean_h.keys(), key
         worst = max(abs(faulty_h[s] - clean_h[s]) for s in clean_h)
         assert worst <= 1e-5, f"{key}: the resumed run differs from the uninterrupted one by {worst}"
+    # cost/*: the FLOPs counted on the same batch shape in each attempt; the wall time carried over
+    # the restart in the checkpoints; device-hours of 2 workers x 0.5 reserved CPUs (scale.cpus_per_worker)
+    cost, clean_cost = ({k: v for k, v in r.metrics.items() if k.startswith("cost/")} for r in (run_, clean))
+    assert cost["cost/gflop_per_sample"] > 0
+    assert cost["cost/gflop_per_sample"] == pytest.approx(clean_cost["cost/gflop_per_sample"])
+    assert cost["cost/params"] == clean_cost["cost/params"] > 0
+    assert cost["cost/samples_per_s"] > 0 and cost["cost/peak_mem_gib"] > 0.1
+    assert 0 < cost["cost/wall_s"] <= meta["wall_s"] < cost["cost/wall_s"] + 10
+    assert cost["cost/device_hours"] == pytest.approx(cost["cost/wall_s"] * 2 * 0.5 / 3600)
 
 
 def final_metrics(out: str) -> dict[str, str]:

@@ -45,6 +45,7 @@ TRIAL_RESOURCES = {"CPU": 0.01}
 # Tune saves its experiment state at most every 10 s by default; a driver killed in between forgets
 # trials it had started. The state is small: save it often.
 TUNE_STATE_PERIOD_S = "2"
+NOTE_LIMIT = 7500  # a tag value's limit in MLflow's stores is 8000 characters
 log = logging.getLogger(__name__)
 
 
@@ -67,11 +68,18 @@ def _check_base(plan: SweepPlan) -> dict[str, Any]:
 
 
 def _space_params(space: SearchSpace) -> dict[str, Any]:
-    params = flatten(space.model_dump(mode="json", exclude={"parameters", "try_first", "base", "description"}))
+    params = flatten(space.model_dump(mode="json", exclude={"parameters", "try_first", "base", "description",
+                                                            "baseline"}))
     for name, p in space.parameters.items():
         params[f"parameters.{name}"] = json.dumps(p.model_dump(mode="json", exclude_none=True))
     params["try_first"] = json.dumps(space.try_first)
+    if space.baseline is not None:
+        params["baseline"] = json.dumps(space.baseline)
     return params
+
+
+def _description(space: SearchSpace) -> str:
+    return space.description or f"ablation sweep over {', '.join(space.parameters)}"
 
 
 def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
@@ -88,7 +96,8 @@ def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
     run_id = tracking.create_run(uri, exp_id, plan.name, _space_params(s), {
         T.KIND: "sweep", T.SWEEP: plan.name, T.JOB: s.job, T.METRIC: s.metric, T.MODE: s.mode,
         T.SPACE: str(plan.space_path), "git_commit": tracking.git_commit(),
-        "mlflow.note.content": s.description or f"ablation sweep over {', '.join(s.parameters)}"})
+        "mlflow.note.content": _description(s),
+        **({T.BASELINE: json.dumps(s.baseline_point())} if s.baseline_point() is not None else {})})
     tracking.log_artifact(uri, run_id, plan.space_path, "space")
     with tempfile.TemporaryDirectory() as tmp:
         resolved = Path(tmp) / "sweep.yaml"
@@ -259,7 +268,7 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
         return tune.Tuner.restore(plan.path, trainable, resume_unfinished=True, resume_errored=True)
     s = plan.space
     search = OptunaSearch(space=DefineByRun(s.parameters), metric=s.metric, mode=s.mode, seed=s.seed,
-                          points_to_evaluate=[dict(p) for p in s.try_first] or None)
+                          points_to_evaluate=s.first_points() or None)
     if isinstance(s.scheduler, AshaSpec):
         a = s.scheduler
         # max_t is a full trial's number of reports. Rungs go strictly below it and trials are never cut
@@ -325,6 +334,7 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
     except (RuntimeError, KeyError, ValueError):
         best = None
     metrics = {"sweep/trials": len(results), "sweep/errors": len(errors)}
+    _log_searched_values(uri, parent_run_id)
     if best is not None and best.metrics and s.metric in best.metrics:
         trial_id = best.metrics.get("trial_id", "")
         chosen = dict(best.config or {})
@@ -337,10 +347,23 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
         score = float(values.max() if s.mode == "max" else values.min()) if values is not None and len(values) \
             else float(best.metrics[s.metric])
         metrics[f"best/{s.metric}"] = score
+        if child is not None:  # what the best configuration cost, beside its score
+            metrics.update({f"best/{k}": v for k, v in child.metrics.items() if k.startswith("cost/")})
         summary["best"] = {"trial_id": trial_id, "params": chosen, s.metric: score,
                            "run_id": tags[T.BEST + "run_id"]}
     tracking.log_metrics(uri, parent_run_id, metrics)
     return summary
+
+
+def _log_searched_values(uri: str, parent_run_id: str) -> None:
+    """Every trial's searched values as params `ablation.<parameter>` ("-" where its condition did not
+    hold): one name per parameter across the trials, for MLflow's run comparison (a named option's
+    label, which is no config key, included)."""
+    for run in tracking.child_runs(uri, parent_run_id):
+        if run.tags.get(T.KIND) != "trial":
+            continue
+        keys = json.loads(run.tags.get(T.ABLATION_KEYS, "[]"))
+        tracking.log_params(uri, run.run_id, {f"ablation.{k}": run.tags.get(T.ABLATION + k, "-") for k in keys})
 
 
 def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
@@ -394,6 +417,12 @@ def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
     out = Path(plan.path) / "report" if "://" not in plan.root else Path(tempfile.mkdtemp()) / "report"
     try:
         make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=out)
+        # the run page renders its description as Markdown: the table there, the files in `report`
+        table = (out / "table.md").read_text()
+        note = f"{_description(plan.space)}\n\n{table}\n\nPlots and table.csv: artifacts, folder `report`."
+        if len(note) > NOTE_LIMIT:
+            note = f"{_description(plan.space)}\n\nThe report is in the artifacts, folder `report` (table.md)."
+        tracking.set_tags(plan.tracking_uri, parent_run_id, {"mlflow.note.content": note})
     except Exception as e:  # the sweep's results are in MLflow either way
         log.warning(f"report failed: {e}; rerun `python jobs/report.py --parent-run {parent_run_id}`")
         return None

@@ -171,6 +171,10 @@ class ChoiceParam(_Param):
 Param = Annotated[IntParam | FloatParam | ChoiceParam, Field(discriminator="type")]
 
 
+def _same_point(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(_member(a[k], [b[k]]) for k in a)
+
+
 def _member(v: Any, values: list[Any]) -> bool:
     """`v in values` that tells True from 1 and 1.0 from "1.0"."""
     return any(type(v) is type(x) and v == x for x in values) or (
@@ -222,6 +226,22 @@ class SearchSpace(_Strict):
     scheduler: Annotated[AshaSpec | FifoSpec, Field(discriminator="type")]
     parameters: dict[str, Param] = Field(min_length=1)
     try_first: list[dict[str, Scalar]] = Field(default_factory=list)
+    # The configuration the report tests every row against (Welch's t-test): a value for every
+    # parameter that applies; run first when `try_first` does not list it. Default: try_first[0].
+    baseline: dict[str, Scalar] | None = None
+
+    def first_points(self) -> list[dict[str, Any]]:
+        """The configurations Optuna evaluates first: the baseline (unless listed), then try_first."""
+        points = [dict(p) for p in self.try_first]
+        if self.baseline is not None and not any(_same_point(self.baseline, p) for p in points):
+            points.insert(0, dict(self.baseline))
+        return points
+
+    def baseline_point(self) -> dict[str, Any] | None:
+        """The report's baseline: `baseline`, else the first `try_first` configuration."""
+        if self.baseline is not None:
+            return dict(self.baseline)
+        return dict(self.try_first[0]) if self.try_first else None
 
     def assignments(self, chosen: dict[str, Any]) -> dict[str, Any]:
         """A trial's parameter values -> the dotted config keys they set."""
@@ -379,10 +399,20 @@ def structure_problems(space: SearchSpace) -> list[str]:
         if key.startswith(SWEEP_OWNED) or key in (s.rstrip(".") for s in SWEEP_OWNED):
             out.append(f"parameters: {key!r} cannot be searched: the sweep sets mlflow.*, scale.storage_path "
                        "and the data store for every trial (the store is resolved once per sweep)")
-    if len(space.try_first) > space.num_samples:
-        out.append(f"try_first: {len(space.try_first)} configurations but num_samples is {space.num_samples}")
+    first = space.first_points()
+    if len(first) > space.num_samples:
+        what = "try_first and the baseline" if len(first) > len(space.try_first) else "try_first"
+        out.append(f"{what}: {len(first)} configurations but num_samples is {space.num_samples}")
     for i, point in enumerate(space.try_first):
         out += [f"try_first[{i}]: {x}" for x in point_problems(space, point)]
+    if space.baseline is not None:
+        problems = point_problems(space, space.baseline)
+        out += [f"baseline: {x}" for x in problems]
+        if not problems:
+            missing = [n for n, p in space.parameters.items() if n not in space.baseline and p.active(space.baseline)]
+            if missing:
+                out.append(f"baseline: gives no value for {', '.join(missing)}; expected a value for every parameter "
+                           "that applies (the baseline is one configuration, one row of the report)")
     if isinstance(space.scheduler, AshaSpec) and space.scheduler.grace_period >= space.scheduler.max_t:
         out.append(f"scheduler.grace_period ({space.scheduler.grace_period}) must be below max_t "
                    f"({space.scheduler.max_t}): trials can only be stopped before their last report")
@@ -561,6 +591,10 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
                 problems.append(msg)
     for i, point in enumerate(space.try_first):
         msg = check(dict(point), f"try_first[{i}] {point}", None)
+        if msg:
+            problems.append(msg)
+    if space.baseline is not None:
+        msg = check(dict(space.baseline), f"baseline {space.baseline}", None)
         if msg:
             problems.append(msg)
     if not problems:

@@ -41,6 +41,7 @@ from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cluster import connect, storage_path
+from xmodal.train.cost import CostMeter
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.loop import NoHooks, fit
 from xmodal.train.runtime import prepare
@@ -593,6 +594,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
+    started = time.monotonic()  # the run's wall time (cost/wall_s) counts from here
     plan = RunPlan(**plan_dict)
     console.set_verbose(plan.verbose)
     console.quiet_worker()
@@ -622,13 +624,21 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
         return metrics
 
     selecting = w.selection is not None
+    cost = CostMeter(w.model, w.device, w.world,
+                     cfg.scale.gpus_per_worker if w.device.type == "cuda" else cfg.scale.cpus_per_worker,
+                     cfg.train.batch_size, wall_before_s=meta.get("wall_s", 0.0), started=started)
     hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, w.rank, w.world, w.device, evaluate, meta,
                      on_checkpoint=w.selection.save if selecting else None,
                      on_end=functools.partial(_held_out, spec, w, plan) if selecting else None,
-                     resumed_from=resume.path if resume is not None else None)
-    fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=plan.epoch_steps,
-        grad_accum=cfg.train.grad_accum,
-        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=spec.step_kwargs(cfg),
+                     resumed_from=resume.path if resume is not None else None, cost=cost)
+    step_kwargs = spec.step_kwargs(cfg)
+
+    def batches(epoch: int, skip: int) -> Iterable[Any]:
+        # the FLOPs of one training forward + backward, counted once on the first micro-batch
+        return cost.counting(spec.train_batches(w, epoch, skip), **step_kwargs(epoch))
+
+    fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
+        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
         seed=(cfg.train.seed, w.rank))
 
 

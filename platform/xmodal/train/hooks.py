@@ -18,6 +18,7 @@ from xmodal import tracking
 from xmodal.config import TrainConfig
 from xmodal.console import emit, say
 from xmodal.train import checkpoint as ckpt
+from xmodal.train.cost import CostMeter
 from xmodal.train.loop import Throughput, all_reduce_sums
 from xmodal.train.step import TrainState
 
@@ -68,11 +69,14 @@ class RunHooks:
                  device: torch.device, evaluate: Callable[[], dict[str, float]], meta: dict[str, Any],
                  on_checkpoint: Callable[[TrainState, Path, bool], None] | None = None,
                  on_end: Callable[[TrainState], dict[str, float]] | None = None,
-                 resumed_from: str | None = None):
+                 resumed_from: str | None = None, cost: CostMeter | None = None):
         """`on_checkpoint(state, folder, is_new_best)` adds files to a checkpoint (rank 0);
         `on_end(state)` runs on every worker after the final checkpoint (e.g. the test split on
         the selected model) and its metrics are logged and reported; `resumed_from` is the path of
-        the checkpoint restored (the one a failed checkpoint write leaves as the last)."""
+        the checkpoint restored (the one a failed checkpoint write leaves as the last); `cost` times
+        the steps, and rank 0 logs its `cost/*` metrics at every evaluation (early-stopped sweep
+        trials have them too) and carries its wall time in each checkpoint."""
+        self.cost = cost
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
         self.last_checkpoint: tuple[int, str] | None = (
             (meta["step"], resumed_from) if resumed_from is not None and "step" in meta else None)
@@ -95,6 +99,8 @@ class RunHooks:
             say(f"[xmodal] resumed from checkpoint at step {meta['step']} (epoch {meta.get('epoch')})")
 
     def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None:
+        if self.cost is not None:
+            self.cost.step_start()
         t = self.train
         self.meter.add(t.batch_size)
         self._maybe_fail(state.step)
@@ -115,6 +121,8 @@ class RunHooks:
                 self.logger.log(metrics, state.step)
         if state.step % t.eval_every == 0:
             self._eval_and_checkpoint(state, epoch, pos, finished=False)
+        if self.cost is not None:
+            self.cost.step_end()
 
     def at_end(self, state: TrainState, epoch: int, pos: int) -> None:
         import ray.train
@@ -142,6 +150,9 @@ class RunHooks:
         if self.rank == 0 and rerun_eval:
             emit("eval", step=state.step, epoch=epoch, metrics=metrics)
             self.logger.log(metrics, state.step)
+        if self.rank == 0 and self.cost is not None:
+            self.logger.log(self.cost.metrics(), state.step, force=finished)
+        if self.rank == 0 and rerun_eval:
             self.logger.flush()  # the checkpoint's steps are in MLflow before it (unless the server is away)
         report = {**metrics, "step": state.step, "epoch": epoch}
         if finished and self.on_end is None:
@@ -164,7 +175,8 @@ class RunHooks:
                 where = tmp
                 ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
                                        "run_id": self.plan.run_id, "config": self.plan.config,
-                                       "store": self.plan.data})
+                                       "store": self.plan.data,
+                                       "wall_s": self.cost.wall_s() if self.cost is not None else 0.0})
                 if self.on_checkpoint is not None:
                     self.on_checkpoint(state, Path(tmp), new_best)
                 ckpt.seal(tmp)
