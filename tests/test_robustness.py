@@ -181,3 +181,14 @@ def test_the_report_shows_the_sweep_metric_under_each_condition_as_columns():
     assert rep.columns == ["valid/mae", "test/mae", "robust/noise_text/mae", "robust/zero_audio/mae"]
     best = rep.rows[0]
     assert best.params == {"model.layers": 2} and best.stats["robust/zero_audio/mae"][0] == pytest.approx(2.1)
+
+
+def test_the_end_summary_puts_each_condition_on_one_line():
+    from xmodal.console import summary_table
+
+    final = {"test/acc2": 0.99, "test/mae": 0.05, "robust/zero_audio/acc2": 0.49, "robust/zero_audio/mae": 1.86,
+             "robust/zero_audio/loss": 1.9, "robust/noise_text/acc2": 0.92, "robust/noise_text/mae": 0.4}
+    rows = summary_table(final, {}, {})
+    assert rows[-2:] == ["  robust/noise_text  acc2 0.9200  mae 0.4000",
+                         "  robust/zero_audio  acc2 0.4900  mae 1.8600"]
+    assert len(rows) == 1 + 2 + 2  # header, the clean metrics, a line per condition
