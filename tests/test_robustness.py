@@ -192,3 +192,16 @@ def test_the_end_summary_puts_each_condition_on_one_line():
     assert rows[-2:] == ["  robust/noise_text  acc2 0.9200  mae 0.4000",
                          "  robust/zero_audio  acc2 0.4900  mae 1.8600"]
     assert len(rows) == 1 + 2 + 2  # header, the clean metrics, a line per condition
+
+
+def test_robust_config_is_on_by_default_and_names_bad_values():
+    from xmodal.config import ConfigError, FinetuneConfig, MultTrainConfig, load_config
+
+    assert tuple(load_config(MultTrainConfig).robust.conditions) == MULT_CONDITIONS
+    assert tuple(load_config(FinetuneConfig).robust.conditions) == FINETUNE_CONDITIONS
+    with pytest.raises(ConfigError, match=r"robust.conditions.0 = 'zero_smell': expected 'zero_text'"):
+        load_config(MultTrainConfig, overrides=["robust.conditions=[zero_smell]"])
+    with pytest.raises(ConfigError, match=r"robust.conditions: expected each condition once"):
+        load_config(FinetuneConfig, overrides=["robust.conditions=[feat_noise, feat_noise]"])
+    with pytest.raises(ConfigError, match=r"robust.noise_sigma = -1: expected a number in \(0, 10\]"):
+        load_config(FinetuneConfig, overrides=["robust.noise_sigma=-1"])
