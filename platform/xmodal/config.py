@@ -26,6 +26,7 @@ from xmodal.models.mult import PRESETS as MULT_PRESETS
 from xmodal.models.mult import MultConfig
 from xmodal.objectives.pretraining import PretrainTasks
 from xmodal.objectives.sentiment import F1Protocol
+from xmodal.robustness import FINETUNE_CONDITIONS, MULT_CONDITIONS, FinetuneCondition, MultCondition
 
 
 class ConfigError(UserError):
@@ -242,6 +243,38 @@ def _check_batch(train: TrainConfig, scale: ScaleConfig) -> None:
                          f"train.grad_accum = {scale.num_workers} x {train.grad_accum} = {per_step}")
 
 
+class _Robust(Section):
+    @field_validator("conditions", check_fields=False)
+    @classmethod
+    def _distinct(cls, conditions: list[str]) -> list[str]:
+        if len(set(conditions)) < len(conditions):
+            raise ValueError(f"expected each condition once, got {conditions}")
+        return conditions
+
+
+class MultRobustConfig(_Robust):
+    """Robustness, evaluated once at the end on the test split with the selected model (never at the
+    per-step evaluations): each condition logged as `robust/<condition>/<metric>`. [] = off."""
+
+    # zero_<m>: modality m missing (features zeroed); noise_<m>: Gaussian noise on m (xmodal.robustness).
+    conditions: list[MultCondition] = Field(default_factory=lambda: list(MULT_CONDITIONS))
+    # Noise std as a multiple of each feature dimension's std over the evaluated split's real steps.
+    noise_sigma: float = Field(0.5, gt=0, le=10)
+    seed: Seed = 0  # with the condition and each example's row: the noise drawn
+
+
+class FinetuneRobustConfig(_Robust):
+    """Robustness, evaluated once at the end on the validation split with the selected model (never
+    at the per-step evaluations): each condition logged as `robust/<condition>/<metric>`. [] = off."""
+
+    # feat_noise: Gaussian noise on the visual features; shuffle_boxes: boxes permuted across each
+    # image's objects, features kept (xmodal.robustness).
+    conditions: list[FinetuneCondition] = Field(default_factory=lambda: list(FINETUNE_CONDITIONS))
+    # Noise std as a multiple of each feature dimension's std over the split's images' real objects.
+    noise_sigma: float = Field(0.5, gt=0, le=10)
+    seed: Seed = 0  # with the condition and each example's row: the noise and permutations drawn
+
+
 class MultDataConfig(Section):
     store: str | None = _store_field()  # None = the embedded synthetic store, built on first use
     synthetic: SyntheticMultOptions = Field(default_factory=SyntheticMultOptions)
@@ -261,6 +294,7 @@ class MultTrainConfig(Section):
     # reference's src/eval_metrics.py computes it and its published F1s are. IEMOCAP F1s are the same
     # under both. Logged as the run tag `f1_protocol`.
     f1_protocol: F1Protocol = "sklearn"
+    robust: MultRobustConfig = Field(default_factory=MultRobustConfig)
     data: MultDataConfig = Field(default_factory=MultDataConfig)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(
         lr=3e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))
@@ -336,6 +370,7 @@ class FinetuneConfig(Section):
     nlvr2_output: Literal["sigmoid", "softmax"] = "sigmoid"
     # Reference: BCE on the soft scores (VQA; its GQA default too); "ce": cross-entropy on the top answer.
     qa_loss: Literal["bce", "ce"] = "bce"
+    robust: FinetuneRobustConfig = Field(default_factory=FinetuneRobustConfig)
     data: FinetuneDataConfig = Field(default_factory=FinetuneDataConfig)
     # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default: the paper's 5e-5, one epoch of
     # the synthetic set's 5,400 questions (168 steps).

@@ -217,7 +217,8 @@ def summary_table(final: dict[str, Any], history: dict[str, list[tuple[int, floa
     the chance level or prior (what it is). Counters and per-task losses are left out."""
     keys = [k for k in final if "/" in k and isinstance(final[k], (int, float)) and not isinstance(final[k], bool)
             and not _short(k).startswith("loss/") and not k.startswith(("train/", "system/"))]
-    keys = _ordered(keys, order or [])
+    robust = [k for k in keys if k.startswith("robust/")]
+    keys = _ordered([k for k in keys if k not in robust], order or [])
     keys = [k for k in keys if not _is_loss(k)] + [k for k in keys if _is_loss(k)]
     if not keys:
         return []
@@ -233,7 +234,18 @@ def summary_table(final: dict[str, Any], history: dict[str, list[tuple[int, floa
             best = f"{'-':>8}"
         base = f"{baselines[k][0]:.4f} ({baselines[k][1]})" if k in baselines else "-"
         rows.append(f"  {k:<{width}}  {final[k]:8.4f}   {best:<16}  {base}")
-    return rows
+    return rows + _robust_rows(final, robust)
+
+
+def _robust_rows(final: dict[str, Any], keys: list[str]) -> list[str]:
+    """One line per robustness condition (`robust/<condition>/<metric>`), its metrics but the loss."""
+    by_condition: dict[str, list[str]] = {}
+    for k in sorted(keys):
+        condition, name = k.rsplit("/", 1)
+        if name != "loss":
+            by_condition.setdefault(condition, []).append(f"{name} {final[k]:.4f}")
+    width = max((len(c) for c in by_condition), default=0)
+    return [f"  {c:<{width}}  " + "  ".join(parts) for c, parts in by_condition.items()]
 
 
 class Console:

@@ -177,12 +177,16 @@ def collect(uri: str, experiment: str | None = None,
 
 def _default_columns(metric: str, trials: list[TrialRun]) -> list[str]:
     """The sweep metric, the other summary metrics of its split (e.g. eval/<name> or valid/<name>, not
-    per-task losses), then the test metrics where the job logs them (MulT: of the selected model)."""
+    per-task losses), then the test metrics where the job logs them (MulT: of the selected model), then
+    the sweep metric's name under each robustness condition (robust/<condition>/<name>)."""
     split = metric.split("/")[0] + "/" if "/" in metric else None
     keys = {k for t in trials for k in t.metrics if k.count("/") == 1 and k != metric}
     same = sorted(k for k in keys if split and k.startswith(split) and split != "test/")
     test = sorted(k for k in keys if k.startswith("test/"))
-    return [metric, *same, *test]
+    name = metric.rsplit("/", 1)[-1]
+    robust = sorted({k for t in trials for k in t.metrics if k.startswith("robust/") and k.count("/") == 2
+                     and k.endswith(f"/{name}")})
+    return [metric, *same, *test, *robust]
 
 
 def _stats(values: list[float]) -> tuple[float, float, int]:

@@ -91,6 +91,32 @@ def test_mult_space_validates_against_the_mult_job_config(tmp_path):
         default.train, default.optim, default.preset, default.model, default.data)
 
 
+@pytest.mark.parametrize("path", sorted(SPACES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_space_plans(path, tmp_path, monkeypatch):
+    """Each file in search_spaces/ validates against its job's config (every choice, both ends of every
+    range, the try_first rows), as `jobs/sweep.py` checks it before Tune starts."""
+    monkeypatch.chdir(tmp_path)
+    p = plan_sweep(SweepOptions(space=str(path)))
+    assert p.experiment == f"xmodal-sweep-{path.stem}"
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_mult_depth_space_runs_every_crossmodal_depth_at_each_width_once(tmp_path):
+    plan = plan_sweep(SweepOptions(space=str(SPACES / "mult_depth.yaml"), storage_path=str(tmp_path)))
+    space = plan.space
+    depth = space.parameters["model.layers"]
+    assert (depth.low, depth.high, space.metric, space.scheduler.type) == (1, 8, "valid/mae", "fifo")
+    rows = {(r["model.layers"], r["width"]) for r in space.try_first}
+    widths = space.parameters["width"].options
+    assert rows == {(d, w) for d in range(1, 9) for w in widths} and space.num_samples == len(space.try_first)
+    for w, keys in widths.items():
+        cfg = validate_config(xmodal.config.MultTrainConfig,
+                              with_assignments(plan.base, space.assignments({"model.layers": 8, "width": w})), w)
+        # Only the crossmodal depth and the width vary: the self-attention transformers keep the preset's depth.
+        assert (cfg.model.layers, cfg.model.dim, cfg.model.num_heads) == (8, keys["model.dim"], keys["model.num_heads"])
+        assert cfg.model.self_depth == 1 and cfg.preset == "small"
+
+
 # ---------------------------------------------------------------- bad files: clear errors before anything runs
 
 

@@ -120,6 +120,10 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
     run = tracking.get_run(uri, out.run_id)
     assert run.status == "FINISHED" and run.tags["init"] == "scratch"
     assert {"valid/accuracy", "valid/consistency", "best_valid/consistency"} <= set(run.metrics)
+    # Robustness (robust.* defaults): the validation split once more per condition, at the end only.
+    for condition in ("feat_noise", "shuffle_boxes"):
+        assert {f"robust/{condition}/{k}" for k in ("accuracy", "loss", "consistency")} <= set(run.metrics)
+        assert len(tracking.metric_points(uri, out.run_id, f"robust/{condition}/accuracy")) == 1
     assert [m.value for m in tracking.metric_points(uri, out.run_id, "train/resumed_from_step")] == [4]
     evals = [m.step for m in tracking.metric_points(uri, out.run_id, "valid/accuracy")]
     assert evals == sorted(set(evals))  # one history: no step logged twice

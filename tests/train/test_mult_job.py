@@ -57,6 +57,10 @@ def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path
         assert child.tags["f1_protocol"] == "reference" and child.params["f1_protocol"] == "reference"
         for key in ("test/mae", "test/corr", "test/acc7", "test/acc2", "test/f1", "test/acc2_has0", "best_valid/mae"):
             assert key in m, key
+        # Robustness (robust.* defaults): the test split once more per condition, on both workers' rows.
+        for condition in ("zero_text", "zero_audio", "zero_vision", "noise_text", "noise_audio", "noise_vision"):
+            assert {f"robust/{condition}/{k}" for k in ("mae", "acc2", "f1", "loss")} <= set(m), condition
+        assert len(tracking.metric_points(uri, child.run_id, "robust/zero_audio/mae")) == 1  # at the end only
         # The selected model is the best on validation: no logged validation MAE beats it.
         hist = [x.value for x in tracking.metric_points(uri, child.run_id, "valid/mae")]
         assert m["best_valid/mae"] == pytest.approx(min(hist))
@@ -64,6 +68,8 @@ def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path
     pm = parent.metrics
     assert pm["test/mae_mean"] == pytest.approx(sum(maes) / 2)
     assert pm["test/mae_std"] == pytest.approx(abs(maes[0] - maes[1]) / 2 ** 0.5)
+    assert pm["robust/zero_audio/acc2_mean"] == pytest.approx(
+        sum(c.metrics["robust/zero_audio/acc2"] for c in children) / 2)
 
 
 @pytest.mark.slow

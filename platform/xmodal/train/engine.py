@@ -554,10 +554,10 @@ def _seeded(cfg, seed: int, name: str):
 
 
 def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
-    """{metric_mean, metric_std} over seeds for the test and best-validation metrics every run has."""
+    """{metric_mean, metric_std} over seeds for the test, best-validation and robustness metrics every run has."""
     keys = set.intersection(*(set(m) for m in finals)) if finals else set()
     out: dict[str, float] = {}
-    for k in sorted(k for k in keys if k.startswith(("test/", "best_valid/"))):
+    for k in sorted(k for k in keys if k.startswith(("test/", "best_valid/", "robust/"))):
         vals = [m[k] for m in finals]
         out[f"{k}_mean"] = statistics.fmean(vals)
         out[f"{k}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0

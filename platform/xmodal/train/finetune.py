@@ -4,7 +4,9 @@ Workers train on their equal share of the examples, read straight from the fine-
 image store (no Ray Data execution); they evaluate the validation split every `eval_every` steps,
 keep the best model by `train.best_metric`, and at the end evaluate every held-out split with that
 model and write the reference's prediction files (VQA/GQA: JSON list of {question_id, answer};
-NLVR2: CSV of identifier,True|False), logged as artifacts under `predictions/`.
+NLVR2: CSV of identifier,True|False), logged as artifacts under `predictions/`; then the validation
+split once per `robust.conditions`, the visual inputs perturbed (`robust/<condition>/<metric>`,
+xmodal.robustness).
 
 Where the weights come from (`init.source`): the newest finished pretraining run on the same image
 store (`latest`, the default; scratch when there is none), an MLflow run id (`run`), a checkpoint
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +163,7 @@ class FinetuneJob(JobSpec):
         if folder is not None:
             selected = {"best": w.selection.score, **w.selection.valid, **final}
             (folder / "predictions" / "selected.json").write_text(json.dumps(selected, indent=2))
-        return final
+        return {**final, **robust_metrics(w, "valid")}
 
 
 def _checkpoint_files(path: Path) -> Path:
@@ -306,10 +308,30 @@ def load_init(objective, init: Init, answers: list[str] | None, answer_head_from
     return line
 
 
+def robust_metrics(w: Worker, split: str) -> dict[str, float]:
+    """`split` predicted under each of `robust.conditions` (`robust/<condition>/<metric>`): the
+    validation split, the one every set has labelled (its clean figures are `best_valid/*`); the
+    noise is scaled by each feature dimension's std over the split's images' real objects."""
+    from xmodal.robustness import feature_std, finetune_perturbation
+
+    r = w.cfg.robust
+    if not r.conditions:
+        return {}
+    images = w.data.images(split)
+    std = feature_std(images.features, images.visual_mask) if "feat_noise" in r.conditions else None
+    out: dict[str, float] = {}
+    for condition in r.conditions:
+        p = predict_split(w, split, finetune_perturbation(condition, r.noise_sigma, std, r.seed))
+        metrics = split_metrics(w.cfg.task, w.data, split, p)
+        out.update({f"robust/{condition}/{k.split('/', 1)[1]}": v for k, v in metrics.items()})
+    return out
+
+
 @torch.no_grad()
-def predict_split(w: Worker, split: str) -> dict[str, Any]:
+def predict_split(w: Worker, split: str, perturb: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Every example of a split, predicted once across the workers (one forward per batch): row,
-    prediction and score for all rows, plus the mean loss. Each worker takes a strided share."""
+    prediction and score for all rows, plus the mean loss. Each worker takes a strided share.
+    `perturb`: applied to each batch on the device (robustness)."""
     from xmodal.data.finetune.sets import iter_finetune_batches
 
     objective = w.model
@@ -320,6 +342,8 @@ def predict_split(w: Worker, split: str) -> dict[str, Any]:
         if i % w.world != w.rank:
             continue
         batch = w.to_device(batch)
+        if perturb is not None:
+            batch = perturb(batch)
         out = objective(batch, with_predictions=True)
         pred = out["prediction"]
         rows.append(batch.index)

@@ -3,7 +3,8 @@
 Workers read their own row groups of the train split through Ray Data (the same every run:
 reproducible, exact resume), evaluate on the validation split every `eval_every` steps, keep the
 best model by `train.best_metric`, and at the end evaluate the TEST split once, with that selected
-model. Optimiser: Adam, as the reference code. With `seeds`, the engine runs
+model, and then once per `robust.conditions` with the inputs perturbed (`robust/<condition>/<metric>`,
+xmodal.robustness). Optimiser: Adam, as the reference code. With `seeds`, the engine runs
 one run per seed under a parent run with every metric's mean and std.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from xmodal.batches import MultBatch
 from xmodal.config import ConfigError, MultTrainConfig
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
@@ -93,8 +95,10 @@ class MultJob(JobSpec):
         return evaluate_split(w, "valid")
 
     def held_out(self, w: Worker, folder: Path | None) -> dict[str, float]:
-        """The test split, evaluated once, with the model selected on validation."""
-        return evaluate_split(w, "test")
+        """The test split, evaluated once, with the model selected on validation; then under each
+        robustness condition."""
+        loaded = w.data.split("test")
+        return {**evaluate_split(w, "test", loaded=loaded), **robust_metrics(w, "test", loaded)}
 
 
 def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
@@ -109,15 +113,37 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
     return cfg.model_copy(update={"model": model})
 
 
+def robust_metrics(w: Worker, split: str, loaded=None) -> dict[str, float]:
+    """`split` evaluated under each of `robust.conditions` (`robust/<condition>/<metric>`); the noise
+    is scaled by each modality's per-dimension std over the split's real steps."""
+    from xmodal.robustness import feature_std, mult_perturbation
+
+    r = w.cfg.robust
+    loaded = loaded if loaded is not None else w.data.split(split)
+    noised = {c.split("_", 1)[1] for c in r.conditions if c.startswith("noise_")}
+    stds = {m: feature_std(loaded.values[m]) for m in sorted(noised)}
+    out: dict[str, float] = {}
+    for condition in r.conditions:
+        perturb = mult_perturbation(condition, r.noise_sigma, stds, r.seed)
+        metrics = evaluate_split(w, split, perturb, loaded)
+        out.update({f"robust/{condition}/{k.split('/', 1)[1]}": v for k, v in metrics.items()})
+    return out
+
+
 @torch.no_grad()
-def evaluate_split(w: Worker, split: str) -> dict[str, float]:
+def evaluate_split(w: Worker, split: str, perturb: Callable[[MultBatch], MultBatch] | None = None,
+                   loaded=None) -> dict[str, float]:
     """Metrics on a whole split (docs/papers.md#metrics): every worker's outputs are gathered in
-    row order, then the metrics computed on all of them, F1 by the config's `f1_protocol`."""
+    row order, then the metrics computed on all of them, F1 by the config's `f1_protocol`.
+    `perturb`: applied to each batch on the device (robustness); `loaded`: the split, when read already."""
     objective = w.model
     objective.eval()
     outs, labels, index, loss_sum = [], [], [], 0.0
-    for batch in w.data.split(split).batches(w.micro_batch, rank=w.rank, world_size=w.world, even_shards=False):
+    loaded = loaded if loaded is not None else w.data.split(split)
+    for batch in loaded.batches(w.micro_batch, rank=w.rank, world_size=w.world, even_shards=False):
         batch = w.to_device(batch)
+        if perturb is not None:
+            batch = perturb(batch)
         res = objective(batch, with_metrics=True)
         outs.append(res["outputs"].float())
         labels.append(res["labels"])
