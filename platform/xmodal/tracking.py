@@ -229,12 +229,18 @@ def log_dataset(uri: str, run_id: str, name: str, path: str, digest: str, profil
 MODEL_REQUIREMENTS = ("torch", "numpy", "pyyaml", "pydantic")
 
 
-def log_pytorch_model(uri: str, run_id: str, model, name: str = "model", config: dict[str, Any] | None = None,
+# The name of a run's MLflow model: not "model", the run's artifact folder of checkpoint files (MLflow 3
+# merges a logged model into the run's artifact paths of its name, and then looks the model up through
+# the process's global tracking URI, not the client's).
+LOGGED_MODEL = "final_model"
+
+
+def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, config: dict[str, Any] | None = None,
                       metadata: dict[str, Any] | None = None, step: int = 0) -> str:
     """`model` (an nn.Module) as the run's MLflow model (`mlflow.pytorch` flavor, pickled by reference
     to its classes: loading needs the package importable), with `config` as `config.yaml` beside it
     and as the model's params; returns the model id. Load it with
-    `mlflow.pytorch.load_model("runs:/<run_id>/<name>")` or `("models:/<model id>")`."""
+    `mlflow.pytorch.load_model("runs:/<run_id>/final_model")` or `("models:/<model id>")`."""
     import importlib.metadata
     import warnings
 

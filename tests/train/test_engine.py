@@ -115,6 +115,9 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         model_id = engine.log_model(spec, plan, checked.data, folder)
         assert model_id is not None
         runs[job] = (plan.run_id, type(model).__name__, model_id)
+        # The run's checkpoint folder `model` stays apart from its MLflow model (another name).
+        tracking.log_artifact(uri, plan.run_id, folder / "model.pt", "model")
+        assert tracking.list_artifacts(uri, plan.run_id, "model") == ["model/model.pt"]
 
         run = client.get_run(plan.run_id)
         assert run.data.tags[T.SOURCE_NAME] == tracking.source_tags()[T.SOURCE_NAME]
@@ -143,10 +146,10 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         import sys, mlflow, mlflow.pytorch, torch
         mlflow.set_tracking_uri({uri!r})
         for job, run_id, name in {[(j, r, n) for j, (r, n, _) in runs.items()]!r}:
-            model = mlflow.pytorch.load_model(f"runs:/{{run_id}}/model")
+            model = mlflow.pytorch.load_model(f"runs:/{{run_id}}/final_model")
             assert type(model).__name__ == name and "xmodal" in type(model).__module__, type(model)
             assert not model.training
-            config = mlflow.artifacts.download_artifacts(f"runs:/{{run_id}}/model/extra_files/config.yaml")
+            config = mlflow.artifacts.download_artifacts(f"runs:/{{run_id}}/final_model/extra_files/config.yaml")
             assert "train:" in open(config).read()
             with torch.no_grad():
                 out = model(*torch.load({str(tmp_path)!r} + f"/{{job}}_inputs.pt"))
