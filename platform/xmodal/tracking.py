@@ -252,8 +252,11 @@ def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, co
     c = _client(uri)
     run = c.get_run(run_id)
     params = {k: str(v)[:6000] for k, v in _flat(config or {}).items()}
+    # The run's source tags on the model too: the UI's model list shows them as "Logged from".
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")}
+    tags["xmodal.class"] = f"{type(model).__module__}.{type(model).__qualname__}"
     logged = c.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, params=params or None,
-                                   tags={"xmodal.class": f"{type(model).__module__}.{type(model).__qualname__}"})
+                                   tags=tags)
     requirements = []
     for package in MODEL_REQUIREMENTS:
         try:

@@ -135,6 +135,7 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         logged = client.get_logged_model(model_id)
         assert logged.source_run_id == plan.run_id and str(logged.status) in ("READY", "LoggedModelStatus.READY")
         assert logged.params["train.seed"] == str(checked.cfg.train.seed)
+        assert logged.tags[T.SOURCE_NAME] == run.data.tags[T.SOURCE_NAME]  # the model list's "Logged from"
         files = {f.path for f in client.list_logged_model_artifacts(model_id)}
         assert {"MLmodel", "extra_files"} <= files, files
         exp = client.get_experiment(run.info.experiment_id)

@@ -575,7 +575,7 @@ def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:
         say(f"[xmodal] the final model was not logged as an MLflow model ({type(e).__name__}: {e}); "
             "its weights are in the run's `model` artifact")
         return None
-    log.info(f"MLflow model {model_id} logged in {time.monotonic() - started:.2f} s")
+    log.debug(f"MLflow model {model_id} logged in {time.monotonic() - started:.2f} s")
     return model_id
 
 
