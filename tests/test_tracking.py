@@ -229,3 +229,53 @@ def test_bad_spool_file_is_rejected_before_anything_is_sent(tmp_path, content, m
     assert not (tmp_path / "x.db").exists()  # nothing written to MLflow
     if content is not None:
         assert f.exists()
+
+
+# ---------------------------------------------------------------- what the MLflow UI reads
+
+
+def test_source_tags_name_the_entry_point_commit_and_command(monkeypatch):
+    from xmodal import run_tags as T
+
+    monkeypatch.delenv(tracking._RAY_JOB_ENV, raising=False)
+    tags = tracking.source_tags([str(REPO / "jobs" / "pretrain.py"), "--set", "train.note=a b"])
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    assert tags == {T.SOURCE_NAME: "jobs/pretrain.py", T.SOURCE_TYPE: "LOCAL", T.GIT_COMMIT: head,
+                    T.GIT_DIRTY: "true" if dirty else "false",
+                    T.COMMAND: "jobs/pretrain.py --set 'train.note=a b'"}
+    monkeypatch.setenv(tracking._RAY_JOB_ENV, "{}")  # what `ray job submit` sets in the job's driver
+    assert tracking.source_tags(["/elsewhere/run.py"])[T.SOURCE_TYPE] == "JOB"
+    assert tracking.source_tags(["/elsewhere/run.py"])[T.SOURCE_NAME] == "/elsewhere/run.py"
+
+
+def test_experiments_open_in_the_training_view_and_datasets_are_logged_once(tmp_path):
+    from mlflow import MlflowClient
+
+    from xmodal import run_tags as T
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = tracking.ensure_experiment(uri, "new")
+    assert client.get_experiment(exp).tags[T.EXPERIMENT_KIND] == "custom_model_development"
+    old = client.create_experiment("old")  # made before experiments were marked
+    genai = client.create_experiment("genai", tags={T.EXPERIMENT_KIND: "genai_development"})
+    assert tracking.ensure_experiment(uri, "old") == old
+    assert client.get_experiment(old).tags[T.EXPERIMENT_KIND] == "custom_model_development"
+    tracking.ensure_experiment(uri, "genai")
+    assert client.get_experiment(genai).tags[T.EXPERIMENT_KIND] == "genai_development"  # a user's choice stays
+
+    run_id = tracking.create_run(uri, exp, "r", {}, {})
+    for _ in range(2):  # a resumed run logs its data again
+        tracking.log_dataset(uri, run_id, "lxmert", str(tmp_path / "store"), "0123456789abcdef",
+                             {"rows": {"train": 10}, "dims": {"feat_dim": 16}})
+    tracking.log_dataset(uri, run_id, "remote", "s3://bucket/store", "fedcba9876543210", {"rows": {}})
+    inputs = client.get_run(run_id).inputs.dataset_inputs
+    assert sorted(d.dataset.name for d in inputs) == ["lxmert", "remote"]
+    local = next(d.dataset for d in inputs if d.dataset.name == "lxmert")
+    assert (local.digest, local.source_type, json.loads(local.source)) == (
+        "0123456789abcdef", "local", {"uri": str(tmp_path / "store")})
+    assert json.loads(local.profile) == {"rows": {"train": 10}, "dims": {"feat_dim": 16}}
+    remote = next(d.dataset for d in inputs if d.dataset.name == "remote")
+    assert (remote.source_type, json.loads(remote.source)) == ("s3", {"uri": "s3://bucket/store"})

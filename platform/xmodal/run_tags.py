@@ -29,3 +29,12 @@ BEST = "xmodal.best."  # + trial_id / run_id / parameter name, on the parent at 
 
 # Parameters that make replicates rather than configurations: reports group runs over them.
 REPLICATE_KEYS = ("train.seed",)
+
+# MLflow's own tags that its UI reads (mlflow.utils.mlflow_tags; the experiment kind: the UI's own enum)
+SOURCE_NAME = "mlflow.source.name"  # the entry point, e.g. jobs/pretrain.py
+SOURCE_TYPE = "mlflow.source.type"  # JOB (`ray job submit`) or LOCAL
+GIT_COMMIT = "mlflow.source.git.commit"
+GIT_DIRTY = "mlflow.source.git.dirty"  # "true" when tracked files differ from the commit
+COMMAND = "xmodal.command"  # the command line that started the run
+EXPERIMENT_KIND = "mlflow.experimentKind"  # on experiments: which view the UI opens
+TRAINING_EXPERIMENT = "custom_model_development"  # the training view (runs, charts), not the GenAI one

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xmodal import run_tags as T
 from xmodal.errors import UserError
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
 
@@ -102,17 +105,20 @@ def _client(uri: str):
 
 
 def ensure_experiment(uri: str, name: str) -> str:
+    """The experiment's id (created if new), marked as a model-training experiment unless it is
+    marked otherwise: MLflow 3's UI then opens the training view (runs, charts), not the GenAI one."""
     c = _client(uri)
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return c.create_experiment(name)
-    except Exception:  # created concurrently by another driver
-        exp = c.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return c.create_experiment(name, tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT})
+        except Exception:  # created concurrently by another driver
+            exp = c.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if T.EXPERIMENT_KIND not in exp.tags:  # made before the kind was set, or by MLflow itself
+        c.set_experiment_tag(exp.experiment_id, T.EXPERIMENT_KIND, T.TRAINING_EXPERIMENT)
+    return exp.experiment_id
 
 
 def find_run(uri: str, experiment_id: str, run_name: str) -> RunRecord | None:
@@ -138,13 +144,151 @@ def create_run(uri: str, experiment_id: str, run_name: str, params: dict[str, An
     return run.info.run_id
 
 
-def git_commit() -> str:
+def _git(*args: str) -> str | None:
+    """A git command's output in this package's checkout, None outside one (an installed package)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str:
+    return _git("rev-parse", "HEAD") or "unknown"
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked files differ from the commit (untracked files, e.g. mlflow.db, do not count)."""
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
+
+
+# Set by `ray job submit` in the job's driver (ray._private.runtime_env.constants).
+_RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def source_tags(argv: list[str] | None = None) -> dict[str, str]:
+    """MLflow's source tags, which its UI shows as the run's Source: the entry point (relative to the
+    checkout when inside it), JOB under `ray job submit` else LOCAL, the git commit and whether the
+    checkout was dirty; and the whole command line (`xmodal.command`)."""
+    argv = list(sys.argv if argv is None else argv)
+    entry = argv[0] if argv else "unknown"
+    root = _git("rev-parse", "--show-toplevel")
+    if root and entry:
+        try:
+            entry = Path(entry).resolve().relative_to(root).as_posix()
+        except ValueError:
+            pass
+    tags = {T.SOURCE_NAME: entry, T.SOURCE_TYPE: "JOB" if _RAY_JOB_ENV in os.environ else "LOCAL",
+            T.COMMAND: shlex.join([entry, *argv[1:]])[:5000]}
+    commit, dirty = git_commit(), git_dirty()
+    if commit != "unknown":
+        tags[T.GIT_COMMIT] = commit
+    if dirty is not None:
+        tags[T.GIT_DIRTY] = str(dirty).lower()
+    return tags
+
+
+def log_dataset(uri: str, run_id: str, name: str, path: str, digest: str, profile: dict[str, Any],
+                context: str = "train") -> None:
+    """The run's data as an MLflow dataset input (the UI's Dataset column and panel): its name, where
+    it is, its fingerprint as the digest, and `profile` (rows, dims, ...) as the dataset's profile.
+    Logging the same dataset again (a resumed run) adds nothing."""
+    import warnings
+
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    if "://" in path:
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": the first is right
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(path)
+    else:
+        from mlflow.data.sources import LocalArtifactDatasetSource
+
+        source = LocalArtifactDatasetSource(str(Path(path).resolve()))
+
+    class StoreDataset(MetaDataset):
+        @property
+        def profile(self) -> dict[str, Any]:
+            return profile
+
+        def to_dict(self) -> dict[str, str]:
+            return {**super().to_dict(), "profile": json.dumps(profile)}
+
+    entity = StoreDataset(source, name=name, digest=digest)._to_mlflow_entity()
+    _client(uri).log_inputs(run_id, [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+
+
+# What a logged model's environment lists: the versions it was trained with, named rather than
+# inferred (MLflow's inference runs a subprocess that imports the model: seconds per run).
+MODEL_REQUIREMENTS = ("torch", "numpy", "pyyaml", "pydantic")
+
+
+# The name of a run's MLflow model: not "model", the run's artifact folder of checkpoint files (MLflow 3
+# merges a logged model into the run's artifact paths of its name, and then looks the model up through
+# the process's global tracking URI, not the client's).
+LOGGED_MODEL = "final_model"
+
+
+def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, config: dict[str, Any] | None = None,
+                      metadata: dict[str, Any] | None = None, step: int = 0) -> str:
+    """`model` (an nn.Module) as the run's MLflow model (`mlflow.pytorch` flavor, pickled by reference
+    to its classes: loading needs the package importable), with `config` as `config.yaml` beside it
+    and as the model's params; returns the model id. Load it with
+    `mlflow.pytorch.load_model("runs:/<run_id>/final_model")` or `("models:/<model id>")`."""
+    import importlib.metadata
+    import warnings
+
+    import yaml
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model
+
+    mlflow = _mlflow()
+    c = _client(uri)
+    run = c.get_run(run_id)
+    params = {k: str(v)[:6000] for k, v in _flat(config or {}).items()}
+    # The run's source tags on the model too: the UI's model list shows them as "Logged from".
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")}
+    tags["xmodal.class"] = f"{type(model).__module__}.{type(model).__qualname__}"
+    logged = c.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, params=params or None,
+                                   tags=tags)
+    requirements = []
+    for package in MODEL_REQUIREMENTS:
+        try:
+            requirements.append(f"{package}=={importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = []
+        if config is not None:
+            (Path(tmp) / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            extra.append(str(Path(tmp) / "config.yaml"))
+        local = Path(tmp) / "model"
+        info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
+                     model_id=logged.model_id, metadata=metadata)
+        with warnings.catch_warnings():  # the pickle format's own caution, said once in the docs instead
+            warnings.simplefilter("ignore")
+            mlflow.pytorch.save_model(model, str(local), mlflow_model=info, pip_requirements=requirements,
+                                      serialization_format="pickle", extra_files=extra or None)
+        c.log_model_artifacts(logged.model_id, str(local))
+    c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
+    c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+    return logged.model_id
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 SPOOL_FILE = "mlflow_unlogged.jsonl"

@@ -75,7 +75,7 @@ def test_batch_size_must_split_over_workers(tiny_store):
 
 
 @pytest.mark.slow
-def test_job_submit_logs_a_finished_run(tmp_path, tiny_store):
+def test_job_submit_logs_a_finished_run(tmp_path, tiny_store, monkeypatch):
     head = RayHead(tmp_path)
     try:
         job = head.submit([PYTHON, PRETRAIN, *tiny_args(tmp_path, tiny_store, "submitted",
@@ -96,6 +96,26 @@ def test_job_submit_logs_a_finished_run(tmp_path, tiny_store):
     assert "config.yaml" in artifacts and "model" in artifacts
     model_files = set(tracking.list_artifacts(uri, run.run_id, "model"))
     assert "model/model.pt" in model_files
+    # What the MLflow UI's run page reads: source, dataset input, logged model (loads with its weights).
+    import mlflow
+    import torch
+
+    from xmodal import run_tags as T
+
+    assert (run.tags[T.SOURCE_NAME], run.tags[T.SOURCE_TYPE]) == ("jobs/pretrain.py", "JOB")
+    assert run.tags[T.GIT_COMMIT] == run.tags["git_commit"] and "--run-name submitted" in run.tags[T.COMMAND]
+    client = mlflow.MlflowClient(uri)
+    full = client.get_run(run.run_id)
+    (ds,) = full.inputs.dataset_inputs
+    assert ds.dataset.name == tiny_store.name and ds.dataset.digest == run.tags["xmodal.repro.data_manifest_sha256"]
+    assert json.loads(ds.dataset.profile)["dims"]["feat_dim"] == 16
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what resolves runs:/ (no global setting left behind)
+    model = mlflow.pytorch.load_model(f"runs:/{run.run_id}/final_model")
+    final = torch.load(tracking.download_artifacts(uri, run.run_id, "model/model.pt", tmp_path / "dl"),
+                       weights_only=True)
+    assert type(model).__name__ == "LxmertForPretraining"
+    assert all(torch.equal(v, final[f"model.{k}"]) for k, v in model.state_dict().items())
+    assert client.get_experiment(full.info.experiment_id).tags[T.EXPERIMENT_KIND] == T.TRAINING_EXPERIMENT
 
 
 # ---------------------------------------------------------------- faults

@@ -95,7 +95,7 @@ def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
     s = plan.space
     run_id = tracking.create_run(uri, exp_id, plan.name, _space_params(s), {
         T.KIND: "sweep", T.SWEEP: plan.name, T.JOB: s.job, T.METRIC: s.metric, T.MODE: s.mode,
-        T.SPACE: str(plan.space_path), "git_commit": tracking.git_commit(),
+        T.SPACE: str(plan.space_path), "git_commit": tracking.git_commit(), **tracking.source_tags(),
         "mlflow.note.content": _description(s),
         **({T.BASELINE: json.dumps(s.baseline_point())} if s.baseline_point() is not None else {})})
     tracking.log_artifact(uri, run_id, plan.space_path, "space")
@@ -144,7 +144,8 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
     source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
     cfg = validate_config(spec.config_class, raw, source)
     spec.run(cfg, source, parent_run_id=setup["parent_run_id"],
-             tags=trial_tags(setup, space, chosen, trial_id, cfg), callbacks=[TuneReportCallback()])
+             tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
+             callbacks=[TuneReportCallback()])
 
 
 def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
@@ -377,7 +378,8 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     console.CONSOLE.sweep = True  # trial lines only: no progress bar or tables from the trials' runs
     connect()
     experiment_id, parent_run_id = open_parent_run(plan)
-    setup = _sweep_setup(plan, parent_run_id, experiment_id)
+    # The trials' runs are made in Ray's worker processes: they record the sweep's command as their source.
+    setup = {**_sweep_setup(plan, parent_run_id, experiment_id), "source_tags": tracking.source_tags()}
     uri = plan.tracking_uri
     log.info(f"sweep {plan.name!r}: {plan.space.num_samples} trials of {plan.space.job}, at most "
              f"{plan.space.max_concurrent} at a time; Tune state in {plan.path}")

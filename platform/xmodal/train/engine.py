@@ -121,6 +121,11 @@ class JobSpec:
         """The evaluation metrics in the order the console's tables show them (others follow by name)."""
         return []
 
+    def dataset(self, cfg, data) -> dict[str, Any]:
+        """The run's data as MLflow's dataset input shows it: {"name", "rows": {split: count}, "dims":
+        {name: width}} (the path and fingerprint are the engine's)."""
+        return {"name": Path(self.data_path(data)).name, "rows": {}, "dims": {}}
+
     def check_batches(self, cfg, data) -> None:
         """Build what turns the data into batches, so that a worker would not reject it."""
 
@@ -136,6 +141,11 @@ class JobSpec:
 
     def prepare_options(self, cfg) -> dict[str, Any]:
         return {}
+
+    def exported_model(self, objective: nn.Module) -> nn.Module:
+        """What the run's MLflow model holds: the bare model under the objective (no losses or
+        metrics), the one a user runs on new inputs."""
+        return getattr(objective, "model", objective)
 
     def step_kwargs(self, cfg) -> Callable[[int], dict[str, Any]]:
         """epoch -> train_step's keyword arguments (pretraining: the tasks active in that epoch)."""
@@ -326,8 +336,8 @@ def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags:
         tracking.mark_running(uri, existing.run_id)
         log.info(f"resuming run {name!r} (MLflow run {existing.run_id})")
         return existing.run_id
-    return tracking.create_run(uri, exp_id, name, params, {"git_commit": tracking.git_commit(), **tags},
-                               parent_run_id)
+    return tracking.create_run(uri, exp_id, name, params,
+                               {"git_commit": tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
 
 
 def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
@@ -339,6 +349,7 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                 TOTAL_STEPS_TAG: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
                 **spec.tags(cfg, data, checked.start), **(tags or {})}
     run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id)
+    log_dataset(spec, cfg, data, checked.tracking_uri, run_id)
     baselines = spec.baselines(cfg, data)
     if baselines:
         tracking.log_metrics(checked.tracking_uri, run_id,
@@ -352,11 +363,26 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                    baselines=baselines, metric_order=spec.metric_order(cfg), verbose=console.verbose())
 
 
+def manifest_digest(data_path: str) -> str:
+    """The data's fingerprint: the first 16 hex digits of its manifest's sha256 ("-" without one)."""
+    manifest = Path(data_path) / "manifest.json"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"
+
+
+def log_dataset(spec: JobSpec, cfg, data, uri: str, run_id: str) -> None:
+    """The run's data as its MLflow dataset input (context "train"): the job's name, rows and dims,
+    the path, and the manifest's fingerprint as the digest (the `xmodal.repro` tag's too)."""
+    path = spec.data_path(data)
+    d = spec.dataset(cfg, data)
+    digest = manifest_digest(path)
+    tracking.log_dataset(uri, run_id, d["name"], path, digest,
+                         {"job": spec.name, "fingerprint": digest, "rows": d["rows"], "dims": d["dims"]})
+
+
 def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
     """What the promise "same seed, data, config and workers -> the same metrics" rests on
     (docs/architecture.md, "Reproducible runs"); the config itself is the run's params."""
-    manifest = Path(data_path) / "manifest.json"
-    digest = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"
+    digest = manifest_digest(data_path)
     versions = []
     for package in ("torch", "numpy", "pyarrow", "ray"):
         try:
@@ -407,7 +433,7 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
             result = trainer(spec, plan, data, callbacks).fit()
         finally:
             console.CONSOLE.end()
-        finish_run(plan, result.checkpoint)
+        finish_run(plan, result.checkpoint, spec, data)
     except BaseException as e:
         if callbacks is None:
             out = outbox(plan)
@@ -501,8 +527,9 @@ def outbox(plan: RunPlan) -> tracking.Outbox:
                            plan.config["mlflow"]["outage_wait_s"])
 
 
-def finish_run(plan: RunPlan, checkpoint) -> None:
-    """Log the resolved config and the final model as artifacts, then mark the MLflow run finished."""
+def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None) -> None:
+    """Log the resolved config and the final checkpoint's files as artifacts, the final model as the
+    run's MLflow model (with `spec` and `data`), then mark the MLflow run finished."""
     out = outbox(plan)
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "config.yaml"
@@ -512,8 +539,45 @@ def finish_run(plan: RunPlan, checkpoint) -> None:
         with checkpoint.as_directory() as d:
             for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
                 out.artifact(Path(d) / f, "model")
+            if spec is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
+                log_model(spec, plan, data, Path(d))
     out.terminated("FINISHED")
     out.report()
+
+
+def final_model(spec: JobSpec, cfg, data, folder: Path) -> tuple[nn.Module, str]:
+    """The bare model (`spec.exported_model`) with a checkpoint's weights, in eval mode: those selected
+    on validation when the job selects (what its test metrics are of), else the last. Returns (model,
+    which weights)."""
+    objective = spec.build_objective(cfg, data)
+    best = folder / ValidationSelection.BEST_FILE
+    if best.is_file():
+        state, which = torch.load(best, map_location="cpu", weights_only=True)["weights"], "selected"
+    else:
+        state, which = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
+    objective.load_state_dict(state)
+    return spec.exported_model(objective).eval(), which
+
+
+def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:
+    """The final checkpoint's model as the run's MLflow model (`tracking.log_pytorch_model`), the
+    resolved config beside it; returns its id. Best effort: the run's `model` artifact holds the
+    weights either way, so a failure is one line, not a failed run."""
+    started = time.monotonic()
+    try:
+        cfg = spec.config_class.model_validate(plan.config)
+        model, which = final_model(spec, cfg, data, folder)
+        step = ckpt.read_meta(folder).get("step", 0)
+        metadata = {"xmodal_job": spec.name, "xmodal_run_name": plan.run_name, "step": step,
+                    "weights": f"selected on {cfg.train.best_metric}" if which == "selected" else "last"}
+        model_id = tracking.log_pytorch_model(plan.tracking_uri, plan.run_id, model, config=plan.config,
+                                              metadata=metadata, step=step)
+    except Exception as e:  # any failure to build, pickle or send it: the run's training is done
+        say(f"[xmodal] the final model was not logged as an MLflow model ({type(e).__name__}: {e}); "
+            "its weights are in the run's `model` artifact")
+        return None
+    log.debug(f"MLflow model {model_id} logged in {time.monotonic() - started:.2f} s")
+    return model_id
 
 
 def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:

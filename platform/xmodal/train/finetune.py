@@ -118,6 +118,12 @@ class FinetuneJob(JobSpec):
             tags["init_run_id"] = start["run_id"]
         return tags
 
+    def dataset(self, cfg: FinetuneConfig, data) -> dict[str, Any]:
+        m, store = data.manifest, data.store.manifest
+        return {"name": f"{cfg.task} ({Path(data.path).name})", "rows": dict(m.splits),
+                "dims": {"feat_dim": store.feat_dim, "num_objects": store.num_objects, "vocab_size": store.vocab_size,
+                         "max_seq_len": m.max_seq_len, "num_answers": m.num_answers}}
+
     # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
         from xmodal.data.finetune.sets import open_finetune

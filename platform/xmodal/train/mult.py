@@ -64,6 +64,11 @@ class MultJob(JobSpec):
         return {"model": "mult", "variant": cfg.model.variant, "task": store.task, "preset": cfg.preset,
                 "dataset": store.manifest.dataset, "f1_protocol": cfg.f1_protocol}
 
+    def dataset(self, cfg: MultTrainConfig, store) -> dict[str, Any]:
+        m = store.manifest
+        return {"name": f"{m.dataset} ({Path(store.path).name})", "rows": dict(m.rows),
+                "dims": {**m.dims, **{f"max_len_{k}": v for k, v in m.max_len.items()}}}
+
     # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
         from xmodal.data.mult.store import open_store

@@ -61,6 +61,15 @@ class PretrainJob(JobSpec):
         priors = pretraining_priors(store, cfg.data.masking.mismatch_prob)
         return {k: [v, PRIOR_NAMES[k]] for k, v in priors.items() if k in measured and v == v}  # v == v: no NaN
 
+    def dataset(self, cfg: PretrainConfig, store) -> dict[str, Any]:
+        m = store.manifest
+        rows = {f"{split}_{what}": n for split in m.shards
+                for what, n in (("images", m.images(split)), ("sentences", m.sentences(split)))}
+        dims = {"feat_dim": m.feat_dim, "num_objects": m.num_objects, "vocab_size": m.vocab_size,
+                "max_seq_len": m.max_seq_len, "num_object_labels": m.num_object_labels,
+                "num_attr_labels": m.num_attr_labels, "num_answers": m.num_answers}
+        return {"name": Path(store.path).name, "rows": rows, "dims": dims}
+
     def metric_order(self, cfg: PretrainConfig) -> list[str]:
         return pretraining_eval_metrics(cfg.tasks)
 
