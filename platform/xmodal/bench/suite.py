@@ -77,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mult-preset", default=None, help="default: reference; tiny with --quick")
     p.add_argument("--mult-batch", type=int, nargs="+", default=None, help="default: 24 256 (cuda), 24 (cpu), 4 (quick)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="use inductor's usual cache folder (default: a fresh one, so compile times are cold)")
 
 
 # ---- settings ------------------------------------------------------------------------------------
@@ -503,6 +505,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    cache = None
+    if not args.warm_cache:
+        # Inductor reuses compiled kernels across processes: a second run would report compile
+        # times of a few seconds. A fresh cache folder makes them the cold figures a first run pays.
+        cache = tempfile.TemporaryDirectory(prefix="xmodal-suite-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache.name
     if s.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 on Hopper uses TF32, for every contender alike
         torch.backends.cudnn.allow_tf32 = True
@@ -513,6 +521,7 @@ def run(args: argparse.Namespace) -> int:
         "date": now.strftime("%Y-%m-%d %H:%M UTC"), "device": s.device.type, "device_name": name,
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
         "git_commit": _git_commit(), "quick": s.quick, "compile_backend": s.backend,
+        "inductor_cache": "warm" if args.warm_cache else "cold",
         "settings": {k: (str(v) if isinstance(v, torch.device) else v) for k, v in asdict(s).items()},
         "targets": TARGETS, "sections": sections}}
     print(f"benchmark suite on {name} ({s.device.type}); sections {', '.join(sections)}; "
