@@ -94,6 +94,7 @@ def quiet_libraries() -> None:
     if verbose():
         return
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow configures its loggers
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # tqdm bars per download
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     # "Token authentication is enabled for this Ray cluster" on every start: not something to act on.

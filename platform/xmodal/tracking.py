@@ -9,6 +9,7 @@ at once fail); rank 0 of the training workers logs into that run by id.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -271,10 +272,18 @@ def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, co
         local = Path(tmp) / "model"
         info = Model(artifact_path=logged.artifact_location, model_uuid=logged.model_id, run_id=run_id,
                      model_id=logged.model_id, metadata=metadata)
-        with warnings.catch_warnings():  # the pickle format's own caution, said once in the docs instead
-            warnings.simplefilter("ignore")
-            mlflow.pytorch.save_model(model, str(local), mlflow_model=info, pip_requirements=requirements,
-                                      serialization_format="pickle", extra_files=extra or None)
+        # The pickle format's own caution (a warning and a log line on every save), said once in the
+        # docs instead.
+        pytorch_log = logging.getLogger("mlflow.pytorch")
+        level = pytorch_log.level
+        pytorch_log.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mlflow.pytorch.save_model(model, str(local), mlflow_model=info, pip_requirements=requirements,
+                                          serialization_format="pickle", extra_files=extra or None)
+        finally:
+            pytorch_log.setLevel(level)
         c.log_model_artifacts(logged.model_id, str(local))
     c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
     c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
