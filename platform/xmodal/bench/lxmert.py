@@ -26,9 +26,10 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch
-from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, count_flops, cpu_peak_tensor_bytes
+from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
+from xmodal.train.cost import count_flops
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.train.step import TrainState, adamw, train_step
 

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
+from xmodal.train.cost import count_flops
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.train.step import TrainState, train_step
 
@@ -158,16 +159,6 @@ class Contender:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def count_flops(module: nn.Module, batch) -> int:
-    """FLOPs of one forward + backward (eager; the optimizer step is not counted)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        module(batch)["loss"].backward()
-    module.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
 
 
 def graph_breaks(module: nn.Module, batch) -> int:
