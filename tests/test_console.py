@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 
@@ -63,6 +64,39 @@ def test_without_a_terminal_progress_is_a_line_every_tenth(active, capsys):
     active.end()
     active.event({"kind": "eval", "step": 1000, "metrics": {"eval/acc": 0.5}})  # after the run: dropped
     assert capsys.readouterr().out == ""
+
+
+def test_the_last_evaluation_is_awaited_when_its_line_comes_after_fit_returns(active, capsys):
+    """Ray forwards worker lines asynchronously: the driver waits (bounded) for the final evaluation."""
+    active.begin(100, {}, [])
+    late = threading.Timer(0.3, active.event, [{"kind": "eval", "step": 100, "metrics": {"eval/acc": 0.9}}])
+    late.start()
+    active.settle(100, {"eval/acc": 0.9, "step": 100, "epoch": 1, "final": 1}, timeout_s=30)
+    late.join()
+    out = capsys.readouterr().out
+    assert out.count("[xmodal] eval @ step 100/100") == 1
+    assert active.history["eval/acc"] == [(100, 0.9)]
+
+
+def test_a_last_evaluation_that_never_arrives_is_shown_from_the_final_report(active, capsys):
+    active.begin(100, {}, [])
+    active.event({"kind": "eval", "step": 50, "metrics": {"eval/acc": 0.5, "eval/loss": 2.0}})
+    final = {"eval/acc": 0.75, "eval/loss": 1.0, "test/acc": 0.7, "step": 100, "epoch": 1, "final": 1}
+    active.settle(100, final, timeout_s=0.2)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].split() == ["[xmodal]", "eval", "@", "step", "100/100", "acc", "loss"]  # no baselines
+    assert lines[-1].split() == ["value", "0.7500", "1.0000"]  # the evaluation's keys, not the test split's
+    assert active.history["eval/acc"] == [(50, 0.5), (100, 0.75)]
+    active.settle(100, final, timeout_s=0.2)  # shown once
+    assert capsys.readouterr().out == ""
+
+
+def test_a_rerun_with_one_evaluation_shows_it_from_the_final_report(active, capsys):
+    active.begin(100, {}, [])
+    active.settle(100, {"eval/acc": 0.75, "test/acc": 0.7, "cost/params": 5.0, "step": 100, "final": 1},
+                  timeout_s=0.1)
+    head, value = capsys.readouterr().out.splitlines()
+    assert head.split()[-1] == "acc" and value.split() == ["value", "0.7500"]
 
 
 def test_ray_lines_become_events_messages_or_pass_through(active, capsys):

@@ -38,6 +38,9 @@ VERBOSE_ENV = "XMODAL_VERBOSE"  # set by the command line: trial processes and l
 RAY_NOISE = ("has constructor arguments in the object store and max_restarts > 0", "PlacementGroupCleaner")
 RAY_QUIET_ACTORS = ("PlacementGroupCleaner",)  # every line of these actors
 _TRACEBACK_LINE = re.compile(r"^(\s|Traceback \(most recent call last\)|[\w.]+(Error|Exception)\b)")
+SETTLE_S = 15.0  # how long the driver waits for a run's last evaluation lines after Ray Train returns
+REPORT_BOOKKEEPING = {"step", "epoch", "final"}  # keys of a final report that are not metrics
+END_ONLY = ("test/", "best_valid/", "robust/", "cost/")  # a final report's held-out results, not the evaluation
 PLAIN_EVERY = 0.1  # without a terminal: a progress line every tenth of the run's steps...
 PLAIN_EVERY_S = 300.0  # ...or every 5 minutes, whichever comes first
 
@@ -256,6 +259,7 @@ class Console:
     def __init__(self) -> None:
         self.active = False
         self.lock = threading.RLock()
+        self.arrived = threading.Condition(self.lock)  # an evaluation was shown
         self.bar = None
         self.sweep = False  # a sweep's driver: trial lines only, no bar or tables
         self._muted: set[Any] = set()  # pids whose noise's traceback is being dropped
@@ -269,6 +273,7 @@ class Console:
         self.started = time.monotonic()
         self.last_plain = (0, 0.0)  # (step, time) of the last plain progress line
         self.run_open = False
+        self.last_eval_step: int | None = None
 
     # ------------------------------------------------ output
     def write(self, text: str) -> None:
@@ -317,6 +322,30 @@ class Console:
                 for k, v in metrics.items():
                     self.history.setdefault(k, []).append((int(e["step"]), float(v)))
                 self.write(eval_table(int(e["step"]), self.total, metrics, self.baselines, self.order))
+                self.last_eval_step = int(e["step"])
+                self.arrived.notify_all()
+
+    def settle(self, step: int, final: dict[str, Any], timeout_s: float = SETTLE_S) -> None:
+        """Before the run is closed: make sure its evaluation at `step` (the last) was shown. Ray forwards
+        worker lines asynchronously, so the last ones can arrive after `fit()` returned; wait for them
+        (bounded), and if they do not come, show the table from the run's final report instead."""
+        if not self.active or self.sweep:
+            return
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            if not self.run_open:
+                return
+            while self.last_eval_step != step and time.monotonic() < deadline:
+                self.arrived.wait(deadline - time.monotonic())
+            if self.last_eval_step == step:
+                return
+            known = set(self.history)  # the metrics of the run's earlier evaluations
+            metrics = {k: float(v) for k, v in final.items() if isinstance(v, (int, float)) and (
+                k in known if known else k not in REPORT_BOOKKEEPING and not k.startswith(END_ONLY))}
+            for k, v in metrics.items():
+                self.history.setdefault(k, []).append((step, v))
+            self.last_eval_step = step
+            self.write(eval_table(step, self.total, metrics, self.baselines, self.order))
 
     def _progress(self, e: dict[str, Any]) -> None:
         step, loss, rate = int(e["step"]), float(e.get("loss", float("nan"))), float(e.get("rate", 0.0))

@@ -431,6 +431,8 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
     try:
         try:
             result = trainer(spec, plan, data, callbacks).fit()
+            if result.metrics and "step" in result.metrics:
+                console.CONSOLE.settle(int(result.metrics["step"]), result.metrics)
         finally:
             console.CONSOLE.end()
         finish_run(plan, result.checkpoint, spec, data)
