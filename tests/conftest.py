@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
 # Ray Train V2's controller polls its workers every 2 s by default: a run's end, and a worker's death,
 # are seen only at the next poll. Every test Ray (the shared one, and those of jobs started as
-# subprocesses, which inherit this environment) polls 4 times as often: tens of seconds less per suite.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# subprocesses, which inherit this environment) polls 10 times as often. A worker's `ray.train.report`
+# also waits for that poll when the previous report is still queued (the queue holds one): with an
+# evaluation every few steps, most of a tiny run's time was spent there.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +30,27 @@ def ray_local():
              object_store_memory=1_000_000_000)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite database, created (all schema migrations run) once per session."""
+    from xmodal import tracking
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    tracking.get_experiment_id(f"sqlite:///{path}", "Default")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _migrated_mlflow_db(request):
+    """A slow test's `tmp_path / "mlflow.db"` starts as a copy of `mlflow_template`: creating an MLflow
+    SQLite database runs every schema migration, one commit each (about 5 s here, 1 s to open one).
+    What the tests check is unchanged: it is the database MLflow itself would have created. (Fast
+    tests, some of which check that nothing was written, get an empty tmp_path as before.)"""
+    if request.node.get_closest_marker("slow") is None or "tmp_path" not in request.fixturenames:
+        return
+    shutil.copyfile(request.getfixturevalue("mlflow_template"), request.getfixturevalue("tmp_path") / "mlflow.db")
 
 
 @pytest.fixture

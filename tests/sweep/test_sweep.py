@@ -249,6 +249,7 @@ def test_chaos_sweep_survives_worker_faults_and_a_killed_driver(tmp_path, tiny_s
     log = (tmp_path / "first.log").read_text() + (tmp_path / "second.log").read_text()
     assert second.returncode == 0, log[-4000:]
     assert "continuing sweep 'chaos'" in log
+    assert "finished: no " not in log  # a resumed trial's line still shows its score
 
     parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "chaos")
     assert parent.status == "FINISHED"

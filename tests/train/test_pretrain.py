@@ -204,17 +204,18 @@ def check_console(log: str, name: str) -> None:
 def test_driver_killed_midway_resumes_into_the_same_run(tmp_path, tiny_store):
     """Also the console's test: the rerun goes through the Quickstart's code path (`jobs/pretrain.py`,
     a local Ray), its output in a file."""
-    cmd = [PYTHON, PRETRAIN, *tiny_args(tmp_path, tiny_store, "restarted", "--set", "train.epochs=2",
+    cmd = [PYTHON, PRETRAIN, *tiny_args(tmp_path, tiny_store, "restarted", "--set", "train.epochs=3",
                                         "--set", "train.eval_every=16", "--set", "mlflow.system_metrics=false")]
     first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(), start_new_session=True,
                              stdout=open(tmp_path / "first.log", "w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300
-        run_dir = tmp_path / "runs" / "restarted"
-        while not list(run_dir.glob("checkpoint_*")) and time.time() < deadline and first.poll() is None:
-            time.sleep(1)
+        # Killed as soon as Ray Train has registered the first checkpoint (its snapshot file lists it),
+        # not after a fixed wait: a tiny run's remaining 119 steps take a few seconds.
+        registered = tmp_path / "runs" / "restarted" / "checkpoint_manager_snapshot.json"
+        while not registered.exists() and time.time() < deadline and first.poll() is None:
+            time.sleep(0.05)
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        time.sleep(2)
     finally:
         kill_tree(first.pid, grace=3)
     with open(tmp_path / "second.log", "w") as log:

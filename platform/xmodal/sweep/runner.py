@@ -204,6 +204,8 @@ class SweepCallback(tune.Callback):
 
     def _ended(self, trial, how: str) -> None:
         score = self._best.get(trial.trial_id)
+        if score is None and self.metric:  # a trial resumed by a restarted driver: its results came before
+            score = (trial.metric_analysis or {}).get(self.metric, {}).get(self.mode)
         shown = f"{self.metric} {score:.4f}" if score is not None else f"no {self.metric or 'score'}"
         log.info(f"trial {trial.trial_id} {how}: {shown} ({_values(trial.config or {})})")
 
