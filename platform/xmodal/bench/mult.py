@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import resource
 import sys
 import time
 
@@ -38,6 +37,7 @@ from xmodal.models.mult import (
     sinusoidal_positions,
 )
 from xmodal.objectives.sentiment import MultObjective
+from xmodal.train.cost import peak_memory_gib
 from xmodal.train.runtime import apply_precision, compile_module
 from xmodal.train.step import TrainState, train_step
 
@@ -177,12 +177,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the equivalence check against the plain model on the device (run before timing)")
 
 
-def _peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def time_steps(objective: nn.Module, batch: MultBatch, device: torch.device, precision: str,
                steps: int, warmup: int, compile: bool = False) -> dict[str, float]:
     """Samples/s and peak memory of `steps` train steps after `warmup` ones; the precision and
@@ -207,7 +201,7 @@ def time_steps(objective: nn.Module, batch: MultBatch, device: torch.device, pre
     if not math.isfinite(loss):
         raise RuntimeError(f"non-finite loss {loss} in the benchmark")
     n = len(b)
-    return {"samples_s": n * steps / dt, "ms_step": 1000 * dt / steps, "peak_gib": _peak_bytes(device) / 2**30}
+    return {"samples_s": n * steps / dt, "ms_step": 1000 * dt / steps, "peak_gib": peak_memory_gib(device)}
 
 
 def check_against_plain(config: MultConfig, device: torch.device, batch: int = 4) -> list[str]:
