@@ -17,9 +17,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 POSITIVE = ("items", "ingest_s", "ingest_cpu_s", "processes", "ingest_peak_rss_bytes", "items_per_s_per_process",
-            "store_bytes", "open_s", "open_peak_bytes", "pipeline_samples_s", "pipeline_median_samples_s",
+            "items_per_cpu_s", "pipeline_best_samples_s",
+            "store_bytes", "open_s", "open_peak_bytes", "pipeline_samples_s",
             "worker_peak_rss_bytes", "worker_rss_before_bytes", "worker_steps", "worker_s", "worker_samples")
-LXMERT_ONLY = ("tsv_bytes", "json_bytes", "sentences", "sentence_part_s", "per_image_s", "per_sentence_s",
+LXMERT_ONLY = ("tsv_bytes", "json_bytes", "sentences", "sentence_part_s", "sentence_part_cpu_s", "per_image_s",
+               "per_image_cpu_s", "per_sentence_s", "per_sentence_cpu_s",
                "store_bytes_per_image", "train_images", "train_sentences")
 
 
@@ -57,5 +59,7 @@ def test_quick_scale_rehearsal_writes_every_field(tmp_path):
     assert x["from_images"] == 1000 and len(x["rows"]) == 4 and x["mult"]["clips"] == 60
     paper = x["rows"][0]
     assert paper["images"] == 180_000 and paper["sentences"] == 9_180_000
-    assert paper["ingest_hours_1proc"] > 0 and paper["processes_for_1h"] >= 1 and paper["store_bytes"] > 0
+    for key in ("ingest_hours_1proc", "ingest_hours_1core_cpu", "store_bytes", "ingest_peak_rss_bytes", "worker_peak_rss_bytes"):
+        assert paper[key] > 0, key
+    assert paper["processes_for_1h"] >= 1
     assert list(work.iterdir()) == []  # inputs and stores deleted
