@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "data": ("xmodal.bench.data", "LXMERT input pipeline: ready batches/s vs the reference loader's work"),
     "mult": ("xmodal.bench.mult", "MulT train step at unaligned MOSEI shapes"),
     "suite": ("xmodal.bench.suite", "everything a device run must show, in one run: JSON + Markdown table"),
+    "scale": ("xmodal.bench.scale", "ingest, store, pipeline and worker RSS at two store sizes: JSON + Markdown"),
 }
 
 
