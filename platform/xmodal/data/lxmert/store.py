@@ -520,8 +520,9 @@ class LxmertStore:
         from (seed, epoch), the same permutation on every rank, and rank r takes every world_size-th
         group, so ranks see disjoint parts that together cover the split. Row groups from different
         places in the split are concatenated into one block, so the images that share a block (the
-        pool of mismatched sentences and replacement features) change from epoch to epoch. The Ray
-        Data path (`pipeline.iter_rank_batches`) reads the same units into the same blocks.
+        pool of mismatched sentences and replacement features) change from epoch to epoch. This is
+        the unmixed blocking (`loader.unit_blocks` with mix_units=0); the batch readers mix many
+        units into each block by default.
         """
         units = epoch_units(self.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size, shuffle=shuffle)
         return group_tables((read_unit(u) for u in units), images_per_block)
