@@ -52,6 +52,8 @@ def window_tables(tables: Iterable[pa.Table], sizes: Sequence[int]) -> Iterator[
     handed out (Ray Data may split or merge a unit's table)."""
     want = iter(sizes)
     target = next(want, None)
+    while target == 0:
+        target = next(want, None)
     pending: list[pa.Table] = []
     rows = 0
     for t in tables:
