@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from xmodal.bounds import Dropout, PosInt, Seed, describe_bounds
+from xmodal.bounds import Dropout, NonNegInt, PosInt, Seed, describe_bounds
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions, SyntheticMultOptions
 from xmodal.errors import UserError
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
@@ -142,6 +142,9 @@ class LxmertDataConfig(Section):
     synthetic: SyntheticLxmertOptions = Field(default_factory=embedded_lxmert_store)
     masking: MaskingOptions = Field(default_factory=MaskingOptions)
     eval_batches: PosInt | None = None  # cap on minival batches per evaluation
+    # Units (row groups) whose images are mixed into each block, the pool of matching negatives
+    # (xmodal.data.lxmert.loader.DEFAULT_MIX_UNITS); 0 = consecutive units, unmixed.
+    mix_units: NonNegInt = 16
 
 
 def _job_defaults(cls: type[BaseModel], data: Any) -> Any:

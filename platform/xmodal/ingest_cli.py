@@ -42,6 +42,11 @@ def _lxmert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-object-labels", type=int, default=1600)
     p.add_argument("--num-attr-labels", type=int, default=400)
     p.add_argument("--images-per-shard", type=int, default=256)
+    p.add_argument("--order-seed", type=int, default=0,
+                   help="images are written in a random order from this seed (default 0), so every shard mixes "
+                        "the sources; recorded in the manifest (image_order)")
+    p.add_argument("--source-order", action="store_true",
+                   help="write the images in the order of the --tsv files instead (no random order)")
     p.add_argument("--allow-missing-images", action="store_true",
                    help="drop sentences whose image has no features instead of failing")
     p.add_argument("--allow-missing-labelf", action="store_true",
@@ -61,7 +66,7 @@ def _lxmert(args: argparse.Namespace) -> None:
                           num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
                           images_per_shard=args.images_per_shard, allow_missing_images=args.allow_missing_images,
                           allow_missing_labelf=args.allow_missing_labelf, overwrite=args.overwrite,
-                          progress=not args.no_progress)
+                          order_seed=None if args.source_order else args.order_seed, progress=not args.no_progress)
     m = store.manifest
     print(store)
     print(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "

@@ -99,7 +99,7 @@ class PretrainJob(JobSpec):
     def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
         """This worker's units of the epoch, through Ray Data on a Train worker or straight from the
         files in-process: the same batches either way."""
-        args = dict(seed=w.cfg.train.seed, epoch=epoch, rank=w.rank, start_batch=skip)
+        args = dict(seed=w.cfg.train.seed, epoch=epoch, rank=w.rank, start_batch=skip, mix_units=w.cfg.data.mix_units)
         if w.ray_data:
             from xmodal.data.lxmert.pipeline import iter_rank_batches
 
@@ -119,7 +119,7 @@ class PretrainJob(JobSpec):
 
         batches = iter_local_batches(w.data, "minival", w.parts["builder"], w.micro_batch, epoch=0,
                                      seed=w.cfg.train.seed + 1, rank=w.rank, world_size=w.world, shuffle=False,
-                                     drop_last=False)
+                                     drop_last=False, mix_units=w.cfg.data.mix_units)
         return ratios(evaluate_sums(w.model, batches, w.to_device, w.cfg.data.eval_batches))
 
 

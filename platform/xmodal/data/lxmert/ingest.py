@@ -18,9 +18,12 @@ Order of work, so that bad input fails before the expensive part and nothing is 
 2. pre-scan every TSV line's shape without decoding (field count, base64 lengths against num_boxes,
    one feature width): a line cut short, duplicate images, then sentences whose image has no
    features fail here, in that order, before any base64 is decoded;
-3. stream the TSVs, decode and check each used line (base64, box count, feature width, finite
-   values, boxes inside the image, label ranges), normalise the boxes by the image size, cast
-   features to float16, and append to the train or minival shards.
+3. read the used lines in a seeded random order (`order_key`: a keyed hash of img_id; one seek a
+   line, so memory stays bounded) or, with order_seed=None, in file order; decode and check each
+   line (base64, box count, feature width, finite values, boxes inside the image, label ranges),
+   normalise the boxes by the image size, cast features to float16, and append to the train or
+   minival shards. The random order makes every shard and row group a mix of the sources (COCO,
+   VG), which the reader's blocks (the pool of mismatched sentences) then mix further.
 Images with features but no sentence are not stored (counted in the manifest as dropped_images).
 QA targets: each question keeps all its known answers with their soft scores (a raw answer is
 normalised first; variants that normalise alike keep the highest score); the batch builder draws
@@ -31,10 +34,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +46,15 @@ import numpy as np
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import check_target
-from xmodal.data.lxmert.store import KIND, ImageBlock, LxmertStore, MinivalSplit, StoreWriter, concat_ranges
+from xmodal.data.lxmert.store import (
+    KIND,
+    ImageBlock,
+    ImageOrder,
+    LxmertStore,
+    MinivalSplit,
+    StoreWriter,
+    concat_ranges,
+)
 from xmodal.data.tokenizer import WordPieceTokenizer
 from xmodal.errors import UserError
 
@@ -333,16 +345,20 @@ def check_line_shape(line: bytes, where: str, width: int | None, width_from: str
     return got_width
 
 
-def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None) -> dict[str, str]:
+def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None,
+                 offsets: dict[str, tuple[int, int, int]] | None = None) -> dict[str, str]:
     """img_id -> "file:line", reading every line's shape but decoding nothing (`check_line_shape`):
     duplicate images, lines cut short and feature widths other than `feat_dim` (else the first
-    line's) fail here."""
+    line's) fail here. `offsets`, if given, receives img_id -> (file index, byte offset, line number)
+    for `tsv_lines_at`."""
     seen: dict[str, str] = {}
     width, width_from = feat_dim, "--feat-dim"
     bar = progress_bar(sum(p.stat().st_size for p in paths), "scan TSV", "B", progress)
-    for p in paths:
+    for k, p in enumerate(paths):
         with open(p, "rb") as f:
+            pos = 0
             for lineno, line in enumerate(f, 1):
+                start, pos = pos, pos + len(line)
                 bar.update(len(line))
                 if not line.strip():
                     continue
@@ -354,8 +370,16 @@ def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None)
                 if img_id in seen:
                     raise _fail(where, f"img_id {img_id!r} already has features at {seen[img_id]}")
                 seen[img_id] = where
+                if offsets is not None:
+                    offsets[img_id] = (k, start, lineno)
     bar.close()
     return seen
+
+
+def order_key(img_id: str, seed: int) -> bytes:
+    """The seeded position of an image in a store written in random order: a keyed hash of img_id, so
+    the order depends on the seed and the images only, not on the files' order or contents."""
+    return hashlib.blake2b(img_id.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little")).digest()
 
 
 def progress_bar(total: int, desc: str, unit: str, enabled: bool):
@@ -455,10 +479,14 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                   num_objects: int = 36, feat_dim: int | None = None, num_object_labels: int = 1600,
                   num_attr_labels: int = 400, images_per_shard: int = 256, row_group_images: int = 32,
                   allow_missing_images: bool = False, allow_missing_labelf: bool = False, overwrite: bool = False,
-                  progress: bool = True) -> LxmertStore:
+                  order_seed: int | None = 0, progress: bool = True) -> LxmertStore:
     """Build a store from reference files; see the module docstring for the checks and their order.
     `split`, `minival`, `minival_fraction`: how minival is chosen (`choose_minival`); the minival
-    files are sentence files too (a file given both as --json and --minival is read once)."""
+    files are sentence files too (a file given both as --json and --minival is read once).
+    `order_seed`: the images are written in the seeded random order of `order_key` (None: in the
+    order of the TSV files), so every shard and row group mixes the sources (COCO, VG)."""
+    if order_seed is not None and not 0 <= order_seed < 2**63:
+        raise IngestError(f"--order-seed {order_seed}: expected an integer in [0, 2**63)")
     out_path = Path(out).expanduser().resolve()
     check_target(out_path, overwrite, KIND)  # before reading anything
     tsv_paths = [Path(p).expanduser().resolve() for p in tsv]
@@ -500,7 +528,8 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     tokens, counters["truncated_sentences"] = tokenizer.encode(corpus.sentences)  # (S, T) int32
 
     # 2. which images have features (every line's shape, no decoding)
-    located = scan_tsv_ids(tsv_paths, progress, feat_dim)
+    offsets: dict[str, tuple[int, int, int]] = {}
+    located = scan_tsv_ids(tsv_paths, progress, feat_dim, offsets)
     missing = [i for i in corpus.by_image if i not in located and corpus.by_image[i]]
     if missing and not allow_missing_images:
         first = missing[0]
@@ -526,14 +555,23 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                "num_object_labels": num_object_labels, "num_attr_labels": num_attr_labels,
                "images_per_shard": images_per_shard, "row_group_images": row_group_images,
                "allow_missing_images": allow_missing_images, "missing_images": len(missing),
-               "allow_missing_labelf": allow_missing_labelf}
-    used = sum(1 for i in located if corpus.by_image.get(i))
+               "allow_missing_labelf": allow_missing_labelf, "order_seed": order_seed}
+    used_ids = [i for i in located if corpus.by_image.get(i)]
+    used = len(used_ids)
+    if order_seed is None:
+        lines = tsv_lines(tsv_paths)
+        order = ImageOrder(method="source")
+    else:
+        # Bounded memory: only the (image, offset) list is sorted; the lines are read one at a time.
+        used_ids.sort(key=lambda i: order_key(i, order_seed))
+        lines = tsv_lines_at(tsv_paths, (offsets[i] for i in used_ids))
+        order = ImageOrder(method="seeded", seed=order_seed)
     writer: StoreWriter | None = None
     buffers: dict[str, list[TsvImage]] = {"train": [], "minival": []}
     chunk = max(1, min(images_per_shard, 64))
     try:
         bar = progress_bar(used, "decode TSV", "img", progress)
-        for where, line in tsv_lines(tsv_paths):
+        for where, line in lines:
             img_id = line.split("\t", 1)[0]
             if not corpus.by_image.get(img_id):
                 continue
@@ -560,7 +598,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
         return writer.finish(tokenizer=tokenizer, answers=table, source="lxmert",
                              num_object_labels=num_object_labels, num_attr_labels=num_attr_labels,
                              inputs=[str(p) for p in [*tsv_paths, *sentence_files]], options=options,
-                             minival_split=how, **counters)
+                             minival_split=how, image_order=order, **counters)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -573,8 +611,26 @@ def tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise _fail(f"{p}:{lineno}", f"not UTF-8 text ({e})") from None
-                yield f"{p}:{lineno}", line
+                yield f"{p}:{lineno}", _text(raw, f"{p}:{lineno}")
+
+
+def tsv_lines_at(paths: list[Path], locations: Iterable[tuple[int, int, int]]) -> Iterator[tuple[str, str]]:
+    """The lines at (file index, byte offset, line number), in the order given (random access: one
+    seek and one line read per image, every file kept open)."""
+    files = [open(p, "rb") for p in paths]  # noqa: SIM115 - closed below
+    try:
+        for k, offset, lineno in locations:
+            f = files[k]
+            f.seek(offset)
+            where = f"{paths[k]}:{lineno}"
+            yield where, _text(f.readline(), where)
+    finally:
+        for f in files:
+            f.close()
+
+
+def _text(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _fail(where, f"not UTF-8 text ({e})") from None

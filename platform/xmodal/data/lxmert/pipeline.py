@@ -35,8 +35,8 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.batches import LxmertBatch
-from xmodal.data.common import StoreError, epoch_units, group_tables, prefetch_iter
-from xmodal.data.lxmert.loader import batches_from_tables
+from xmodal.data.common import StoreError, epoch_units, prefetch_iter
+from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, batches_from_blocks, batches_from_tables, unit_blocks
 from xmodal.data.lxmert.masking import LxmertBatchBuilder
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.reader import quiet_ray_data, read_units
@@ -86,13 +86,16 @@ def iter_lxmert_batches(data_iterator: ray.data.DataIterator, builder: LxmertBat
 
 
 def iter_rank_batches(store: LxmertStore, split: str, builder: LxmertBatchBuilder, batch_size: int, *, seed: int,
-                      epoch: int, rank: int, world: int, images_per_block: int = 64, start_batch: int = 0,
-                      prefetch: int = 2, pin_memory: bool = False) -> Iterator[LxmertBatch]:
+                      epoch: int, rank: int, world: int, images_per_block: int = 64,
+                      mix_units: int = DEFAULT_MIX_UNITS, start_batch: int = 0, prefetch: int = 2,
+                      pin_memory: bool = False) -> Iterator[LxmertBatch]:
     """One epoch of this rank's LxmertBatches, read through Ray Data: bit for bit the batches of
-    `iter_local_batches` with the same (seed, epoch, rank, world). `start_batch` skips the first
+    `iter_local_batches` with the same (seed, epoch, rank, world, mix_units). Blocks mix the images
+    of `mix_units` units of different shards (`loader.unit_blocks`). `start_batch` skips the first
     batches (resume within an epoch: the rest are those the interrupted run would have seen)."""
     units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world)
-    tables = group_tables(read_units(units, BATCH_COLUMNS), images_per_block)
-    batches = batches_from_tables(tables, builder, batch_size, seed=seed, epoch=epoch, rank=rank,
-                                  min_block_images=1, start_batch=start_batch)
+    blocks = unit_blocks(read_units(units, BATCH_COLUMNS), units, images_per_block=images_per_block,
+                         mix_units=mix_units, seed=seed, epoch=epoch, rank=rank)
+    batches = batches_from_blocks(blocks, builder, batch_size, seed=seed, epoch=epoch, rank=rank,
+                                  start_batch=start_batch)
     yield from prefetch_iter(batches, prefetch, pin_memory=pin_memory)

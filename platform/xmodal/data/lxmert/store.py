@@ -368,6 +368,17 @@ class MinivalSplit(pydantic.BaseModel):
     fraction: float | None = None  # hash, seeded: the fraction asked for
 
 
+class ImageOrder(pydantic.BaseModel):
+    """The order the images were written in (shards, row groups, rows)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    # seeded: sorted by a keyed hash of img_id (`ingest.order_key`), so shards mix the sources;
+    # source: the order of the input files (e.g. COCO then VG)
+    method: Literal["seeded", "source"]
+    seed: int | None = None  # seeded: the key
+
+
 class LxmertManifest(Manifest):
     """What `manifest.json` holds (kind "lxmert"). `open_store` checks it against the shards.
     Stores written before the kind was recorded have no "kind" field: they open, and count as an
@@ -395,11 +406,12 @@ class LxmertManifest(Manifest):
     dropped_images: int = 0  # images with features but no sentence (not stored)
     missing_labelf: int = 0  # JSON records without "labelf", taken as having no questions (--allow-missing-labelf)
     minival_split: MinivalSplit | None = None  # None: built before the split was recorded
+    image_order: ImageOrder | None = None  # None: not recorded (synthetic, or built before it was)
     created: str = ""
 
     # Fields added after stores were first written: left out of `identity` at their defaults, so a
     # store's fingerprint does not change when this code reads an older manifest.
-    _LATER_FIELDS: ClassVar[dict[str, Any]] = {"missing_labelf": 0, "minival_split": None}
+    _LATER_FIELDS: ClassVar[dict[str, Any]] = {"missing_labelf": 0, "minival_split": None, "image_order": None}
 
     @classmethod
     def upgrade(cls, raw: dict[str, Any]) -> str | None:
@@ -508,8 +520,9 @@ class LxmertStore:
         from (seed, epoch), the same permutation on every rank, and rank r takes every world_size-th
         group, so ranks see disjoint parts that together cover the split. Row groups from different
         places in the split are concatenated into one block, so the images that share a block (the
-        pool of mismatched sentences and replacement features) change from epoch to epoch. The Ray
-        Data path (`pipeline.iter_rank_batches`) reads the same units into the same blocks.
+        pool of mismatched sentences and replacement features) change from epoch to epoch. This is
+        the unmixed blocking (`loader.unit_blocks` with mix_units=0); the batch readers mix many
+        units into each block by default.
         """
         units = epoch_units(self.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size, shuffle=shuffle)
         return group_tables((read_unit(u) for u in units), images_per_block)
@@ -648,7 +661,7 @@ class StoreWriter:
     def finish(self, *, tokenizer: WordPieceTokenizer, answers: AnswerTable, source: str,
                num_object_labels: int, num_attr_labels: int, inputs: Sequence[str] = (),
                options: dict[str, Any] | None = None, minival_split: MinivalSplit | None = None,
-               **counts: int) -> LxmertStore:
+               image_order: ImageOrder | None = None, **counts: int) -> LxmertStore:
         for split in SPLITS:
             if self._pending_rows[split]:
                 self._flush(split, self._pending_rows[split])
@@ -662,6 +675,7 @@ class StoreWriter:
             vocab_size=tokenizer.vocab_size, max_seq_len=self.max_seq_len,
             special_tokens=dict(tokenizer.special_ids), shards={s: v for s, v in self.shards.items() if v},
             source=source, inputs=list(inputs), options=dict(options or {}), minival_split=minival_split,
+            image_order=image_order,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **counts)
         manifest.write(self.tmp)
         open_store(self.tmp)  # check what was written before it becomes visible
