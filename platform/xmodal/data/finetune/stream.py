@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from xmodal.data.finetune.sets import FinetuneData
 
 IMAGE_COLUMNS: tuple[str, ...] = ("img_id", "num_boxes", "features", "boxes")
-IMAGES_PER_BLOCK = 64
+IMAGES_PER_BLOCK = 64  # rows (images) a block holds at least; read when a call passes none (tests lower it)
 Reader = Callable[[Sequence[Unit]], Iterable[pa.Table]]
 
 
@@ -147,16 +147,18 @@ class RankPlan:
         return int(sum(len(e) for e in self.examples))
 
 
-def eval_plan(layout: SplitLayout, rank: int, world: int, images_per_block: int = IMAGES_PER_BLOCK) -> RankPlan:
+def eval_plan(layout: SplitLayout, rank: int, world: int, images_per_block: int | None = None) -> RankPlan:
     """Evaluation: this rank's units in store order (every world-th), examples in row order."""
+    images_per_block = images_per_block or IMAGES_PER_BLOCK
     mine = _rank_units(layout, rank=rank, world=world, seed=0, epoch=0, shuffle=False)
     blocks = _blocks(mine, layout, images_per_block)
     return RankPlan(blocks, [np.concatenate([layout.unit_examples[u] for u in b]) for b in blocks])
 
 
 def train_plan(layout: SplitLayout, *, seed: int, epoch: int, rank: int, world: int,
-               images_per_block: int = IMAGES_PER_BLOCK) -> RankPlan:
+               images_per_block: int | None = None) -> RankPlan:
     """Training: this rank's units of the epoch (`epoch_units`), each block's examples shuffled."""
+    images_per_block = images_per_block or IMAGES_PER_BLOCK
     mine = _rank_units(layout, rank=rank, world=world, seed=seed, epoch=epoch, shuffle=True)
     blocks = _blocks(mine, layout, images_per_block)
     examples = []
@@ -184,10 +186,11 @@ def common_batches(layout: SplitLayout, batch_size: int, *, seed: int, epoch: in
 
 
 def iter_eval_batches(data: FinetuneData, split: str, batch_size: int, *, rank: int = 0, world: int = 1,
-                      reader: Reader | None = None, images_per_block: int = IMAGES_PER_BLOCK,
+                      reader: Reader | None = None, images_per_block: int | None = None,
                       prefetch: int = 2) -> Iterator[VqaBatch | Nlvr2Batch]:
     """This rank's share of the split for prediction: over ranks 0..world-1 every example exactly
     once; the last batch may be short."""
+    images_per_block = images_per_block or IMAGES_PER_BLOCK
     plan = eval_plan(data.layout(split), rank, world, images_per_block)
     batches = _batches(data, split, plan, batch_size, reader or local_reader(), images_per_block,
                        drop_last=False)
@@ -196,10 +199,11 @@ def iter_eval_batches(data: FinetuneData, split: str, batch_size: int, *, rank: 
 
 def iter_train_batches(data: FinetuneData, split: str, batch_size: int, *, seed: int, epoch: int, rank: int = 0,
                        world: int = 1, start_batch: int = 0, reader: Reader | None = None,
-                       images_per_block: int = IMAGES_PER_BLOCK, prefetch: int = 2,
+                       images_per_block: int | None = None, prefetch: int = 2,
                        pin_memory: bool = False) -> Iterator[VqaBatch | Nlvr2Batch]:
     """One training epoch of this rank: `common_batches` full batches (a longer rank's extra examples
     are dropped), from `start_batch` on. The same batches with the local or the Ray Data reader."""
+    images_per_block = images_per_block or IMAGES_PER_BLOCK
     layout = data.layout(split)
     plan = train_plan(layout, seed=seed, epoch=epoch, rank=rank, world=world, images_per_block=images_per_block)
     limit = common_batches(layout, batch_size, seed=seed, epoch=epoch, world=world)
@@ -313,10 +317,11 @@ def _to_batch(data: FinetuneData, split: str, a: dict[str, np.ndarray]) -> VqaBa
 
 
 def feature_sums(data: FinetuneData, split: str, *, rank: int = 0, world: int = 1, reader: Reader | None = None,
-                 images_per_block: int = IMAGES_PER_BLOCK) -> tuple[int, np.ndarray, np.ndarray]:
+                 images_per_block: int | None = None) -> tuple[int, np.ndarray, np.ndarray]:
     """(entries, sum, sum of squares) in float64 of each feature dimension over the real objects of
     the split's images in this rank's evaluation units; added over ranks they cover every image the
     split uses once (`robustness.feature_std`'s figures, streamed)."""
+    images_per_block = images_per_block or IMAGES_PER_BLOCK
     layout = data.layout(split)
     plan = eval_plan(layout, rank, world, images_per_block)
     dim = data.image_stores[0].manifest.feat_dim
