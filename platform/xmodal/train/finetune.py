@@ -1,12 +1,14 @@
 """LXMERT fine-tuning (`jobs/finetune.py --task vqa|gqa|nlvr2`): one spec for the engine.
 
-Workers train on their equal share of the examples, read straight from the fine-tuning set and its
-image store (no Ray Data execution); they evaluate the validation split every `eval_every` steps,
-keep the best model by `train.best_metric`, and at the end evaluate every held-out split with that
-model and write the reference's prediction files (VQA/GQA: JSON list of {question_id, answer};
-NLVR2: CSV of identifier,True|False), logged as artifacts under `predictions/`; then the validation
-split once per `robust.conditions`, the visual inputs perturbed (`robust/<condition>/<metric>`,
-xmodal.robustness).
+Workers read only their own row groups of the image stores (`data.finetune.stream`: Ray Data tasks
+on a Train worker, the files straight in-process; the same batches): each epoch the units holding
+the train split's images are dealt out from (seed, epoch), every worker takes the same number of
+steps; evaluation predicts every example of a split exactly once over the workers. They evaluate
+the validation split every `eval_every` steps, keep the best model by `train.best_metric`, and at
+the end evaluate every held-out split with that model and write the reference's prediction files
+(VQA/GQA: JSON list of {question_id, answer}; NLVR2: CSV of identifier,True|False), logged as
+artifacts under `predictions/`; then the validation split once per `robust.conditions`, the visual
+inputs perturbed (`robust/<condition>/<metric>`, xmodal.robustness).
 
 Where the weights come from (`init.source`): the newest finished pretraining run on the same image
 store (`latest`, the default; scratch when there is none), an MLflow run id (`run`), a checkpoint
@@ -31,7 +33,7 @@ from xmodal import tracking
 from xmodal.config import ConfigError, FinetuneConfig
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.engine import JobSpec, Worker, configured_or_embedded
+from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.hooks import say
 from xmodal.train.loop import gather_rows
 
@@ -102,8 +104,10 @@ class FinetuneJob(JobSpec):
     def train_examples(self, cfg, data) -> int:
         return len(data.split("train"))
 
-    def steps_per_epoch(self, cfg, data, micro: int, workers: int) -> int:
-        return data.num_batches("train", micro, workers) // cfg.train.grad_accum
+    def epoch_steps(self, cfg, data, micro: int, workers: int, epoch: int) -> int:
+        """The steps every worker can take: its units of the epoch are dealt from the seed
+        (`stream.iter_train_batches`), the worker with the fewest examples sets the count."""
+        return dealt_epoch_steps(data.layout("train").units, cfg, micro, workers, epoch)
 
     def run_name(self, cfg: FinetuneConfig) -> str:
         return f"finetune-{cfg.task}"
@@ -147,10 +151,12 @@ class FinetuneJob(JobSpec):
                                                         cfg.init.answer_head_from_qa)
 
     def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
-        from xmodal.data.finetune.sets import iter_finetune_batches
+        """This worker's own units of the epoch, read by Ray Data tasks on a Train worker and straight
+        from the files in-process: the same batches either way."""
+        from xmodal.data.finetune.stream import iter_train_batches
 
-        it = iter_finetune_batches(w.data, "train", w.micro_batch, seed=w.cfg.train.seed, epoch=epoch,
-                                   rank=w.rank, world_size=w.world, start_batch=skip)
+        it = iter_train_batches(w.data, "train", w.micro_batch, seed=w.cfg.train.seed, epoch=epoch, rank=w.rank,
+                                world=w.world, start_batch=skip, reader=reader(w), pin_memory=w.device.type == "cuda")
         return map(w.to_device, it)
 
     def evaluate(self, w: Worker) -> dict[str, float]:
@@ -170,6 +176,14 @@ class FinetuneJob(JobSpec):
             selected = {"best": w.selection.score, **w.selection.valid, **final}
             (folder / "predictions" / "selected.json").write_text(json.dumps(selected, indent=2))
         return {**final, **robust_metrics(w, "valid")}
+
+
+def reader(w: Worker):
+    """How a worker reads its units (`stream.Reader`): Ray Data tasks on a Train worker, the files
+    straight in-process; the same tables either way."""
+    from xmodal.data.finetune.stream import local_reader, ray_reader
+
+    return ray_reader() if w.ray_data else local_reader()
 
 
 def _checkpoint_files(path: Path) -> Path:
@@ -317,14 +331,14 @@ def load_init(objective, init: Init, answers: list[str] | None, answer_head_from
 def robust_metrics(w: Worker, split: str) -> dict[str, float]:
     """`split` predicted under each of `robust.conditions` (`robust/<condition>/<metric>`): the
     validation split, the one every set has labelled (its clean figures are `best_valid/*`); the
-    noise is scaled by each feature dimension's std over the split's images' real objects."""
-    from xmodal.robustness import feature_std, finetune_perturbation
+    noise is scaled by each feature dimension's std over the split's images' real objects, streamed:
+    float64 sums over each worker's blocks, added over the workers (`split_feature_std`)."""
+    from xmodal.robustness import finetune_perturbation
 
     r = w.cfg.robust
     if not r.conditions:
         return {}
-    images = w.data.images(split)
-    std = feature_std(images.features, images.visual_mask) if "feat_noise" in r.conditions else None
+    std = split_feature_std(w, split) if "feat_noise" in r.conditions else None
     out: dict[str, float] = {}
     for condition in r.conditions:
         p = predict_split(w, split, finetune_perturbation(condition, r.noise_sigma, std, r.seed))
@@ -333,20 +347,40 @@ def robust_metrics(w: Worker, split: str) -> dict[str, float]:
     return out
 
 
+def split_feature_std(w: Worker, split: str) -> torch.Tensor:
+    """`robustness.feature_std` over every image the split uses, each worker summing its own units
+    (`stream.feature_sums`) and the sums added over the workers: memory of one block, not the split."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from xmodal.data.finetune.stream import feature_sums
+
+    mine = feature_sums(w.data, split, rank=w.rank, world=w.world, reader=reader(w))
+    parts = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+    n = sum(p[0] for p in parts)
+    if n == 0:
+        raise ValueError(f"split {split!r}: no real objects to measure the feature std on")
+    mean = sum(p[1] for p in parts) / n
+    var = sum(p[2] for p in parts) / n - mean * mean
+    return torch.from_numpy(np.sqrt(np.maximum(var, 0.0))).float()
+
+
 @torch.no_grad()
 def predict_split(w: Worker, split: str, perturb: Callable[[Any], Any] | None = None) -> dict[str, Any]:
-    """Every example of a split, predicted once across the workers (one forward per batch): row,
-    prediction and score for all rows, plus the mean loss. Each worker takes a strided share.
-    `perturb`: applied to each batch on the device (robustness)."""
-    from xmodal.data.finetune.sets import iter_finetune_batches
+    """Every example of a split predicted exactly once across the workers (one forward per batch):
+    row, prediction and score for all rows, plus the mean loss. Each worker reads only its own row
+    groups of the image stores (`stream.iter_eval_batches`: a window of blocks in memory, not the
+    split); the rows are gathered on every worker. `perturb`: applied to each batch on the device
+    (robustness)."""
+    from xmodal.data.finetune.stream import iter_eval_batches
 
     objective = w.model
     objective.eval()
     rows, preds, scores, loss_sum = [], [], [], 0.0
-    for i, batch in enumerate(iter_finetune_batches(w.data, split, w.micro_batch, seed=0, epoch=0,
-                                                    shuffle=False, drop_last=False)):
-        if i % w.world != w.rank:
-            continue
+    for batch in iter_eval_batches(w.data, split, w.micro_batch, rank=w.rank, world=w.world, reader=reader(w)):
         batch = w.to_device(batch)
         if perturb is not None:
             batch = perturb(batch)

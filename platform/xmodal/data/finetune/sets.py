@@ -25,11 +25,12 @@ Writes go to a hidden temporary directory beside the target that is renamed into
 complete and re-opened; any error removes it. An existing set is replaced only with overwrite=True,
 and never a directory that is not a fine-tuning set (e.g. the feature store itself).
 
-Batches (`iter_finetune_batches`): fine-tuning sets are small, so the image features a split needs
-are read from the stores once (per store, only the row groups that hold them) and kept as float16 arrays; every
-epoch is a permutation fixed by (seed, epoch), cut into equal shares per rank (the remainder is
-dropped, so DDP ranks run the same number of steps). Imports numpy and pyarrow only (torch when batches
-are made, so ingesting does not load it).
+Batches: the fine-tuning job streams a split, each rank reading only its own row groups
+(`xmodal.data.finetune.stream`). `iter_finetune_batches` is the in-memory path for small sets and
+tests: the image features a split needs are read from the stores once (only the row groups that
+hold them) and kept as float16 arrays (`FinetuneData.images`); every epoch is a permutation fixed by
+(seed, epoch), cut into equal shares per rank (the remainder is dropped). Imports numpy and pyarrow
+only (torch when batches are made, so ingesting does not load it).
 """
 
 from __future__ import annotations
@@ -302,6 +303,7 @@ class FinetuneData:
         self._splits: dict[str, FinetuneSplit] = {}
         self._images: dict[str, SplitImages] = {}
         self._store_index: dict[str, tuple[int, str, int]] | None = None
+        self._layouts: dict[str, Any] = {}
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "manifest": self.manifest, "store": self.store, "answers": self.answers,
@@ -364,8 +366,17 @@ class FinetuneData:
             self._store_index = image_index(self.image_stores)
         return self._store_index
 
+    def layout(self, split: str):
+        """Where the split's images lie in the stores' row groups (`stream.split_layout`, cached)."""
+        if split not in self._layouts:
+            from xmodal.data.finetune.stream import split_layout
+
+            self._layouts[split] = split_layout(self, split)
+        return self._layouts[split]
+
     def images(self, split: str) -> SplitImages:
-        """Features, boxes and masks of the images the split uses (read from the store once)."""
+        """Features, boxes and masks of all the images the split uses, in memory (read from the store
+        once; `iter_finetune_batches`). The job streams instead (`layout`, `stream`)."""
         if split not in self._images:
             sp = self.split(split)
             uniq, inverse = np.unique(sp.img_ids.astype(str), return_inverse=True)
@@ -399,7 +410,7 @@ def image_index(stores: list[ImageStore]) -> dict[str, tuple[int, str, int]]:
 def _read_images(stores: list[ImageStore], index: Mapping[str, tuple[int, str, int]], img_ids: np.ndarray,
                  where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features (K, N, F) float16, boxes (K, N, 4) float32, num_boxes (K,)) of `img_ids`, reading only
-    the row groups that hold them, shard by shard of each store."""
+    the row groups that hold them, one at a time."""
     m = stores[0].manifest
     k = len(img_ids)
     missing = [x for x in img_ids if x not in index]
@@ -422,15 +433,13 @@ def _read_images(stores: list[ImageStore], index: Mapping[str, tuple[int, str, i
         sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         group = np.searchsorted(starts, rows, side="right") - 1  # row group of each wanted row
-        chosen = np.unique(group)
-        table = store.read_table(file, chosen.tolist(), columns=["num_boxes", "features", "boxes"])
-        # Row of each wanted image in the table of the chosen groups, concatenated in order.
-        base = np.zeros(len(sizes), np.int64)
-        base[chosen] = np.concatenate([[0], np.cumsum(sizes[chosen])[:-1]])
-        local = base[group] + rows - starts[group]
-        feats[pos] = _tensor(table.column("features"))[local]
-        boxes[pos] = _tensor(table.column("boxes"))[local]
-        nbox[pos] = table.column("num_boxes").to_numpy()[local]
+        for g in np.unique(group):  # one row group in memory at a time, beside the output
+            table = store.read_table(file, [int(g)], columns=["num_boxes", "features", "boxes"])
+            sel = group == g
+            local = rows[sel] - starts[g]
+            feats[pos[sel]] = _tensor(table.column("features"))[local]
+            boxes[pos[sel]] = _tensor(table.column("boxes"))[local]
+            nbox[pos[sel]] = table.column("num_boxes").to_numpy()[local]
     return feats, boxes, nbox
 
 
