@@ -104,7 +104,7 @@ class Corpus:
         img_id = next(k for k, v in self.image_ids.items() if v == image)
         return f"{self.files[self.first_file[image]]}: record #{self.first_record[image]} (img_id {img_id!r})"
 
-    def sentence_batches(self, size: int = 65536) -> Iterator[list[str]]:
+    def sentence_batches(self, size: int = 8192) -> Iterator[list[str]]:
         """The sentences as str, `size` at a time (decoded from the buffer only while used)."""
         ends = self.text_ends
         for a in range(0, len(ends), size):
