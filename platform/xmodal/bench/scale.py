@@ -184,9 +184,9 @@ def sentence_part(json_file: str, vocab: str) -> dict[str, Any]:
     t, c = time.perf_counter(), _cpu_s()
     corpus = Corpus()
     load_pretrain_json(Path(json_file), corpus)
-    WordPieceTokenizer.from_vocab(vocab, 20).encode(corpus.sentences)
+    WordPieceTokenizer.from_vocab(vocab, 20).encode_batches(corpus.sentence_batches(), len(corpus))
     return {"sentence_part_s": time.perf_counter() - t, "sentence_part_cpu_s": _cpu_s() - c,
-            "sentences": len(corpus.sentences)}
+            "sentences": len(corpus)}
 
 
 def ingest_lxmert_timed(out: str, tsv: str, json_file: str, vocab: str, num_objects: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ trained on the corpus; either way it is saved as `vocab.txt` in the store and mu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,12 +87,14 @@ class WordPieceTokenizer:
         return cls(cls._pipeline(model), max_seq_len, source=str(p))
 
     @classmethod
-    def train(cls, sentences: Sequence[str], max_seq_len: int, vocab_size: int = 30522) -> WordPieceTokenizer:
-        """Train a WordPiece vocabulary on the corpus (specials first, so [PAD]=0 ... [MASK]=4)."""
+    def train(cls, sentences: Iterable[str], max_seq_len: int, vocab_size: int = 30522,
+              length: int | None = None) -> WordPieceTokenizer:
+        """Train a WordPiece vocabulary on the corpus (specials first, so [PAD]=0 ... [MASK]=4).
+        `sentences` is streamed (any iterable; `length` is its size if known)."""
         tok = cls._pipeline(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=1,
                                             special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-        tok.train_from_iterator(sentences, trainer, length=len(sentences))
+        tok.train_from_iterator(sentences, trainer, length=length)
         return cls(tok, max_seq_len)
 
     def save(self, directory: str | Path) -> Path:
@@ -114,6 +116,21 @@ class WordPieceTokenizer:
         enc = self._tok.encode_batch(list(sentences), add_special_tokens=True)
         ids = np.array([e.ids for e in enc], dtype=np.int32)  # (S, T)
         truncated = sum(1 for e in enc if e.overflowing)
+        return ids, truncated
+
+    def encode_batches(self, batches: Iterable[Sequence[str]], total: int) -> tuple[np.ndarray, int]:
+        """`encode` over `total` sentences given a batch at a time, into one preallocated array (only
+        one batch's Python strings and encodings exist at a time)."""
+        ids = np.zeros((total, self.max_seq_len), np.int32)
+        done = truncated = 0
+        for batch in batches:
+            part, cut = self.encode(batch)
+            if done + len(part) > total:
+                raise ValueError(f"encode_batches: more than total={total} sentences")
+            ids[done:done + len(part)] = part
+            done, truncated = done + len(part), truncated + cut
+        if done != total:
+            raise ValueError(f"encode_batches: {done} sentences, expected total={total}")
         return ids, truncated
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:

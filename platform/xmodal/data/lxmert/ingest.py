@@ -38,8 +38,10 @@ import hashlib
 import json
 import math
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -73,15 +75,68 @@ class IngestError(UserError):
 # ============================================================================ JSON
 
 
-@dataclass
 class Corpus:
-    """All sentences of the JSON files, grouped by image."""
+    """All sentences of the JSON files in compact arrays, so memory is ~100 bytes a sentence, not a
+    Python string and dict each: the UTF-8 text in one buffer (until it is tokenised), per sentence
+    its image index, whether it is a question and where its raw answers end; the raw answers as ids
+    into `raw_answers` with float32 scores. Sentences are numbered in the order they are read."""
 
-    sentences: list[str] = field(default_factory=list)
-    labels: list[dict[str, float] | None] = field(default_factory=list)  # per sentence; None = not a question
-    by_image: dict[str, list[int]] = field(default_factory=dict)  # img_id -> sentence indices
-    first_seen: dict[str, str] = field(default_factory=dict)  # img_id -> "file: record #i"
-    missing_labelf: int = 0  # records without "labelf" taken as having no questions (when allowed)
+    def __init__(self) -> None:
+        self.text = bytearray()  # every sentence's UTF-8 bytes, back to back
+        self.text_ends = array("q")  # per sentence: end of its bytes in `text`
+        self.sent_image = array("i")  # per sentence: index into `image_ids`
+        self.question = bytearray()  # per sentence: 1 if it has a label dict (a question), else 0
+        self.label_ends = array("q")  # per sentence: end of its entries in raw_ids / raw_scores
+        self.raw_ids = array("i")  # per raw answer entry: index into `raw_answers`
+        self.raw_scores = array("f")  # per raw answer entry: its score, float32 (as stored)
+        self.raw_answers: dict[str, int] = {}  # raw answer string -> id, in first-seen order
+        self.image_ids: dict[str, int] = {}  # img_id -> index, in first-seen order
+        self.first_file = array("i")  # per image: index into `files` of its first record
+        self.first_record = array("q")  # per image: that record's index in its file
+        self.files: list[str] = []
+        self.missing_labelf = 0  # records without "labelf" taken as having no questions (when allowed)
+
+    def __len__(self) -> int:
+        return len(self.text_ends)
+
+    def first_seen(self, image: int) -> str:
+        """Where image (an index into `image_ids`) was first seen: "file: record #i (img_id ...)"."""
+        img_id = next(k for k, v in self.image_ids.items() if v == image)
+        return f"{self.files[self.first_file[image]]}: record #{self.first_record[image]} (img_id {img_id!r})"
+
+    def sentence_batches(self, size: int = 8192) -> Iterator[list[str]]:
+        """The sentences as str, `size` at a time (decoded from the buffer only while used)."""
+        ends = self.text_ends
+        for a in range(0, len(ends), size):
+            b = min(a + size, len(ends))
+            start = ends[a - 1] if a else 0
+            yield [bytes(self.text[s:e]).decode("utf-8")
+                   for s, e in zip([start, *ends[a:b - 1]], ends[a:b], strict=True)]
+
+    def sentences(self) -> Iterator[str]:
+        for batch in self.sentence_batches():
+            yield from batch
+
+    def drop_text(self) -> None:
+        """Free the text once it is tokenised."""
+        self.text = bytearray()
+        self.text_ends = array("q", [])
+
+    def images(self) -> tuple[np.ndarray, np.ndarray]:
+        """(order, offsets): image k's sentences are order[offsets[k]:offsets[k + 1]], in reading order."""
+        sent_image = np.frombuffer(self.sent_image, dtype=np.int32) if len(self.sent_image) else \
+            np.zeros(0, np.int32)
+        order = np.argsort(sent_image, kind="stable").astype(np.int64)
+        offsets = np.zeros(len(self.image_ids) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(sent_image, minlength=len(self.image_ids)), out=offsets[1:])
+        return order, offsets
+
+    def raw_answer_occurrences(self) -> Iterator[str]:
+        """Every raw answer entry's string (each question's candidates once), for `AnswerTable.most_frequent`."""
+        counts = np.bincount(np.frombuffer(self.raw_ids, np.int32), minlength=len(self.raw_answers)) \
+            if len(self.raw_ids) else np.zeros(len(self.raw_answers), np.int64)
+        for a, n in zip(self.raw_answers, counts.tolist(), strict=True):
+            yield from repeat(a, n)
 
 
 def _fail(where: str, msg: str) -> IngestError:
@@ -92,7 +147,8 @@ def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool
     """Parse and check one pretraining JSON file into `corpus` (records of one image are merged);
     returns the file's img_ids. Every record needs "labelf" (`{}` when it has no questions, as the
     reference's files write it); with `allow_missing_labelf` a record without it (or with null) is
-    taken as having no questions and counted in `corpus.missing_labelf`."""
+    taken as having no questions and counted in `corpus.missing_labelf`. The parsed file is held
+    only while it is read (each record is dropped once copied into the corpus's arrays)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -103,8 +159,12 @@ def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool
     if not isinstance(data, list):
         raise _fail(str(path), f"expected a JSON list of {{\"img_id\", \"sentf\", \"labelf\"}} records, "
                                f"got {type(data).__name__}")
+    file_index = len(corpus.files)
+    corpus.files.append(str(path))
     img_ids: set[str] = set()
+    c = corpus
     for i, rec in enumerate(data):
+        data[i] = None  # free the parsed record as soon as it is copied
         where = f"{path}: record #{i}"
         if not isinstance(rec, dict):
             raise _fail(where, f"expected an object with img_id, sentf, labelf, got {type(rec).__name__}")
@@ -118,12 +178,13 @@ def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool
         labelf = rec.get("labelf")
         if labelf is None:
             if not allow_missing_labelf:
-                n = sum(1 for r in data if isinstance(r, dict) and r.get("labelf") is None)
+                # Records before this one all had it (else they would have failed), and are dropped already.
+                n = 1 + sum(1 for r in data[i + 1:] if isinstance(r, dict) and r.get("labelf") is None)
                 got = "is missing" if "labelf" not in rec else "is null"
                 raise _fail(where, f"field 'labelf' {got}: expected {{source: [{{answer: score}}, ...]}} "
                                    f"({{}} for a record without questions); {n} record(s) of this file lack it; "
                                    "--allow-missing-labelf takes them as having no questions")
-            corpus.missing_labelf += 1
+            c.missing_labelf += 1
             labelf = {}
         if not isinstance(labelf, dict):
             raise _fail(where, f"field 'labelf': expected {{source: [{{answer: score}}, ...]}}, "
@@ -132,8 +193,10 @@ def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool
             if source not in sentf:
                 raise _fail(where, f"field 'labelf.{source}': no sentences 'sentf.{source}' for these labels")
         img_ids.add(img_id)
-        indices = corpus.by_image.setdefault(img_id, [])
-        corpus.first_seen.setdefault(img_id, where)
+        image = c.image_ids.setdefault(img_id, len(c.image_ids))
+        if image == len(c.first_file):
+            c.first_file.append(file_index)
+            c.first_record.append(i)
         for source, sents in sentf.items():
             if not isinstance(sents, list):
                 raise _fail(where, f"field 'sentf.{source}': expected a list of sentences, got {type(sents).__name__}")
@@ -146,7 +209,6 @@ def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool
             for j, s in enumerate(sents):
                 if not isinstance(s, str):
                     raise _fail(where, f"field 'sentf.{source}[{j}]': expected a string, got {s!r:.60}")
-                label = None
                 if labels is not None:
                     label = labels[j]
                     if not isinstance(label, dict):
@@ -157,36 +219,47 @@ def load_pretrain_json(path: Path, corpus: Corpus, *, allow_missing_labelf: bool
                                 or sc < 0:
                             raise _fail(where, f"field 'labelf.{source}[{j}][{a!r}]': expected a finite score "
                                                f">= 0, got {sc!r}")
-                indices.append(len(corpus.sentences))
-                corpus.sentences.append(s)
-                corpus.labels.append(label)
+                        c.raw_ids.append(c.raw_answers.setdefault(a, len(c.raw_answers)))
+                        c.raw_scores.append(float(sc))
+                try:
+                    c.text += s.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate escaped in the JSON ("\ud800")
+                    raise _fail(where, f"field 'sentf.{source}[{j}]': not encodable as UTF-8 ({e})") from None
+                c.text_ends.append(len(c.text))
+                c.sent_image.append(image)
+                c.question.append(labels is not None)
+                c.label_ends.append(len(c.raw_ids))
     return img_ids
 
 
 def answer_arrays(corpus: Corpus, table: AnswerTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
-    """Per-sentence known answers -> (offsets (S+1,), labels (A,), scores (A,), counters)."""
-    counts = np.zeros(len(corpus.sentences), dtype=np.int64)
-    labels: list[int] = []
-    scores: list[float] = []
-    unknown = unanswerable = 0
-    for s, raw in enumerate(corpus.labels):
-        if raw is None:
-            continue
-        best: dict[int, float] = {}
-        for a, sc in raw.items():
-            label = table.index(a)
-            if label is None:
-                unknown += 1
-            else:
-                best[label] = max(best.get(label, 0.0), float(sc))
-        if not best:
-            unanswerable += 1
-        counts[s] = len(best)
-        labels.extend(best.keys())
-        scores.extend(best.values())
-    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    """Per-sentence known answers -> (offsets (S+1,), labels (A,), scores (A,), counters). A raw
+    answer is looked up after normalisation; variants that normalise alike keep the highest score,
+    at the place of the first of them (vectorised: no Python per answer)."""
+    num = len(corpus)
+    label_of_raw = np.array([-1 if (k := table.index(a)) is None else k for a in corpus.raw_answers] or [-1],
+                            dtype=np.int64)
+    raw_ids = np.array(corpus.raw_ids, dtype=np.int64)
+    labels = label_of_raw[raw_ids]
+    scores = np.array(corpus.raw_scores, dtype=np.float32)
+    ends = np.array(corpus.label_ends, dtype=np.int64)
+    sent = np.repeat(np.arange(num, dtype=np.int64), np.diff(ends, prepend=0))
+    known = labels >= 0
+    unknown = int((~known).sum())
+    sent, labels, scores = sent[known], labels[known], scores[known]
+    key = sent * max(len(table), 1) + labels
+    order = np.argsort(key, kind="stable")  # stable: each group's first element is its first occurrence
+    starts = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1]]) if len(order) else order
+    best = np.maximum.reduceat(scores[order], starts) + np.float32(0) if len(order) else scores
+    first = order[starts]
+    back = np.argsort(first, kind="stable")  # groups back into reading order
+    first, best = first[back], best[back]
+    counts = np.bincount(sent[first], minlength=num)
+    question = np.frombuffer(bytes(corpus.question), dtype=np.uint8).astype(bool)
+    unanswerable = int((question & (counts == 0)).sum())
+    offsets = np.zeros(num + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    return (offsets, np.array(labels, dtype=np.int32), np.array(scores, dtype=np.float32),
+    return (offsets, labels[first].astype(np.int32), best.astype(np.float32),
             {"unknown_answers": unknown, "unanswerable_questions": unanswerable})
 
 
@@ -457,16 +530,33 @@ def pack_images(images: list[TsvImage], num_objects: int, feat_dim: int) -> dict
                 **ints, **confs)
 
 
-def _block(images: list[TsvImage], corpus: Corpus, tokens: np.ndarray, ans: tuple[np.ndarray, ...],
-           num_objects: int, feat_dim: int) -> ImageBlock:
-    sent_lists = [corpus.by_image[im.img_id] for im in images]
-    sents = np.fromiter((s for lst in sent_lists for s in lst), dtype=np.int64)
-    ans_off, ans_lab, ans_score = ans
+@dataclass
+class Sentences:
+    """What the TSV pass needs of the corpus: per image its sentences (`Corpus.images`), the tokens
+    and the answer arrays, all numpy (no Python object per sentence)."""
+
+    image_ids: dict[str, int]  # img_id -> image index
+    order: np.ndarray  # sentence indices grouped by image
+    offsets: np.ndarray  # (I + 1,): image k's sentences are order[offsets[k]:offsets[k + 1]]
+    tokens: np.ndarray  # (S, T) int32
+    ans: tuple[np.ndarray, np.ndarray, np.ndarray]  # answer_arrays' offsets, labels, scores
+
+    def count(self, img_id: str) -> int:
+        k = self.image_ids.get(img_id)
+        return 0 if k is None else int(self.offsets[k + 1] - self.offsets[k])
+
+
+def _block(images: list[TsvImage], sentences: Sentences, num_objects: int, feat_dim: int) -> ImageBlock:
+    k = np.array([sentences.image_ids[im.img_id] for im in images], dtype=np.int64)
+    s0, s1 = sentences.offsets[k], sentences.offsets[k + 1]
+    sents = sentences.order[concat_ranges(s0, s1)]
+    ans_off, ans_lab, ans_score = sentences.ans
     a0, a1 = ans_off[sents], ans_off[sents + 1]
     idx = concat_ranges(a0, a1)
+    tokens = sentences.tokens
     return ImageBlock(
         **pack_images(images, num_objects, feat_dim),
-        sent_offsets=np.concatenate([[0], np.cumsum([len(s) for s in sent_lists])]).astype(np.int64),
+        sent_offsets=np.concatenate([[0], np.cumsum(s1 - s0)]).astype(np.int64),
         input_ids=tokens[sents],
         ans_offsets=np.concatenate([[0], np.cumsum(a1 - a0)]).astype(np.int64),
         ans_ids=ans_lab[idx], ans_scores=ans_score[idx])
@@ -516,29 +606,35 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     if answers is not None:
         table = AnswerTable.from_reference(answers, limit=num_answers)
     else:
-        table = AnswerTable.most_frequent((a for lab in corpus.labels if lab for a in lab), num_answers)
+        table = AnswerTable.most_frequent(corpus.raw_answer_occurrences(), num_answers)
         if len(table) == 0:
             table = AnswerTable(["yes"])  # a corpus without questions still needs a (1-answer) QA head
-    ans = answer_arrays(corpus, table)
-    counters = {**ans[3], **counters_json}
+    *ans, answer_counts = answer_arrays(corpus, table)
+    counters = {**answer_counts, **counters_json}
     if vocab is not None:
         tokenizer = WordPieceTokenizer.from_vocab(vocab, max_seq_len)
     else:
-        tokenizer = WordPieceTokenizer.train(corpus.sentences, max_seq_len, vocab_size=vocab_size)
-    tokens, counters["truncated_sentences"] = tokenizer.encode(corpus.sentences)  # (S, T) int32
+        tokenizer = WordPieceTokenizer.train(corpus.sentences(), max_seq_len, vocab_size=vocab_size,
+                                             length=len(corpus))
+    tokens, counters["truncated_sentences"] = tokenizer.encode_batches(corpus.sentence_batches(), len(corpus))
+    corpus.drop_text()
+    order, image_offsets = corpus.images()
+    sentences = Sentences(corpus.image_ids, order, image_offsets, tokens, tuple(ans))
 
     # 2. which images have features (every line's shape, no decoding)
     offsets: dict[str, tuple[int, int, int]] = {}
     located = scan_tsv_ids(tsv_paths, progress, feat_dim, offsets)
-    missing = [i for i in corpus.by_image if i not in located and corpus.by_image[i]]
+    missing = [i for i in corpus.image_ids if i not in located and sentences.count(i)]
     if missing and not allow_missing_images:
         first = missing[0]
-        raise _fail(corpus.first_seen[first], f"img_id {first!r} has sentences but no features in any --tsv file "
-                                              f"({len(missing)} such image(s); --allow-missing-images drops them)")
+        raise _fail(corpus.first_seen(corpus.image_ids[first]),
+                    f"img_id {first!r} has sentences but no features in any --tsv file "
+                    f"({len(missing)} such image(s); --allow-missing-images drops them)")
     for i in missing:
-        del corpus.by_image[i]
-    counters["dropped_images"] = sum(1 for i in located if not corpus.by_image.get(i))
-    if how.method == "reference" and not any(corpus.by_image.get(i) for i in minival_ids):
+        del sentences.image_ids[i]
+    del corpus  # what is left of it (per-sentence image and answer arrays) is not needed while the TSV is read
+    counters["dropped_images"] = sum(1 for i in located if not sentences.count(i))
+    if how.method == "reference" and not any(sentences.count(i) for i in minival_ids):
         raise IngestError(f"none of the {len(minival_ids)} images of the minival file(s) {', '.join(how.files)} has "
                           "both sentences and features in the --tsv files: minival would be empty")
 
@@ -556,7 +652,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                "images_per_shard": images_per_shard, "row_group_images": row_group_images,
                "allow_missing_images": allow_missing_images, "missing_images": len(missing),
                "allow_missing_labelf": allow_missing_labelf, "order_seed": order_seed}
-    used_ids = [i for i in located if corpus.by_image.get(i)]
+    used_ids = [i for i in located if sentences.count(i)]
     used = len(used_ids)
     if order_seed is None:
         lines = tsv_lines(tsv_paths)
@@ -573,7 +669,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
         bar = progress_bar(used, "decode TSV", "img", progress)
         for where, line in lines:
             img_id = line.split("\t", 1)[0]
-            if not corpus.by_image.get(img_id):
+            if not sentences.count(img_id):
                 continue
             im = parse_tsv_line(line, where, feat_dim=feat_dim, num_objects=num_objects,
                                 num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
@@ -586,7 +682,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
             split = split_of(img_id)
             buffers[split].append(im)
             if len(buffers[split]) >= chunk:
-                writer.add(split, _block(buffers[split], corpus, tokens, ans[:3], num_objects, feat_dim))
+                writer.add(split, _block(buffers[split], sentences, num_objects, feat_dim))
                 buffers[split] = []
             bar.update(1)
         bar.close()
@@ -594,7 +690,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
             raise IngestError("no image has both features and sentences: nothing to write")
         for split, images in buffers.items():
             if images:
-                writer.add(split, _block(images, corpus, tokens, ans[:3], num_objects, feat_dim))
+                writer.add(split, _block(images, sentences, num_objects, feat_dim))
         return writer.finish(tokenizer=tokenizer, answers=table, source="lxmert",
                              num_object_labels=num_object_labels, num_attr_labels=num_attr_labels,
                              inputs=[str(p) for p in [*tsv_paths, *sentence_files]], options=options,
