@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
-from xmodal.errors import UserError
+from xmodal.errors import RunInterrupted, UserError
 
 
 def add_verbose(p: argparse.ArgumentParser) -> None:
@@ -24,12 +26,26 @@ def setup_console(verbose: bool) -> None:
 
 def user_errors(fn: Callable[[], int | None]) -> int:
     """Run a command: a `UserError` becomes one line `error: ...` on stderr and exit code 2, no
-    traceback (tracebacks are for bugs). Every command line of the package goes through here."""
+    traceback (tracebacks are for bugs); Ctrl-C or SIGTERM one line saying where the run stopped
+    (`RunInterrupted`, xmodal.train.interrupt) and exit code 130. Every command line of the package
+    goes through here."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM outside a run's training: as Ctrl-C
     try:
         return fn() or 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RunInterrupted as e:
+        print(e, file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("[xmodal] interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv: list[str]) -> int:

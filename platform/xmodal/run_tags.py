@@ -6,6 +6,7 @@ report, so the report must not import the sweep package.
 
 # every run
 RUN_NAME_TAG = "xmodal.run_name"  # the run's name, by which a rerun finds it and resumes into it
+STOPPED_AT_STEP = "xmodal.stopped_at_step"  # a run stopped by Ctrl-C: the step a rerun resumes from
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag: the parent run of a child (sweep trial, MulT seed)
 
 # sweeps

@@ -302,7 +302,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 SPOOL_FILE = "mlflow_unlogged.jsonl"
 REPLAY_COMMAND = "python jobs/replay_tracking.py"
-_SPOOL_OPS = {"metrics": ("items",), "artifact": ("path",), "terminated": ("status",)}
+_SPOOL_OPS = {"metrics": ("items",), "artifact": ("path",), "tags": ("tags",), "terminated": ("status",)}
 
 
 def spool_path(storage: str, run_name: str) -> Path:
@@ -596,6 +596,9 @@ class Outbox:
 
         self._call(lambda: log_artifact(self.uri, self.run_id, local_path, artifact_path), record)
 
+    def tags(self, tags: dict[str, str]) -> None:
+        self._call(lambda: set_tags(self.uri, self.run_id, tags), lambda: {"op": "tags", "tags": dict(tags)})
+
     def terminated(self, status: str) -> None:
         self._call(lambda: set_terminated(self.uri, self.run_id, status),
                    lambda: {"op": "terminated", "status": status})
@@ -649,6 +652,9 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
                     raise UserError(f"{where}: metric item {item!r}; expected [key, value, timestamp_ms, step]")
         elif rec["op"] == "artifact" and not Path(rec["path"]).is_file():
             raise UserError(f"{where}: artifact file {rec['path']!r} does not exist")
+        elif rec["op"] == "tags" and not (isinstance(rec["tags"], dict)
+                                          and all(isinstance(v, str) for v in rec["tags"].values())):
+            raise UserError(f"{where}: tags {rec['tags']!r}; expected an object of string values")
         elif rec["op"] == "terminated" and rec["status"] not in ("FINISHED", "FAILED", "KILLED"):
             raise UserError(f"{where}: status {rec['status']!r}; expected FINISHED, FAILED or KILLED")
         records.append(rec)
@@ -688,6 +694,8 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
         elif rec["op"] == "artifact":
             log_artifact(uri, run_id, rec["path"], rec.get("artifact_path"))
             artifacts += 1
+        elif rec["op"] == "tags":
+            set_tags(uri, run_id, rec["tags"])
         else:
             set_terminated(uri, run_id, rec["status"])
             terminated += 1

@@ -323,3 +323,83 @@ def _number_or_text(v: str) -> float | str:
         return float(v)
     except ValueError:
         return v
+
+
+# ---------------------------------------------------------------- Ctrl-C, then --resume
+
+
+CTRL_C_SPACE = """
+metric: eval/loss/mlm
+mode: min
+num_samples: 3
+scheduler: {type: fifo}
+parameters:
+  train.max_steps: {type: choice, values: [4, 40]}
+  optim.lr: {type: float, low: 1e-3, high: 1e-2, log: true}
+try_first:
+  - {train.max_steps: 4, optim.lr: 0.005}    # finishes before the Ctrl-C
+  - {train.max_steps: 40, optim.lr: 0.002}   # running at the Ctrl-C
+  - {train.max_steps: 40, optim.lr: 0.008}   # running or not started yet
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_store, ray_local):
+    """Ctrl-C (SIGINT to the driver's process group) once a trial has finished and another is training:
+    exit 130 and one line saying how to continue; the parent and the running trials KILLED, each
+    trial tagged with the step it resumes from. `--resume` keeps the finished trial (not run again),
+    resumes the others from those steps, and every child run has each step once."""
+    address = ray_local.get_runtime_context().gcs_address
+    space = space_file(tmp_path, tiny_store, CTRL_C_SPACE, "eval_every: 4")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [PYTHON, SWEEP, str(space), "--name", "ctrlc", "--storage-path", str(tmp_path / "runs")]
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), start_new_session=True,
+                             stdout=open(tmp_path / "first.log", "w"), stderr=subprocess.STDOUT)
+    finished: dict[str, float] = {}
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            time.sleep(1)
+            if "[xmodal] sweep 'ctrlc'" not in (tmp_path / "first.log").read_text():
+                continue  # the driver has not made its database yet (see the chaos test)
+            runs = tracking.search_runs(uri, [tracking.get_experiment_id(uri, EXPERIMENT)], f"tags.`{T.KIND}` = 'trial'")
+            finished = {r.run_id: r.end_time for r in runs if r.status == "FINISHED"}
+            training = [r for r in runs if r.status == "RUNNING"
+                        and any(p.step >= 8 for p in tracking.metric_points(uri, r.run_id, "train/loss"))]
+            if finished and training:
+                break
+        assert first.poll() is None and finished, (tmp_path / "first.log").read_text()[-3000:]
+        os.killpg(first.pid, signal.SIGINT)
+        first.wait(timeout=120)
+    finally:
+        kill_tree(first.pid, grace=3)
+        kill_session(first.pid)
+    log = (tmp_path / "first.log").read_text()
+    assert first.returncode == 130, log[-3000:]
+    lines = [line for line in log.splitlines() if line.startswith("[xmodal] sweep 'ctrlc' stopped with ")]
+    assert len(lines) == 1 and lines[0].endswith("continue it with the same command and --resume --name ctrlc "
+                                                 "(finished trials are kept, the others resume from their checkpoints)")
+    assert "Traceback" not in log
+    parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "ctrlc")
+    assert parent.status == "KILLED"
+    stopped = {r.run_id: int(r.tags[T.STOPPED_AT_STEP]) for r in children(uri, parent.run_id)
+               if r.status == "KILLED"}
+    assert stopped and max(stopped.values()) >= 8, stopped  # at least the one that had trained, from a checkpoint
+    assert not [r for r in children(uri, parent.run_id) if r.status == "RUNNING"]
+
+    second = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), capture_output=True,
+                            text=True, timeout=600, start_new_session=True)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "ctrlc")
+    assert parent.status == "FINISHED"
+    runs = children(uri, parent.run_id)
+    assert len(runs) == 3 and all(r.status == "FINISHED" for r in runs), [(r.name, r.status) for r in runs]
+    for run_id, end in finished.items():  # finished before the Ctrl-C: not run again
+        assert tracking.get_run(uri, run_id).end_time == end
+    for r in runs:
+        total = int(r.params["train.max_steps"])
+        steps = [p.step for p in tracking.metric_points(uri, r.run_id, "train/loss")]
+        assert steps == list(range(2, total + 1, 2)), (r.name, steps)  # each step once
+        if stopped.get(r.run_id):  # resumed from the step its tag named
+            resumed = [p.value for p in tracking.metric_points(uri, r.run_id, "train/resumed_from_step")]
+            assert resumed == [stopped[r.run_id]], (r.name, resumed, stopped[r.run_id])

@@ -1,5 +1,5 @@
 """Checkpoint folders: checksums in the meta (`seal`), `verify`, restore of a bad folder, and the
-choice of the folder to resume from when the latest is bad (no Ray cluster: local files)."""
+choice of the folder to resume from (no Ray cluster: local files)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from xmodal.errors import UserError
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.engine import checkpoint_write_error, good_checkpoint
+from xmodal.train import recovery
+from xmodal.train.engine import checkpoint_write_error
 from xmodal.train.runtime import prepare
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,51 +74,33 @@ def test_restore_of_a_corrupt_folder_raises_a_clear_error(tmp_path):
     assert issubclass(ckpt.CorruptCheckpointError, UserError)
 
 
-def test_resume_falls_back_to_the_highest_step_that_verifies(tmp_path, capfd):
+def test_resume_takes_the_newest_checkpoint_that_verifies_registered_or_not(tmp_path, capfd):
+    """Ray Train's registry is not asked: a complete checkpoint it never registered (a worker or driver
+    stopped before the controller's next poll) is resumed from like any other."""
     from pyarrow.fs import LocalFileSystem
-    from ray.train import Checkpoint
 
     run = tmp_path / "run"
     for name, step in [("checkpoint_a", 4), ("checkpoint_b", 8), ("checkpoint_c", 12), ("checkpoint_d", 16)]:
         sealed(run / name, step)
-    (run / "checkpoint_c" / ckpt.MODEL_FILE).write_bytes(b"x")  # step 12 is bad too
-    (run / "checkpoint_e").mkdir()  # what a failed copy leaves: no meta
-    (run / "checkpoint_d" / ckpt.STATE_FILE).unlink()
+    (run / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray Train's file: no checkpoint folder
     fs = LocalFileSystem()
-    picked = good_checkpoint(Checkpoint(str(run / "checkpoint_d"), fs))
-    assert picked.path == str(run / "checkpoint_b")
-    out = capfd.readouterr().out
-    assert (f"[xmodal] checkpoint {run / 'checkpoint_d'} is corrupt (state.pt missing); resuming from "
-            f"{run / 'checkpoint_b'} (step 8)") in out
-    assert f"checkpoint {run / 'checkpoint_c'} is corrupt too (model.pt has 1 bytes" in out
+    found = recovery.resume_point(fs, str(run))
+    assert (found.path, found.step) == (str(run / "checkpoint_d"), 16)
+    assert capfd.readouterr().out == ""  # nothing skipped, nothing to say
 
-    good = Checkpoint(str(run / "checkpoint_b"), fs)
-    assert good_checkpoint(good).path == good.path  # a good latest is taken as it is
+    (run / "checkpoint_c" / ckpt.MODEL_FILE).write_bytes(b"x")  # step 12 is bad too
+    (run / "checkpoint_e").mkdir()  # what a failed copy leaves: no meta (no step: sorted last)
+    (run / "checkpoint_d" / ckpt.STATE_FILE).unlink()
+    found = recovery.resume_point(fs, str(run))
+    assert (found.path, found.step) == (str(run / "checkpoint_b"), 8)
+    out = capfd.readouterr().out
+    assert f"[xmodal] checkpoint {run / 'checkpoint_d'} is corrupt (state.pt missing); skipped" in out
+    assert f"[xmodal] checkpoint {run / 'checkpoint_c'} is corrupt (model.pt has 1 bytes" in out
+    assert "checkpoint_e" not in out  # no step to read: tried last, after the one found
+    assert f"[xmodal] resuming from {run / 'checkpoint_b'} (step 8), the newest intact checkpoint" in out
+
     for name in ("checkpoint_a", "checkpoint_b"):
         (run / name / ckpt.META_FILE).unlink()
-    assert good_checkpoint(Checkpoint(str(run / "checkpoint_d"), fs)) is None
-    assert "no other checkpoint of the run verifies; starting from scratch" in capfd.readouterr().out
-
-
-def test_a_write_error_crosses_processes_and_is_found_in_what_fit_raises():
-    from ray.train import WorkerGroupError
-
-    e = ckpt.CheckpointWriteError("r1", "/mnt/full/r1", 8, "[Errno 28] No space left on device",
-                                  (4, "/mnt/full/r1/checkpoint_x"))
-    e = pickle.loads(pickle.dumps(e))  # Ray pickles a worker's exception to the driver
-    raised = WorkerGroupError("worker 0 failed", {1: RuntimeError("collateral"), 0: e})
-    found = checkpoint_write_error(raised)
-    assert found is not None and found.step == 8
-    assert found.advice() == (
-        "writing a checkpoint of run r1 under /mnt/full/r1 failed at step 8: [Errno 28] No space left on "
-        "device; the previous checkpoint (step 4, /mnt/full/r1/checkpoint_x) is intact: make the storage "
-        "writable (or free space) and rerun with mlflow.run_name=r1 to resume")
-    assert checkpoint_write_error(WorkerGroupError("x", {0: RuntimeError("a bug")})) is None
-    assert not ckpt.is_storage_failure(RuntimeError("copy failed"))
-    try:
-        try:
-            raise OSError(28, "No space left on device")
-        except OSError as inner:
-            raise RuntimeError("upload failed") from inner
-    except RuntimeError as outer:
-        assert ckpt.is_storage_failure(outer)
+    assert recovery.resume_point(fs, str(run)) is None
+    assert "[xmodal] no checkpoint of the run verifies; starting from scratch" in capfd.readouterr().out
+    assert recovery.newest_intact(fs, str(tmp_path / "no_such_run")) == (None, [])

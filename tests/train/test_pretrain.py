@@ -309,8 +309,8 @@ def test_storage_faults_full_storage_then_a_corrupt_checkpoint(tmp_path, tiny_st
         third = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
         assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
         assert (f"[xmodal] checkpoint {folders[-1]} is corrupt (model.pt has 1000 bytes, expected {size} "
-                "(truncated or overwritten)); resuming from") in third.stdout
-        assert f"resuming from {folders[1]} (step 8)" in third.stdout
+                "(truncated or overwritten)); skipped") in third.stdout
+        assert f"resuming from {folders[1]} (step 8), the newest intact checkpoint" in third.stdout
         assert "resumed from checkpoint at step 8" in third.stdout
         finals = [final_metrics(out.stdout) for out in (second, third)]
         assert finals[0] and finals[0] == finals[1]  # the same final evaluation (4 decimals)

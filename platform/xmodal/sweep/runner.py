@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from ray.tune.search.optuna import OptunaSearch
 from xmodal import console, tracking
 from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
+from xmodal.errors import RunInterrupted
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -37,6 +39,7 @@ from xmodal.sweep.space import (
     validate_config,
     with_assignments,
 )
+from xmodal.train import recovery
 from xmodal.train.specs import job_spec
 
 SETUP_FILE = "xmodal_sweep.json"  # the trials' common setup, beside Tune's state (read back by --resume)
@@ -385,23 +388,25 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     uri = plan.tracking_uri
     log.info(f"sweep {plan.name!r}: {plan.space.num_samples} trials of {plan.space.job}, at most "
              f"{plan.space.max_concurrent} at a time; Tune state in {plan.path}")
+    # Tune catches SIGINT itself (it saves its state and stops the trials); SIGTERM is made the same.
+    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         results = _tuner(plan, setup, parent_run_id, experiment_id).fit()
         summary = summarise(plan, results, parent_run_id, experiment_id)
-    except KeyboardInterrupt:
-        tracking.set_terminated(uri, parent_run_id, "KILLED")
-        raise
+    except KeyboardInterrupt:  # a second Ctrl-C: Tune stops at once
+        raise _stopped(plan, parent_run_id, "at once") from None
     except BaseException:
         tracking.set_terminated(uri, parent_run_id, "FAILED")
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if summary["unfinished"]:  # Tune ends fit() early only when interrupted
+        raise _stopped(plan, parent_run_id, f"with {summary['unfinished']} of {plan.space.num_samples} trials "
+                                            "unfinished")
     report_dir = None
     if plan.report:
         report_dir = _report(plan, parent_run_id)
     status = "FINISHED" if summary["best"] is not None else "FAILED"
-    if summary["unfinished"]:
-        status = "KILLED"  # --resume marks it RUNNING again
-        log.info(f"sweep interrupted with {summary['unfinished']} of {plan.space.num_samples} trials "
-                 f"unfinished: continue it with --resume --name {plan.name}")
     tracking.set_terminated(uri, parent_run_id, status)
     if summary["best"]:
         b = summary["best"]
@@ -413,6 +418,29 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
              f"{tracking.ui_command(uri)}")
     return {"name": plan.name, "path": plan.path, "parent_run_id": parent_run_id, "tracking_uri": uri,
             "experiment": plan.experiment, "report": report_dir, **summary}
+
+
+class SweepInterrupted(RunInterrupted):
+    def __init__(self, how: str, name: str):
+        super().__init__(how, 0)
+        self.name = name
+
+    def __str__(self) -> str:
+        return (f"[xmodal] sweep {self.name!r} stopped {self.how}; continue it with the same command and "
+                f"--resume --name {self.name} (finished trials are kept, the others resume from their checkpoints)")
+
+
+def _stopped(plan: SweepPlan, parent_run_id: str, how: str) -> SweepInterrupted:
+    """A sweep stopped by Ctrl-C or SIGTERM: its parent run and every trial still running are KILLED,
+    each trial tagged with the step its Train run resumes from (`--resume` marks them RUNNING again)."""
+    uri, storage = plan.tracking_uri, f"{plan.path}/train"  # the trials' Train runs (plan.plan_sweep)
+    for run in tracking.child_runs(uri, parent_run_id):
+        if run.status == "RUNNING":
+            found, _ = recovery.newest_intact(*recovery.run_folder(storage, run.name))
+            tracking.set_tags(uri, run.run_id, {T.STOPPED_AT_STEP: str(found.step if found else 0)})
+            tracking.set_terminated(uri, run.run_id, "KILLED")
+    tracking.set_terminated(uri, parent_run_id, "KILLED")
+    return SweepInterrupted(how, plan.name)
 
 
 def _report(plan: SweepPlan, parent_run_id: str) -> str | None:

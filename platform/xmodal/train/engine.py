@@ -20,12 +20,12 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
-import json
 import logging
 import platform
 import random
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,13 +36,15 @@ import torch
 import yaml
 from torch import nn
 
-from xmodal import console, tracking
+from xmodal import console, errors, run_tags, tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
+from xmodal.train import recovery
 from xmodal.train.cluster import connect, storage_path
 from xmodal.train.cost import CostMeter
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
+from xmodal.train.interrupt import GracefulStop, StopWatch
 from xmodal.train.loop import NoHooks, fit
 from xmodal.train.runtime import prepare
 
@@ -328,13 +330,14 @@ def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name
 
 
 def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
-             parent_run_id: str | None = None) -> str:
-    """The MLflow run named `name` (resumed: marked running again) or a new one with params and tags."""
+             parent_run_id: str | None = None, where: Callable[[], str] = lambda: "") -> str:
+    """The MLflow run named `name` (resumed: marked running again, `where()` saying from which step)
+    or a new one with params and tags."""
     exp_id = tracking.ensure_experiment(uri, experiment)
     existing = tracking.find_run(uri, exp_id, name)
     if existing is not None:
         tracking.mark_running(uri, existing.run_id)
-        log.info(f"resuming run {name!r} (MLflow run {existing.run_id})")
+        log.info(f"resuming run {name!r} (MLflow run {existing.run_id}){where()}")
         return existing.run_id
     return tracking.create_run(uri, exp_id, name, params,
                                {"git_commit": tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
@@ -348,7 +351,8 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
     all_tags = {"task": spec.name, "store": spec.data_path(data), "config_source": source,
                 TOTAL_STEPS_TAG: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
                 **spec.tags(cfg, data, checked.start), **(tags or {})}
-    run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id)
+    run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id,
+                      where=functools.partial(resume_note, checked.storage, name))
     log_dataset(spec, cfg, data, checked.tracking_uri, run_id)
     baselines = spec.baselines(cfg, data)
     if baselines:
@@ -361,6 +365,15 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                    faults=checked.faults,
                    fault_dir=str(Path(checked.storage) / name / ".faults") if checked.faults else None,
                    baselines=baselines, metric_order=spec.metric_order(cfg), verbose=console.verbose())
+
+
+def resume_note(storage: str, run_name: str) -> str:
+    """Where a rerun of the run resumes, as the driver's "resuming run" line says it: the step of the
+    newest intact checkpoint on storage, which the workers restore (`recovery`)."""
+    found, _ = recovery.newest_intact(*recovery.run_folder(storage, run_name))
+    if found is None:
+        return f": from step 0, no intact checkpoint under {storage}/{run_name}"
+    return f": from step {found.step}, {found.path.rsplit('/', 1)[-1]}"
 
 
 def manifest_digest(data_path: str) -> str:
@@ -394,10 +407,10 @@ def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
             "xmodal.repro.versions": f"python={platform.python_version()} " + " ".join(versions)}
 
 
-def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
+def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None, stop_flag=None):
     """A TorchTrainer running `worker` for the plan: CPUs left for Ray Data, failures retried, the
-    best checkpoints kept. Sweeps pass Tune's report callback."""
-    connect()
+    best checkpoints kept. Sweeps pass Tune's report callback; command-line runs the flag that
+    Ctrl-C sets (`interrupt.GracefulStop`)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -407,7 +420,7 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
     if scale.gpus_per_worker:
         resources["GPU"] = scale.gpus_per_worker
     return TorchTrainer(
-        functools.partial(worker, spec),
+        functools.partial(worker, spec, stop_flag=stop_flag),
         train_loop_config=dataclasses.asdict(plan),
         scaling_config=ray.train.ScalingConfig(
             num_workers=scale.num_workers, use_gpu=scale.gpus_per_worker > 0, resources_per_worker=resources,
@@ -424,18 +437,43 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None):
 
 
 def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None) -> RunResult:
-    """Ray Train, then the final artifacts; the MLflow run ends FINISHED, or FAILED on any error.
-    A run with callbacks is a sweep trial: Tune stops trials by interrupting them, and the sweep
-    driver, which knows a stop from an error, marks the run's end (KILLED or FAILED)."""
+    """Ray Train, then the final artifacts; the MLflow run ends FINISHED, FAILED on any error, or
+    KILLED when Ctrl-C stopped it (RunInterrupted). A run with callbacks is a sweep trial: Tune stops
+    trials by interrupting them, and the sweep driver, which knows a stop from an error, marks the
+    run's end (KILLED or FAILED)."""
+    connect()
+    interruptible = callbacks is None and threading.current_thread() is threading.main_thread()
     console.CONSOLE.begin(plan.total_steps, plan.baselines, plan.metric_order)
     try:
         try:
-            result = trainer(spec, plan, data, callbacks).fit()
-            if result.metrics and "step" in result.metrics:
+            if interruptible:
+                with GracefulStop() as stop:
+                    result = stop.run(trainer(spec, plan, data, callbacks, stop.flag).fit)
+            else:
+                result = trainer(spec, plan, data, callbacks).fit()
+            stopped = interruptible and stop.requested and (result.metrics or {}).get("final") != 1
+            if result.metrics and "step" in result.metrics and not stopped:
                 console.CONSOLE.settle(int(result.metrics["step"]), result.metrics)
         finally:
             console.CONSOLE.end()
+        if stopped:
+            step = int((result.metrics or {}).get("step", 0))
+            raise _stopped(plan, errors.RunInterrupted(f"at step {step}", step))
         finish_run(plan, result.checkpoint, spec, data)
+    except errors.RunInterrupted:
+        raise
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        import ray
+
+        # The workers end first (a local Ray stops, a cluster ends the job's actors): a checkpoint they
+        # were still writing would otherwise land after the look at storage below.
+        ray.shutdown()
+        found, _ = recovery.newest_intact(*recovery.run_folder(plan.storage, plan.run_name))
+        step = found.step if found is not None else 0
+        raise _stopped(plan, errors.RunInterrupted("at once", step, "" if found else " (no checkpoint was written)")
+                       ) from None
     except BaseException as e:
         if callbacks is None:
             out = outbox(plan)
@@ -447,6 +485,15 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
         raise
     return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
                      plan.baselines)
+
+
+def _stopped(plan: RunPlan, stop: errors.RunInterrupted) -> errors.RunInterrupted:
+    """The run's end after Ctrl-C: KILLED in MLflow, tagged with the step a rerun resumes from."""
+    out = outbox(plan)
+    out.tags({run_tags.STOPPED_AT_STEP: str(stop.step)})
+    out.terminated("KILLED")
+    out.report()
+    return stop
 
 
 def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | None:
@@ -472,7 +519,12 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
     checked = check(spec, cfg)
     p = plan(spec, checked, source, parent_run_id, tags)
     console.CONSOLE.show(banner(spec, checked, p))
-    return train_and_finish(spec, p, checked.data, callbacks)
+    try:
+        return train_and_finish(spec, p, checked.data, callbacks)
+    except errors.RunInterrupted as e:
+        if cfg.mlflow.run_name is None:  # a generated name: the same command would start a new run
+            e.hint = f" with --run-name {p.run_name}"
+        raise
 
 
 def banner(spec: JobSpec, checked: Checked, plan: RunPlan) -> str:
@@ -594,8 +646,14 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     base = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                       {"task": spec.name, "seeds": ",".join(map(str, seeds))})
-    finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
-              for seed in seeds]
+    try:
+        finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
+                  for seed in seeds]
+    except KeyboardInterrupt as e:  # the seed's run says where it stopped; a rerun resumes it
+        tracking.set_terminated(uri, parent, "KILLED")
+        if isinstance(e, errors.RunInterrupted) and cfg.mlflow.run_name is None:
+            e.hint = f" with --run-name {base}"  # the seeds' runs are named after it
+        raise
     summary = seed_summary([tracking.get_run(uri, r).metrics for r in finals])
     tracking.log_metrics(uri, parent, summary)
     tracking.set_terminated(uri, parent, "FINISHED")
@@ -655,8 +713,9 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
     return w
 
 
-def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
-    """Every job's Ray Train worker."""
+def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
+    """Every job's Ray Train worker. `stop_flag`: the driver's `interrupt.StopFlag` (Ctrl-C), None in
+    sweep trials (Tune stops those)."""
     import ray.train
     import ray.train.torch
 
@@ -666,7 +725,10 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     console.quiet_worker()
     cfg = spec.config_class.model_validate(plan.config)
     ctx = ray.train.get_context()
-    resume = good_checkpoint(ray.train.get_checkpoint(), loud=ctx.get_world_rank() == 0)
+    storage = ctx.get_storage()
+    found = recovery.resume_point(storage.storage_filesystem, storage.experiment_fs_path,
+                                  loud=ctx.get_world_rank() == 0)
+    resume = found.checkpoint() if found is not None else None
     meta: dict[str, Any] = {}
     if resume is not None:
         with resume.as_directory() as d:
@@ -696,7 +758,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, w.rank, w.world, w.device, evaluate, meta,
                      on_checkpoint=w.selection.save if selecting else None,
                      on_end=functools.partial(_held_out, spec, w, plan) if selecting else None,
-                     resumed_from=resume.path if resume is not None else None, cost=cost)
+                     resumed_from=resume.path if resume is not None else None, cost=cost,
+                     stop=StopWatch(stop_flag) if stop_flag is not None else None)
     step_kwargs = spec.step_kwargs(cfg)
 
     def batches(epoch: int, skip: int) -> Iterable[Any]:
@@ -706,56 +769,6 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any]) -> None:
     fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
         start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
         seed=(cfg.train.seed, w.rank))
-
-
-def good_checkpoint(latest, loud: bool = True):
-    """The checkpoint to resume from: Ray Train's latest if it verifies (`ckpt.verify`), else the
-    run's other `checkpoint_*` folders in its storage, highest step first, the first that verifies;
-    None (start from scratch) when none does. Every worker lists and checks the same folders, so all
-    pick the same one; `loud`: say what was skipped."""
-    if latest is None:
-        return None
-    reason = _verify_remote(latest)
-    if reason is None:
-        return latest
-    import pyarrow.fs
-    from ray.train import Checkpoint
-
-    fs, bad = latest.filesystem, latest.path.rstrip("/")
-    run_dir, bad_name = bad.rsplit("/", 1) if "/" in bad else ("", bad)
-    candidates = []
-    for info in fs.get_file_info(pyarrow.fs.FileSelector(run_dir)):
-        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("checkpoint_") \
-                and info.base_name != bad_name:
-            candidates.append((_meta_step(fs, info.path), info.base_name, info.path))
-    candidates.sort(reverse=True)  # highest step first; unreadable metas (-1) last, then by name
-    for step, _, path in candidates:
-        other = Checkpoint(path=path, filesystem=fs)
-        why = _verify_remote(other)
-        if why is None:
-            if loud:
-                say(f"[xmodal] checkpoint {bad} is corrupt ({reason}); resuming from {path} (step {step})")
-            return other
-        if loud:
-            say(f"[xmodal] checkpoint {path} is corrupt too ({why}); skipped")
-    if loud:
-        say(f"[xmodal] checkpoint {bad} is corrupt ({reason}) and no other checkpoint of the run verifies; "
-            "starting from scratch")
-    return None
-
-
-def _verify_remote(checkpoint) -> str | None:
-    with checkpoint.as_directory() as d:
-        return ckpt.verify(d)
-
-
-def _meta_step(fs, folder: str) -> int:
-    """The step in a checkpoint folder's meta, -1 if it cannot be read (sorted last)."""
-    try:
-        with fs.open_input_stream(f"{folder}/{ckpt.META_FILE}") as f:
-            return int(json.loads(f.read())["step"])
-    except Exception:  # any unreadable meta (missing, truncated, not JSON): verification says why
-        return -1
 
 
 def _held_out(spec: JobSpec, w: Worker, plan: RunPlan | None, _state) -> dict[str, float]:

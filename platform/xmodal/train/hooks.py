@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -61,6 +62,9 @@ class ValidationSelection:
         return {f"best_{k}": v for k, v in self.valid.items()}
 
 
+STOP_KEY = "_stop_requested"  # the all-reduced stop flag's entry among the logged loss sums
+
+
 class RunHooks:
     """Logging, evaluation, checkpoints and fault injection (a testing aid), run on every worker
     (collectives need all of them); only rank 0 prints and writes to MLflow."""
@@ -69,14 +73,16 @@ class RunHooks:
                  device: torch.device, evaluate: Callable[[], dict[str, float]], meta: dict[str, Any],
                  on_checkpoint: Callable[[TrainState, Path, bool], None] | None = None,
                  on_end: Callable[[TrainState], dict[str, float]] | None = None,
-                 resumed_from: str | None = None, cost: CostMeter | None = None):
+                 resumed_from: str | None = None, cost: CostMeter | None = None,
+                 stop: Callable[[], bool] | None = None):
         """`on_checkpoint(state, folder, is_new_best)` adds files to a checkpoint (rank 0);
         `on_end(state)` runs on every worker after the final checkpoint (e.g. the test split on
         the selected model) and its metrics are logged and reported; `resumed_from` is the path of
         the checkpoint restored (the one a failed checkpoint write leaves as the last); `cost` times
         the steps, and rank 0 logs its `cost/*` metrics at every evaluation (early-stopped sweep
-        trials have them too) and carries its wall time in each checkpoint."""
-        self.cost = cost
+        trials have them too) and carries its wall time in each checkpoint; `stop()` is True once the
+        driver asked the run to stop (Ctrl-C, `xmodal.train.interrupt`)."""
+        self.cost, self.stop = cost, stop
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
         self.last_checkpoint: tuple[int, str] | None = (
             (meta["step"], resumed_from) if resumed_from is not None and "step" in meta else None)
@@ -84,6 +90,7 @@ class RunHooks:
         self.evaluate = evaluate
         self.faults = {tuple(f) for f in plan.faults}
         self.last_eval_step = meta.get("step", -1)
+        self.checkpointed_step = meta.get("step", -1)  # the same on every rank (each evaluation checkpoints)
         self.best = meta.get("best")
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
         self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics,
@@ -98,7 +105,8 @@ class RunHooks:
             self.logger.log({"train/resumed_from_step": meta["step"]}, meta["step"], force=True)
             say(f"[xmodal] resumed from checkpoint at step {meta['step']} (epoch {meta.get('epoch')})")
 
-    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None:
+    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> bool:
+        """Returns True when the run stops here (the driver asked it to; the checkpoint is written)."""
         if self.cost is not None:
             self.cost.step_start()
         t = self.train
@@ -107,8 +115,15 @@ class RunHooks:
         for k, v in losses.items():  # summed on the device: read once per log step, not every step
             self.window[k] = self.window.get(k, 0) + v
         self.window_steps += 1
+        stopping = False
         if state.step % t.log_every == 0:
-            sums = all_reduce_sums(self.window, self.device)
+            # A requested stop happens at a log step: every worker learns of it here (the flag rides on
+            # the all-reduce they all make), and a resumed run logs the same losses as an uninterrupted one (no half-logged window).
+            window = dict(self.window)
+            if self.stop is not None:
+                window[STOP_KEY] = float(self.stop())
+            sums = all_reduce_sums(window, self.device)
+            stopping = sums.pop(STOP_KEY, 0.0) > 0
             n = self.window_steps * self.world
             metrics = {f"train/{k}": v / n for k, v in sums.items()}
             self.window, self.window_steps = {}, 0
@@ -121,8 +136,31 @@ class RunHooks:
                 self.logger.log(metrics, state.step)
         if state.step % t.eval_every == 0:
             self._eval_and_checkpoint(state, epoch, pos, finished=False)
+        if stopping:
+            self._stop_here(state, epoch, pos)
         if self.cost is not None:
             self.cost.step_end()
+        return stopping
+
+    def _stop_here(self, state: TrainState, epoch: int, pos: int) -> None:
+        """The driver asked the run to stop: a checkpoint of this step (unless its evaluation just
+        wrote one) registered with Ray Train, and every metric logged so far sent to MLflow. No
+        evaluation: its score is the worst finite one, so it ranks below every evaluated checkpoint
+        (NaN would not survive Ray Train's JSON snapshot, and a missing score is logged as an error)."""
+        import ray.train
+
+        if self.checkpointed_step != state.step:
+            worst = -sys.float_info.max if self.train.best_mode == "max" else sys.float_info.max
+            report = {self.train.best_metric: worst, "step": state.step, "epoch": epoch, "stopped": 1}
+            if self.rank == 0:
+                self.logger.flush()
+                self._report_checkpoint(state, epoch, pos, False, False, report)
+            else:
+                ray.train.report(report)
+            self.checkpointed_step = state.step
+        if self.logger is not None:
+            self.logger.log({"train/stopped_at_step": state.step}, state.step, force=True)
+            self.logger.close()
 
     def at_end(self, state: TrainState, epoch: int, pos: int) -> None:
         import ray.train
@@ -141,7 +179,7 @@ class RunHooks:
         import ray.train
 
         metrics = self.evaluate() if rerun_eval else dict(self.last_metrics)
-        self.last_eval_step, self.last_metrics = state.step, metrics
+        self.last_eval_step, self.last_metrics, self.checkpointed_step = state.step, metrics, state.step
         score = metrics.get(self.train.best_metric)
         new_best = score is not None and (
             self.best is None or (score > self.best) == (self.train.best_mode == "max"))

@@ -22,7 +22,8 @@ from xmodal.train.step import TrainState, train_step
 
 
 class Hooks(Protocol):
-    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> None: ...
+    # True: stop the run after this step (a requested stop, already checkpointed); `at_end` is not called
+    def after_step(self, state: TrainState, epoch: int, pos: int, losses: dict[str, torch.Tensor]) -> bool | None: ...
     def at_end(self, state: TrainState, epoch: int, pos: int) -> None: ...
 
 
@@ -61,7 +62,8 @@ def fit(
                 torch.manual_seed(step_seed(*seed, state.step))
             losses = train_step(state, group, **step_kwargs(epoch))
             pos += 1
-            hooks.after_step(state, epoch, pos, losses)
+            if hooks.after_step(state, epoch, pos, losses):
+                return
         epoch, pos = epoch + 1, 0
     hooks.at_end(state, epoch, pos)
 
