@@ -14,13 +14,17 @@ imports torch and Ray Train, 3-4 s of CPU.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import pickle
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from xmodal_testing import PYTHON, REPO
@@ -57,6 +61,36 @@ def _space(old: str, new: str) -> str:
 
 def _set(*items: str) -> list[str]:
     return [a for item in items for a in ("--set", item)]
+
+
+def _mult_pickle(fmt: str, **changes) -> str:
+    """A small MulT pickle of plain lists, protocol 0 (ASCII text, so a case can hold it as a file):
+    splits of 3 clips, 2 steps of 2 features per modality. `changes`: "split.key" -> new value."""
+    def clip_split(split: str) -> dict:
+        feats = [[[1.0, 2.0], [3.0, 4.0]] for _ in range(3)]
+        d = {"text": feats, "audio": feats, "vision": feats}
+        if fmt == "reference":
+            d["labels"] = [[[0.5]], [[-1.0]], [[2.0]]]
+        else:
+            d.update(regression_labels=[0.5, -1.0, 2.0], audio_lengths=[2, 2, 2], vision_lengths=[2, 2, 2])
+        return {**d, **{k.split(".", 1)[1]: v for k, v in changes.items() if k.split(".", 1)[0] == split}}
+
+    return pickle.dumps({s: clip_split(s) for s in ("train", "valid", "test")}, protocol=0).decode("ascii")
+
+
+def _tsv_line(img_id: str, feats: list[float]) -> str:
+    """One reference feature TSV line with 2 boxes of len(feats) // 2 features each."""
+    def b64(values: list, dtype: str) -> str:
+        return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()
+
+    return "\t".join([img_id, "20", "20", b64([1, 2], "int64"), b64([0.5, 0.5], "float32"), b64([1, 2], "int64"),
+                      b64([0.5, 0.5], "float32"), "2", b64([0, 0, 10, 10, 1, 1, 5, 5], "float32"),
+                      b64(feats, "float32")])
+
+
+def _spool(**record) -> str:
+    return json.dumps({"op": "terminated", "uri": "sqlite:///mlflow.db", "run_id": "abc", "status": "FINISHED",
+                       **record}) + "\n"
 
 
 CASES = [
@@ -146,6 +180,97 @@ CASES = [
          ["no_such_store"], files={"t.json": "[]"}),
     Case("ingest-synthetic-vqa-not-a-store", "ingest.py", ["synthetic-vqa", "out", "--store", "empty_store"],
          ["empty_store"], files={"empty_store": None}),
+    # ---- jobs/ingest.py: non-finite or malformed values; an empty output folder the user made stays
+    Case("ingest-mult-nan-label-reference", "ingest.py", ["mult", "out", "--pickle", "p.pkl", "--format", "reference"],
+         ["p.pkl", "['valid']['labels'][1]", "nan", "finite"],
+         files={"out": None, "p.pkl": _mult_pickle("reference", **{"valid.labels": [[[0.5]], [[float("nan")]],
+                                                                                   [[1.0]]]})}),
+    Case("ingest-mult-inf-label-mmsa", "ingest.py", ["mult", "out", "--pickle", "p.pkl", "--format", "mmsa"],
+         ["p.pkl", "['test']['regression_labels'][2]", "inf", "finite"],
+         files={"out": None, "p.pkl": _mult_pickle("mmsa", **{"test.regression_labels": [0.0, 1.0, float("inf")]})}),
+    Case("ingest-mult-mmsa-fractional-length", "ingest.py", ["mult", "out", "--pickle", "p.pkl", "--format", "mmsa"],
+         ["p.pkl", "['train']['audio_lengths'][1] = 1.5", "integer in [0, 2]"],
+         files={"out": None, "p.pkl": _mult_pickle("mmsa", **{"train.audio_lengths": [2, 1.5, 2]})}),
+    Case("ingest-mult-text-labels", "ingest.py", ["mult", "out", "--pickle", "p.pkl", "--format", "reference"],
+         ["p.pkl", "['train']['labels']", "not numbers"],
+         files={"p.pkl": _mult_pickle("reference", **{"train.labels": [[["a"]], [["b"]], [["c"]]]})}),
+    Case("ingest-mult-truncated-pickle", "ingest.py", ["mult", "out", "--pickle", "p.pkl", "--format", "reference"],
+         ["p.pkl", "not a readable pickle"], files={"out": None, "p.pkl": _mult_pickle("reference")[:300]}),
+    Case("ingest-mult-pickle-is-a-folder", "ingest.py", ["mult", "out", "--pickle", "data", "--format", "mmsa"],
+         ["data", "is a directory"], files={"data": None}),
+    Case("ingest-mult-zero-shard-rows", "ingest.py",
+         ["mult", "out", "--pickle", "p.pkl", "--format", "reference", "--shard-rows", "0"],
+         ["--shard-rows 0", ">= 1"], files={"p.pkl": _mult_pickle("reference")}),
+    Case("ingest-mult-synthetic-nan-rate", "ingest.py", ["mult-synthetic", "out", "--audio-rate", "nan"],
+         ["audio_rate", "nan", "finite"]),
+    Case("ingest-mult-synthetic-negative-noise", "ingest.py", ["mult-synthetic", "out", "--label-noise", "-1"],
+         ["label_noise", "-1.0", ">= 0"], files={"out": None}),
+    Case("ingest-synthetic-nan-feature-noise", "ingest.py", ["synthetic", "out", "--feature-noise", "nan"],
+         ["feature_noise=nan", "finite"], files={"out": None}),
+    Case("ingest-features-nan-feature", "ingest.py", ["features", "out", "--tsv", "f.tsv", "--no-progress"],
+         ["f.tsv:2", "'COCO_2'", "non-finite value nan"],
+         files={"out": None, "f.tsv": _tsv_line("COCO_1", [1.0] * 8) + "\n"
+                + _tsv_line("COCO_2", [1.0, 1.0, float("nan"), 1.0, 1.0, 1.0, 1.0, 1.0]) + "\n"}),
+    Case("ingest-features-nan-feature-deep-out", "ingest.py", ["features", "a/b/out", "--tsv", "f.tsv", "--no-progress"],
+         ["f.tsv:1", "non-finite value inf"], files={"f.tsv": _tsv_line("COCO_1", [float("inf")] + [1.0] * 7)}),
+    Case("ingest-features-tsv-is-a-folder", "ingest.py", ["features", "out", "--tsv", "feats"],
+         ["feats", "is a directory"], files={"feats": None}),
+    Case("ingest-lxmert-zero-answers", "ingest.py",
+         ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--num-answers", "0"], ["--num-answers 0", ">= 1"],
+         files={"f.tsv": "", "s.json": "[]"}),
+    Case("ingest-lxmert-json-is-a-folder", "ingest.py", ["lxmert", "out", "--tsv", "f.tsv", "--json", "sents"],
+         ["sents", "is a directory"], files={"f.tsv": "", "sents": None}),
+    Case("ingest-vqa-zero-answers", "ingest.py",
+         ["vqa", "out", "--store", "st", "--train", "t.json", "--num-answers", "0"], ["--num-answers 0", ">= 1"],
+         files={"t.json": "[]"}),
+    # ---- jobs/report.py: a report only reads; it never creates or migrates a database
+    Case("report-no-database", "report.py", ["--experiment", "x"], ["mlflow.db", "no MLflow database", "--tracking-uri"]),
+    Case("report-database-is-an-empty-file", "report.py", ["--parent-run", "abc"], ["mlflow.db", "an empty file"],
+         files={"mlflow.db": ""}),
+    Case("report-database-is-text", "report.py", ["--experiment", "x", "--tracking-uri", "sqlite:///runs.db"],
+         ["runs.db", "not an SQLite database"], files={"runs.db": "a few notes\n"}),
+    Case("report-database-is-a-folder", "report.py", ["--experiment", "x", "--tracking-uri", "sqlite:///runs.db"],
+         ["runs.db", "is a directory"], files={"runs.db": None}),
+    Case("report-bad-tracking-uri", "report.py", ["--experiment", "x", "--tracking-uri", "mlflow.db"],
+         ["'mlflow.db'", "sqlite:///"]),
+    # ---- jobs/benchmark.py: every subcommand's bad input, before anything is measured
+    Case("bench-mult-bad-preset", "benchmark.py", ["mult", "--preset", "huge"], ["--preset 'huge'", "reference"]),
+    Case("bench-mult-set-not-a-number", "benchmark.py", ["mult", "--set", "dim=abc"], ["dim=abc", "not an integer"]),
+    Case("bench-mult-set-unknown-field", "benchmark.py", ["mult", "--set", "dimm=3"], ["dimm", "unknown", "num_heads"]),
+    Case("bench-mult-set-out-of-bounds", "benchmark.py", ["mult", "--set", "dim=31"], ["dim=31", "num_heads"]),
+    Case("bench-mult-set-without-value", "benchmark.py", ["mult", "--set", "dim"], ["'dim'", "FIELD=VALUE"]),
+    Case("bench-mult-set-bad-bool", "benchmark.py", ["mult", "--set", "causal=maybe"], ["'maybe'", "true or false"]),
+    Case("bench-mult-zero-batch", "benchmark.py", ["mult", "--batch", "24", "0"], ["--batch 0", ">= 1"]),
+    Case("bench-lxmert-zero-steps", "benchmark.py", ["lxmert", "--steps", "0"], ["--steps 0", ">= 1"]),
+    Case("bench-lxmert-negative-warmup", "benchmark.py", ["lxmert", "--warmup", "-1"], ["--warmup -1", ">= 0"]),
+    Case("bench-data-zero-batch", "benchmark.py", ["data", "--batch", "0"], ["--batch 0", ">= 1"]),
+    Case("bench-data-workdir-is-a-file", "benchmark.py", ["data", "--workdir", "w"], ["--workdir w", "is a file"],
+         files={"w": "x"}),
+    Case("bench-suite-unknown-section", "benchmark.py", ["suite", "--sections", "lxmert,bert"],
+         ["--sections", "'bert'", "ddp"]),
+    Case("bench-suite-bad-preset", "benchmark.py", ["suite", "--mult-preset", "huge"], ["--mult-preset 'huge'", "tiny"]),
+    Case("bench-suite-out-is-a-file", "benchmark.py", ["suite", "--quick", "--out", "results"],
+         ["--out results", "is a file"], files={"results": "x"}),
+    Case("bench-scale-bad-images", "benchmark.py", ["scale", "--images", "2k"], ["--images '2k'", "image counts"]),
+    Case("bench-scale-work-under-a-file", "benchmark.py", ["scale", "--quick", "--work", "w/sub"],
+         ["--work w/sub", "is a file"], files={"w": "x"}),
+    Case("bench-scale-zero-batch", "benchmark.py", ["scale", "--quick", "--batch", "0"], ["--batch 0", ">= 1"]),
+    # ---- jobs/replay_tracking.py: replay never creates a database, and reads only spool files
+    Case("replay-database-missing", "replay_tracking.py", ["s.jsonl"],
+         ["s.jsonl", "sqlite:///mlflow.db", "no MLflow database", "--tracking-uri"], files={"s.jsonl": _spool()}),
+    Case("replay-tracking-uri-missing", "replay_tracking.py", ["s.jsonl", "--tracking-uri", "sqlite:///other.db"],
+         ["other.db", "no MLflow database"], files={"s.jsonl": _spool(uri="sqlite:////nonexistent/m.db")}),
+    Case("replay-database-is-an-empty-file", "replay_tracking.py", ["s.jsonl"], ["mlflow.db", "an empty file"],
+         files={"s.jsonl": _spool(), "mlflow.db": ""}),
+    Case("replay-missing-spool", "replay_tracking.py", ["no.jsonl"], ["no.jsonl", "no such file"]),
+    Case("replay-empty-spool", "replay_tracking.py", ["s.jsonl"], ["s.jsonl", "holds no record"], files={"s.jsonl": ""}),
+    Case("replay-spool-is-a-folder", "replay_tracking.py", ["runs"], ["runs", "is a directory"], files={"runs": None}),
+    Case("replay-spool-not-json", "replay_tracking.py", ["s.jsonl"], ["s.jsonl, line 1", "not valid JSON"],
+         files={"s.jsonl": "step,loss\n1,0.5\n"}),
+    Case("replay-spool-of-another-format", "replay_tracking.py", ["s.jsonl"], ["s.jsonl, line 1", "unknown op", "metrics"],
+         files={"s.jsonl": json.dumps({"run": "abc", "loss": [0.5, 0.4]}) + "\n"}),
+    Case("replay-items-not-a-list", "replay_tracking.py", ["s.jsonl"], ["s.jsonl, line 1", "'items' is 5"],
+         files={"s.jsonl": _spool(op="metrics", items=5)}),
 ]
 
 
@@ -200,7 +325,8 @@ def results(tmp_path_factory) -> dict[str, Result]:
 
 def test_the_table_is_large_and_ids_are_unique():
     assert len(CASES) >= 25 and len({c.id for c in CASES}) == len(CASES)
-    assert {c.script for c in CASES} == {"pretrain.py", "finetune.py", "train_mult.py", "sweep.py", "ingest.py"}
+    assert {c.script for c in CASES} == {"pretrain.py", "finetune.py", "train_mult.py", "sweep.py", "ingest.py",
+                                         "report.py", "benchmark.py", "replay_tracking.py"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

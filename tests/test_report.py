@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 
 import pytest
@@ -249,3 +250,64 @@ def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(
     assert not any(r.baseline or r.test for r in rep.rows)
     assert "No significance test: no row matches the baseline (model.x_layers=7)." in \
         (tmp_path / "c" / "table.md").read_text()
+
+
+def _report_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}  # this checkout's package from any cwd
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([PYTHON, str(REPO / "jobs" / "report.py"), *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=env)
+
+
+def _one_error(out: subprocess.CompletedProcess) -> str:
+    """The command failed as bad input: exit 2, one `error:` line on stderr, no traceback."""
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "error:" not in out.stdout, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    return lines[0]
+
+
+def test_bad_report_requests_are_one_line_and_write_nothing(store, tmp_path):
+    """A metric no run logged (it used to write a table of n/a cells), --out naming a file, a trial's
+    id given as --parent-run, an unknown run or experiment: one line each, and no report folder, no
+    artifact and no new database."""
+    uri, _, parent = store
+    trial_id = next(r.run_id for r in tracking.child_runs(uri, parent) if r.name == "a0")
+    artifacts = tracking.list_artifacts(uri, parent)
+    line = _one_error(_report_cli("--parent-run", parent, "--tracking-uri", uri, "--metric", "eval/bleu",
+                                  "--out", str(tmp_path / "r"), cwd=tmp_path))
+    assert "--metric 'eval/bleu'" in line and "eval/match_acc" in line and "eval/loss" in line
+    (tmp_path / "taken").write_text("mine")
+    line = _one_error(_report_cli("--parent-run", parent, "--tracking-uri", uri, "--out", str(tmp_path / "taken"),
+                                  cwd=tmp_path))
+    assert "--out" in line and "taken" in line and "is a file" in line
+    assert (tmp_path / "taken").read_text() == "mine"
+    line = _one_error(_report_cli("--parent-run", trial_id, "--tracking-uri", uri, cwd=tmp_path))
+    assert f"--parent-run '{trial_id}' is a trial of sweep 's'" in line and f"--parent-run {parent}" in line
+    line = _one_error(_report_cli("--parent-run", "deadbeef", "--tracking-uri", uri, cwd=tmp_path))
+    assert "'deadbeef' not found" in line
+    line = _one_error(_report_cli("--experiment", "nope", "--tracking-uri", uri, cwd=tmp_path))
+    assert "experiment 'nope' not found" in line and "xmodal-sweep-demo" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    assert tracking.list_artifacts(uri, parent) == artifacts
+
+
+def test_a_report_never_creates_or_migrates_a_database(tmp_path):
+    """Missing, empty, a directory, or an SQLite file that is not MLflow's: one line, and the file is
+    left as it was (MLflow would have created or migrated it)."""
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        db.execute("create table notes (text)")
+    (tmp_path / "empty.db").write_text("")
+    (tmp_path / "folder.db").mkdir()
+    for name, expected in (("missing.db", "no MLflow database at"), ("empty.db", "an empty file"),
+                           ("folder.db", "is a directory"), ("other.db", "without MLflow's tables")):
+        line = _one_error(_report_cli("--experiment", "x", "--tracking-uri", f"sqlite:///{tmp_path / name}",
+                                      cwd=tmp_path))
+        assert name in line and expected in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "folder.db", "other.db"]
+    assert (tmp_path / "empty.db").read_bytes() == b""
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        assert [r[0] for r in db.execute("select name from sqlite_master")] == ["notes"]

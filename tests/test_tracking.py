@@ -218,6 +218,13 @@ def test_server_that_never_returns_spools_and_replay_completes_the_run(server, t
     ('{"op": "artifact", "uri": "sqlite:///x.db", "run_id": "r", "path": "/nonexistent/model.pt"}',
      "line 1: artifact file '/nonexistent/model.pt' does not exist"),
     ('{"op": "terminated", "uri": "sqlite:///x.db", "run_id": "r"}', "line 1: op 'terminated' without 'status'"),
+    ("", "holds no record"),
+    ('{"op": "metrics", "uri": "sqlite:///x.db", "run_id": "r", "items": 5}', "line 1: 'items' is 5; expected a list"),
+    ('{"op": "terminated", "uri": "sqlite:///x.db", "run_id": 7, "status": "FINISHED"}',
+     "line 1: 'run_id' is 7; expected a string"),
+    # the record's database does not exist: replay never creates one
+    ('{"op": "terminated", "uri": "sqlite:///x.db", "run_id": "r", "status": "FINISHED"}',
+     "cannot replay into sqlite:///x.db: no MLflow database at x.db"),
 ])
 def test_bad_spool_file_is_rejected_before_anything_is_sent(tmp_path, content, message):
     f = tmp_path / "spool.jsonl"
@@ -229,6 +236,32 @@ def test_bad_spool_file_is_rejected_before_anything_is_sent(tmp_path, content, m
     assert not (tmp_path / "x.db").exists()  # nothing written to MLflow
     if content is not None:
         assert f.exists()
+
+
+def test_replay_into_a_file_that_is_not_an_mlflow_database_leaves_it_alone(tmp_path):
+    """A record (or --tracking-uri) naming an empty file, a folder or a foreign SQLite file: one error
+    naming it, and the file is not turned into an MLflow database."""
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        db.execute("create table notes (text)")
+    (tmp_path / "empty.db").write_bytes(b"")
+    (tmp_path / "folder.db").mkdir()
+    (tmp_path / "binary.jsonl").write_bytes(b"\x80\x04\x95 not text")
+    with pytest.raises(UserError, match="binary.jsonl: not UTF-8 text"):
+        tracking.replay(tmp_path / "binary.jsonl")
+    f = tmp_path / "spool.jsonl"
+    for name, message in (("empty.db", "an empty file"), ("folder.db", "is a directory"),
+                          ("other.db", "an SQLite database without MLflow's tables")):
+        uri = f"sqlite:///{tmp_path / name}"
+        f.write_text(json.dumps({"op": "terminated", "uri": uri, "run_id": "r", "status": "FINISHED"}) + "\n")
+        with pytest.raises(UserError, match=f"{name}: {message}"):
+            tracking.replay(f)
+        with pytest.raises(UserError, match=f"{name}: {message}"):
+            tracking.replay(f, uri)
+    assert (tmp_path / "empty.db").read_bytes() == b"" and f.exists()
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        assert [r[0] for r in db.execute("select name from sqlite_master")] == ["notes"]
 
 
 # ---------------------------------------------------------------- what the MLflow UI reads

@@ -58,7 +58,8 @@ def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    return importlib.import_module(table[args.command][0]).run(args)
+    module = importlib.import_module(table[args.command][0])
+    return user_errors(lambda: module.run(args))  # bad input of a subcommand: one line, exit 2
 
 
 # flag -> dotted config key: the options every training job takes (README "Jobs")

@@ -152,17 +152,27 @@ def collect(uri: str, experiment: str | None = None,
     """(trial runs, parent runs) of one sweep or of every sweep in an experiment."""
     if (experiment is None) == (parent_run_id is None):
         raise ReportError("give exactly one of an experiment name or a parent run id")
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        # MLflow would create an empty database: say where we looked instead
-        raise ReportError(f"no MLflow database at {uri[len('sqlite:///'):]} (set --tracking-uri or "
-                          "$MLFLOW_TRACKING_URI)")
+    try:
+        tracking.check_existing_store(uri)  # MLflow would create (or migrate) a database: a report only reads
+    except UserError as e:
+        raise ReportError(f"{e} (set --tracking-uri or $MLFLOW_TRACKING_URI)") from None
     if parent_run_id is not None:
         try:
             parent = tracking.get_run(uri, parent_run_id)
-        except tracking.RunNotFound as e:
-            raise ReportError(f"parent run {parent_run_id!r} not found in {uri}: {e}") from None
+        except tracking.RunNotFound:
+            raise ReportError(f"parent run {parent_run_id!r} not found in {uri}; expected the run id of a sweep's "
+                              "parent run") from None
+        if parent.parent_run_id is not None or parent.tags.get(T.KIND) == "trial":
+            sweep_name = parent.tags.get(T.SWEEP)
+            of = f"a trial of sweep {sweep_name!r}" if sweep_name else "a child run"
+            up = parent.parent_run_id
+            raise ReportError(f"--parent-run {parent_run_id!r} is {of}, not a sweep's parent run"
+                              + (f"; its parent run is {up}: pass --parent-run {up}" if up else ""))
         # Children that are trials: a pretrain-then-fine-tune chain also logs its pretraining stage there.
         runs = [r for r in tracking.child_runs(uri, parent_run_id) if r.tags.get(T.KIND) == "trial"]
+        if not runs and parent.tags.get(T.KIND) != "sweep":
+            raise ReportError(f"--parent-run {parent_run_id!r} ({parent.name!r}) is not a sweep's parent run: it has "
+                              f"no trial runs ({T.KIND} = {parent.tags.get(T.KIND)!r}, expected 'sweep')")
         parents = [parent]
     else:
         exp_id = tracking.get_experiment_id(uri, experiment)
@@ -171,6 +181,9 @@ def collect(uri: str, experiment: str | None = None,
             raise ReportError(f"experiment {experiment!r} not found in {uri}; experiments: {', '.join(names)}")
         runs = tracking.search_runs(uri, [exp_id], f"tags.`{T.KIND}` = 'trial'")
         parents = tracking.search_runs(uri, [exp_id], f"tags.`{T.KIND}` = 'sweep'")
+        if not runs and not parents:
+            raise ReportError(f"experiment {experiment!r} in {uri} holds no sweep: no run is tagged {T.KIND} = "
+                              "'sweep' or 'trial' (a report compares the trials of sweeps)")
     runs = [r for r in runs if r.tags.get(T.ORPHANED) != "true"]
     return [_trial(r) for r in runs], parents
 
@@ -611,6 +624,23 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
     return path
 
 
+def _check_metric(metric: str, trials: list[TrialRun]) -> None:
+    """A metric asked for by name must be one the runs logged: else every cell would be n/a."""
+    logged = sorted({k.removeprefix("best_") for t in trials for k in t.metrics})
+    if metric not in logged:
+        shown = ", ".join(logged[:40]) + (f", ... ({len(logged)} in all)" if len(logged) > 40 else "")
+        raise ReportError(f"--metric {metric!r}: no trial run logged it; the runs have: {shown or 'no metric'}")
+
+
+def _check_out(out: Path) -> None:
+    """The output folder: new or a folder, never a file (nor under one); checked before anything is written."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ReportError(f"--out {out}: {p} is a file; expected a folder for the report")
+            return
+
+
 def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
                 out_dir: str | Path | None = None, metric: str | None = None, log: bool = True,
                 baseline: dict[str, Any] | None = None) -> Report:
@@ -622,15 +652,18 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
         title = f"sweep {parents[0].tags.get(T.SWEEP, parents[0].name)}"
     else:
         title = f"experiment {experiment}"
+    if metric is not None:
+        _check_metric(metric, trials)
     metric = metric or _sweep_metric(parents)
     mode = _sweep_mode(parents)
+    out = Path(out_dir or Path("reports") / _slug(title.split(" ", 1)[1])).resolve()
+    _check_out(out)
     for t in trials:
         hist = [v for _, v in tracking.metric_history(uri, t.run_id, metric)] if metric else []
         hist = [v for v in hist if math.isfinite(v)]
         if hist:
             t.selected[metric] = max(hist) if mode == "max" else min(hist)
     rep = build_report(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
-    out = Path(out_dir or Path("reports") / _slug(title.split(" ", 1)[1])).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(to_markdown(rep))
     write_csv(rep, out / "table.csv")

@@ -93,6 +93,42 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri
 
 
+def check_existing_store(uri: str) -> None:
+    """Raise UserError unless `uri` names a tracking store that already exists: an MLflow SQLite database
+    (a file with MLflow's tables), a file store folder, or a server that answers. Readers (reports,
+    replay) call this first: opening a missing or foreign database through MLflow would create or
+    migrate one."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.exists():
+            raise UserError(f"no MLflow database at {path}; expected an existing one")
+        if not path.is_file():
+            raise UserError(f"{path}: is a directory; expected an MLflow SQLite database file")
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if head != b"SQLite format 3\x00":
+            what = "an empty file" if not head else "not an SQLite database"
+            raise UserError(f"{path}: {what}; expected an MLflow SQLite database")
+        import sqlite3
+
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                tables = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
+        except sqlite3.Error as e:
+            raise UserError(f"{path}: cannot be read as SQLite ({e}); expected an MLflow database") from None
+        if not {"experiments", "runs"} <= tables:
+            raise UserError(f"{path}: an SQLite database without MLflow's tables (experiments, runs); "
+                            "expected an MLflow tracking database")
+    elif uri.startswith("file:"):
+        path = Path(uri[len("file://"):] if uri.startswith("file://") else uri[len("file:"):])
+        if not path.is_dir():
+            raise UserError(f"no MLflow file store at {path}; expected an existing folder")
+    elif "://" not in uri:
+        raise UserError(f"tracking URI {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another MLflow URI")
+    elif not reachable(uri):
+        raise UserError(f"MLflow at {uri} is unreachable; expected a running tracking server")
+
+
 def ui_command(uri: str) -> str:
     if uri.startswith("sqlite:"):
         return f"mlflow ui --backend-store-uri {uri}"
@@ -626,11 +662,18 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a spool file, all checked first; a UserError names the file, the line and what
     was expected."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p}: is a directory; expected the {SPOOL_FILE} file in it or another spool file")
     if not p.is_file():
         raise UserError(f"{p}: no such file; expected a {SPOOL_FILE} written by a run that could not reach its "
                         "tracking server")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); expected a {SPOOL_FILE} (one JSON "
+                        "object a line)") from None
     records = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{p}, line {n}"
@@ -645,7 +688,14 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
         for key in ("uri", "run_id", *_SPOOL_OPS[rec["op"]]):
             if not rec.get(key):
                 raise UserError(f"{where}: op {rec['op']!r} without {key!r}")
+            if key != "items" and not isinstance(rec[key], str):
+                raise UserError(f"{where}: {key!r} is {rec[key]!r}; expected a string")
+        if rec["op"] == "artifact" and not isinstance(rec.get("artifact_path"), str | None):
+            raise UserError(f"{where}: 'artifact_path' is {rec['artifact_path']!r}; expected a string or null")
         if rec["op"] == "metrics":
+            if not isinstance(rec["items"], list):
+                raise UserError(f"{where}: 'items' is {rec['items']!r:.60}; expected a list of "
+                                "[key, value, timestamp_ms, step]")
             for item in rec["items"]:
                 if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
                         and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in item[1:])):
@@ -658,6 +708,9 @@ def read_spool(path: str | Path) -> list[dict[str, Any]]:
         elif rec["op"] == "terminated" and rec["status"] not in ("FINISHED", "FAILED", "KILLED"):
             raise UserError(f"{where}: status {rec['status']!r}; expected FINISHED, FAILED or KILLED")
         records.append(rec)
+    if not records:
+        raise UserError(f"{p}: holds no record; expected a {SPOOL_FILE} written by a run that could not reach its "
+                        "tracking server (one JSON object a line)")
     return records
 
 
@@ -668,9 +721,14 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
     p = Path(path)
     records = read_spool(p)  # the whole file checked before anything is sent
     uri_of = {r["uri"]: resolve_tracking_uri(tracking_uri) if tracking_uri else r["uri"] for r in records}
-    for uri in set(uri_of.values()):
-        if not reachable(uri):
+    for uri in dict.fromkeys(uri_of.values()):
+        if uri.startswith(("http://", "https://")) and not reachable(uri):
             raise UserError(f"{p}: MLflow at {uri} is unreachable; start it (or pass --tracking-uri) and replay again")
+        try:
+            check_existing_store(uri)  # replay logs into the run's store; it never creates one
+        except UserError as e:
+            raise UserError(f"{p}: cannot replay into {uri}: {e} (replay never creates a tracking store: pass the "
+                            "one that holds the run with --tracking-uri)") from None
     runs = list(dict.fromkeys((uri_of[r["uri"]], r["run_id"]) for r in records))
     for uri, run_id in runs:
         try:

@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmodal.data.common import MANIFEST_FILE, StoreError, check_target
+from xmodal.data.common import (
+    MANIFEST_FILE,
+    StoreError,
+    check_target,
+    discard_partial,
+    missing_parents,
+    publish_dir,
+    temp_dir_beside,
+)
 from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.store import LxmertStore, open_store
@@ -148,8 +156,28 @@ def test_check_target_refuses_a_folder_that_is_not_a_store(tmp_path: Path):
     assert (folder / "thesis.tex").read_text() == "keep me"
     empty = tmp_path / "empty"
     empty.mkdir()
-    check_target(empty, False, "lxmert")  # an empty folder is fine (and removed)
-    assert not empty.exists()
+    check_target(empty, False, "lxmert")  # an empty folder is fine, and kept until the store replaces it
+    assert empty.is_dir()
+
+
+def test_a_failed_write_removes_only_what_it_created(tmp_path: Path):
+    """An empty output folder the user made survives a failed write; folders the write made above
+    its target do not; a finished write takes the empty folder's place."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    made = missing_parents(mine)
+    tmp = temp_dir_beside(mine)
+    discard_partial(tmp, made)
+    assert mine.is_dir() and not any(mine.iterdir()) and sorted(tmp_path.iterdir()) == [mine]
+    deep = tmp_path / "a" / "b" / "out"
+    made = missing_parents(deep)
+    assert made == [tmp_path / "a", tmp_path / "a" / "b"]
+    discard_partial(temp_dir_beside(deep), made)
+    assert sorted(tmp_path.iterdir()) == [mine]
+    tmp = temp_dir_beside(mine)
+    (tmp / MANIFEST_FILE).write_text("{}")
+    publish_dir(tmp, mine, lambda: check_target(mine, False, "mult"))
+    assert (mine / MANIFEST_FILE).is_file() and sorted(tmp_path.iterdir()) == [mine]
 
 
 # ----------------------------------------------------------------------------- older formats

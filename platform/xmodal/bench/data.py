@@ -310,9 +310,15 @@ def startup(what: str, path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xmodal.bench import at_least, folder_arg
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
 
+    at_least(args, 2, "num_images")  # mismatched sentences come from other images
+    at_least(args, 1, "batch", "feat_dim", "num_objects", "sentences_per_image", "batches", "baseline_batches",
+             "rounds")
+    at_least(args, 0, "mix_units")
+    folder_arg("--workdir", args.workdir)
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="xmodal-bench-data-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch
+from xmodal.bench import at_least, cuda_arg
 from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
@@ -221,13 +222,11 @@ def run(args: argparse.Namespace) -> int:
 
     from xmodal.models.lxmert_hf import config_to_hf
 
+    cuda_arg(args.device)
+    at_least(args, 1, "steps", "batch", "rounds")
+    at_least(args, 0, "warmup", "threads")
+    at_least(args, 1e-9, "peak_tflops")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but torch.cuda.is_available() is False")
-        return 2
-    if args.steps < 1 or args.batch < 1:
-        print("error: --steps and --batch must be at least 1")
-        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":

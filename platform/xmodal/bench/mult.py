@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import sys
 import time
@@ -27,9 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xmodal.batches import MultBatch
+from xmodal.bench import at_least, cuda_arg, preset_arg
+from xmodal.errors import UserError
 from xmodal.models.mult import (
     DIRECTIONS,
     MODALITIES,
+    PRESETS,
     TARGET_SOURCES,
     Mult,
     MultConfig,
@@ -239,24 +243,49 @@ def check_against_plain(config: MultConfig, device: torch.device, batch: int = 4
     return failures
 
 
+def _value(text: str, kind: type, item: str):
+    if kind is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise UserError(f"--set {item!r}: {text!r} is not a boolean; expected true or false")
+    try:
+        return kind(text)
+    except ValueError:
+        raise UserError(f"--set {item!r}: {text!r} is not {'an integer' if kind is int else f'a {kind.__name__}'}") from None
+
+
+def override(config: MultConfig, items: list[str]) -> MultConfig:
+    """`--set FIELD=VALUE` items applied to a preset, each checked (the field, its type, the config's bounds)."""
+    names = [f.name for f in dataclasses.fields(MultConfig)]
+    for item in items:
+        field, eq, value = item.partition("=")
+        if not eq or not value:
+            raise UserError(f"--set {item!r}: expected FIELD=VALUE with a MultConfig field")
+        if field not in names:
+            raise UserError(f"--set {item!r}: unknown MultConfig field {field!r}; expected one of {', '.join(names)}")
+        current = getattr(config, field)
+        kind = type(current) if current is not None else int
+        changed = {field: _value(value, kind, item)}
+        try:
+            config = config.replace(**changed)
+        except ValueError as e:  # MultConfig.validate: the field, the value, what is expected
+            raise UserError(f"--set {item!r}: {e}") from None
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
+    cuda_arg(args.device)
+    at_least(args, 1, "batch", "steps", "threads")
+    at_least(args, 0, "warmup")
+    preset_arg("--preset", args.preset, PRESETS)
+    config = override(preset(args.preset), args.overrides)
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("benchmark mult: --device cuda but CUDA is not available", file=sys.stderr)
-        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     steps = args.steps or (30 if device.type == "cuda" else 2)
     warmup = args.warmup if args.warmup is not None else (5 if device.type == "cuda" else 1)
-    config = preset(args.preset)
-    for item in args.overrides:
-        field, _, value = item.partition("=")
-        if not hasattr(config, field) or not value:
-            print(f"benchmark mult: --set {item!r}: expected FIELD=VALUE with a MultConfig field", file=sys.stderr)
-            return 2
-        current = getattr(config, field)
-        kind = type(current) if current is not None else int
-        config = config.replace(**{field: value.lower() in ("1", "true", "yes") if kind is bool else kind(value)})
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows use TF32 matmuls, as any PyTorch fp32 peer
         torch.backends.cudnn.allow_tf32 = True

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from xmodal.errors import UserError
+
 WORDS = ("man", "woman", "dog", "horse", "street", "table", "red", "small", "riding", "sitting", "on", "the", "next",
          "to", "with", "umbrella", "pizza", "plate", "green", "field", "a", "is", "what", "color", "how", "many",
          "there", "of", "in", "people", "two", "white", "black", "yes", "no")
@@ -510,14 +512,17 @@ def _git_commit() -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xmodal.bench import at_least, folder_arg
+
     try:
         sizes = [int(x) for x in (args.images or ("100,1000" if args.quick else "2000,20000")).split(",") if x]
     except ValueError:
-        print(f"benchmark scale: --images {args.images!r}: expected comma-separated image counts, e.g. 2000,20000")
-        return 2
+        raise UserError(f"--images {args.images!r}: expected comma-separated image counts, e.g. 2000,20000") from None
     if not sizes or min(sizes) < 20:
-        print(f"benchmark scale: --images {args.images!r}: expected counts of at least 20")
-        return 2
+        raise UserError(f"--images {args.images!r}: expected counts of at least 20")
+    at_least(args, 1, "batch", "mult_steps")
+    folder_arg("--out", args.out)  # before the run, not after it
+    folder_arg("--work", args.work)
     batch = args.batch or (32 if args.quick else 256)
     steps = args.mult_steps or (3 if args.quick else 30)
     base = Path(args.work) if args.work else None

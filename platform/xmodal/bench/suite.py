@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
+from xmodal.errors import UserError
 from xmodal.train.cost import count_flops
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.train.step import TrainState, train_step
@@ -485,15 +486,23 @@ def _git_commit() -> str | None:
 def run(args: argparse.Namespace) -> int:
     import transformers
 
-    s = Settings.from_args(args)
+    from xmodal.bench import at_least, cuda_arg, folder_arg, preset_arg
+    from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
+    from xmodal.models.mult import PRESETS as MULT_PRESETS
+
+    cuda_arg(args.device)
+    at_least(args, 1, "steps", "lxmert_batch", "mult_batch")
+    at_least(args, 0, "warmup", "threads")
+    at_least(args, 1e-9, "peak_tflops")
+    preset_arg("--lxmert-preset", args.lxmert_preset, LXMERT_PRESETS)
+    preset_arg("--mult-preset", args.mult_preset, MULT_PRESETS)
+    folder_arg("--out", args.out)  # before the run, not after it
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     bad = [x for x in sections if x not in SECTIONS]
-    if bad:
-        print(f"benchmark suite: --sections {args.sections!r}: unknown {bad}; valid: {', '.join(SECTIONS)}")
-        return 2
-    if s.device.type == "cuda" and not torch.cuda.is_available():
-        print("benchmark suite: --device cuda, but torch.cuda.is_available() is False")
-        return 2
+    if bad or not sections:
+        raise UserError(f"--sections {args.sections!r}: unknown {bad or 'none given'}; expected a comma-separated "
+                        f"subset of {', '.join(SECTIONS)}")
+    s = Settings.from_args(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     cache = None

@@ -75,12 +75,18 @@ class AnswerTable:
         there); `limit` keeps the first `limit` entries.
         """
         p = Path(path)
+        if limit is not None and limit < 1:
+            raise AnswerError(f"--num-answers {limit}: expected an answer table size >= 1")
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise AnswerError(f"{p}: answer file does not exist") from None
         except json.JSONDecodeError as e:
             raise AnswerError(f"{p}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        except UnicodeDecodeError as e:
+            raise AnswerError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); expected a JSON answer list") from None
+        except OSError as e:  # a directory, unreadable
+            raise AnswerError(f"{p}: cannot be read ({e.strerror}); expected a JSON answer file") from None
         if not isinstance(data, list):
             raise AnswerError(f"{p}: expected a JSON list of {{\"ans\": ..., \"dsets\": [...]}}, "
                               f"got {type(data).__name__}")

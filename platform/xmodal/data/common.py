@@ -4,9 +4,10 @@
 - `Manifest`: the base of the typed `manifest.json` models. Every manifest records its `kind`;
   reading one validates every field and names the file, the dotted field, the bad value and what
   was expected.
-- `check_target` / `publish_dir`: the atomic write. A store is built in a hidden temporary
-  directory beside the target and renamed into place; an existing directory is replaced only with
-  `overwrite`, only when it is a store or set of the same kind, and never when it is not a store.
+- `check_target` / `publish_dir` / `discard_partial`: the atomic write. A store is built in a hidden
+  temporary directory beside the target and renamed into place; an existing directory is replaced only
+  with `overwrite`, only when it is a store or set of the same kind, and never when it is not a store.
+  A failed write removes only what it created (an empty output folder the user made stays).
 - `ensure_derived`: the one policy for the embedded synthetic defaults (derived data, rebuilt when
   built otherwise); a store the user named is never modified.
 - `prefetch_iter`: produce batches in a background thread, a few ahead of the training step.
@@ -192,13 +193,11 @@ def kind_at(path: Path) -> str | None:
 
 
 def check_target(path: Path, overwrite: bool, kind: str) -> None:
-    """May a `kind` store or set be written at `path`? Nothing there, or an empty directory (removed):
-    yes. An existing directory: only with `overwrite`, and only if it is a store or set of the same
-    kind; never a directory that is not a store at all. Raises StoreError naming the path."""
-    if not path.exists():
-        return
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory (e.g. made by a caller) is not a store
+    """May a `kind` store or set be written at `path`? Nothing there, or an empty directory: yes (the
+    empty directory, e.g. made by the user, is left alone here and replaced only by `publish_dir`, so a
+    failed write keeps it). An existing directory: only with `overwrite`, and only if it is a store or
+    set of the same kind; never a directory that is not a store at all. Raises StoreError naming the path."""
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return
     writing = KINDS[kind]
     if not path.is_dir() or not (path / MANIFEST_FILE).is_file():
@@ -219,6 +218,25 @@ def check_target(path: Path, overwrite: bool, kind: str) -> None:
         raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
 
 
+def missing_parents(path: Path) -> list[Path]:
+    """The folders above `path` that do not exist yet, outermost first: what `temp_dir_beside` will
+    create, for `discard_partial` to remove after a failure."""
+    return [p for p in reversed(path.parents) if not p.exists()]
+
+
+def discard_partial(tmp: Path | None, made: Sequence[Path]) -> None:
+    """Undo a failed write: remove the temporary directory, then the folders in `made` (from
+    `missing_parents`, taken before the write began), deepest first, each only while it is empty.
+    Nothing else is touched: a folder the user had made (an empty output folder) stays."""
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
 def temp_dir_beside(path: Path) -> Path:
     """A new hidden directory next to `path` (same file system, so the final rename is atomic)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -234,7 +252,15 @@ def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
     old = None
     if path.exists():
         check()
-    if path.exists():  # check() removes an empty directory
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()  # an empty directory (e.g. the user's output folder): the finished one takes its place
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            path.mkdir(exist_ok=True)
+            raise
+        return
+    if path.exists():
         old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(path, old)
     try:

@@ -109,3 +109,9 @@ class SyntheticMultOptions:
         for f in ("text_dim", "audio_dim", "vision_dim", "vocab_size"):
             if getattr(self, f) < 1:
                 bad(f, "a positive integer")
+        for f in ("audio_rate", "vision_rate"):  # `not ... > 0`: NaN fails too
+            if not 0 < getattr(self, f) < float("inf"):
+                bad(f, "a finite number > 0")
+        for f in ("event_strength", "noise", "label_noise"):
+            if not 0 <= getattr(self, f) < float("inf"):
+                bad(f, "a finite number >= 0")

@@ -74,7 +74,11 @@ class WordPieceTokenizer:
         p = Path(vocab_file)
         if not p.is_file():
             raise TokenizerError(f"{p}: vocabulary file does not exist")
-        lines = p.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); expected a BERT vocab.txt, "
+                                 "one token a line") from None
         if not lines:
             raise TokenizerError(f"{p}: vocabulary file is empty")
         vocab: dict[str, int] = {}

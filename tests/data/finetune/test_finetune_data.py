@@ -487,3 +487,25 @@ def test_nlvr2_batches_pair_the_two_images(syn_nlvr2, store_images):
     clone = pickle.loads(pickle.dumps(syn_nlvr2))  # as a Ray worker would receive it
     again = next(iter_finetune_batches(clone, "valid", 8, seed=0, epoch=0))
     assert torch.equal(again.visual_feats, b.visual_feats)
+
+
+def test_json_and_answer_files_that_are_not_what_they_claim_are_one_error(tmp_path: Path):
+    """A folder, a binary file (a pickle given as JSON): a FinetuneError / AnswerError naming the file,
+    not a traceback from the reader."""
+    from xmodal.data.answers import AnswerError, AnswerTable
+    from xmodal.data.finetune.ingest import _load_list
+
+    folder = tmp_path / "train.json"
+    folder.mkdir()
+    binary = tmp_path / "answers.json"
+    binary.write_bytes(pickle.dumps({"yes": 1}))
+    with pytest.raises(FinetuneError, match=r"train.json: cannot be read \(Is a directory\)"):
+        _load_list(folder)
+    with pytest.raises(FinetuneError, match="answers.json: not UTF-8 text"):
+        _load_list(binary)
+    with pytest.raises(AnswerError, match="answers.json: not UTF-8 text"):
+        AnswerTable.from_reference(binary)
+    with pytest.raises(AnswerError, match=r"train.json: cannot be read \(Is a directory\)"):
+        AnswerTable.from_reference(folder)
+    with pytest.raises(AnswerError, match="--num-answers 0: expected"):
+        AnswerTable.from_reference(binary, limit=0)

@@ -86,6 +86,11 @@ def _load_list(path: Path) -> list:
         raise FinetuneError(f"{path}: file does not exist") from None
     except json.JSONDecodeError as e:
         raise FinetuneError(f"{path}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise FinetuneError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a JSON list of "
+                            "records") from None
+    except OSError as e:  # a directory, unreadable
+        raise FinetuneError(f"{path}: cannot be read ({e.strerror}); expected a JSON file") from None
     if not isinstance(data, list):
         raise FinetuneError(f"{path}: expected a JSON list of records, got {_show(data)[:60]}")
     if not data:
@@ -196,6 +201,8 @@ def ingest_finetune(task: str, json_paths_by_split: dict[str, list[str | Path]],
     check_task(task)
     if task == "nlvr2" and (answers is not None or num_answers is not None):
         raise FinetuneError("nlvr2 has no answer table: --answers / --num-answers do not apply")
+    if num_answers is not None and num_answers < 1:
+        raise FinetuneError(f"--num-answers {num_answers}: expected an answer table size >= 1")
     if not json_paths_by_split or not all(json_paths_by_split.values()):
         raise FinetuneError(f"{task}: no JSON file given for some split: {dict(json_paths_by_split)}")
     store, image_stores = open_image_stores(store_path)

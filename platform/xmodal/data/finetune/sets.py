@@ -40,7 +40,6 @@ import hashlib
 import json
 import math
 import re
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +56,8 @@ from xmodal.data.common import (
     Manifest,
     StoreError,
     check_target,
+    discard_partial,
+    missing_parents,
     publish_dir,
     temp_dir_beside,
 )
@@ -543,6 +544,7 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
         ignored_by_split=by_split, missing_image_examples=list(missing_image_examples or []),
         stats=dict(stats or {}), inputs={s: list(v) for s, v in (inputs or {}).items()}, options=dict(options or {}),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    made = missing_parents(root)
     tmp = None
     try:
         tmp = temp_dir_beside(root)
@@ -554,8 +556,7 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
         open_finetune(tmp, store.path)  # check what was written before it becomes visible
         publish_dir(tmp, root, lambda: check_target(root, overwrite, KIND))
     except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        discard_partial(tmp, made)
         raise
     return open_finetune(root)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,7 +34,9 @@ from xmodal.data.common import (
     Manifest,
     StoreError,
     check_target,
+    discard_partial,
     kind_at,
+    missing_parents,
     publish_dir,
     temp_dir_beside,
 )
@@ -180,11 +181,13 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
     if not paths:
         raise IngestError("need at least one feature TSV file")
     for p in paths:
+        if p.is_dir():
+            raise IngestError(f"{p}: is a directory; expected a feature TSV file")
         if not p.is_file():
             raise IngestError(f"{p}: input file does not exist")
     for name, value in (("num_objects", num_objects), ("num_object_labels", num_object_labels),
                         ("num_attr_labels", num_attr_labels), ("images_per_shard", images_per_shard),
-                        ("row_group_images", row_group_images)):
+                        ("row_group_images", row_group_images), ("feat_dim", 1 if feat_dim is None else feat_dim)):
         if value < 1:
             raise IngestError(f"--{name.replace('_', '-')} {value}: expected >= 1")
     located = scan_tsv_ids(paths, progress, feat_dim)
@@ -193,6 +196,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
     options = {"num_objects": num_objects, "feat_dim": feat_dim, "num_object_labels": num_object_labels,
                "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
                "row_group_images": row_group_images}
+    made = missing_parents(out_path)
     tmp = temp_dir_beside(out_path)
     try:
         (tmp / SHARD_DIR).mkdir()
@@ -233,7 +237,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
         open_features(tmp)  # check what was written before it becomes visible
         publish_dir(tmp, out_path, lambda: check_target(out_path, overwrite, KIND))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_partial(tmp, made)
         raise
     return open_features(out_path)
 

@@ -585,8 +585,16 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     if not tsv_paths or not json_paths:
         raise IngestError("need at least one --tsv feature file and one --json sentence file")
     for p in [*tsv_paths, *json_paths, *minival_paths, *(Path(x) for x in (vocab, answers) if x is not None)]:
+        if Path(p).is_dir():
+            raise IngestError(f"{p}: is a directory; expected an input file")
         if not Path(p).is_file():
             raise IngestError(f"{p}: input file does not exist")
+    for name, value in (("num_answers", num_answers), ("vocab_size", vocab_size), ("num_objects", num_objects),
+                        ("num_object_labels", num_object_labels), ("num_attr_labels", num_attr_labels),
+                        ("images_per_shard", images_per_shard), ("row_group_images", row_group_images),
+                        ("feat_dim", 1 if feat_dim is None else feat_dim)):
+        if value < 1:
+            raise IngestError(f"--{name.replace('_', '-')} {value}: expected >= 1")
     how, note = choose_minival(split, json_paths, minival_paths, minival_fraction)
     if note:
         print(f"[xmodal] note: {note}", flush=True)

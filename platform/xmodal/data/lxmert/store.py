@@ -30,7 +30,6 @@ Imports numpy and pyarrow only.
 from __future__ import annotations
 
 import datetime
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +47,10 @@ from xmodal.data.common import (
     StoreError,
     Unit,
     check_target,
+    discard_partial,
     epoch_units,
     group_tables,
+    missing_parents,
     publish_dir,
     read_unit,
     temp_dir_beside,
@@ -615,6 +616,7 @@ class StoreWriter:
         self.num_objects, self.feat_dim, self.max_seq_len = num_objects, feat_dim, max_seq_len
         self.images_per_shard = max(1, images_per_shard)
         self.row_group_images = max(1, min(row_group_images, self.images_per_shard))
+        self.made = missing_parents(self.path)  # removed again by abort() if still empty
         self.tmp = temp_dir_beside(self.path)
         self._pending: dict[str, list[ImageBlock]] = {s: [] for s in SPLITS}
         self._pending_rows: dict[str, int] = dict.fromkeys(SPLITS, 0)
@@ -628,7 +630,7 @@ class StoreWriter:
             self.abort()
 
     def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        discard_partial(self.tmp, self.made)
 
     def add(self, split: str, block: ImageBlock) -> None:
         if split not in SPLITS:

@@ -90,8 +90,9 @@ def _check(o: SyntheticLxmertOptions) -> None:
                         f"{o.question_fraction} in [0, 1]")
     if o.max_seq_len < 8:
         problems.append(f"max_seq_len={o.max_seq_len}: synthetic sentences need at least 8 tokens")
-    if o.feature_noise < 0 or o.images_per_shard < 1:
-        problems.append("feature_noise must be >= 0 and images_per_shard >= 1")
+    if not 0 <= o.feature_noise < float("inf") or o.images_per_shard < 1:  # `not ... >= 0`: NaN fails too
+        problems.append(f"feature_noise={o.feature_noise} must be finite and >= 0 and images_per_shard="
+                        f"{o.images_per_shard} >= 1")
     if problems:
         raise UserError("invalid synthetic options: " + "; ".join(problems))
 

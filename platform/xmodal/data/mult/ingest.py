@@ -20,7 +20,8 @@ Pickle files execute code when loaded: they are read with an unpickler that admi
 arrays, numpy dtypes / scalars and plain containers; anything else (os.system, a class from
 some module) is refused with an error naming the file and the global it asked for. Everything
 is converted in memory first and written through `write_store` (temporary directory renamed
-into place): a failure leaves nothing behind.
+into place): a failure leaves nothing behind (an empty output folder the user made stays).
+Labels must be finite: a NaN or inf label is an error naming the file, split, key and row.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def safe_load(path: str | Path) -> Any:
     path = Path(path)
+    if path.is_dir():
+        raise IngestError(f"{path}: is a directory; expected the dataset pickle file (--pickle)")
     if not path.is_file():
         raise IngestError(f"{path}: no such file (--pickle)")
     with open(path, "rb") as f:
@@ -113,6 +116,21 @@ def _array(d: dict, key: str, where: str, ndim: int | None = None, n: int | None
     if n is not None and a.shape[0] != n:
         raise IngestError(f"{where}[{key!r}]: {a.shape[0]} rows; expected {n} like 'text'")
     return a
+
+
+def _labels(labels: np.ndarray, key: str, where: str) -> np.ndarray:
+    """Labels as float32, every one finite: a NaN or inf target would train on garbage (unlike a
+    non-finite feature, which is padding in the reference's audio and is replaced by 0)."""
+    try:
+        labels = labels.astype(np.float32)
+    except (TypeError, ValueError):
+        raise IngestError(f"{where}[{key!r}]: dtype {labels.dtype}, not numbers; expected finite labels") from None
+    bad = np.flatnonzero(~np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
+    if len(bad):
+        row = int(bad[0])
+        raise IngestError(f"{where}[{key!r}][{row}] = {labels[row].ravel().tolist()}: row {row} has a non-finite "
+                          f"label; expected finite labels ({len(bad)} row(s) of the split are not)")
+    return labels
 
 
 def _clean(x: np.ndarray, modality: str, stats: _Stats, where: str) -> np.ndarray:
@@ -195,7 +213,7 @@ def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]
         text = _array(d, "text", w, 3)
         n = text.shape[0]
         raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
-        labels = _array(d, "labels", w, None, n)
+        labels = _labels(_array(d, "labels", w, None, n), "labels", w)
         if labels.size == n:
             labels = labels.reshape(n).astype(np.float32)
         elif labels.shape[1:] == (4, 2):
@@ -223,7 +241,7 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
         text = _array(d, "text", w, 3)
         n = text.shape[0]
         raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
-        labels = _array(d, "regression_labels", w, None, n)
+        labels = _labels(_array(d, "regression_labels", w, None, n), "regression_labels", w)
         if labels.size != n:
             raise IngestError(f"{w}['regression_labels']: shape {labels.shape}; expected one score per clip")
         values, lengths = {}, {}
@@ -233,10 +251,19 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
                 lens = _end_lengths(x)
             else:
                 key = f"{m}_lengths"
-                lens = _array(d, key, w, None, n).reshape(n)
-                if lens.dtype.kind not in "iuf" or (lens < 0).any() or (lens > x.shape[1]).any():
-                    i = int(np.flatnonzero((lens < 0) | (lens > x.shape[1]))[0]) if lens.dtype.kind in "iuf" else 0
-                    raise IngestError(f"{w}[{key!r}][{i}] = {lens[i].item()!r}; expected an integer in [0, {x.shape[1]}]")
+                lens = _array(d, key, w, None, n)
+                if lens.size != n:
+                    raise IngestError(f"{w}[{key!r}]: shape {lens.shape}; expected one length per clip ({n})")
+                lens = lens.reshape(n)
+                if lens.dtype.kind not in "iuf":
+                    raise IngestError(f"{w}[{key!r}]: dtype {lens.dtype}; expected integers in [0, {x.shape[1]}]")
+                with np.errstate(invalid="ignore"):
+                    wrong = ~np.isfinite(lens) | (lens != np.round(lens)) | (lens < 0) | (lens > x.shape[1]) \
+                        if lens.dtype.kind == "f" else (lens < 0) | (lens > x.shape[1])
+                if wrong.any():
+                    i = int(np.flatnonzero(wrong)[0])
+                    raise IngestError(f"{w}[{key!r}][{i}] = {lens[i].item()!r}; expected an integer in "
+                                      f"[0, {x.shape[1]}]")
                 lens = lens.astype(np.int64)
             values[m], lengths[m] = _pack(x, lens, False, m, stats)
         out[split] = MultSplit(split, _ids(d, n, split), labels.reshape(n).astype(np.float32), values, lengths)
@@ -269,6 +296,8 @@ def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | No
         raise IngestError(f"--format {fmt!r}; expected one of {list(FORMATS)}")
     if dataset is not None and dataset not in DATASETS:
         raise IngestError(f"--dataset {dataset!r}; expected one of {list(DATASETS)}")
+    if shard_rows < 1:
+        raise IngestError(f"--shard-rows {shard_rows}: expected >= 1 clips per shard")
     check_target(out, overwrite, KIND)  # before the (possibly long) load
     data = safe_load(pickle_path)
     splits, stats = (from_reference if fmt == "reference" else from_mmsa)(data, str(pickle_path))

@@ -34,7 +34,6 @@ Imports numpy and pyarrow only (torch when a MultBatch is made, so ingesting doe
 from __future__ import annotations
 
 import datetime
-import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,8 @@ from xmodal.data.common import (
     StoreError,
     Unit,
     check_target,
+    discard_partial,
+    missing_parents,
     publish_dir,
     temp_dir_beside,
 )
@@ -469,7 +470,7 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
             raise StoreError(f"split {name!r}: task {sp.task!r} dims {sp.dims()} differ from "
                              f"task {task!r} dims {dims} of the other splits")
     check_target(path, overwrite, KIND)
-    created_parents = [p for p in reversed(path.parents) if not p.exists()]
+    made = missing_parents(path)
     tmp = None
     try:
         tmp = temp_dir_beside(path)
@@ -497,13 +498,7 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
         MultStore.open(tmp)  # check what was written before it becomes visible
         publish_dir(tmp, path, lambda: check_target(path, overwrite, KIND))
     except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for p in reversed(created_parents):
-            try:
-                p.rmdir()
-            except OSError:
-                pass
+        discard_partial(tmp, made)
         raise
     return MultStore.open(path)
 
