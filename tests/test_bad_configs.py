@@ -146,6 +146,21 @@ CASES = [
          ["no_such_store"], files={"t.json": "[]"}),
     Case("ingest-synthetic-vqa-not-a-store", "ingest.py", ["synthetic-vqa", "out", "--store", "empty_store"],
          ["empty_store"], files={"empty_store": None}),
+    # ---- duplicate keys and unused options (every YAML a user writes is read by config.StrictLoader)
+    Case("pretrain-config-duplicate-section", "pretrain.py", ["--config", "twice.yaml"],
+         ["twice.yaml", "duplicate key 'train'", "line 1", "line 3"],
+         files={"twice.yaml": "train:\n  max_steps: 40\ntrain:\n  epochs: 3\n"}),
+    Case("pretrain-set-duplicate-key", "pretrain.py", _set("train={epochs: 1, epochs: 2}"),
+         ["--set 'train={epochs: 1, epochs: 2}'", "duplicate key 'epochs'"]),
+    Case("pretrain-set-unclosed-list", "pretrain.py", _set("train.fail_at_step=[1,2"),
+         ["--set 'train.fail_at_step=[1,2'", "not valid YAML", "expected ',' or ']'"]),
+    Case("sweep-space-duplicate-parameter", "sweep.py", ["space.yaml"],
+         ["space.yaml", "duplicate key 'optim.lr'", "line 7", "line 8"],
+         files={"space.yaml": SPACE + "  optim.lr: {type: choice, values: [1e-4]}\n"}),
+    Case("sweep-base-file-duplicate-key", "sweep.py", ["space.yaml"],
+         ["space.yaml", "base.yaml", "duplicate key 'max_steps'"],
+         files={"space.yaml": SPACE + "base: {file: base.yaml}\n",
+                "base.yaml": "train:\n  max_steps: 4\n  max_steps: 40\n"}),
 ]
 
 

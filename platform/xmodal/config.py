@@ -554,9 +554,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.epochs=3")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml(raw) if raw != "" else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {yaml_problem(e)}") from None
     return key.strip().split("."), value
 
 
@@ -589,12 +589,41 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_yaml(p.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     return data
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last one silently, so a config with `train:` twice ran with only the second section. Every YAML a
+    user writes (config files, --set values, search spaces and their base files) is read with it.
+    Keys brought in by a `<<` merge may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                if seen is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first given at line {seen.line + 1}, column "
+                                    f"{seen.column + 1}); give each key once", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, loader: type[StrictLoader] = StrictLoader) -> Any:
+    """YAML a user wrote -> Python data; duplicate keys are errors (`StrictLoader`)."""
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:

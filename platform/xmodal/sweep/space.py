@@ -19,7 +19,15 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from xmodal.config import ConfigError, apply_overrides, format_validation_error, short_repr, yaml_problem
+from xmodal.config import (
+    ConfigError,
+    StrictLoader,
+    apply_overrides,
+    format_validation_error,
+    load_yaml,
+    short_repr,
+    yaml_problem,
+)
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -279,8 +287,8 @@ class DefineByRun:
 # ---------------------------------------------------------------- loading
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-9` as a string; a search space means the number."""
+class _Loader(StrictLoader):
+    """YAML 1.1 reads `1e-9` as a string; a search space means the number. Duplicate keys are errors."""
 
 
 _Loader.add_implicit_resolver(
@@ -293,7 +301,7 @@ def _read_mapping(p: Path, prefix: str, what: str = "") -> dict:
     if not p.is_file():
         raise SpaceError(f"{prefix}config file {str(p)!r} does not exist")
     try:
-        data = yaml.load(p.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = load_yaml(p.read_text(), _Loader)
     except yaml.YAMLError as e:
         raise SpaceError(f"{prefix}{p}: not valid YAML: {yaml_problem(e)}") from None
     if data is None:
