@@ -319,7 +319,30 @@ class MultTrainConfig(Section):
         _check_batch(self.train, self.scale)
         if self.seeds is not None and len(set(self.seeds)) < len(self.seeds):
             raise ValueError(f"seeds = {self.seeds}: expected distinct seeds")
+        if self.seeds is not None and self.train.seed != type(self).model_fields["train"].default_factory().seed:
+            raise ValueError(f"train.seed = {self.train.seed}: not used with seeds = {self.seeds} (each run takes its "
+                             "seed from seeds); drop one of them")
+        # The embedded store is a sentiment set; a named store's task is checked again once it is opened.
+        tasks = ["sentiment"] if self.data.store is None else list(MULT_METRICS)
+        valid = mult_valid_metrics(*tasks)
+        if self.train.best_metric not in valid:
+            what = "on the embedded (sentiment) store" if self.data.store is None else "on a sentiment or emotions store"
+            raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured {what}; "
+                             f"valid: {', '.join(valid)}")
         return self
+
+
+# MulT's validation metrics by the store's task (objectives.sentiment.compute_metrics names them)
+MULT_METRICS: dict[str, tuple[str, ...]] = {
+    "sentiment": ("mae", "corr", "acc7", "acc5", "acc2", "f1", "acc2_has0", "f1_has0"),
+    "emotions": tuple(f"{e}_{m}" for e in ("neutral", "happy", "sad", "angry") for m in ("acc", "f1"))
+    + ("mean_acc", "mean_f1"),
+}
+
+
+def mult_valid_metrics(*tasks: str) -> list[str]:
+    """The `valid/*` metrics MulT logs on stores of these tasks."""
+    return [f"valid/{m}" for t in tasks for m in MULT_METRICS[t]] + ["valid/loss"]
 
 
 class FinetuneInit(Section):
@@ -343,10 +366,26 @@ class FinetuneInit(Section):
         if self.source == "run" and not self.run_id:
             raise ValueError("run_id: required with source=run: the MLflow run id of a pretraining run "
                              "(jobs/finetune.py --init-run-id ID)")
-        if self.source in ("checkpoint", "transformers", "reference") and not self.path:
+        if self.source in INIT_PATH_SOURCES and not self.path:
             what = "FILE" if self.source == "reference" else "DIR"
             raise ValueError(f"path: required with source={self.source} (jobs/finetune.py --init-path {what})")
+        # An option the chosen source does not read is a mistake, never ignored: `--init-run-id ID`
+        # alone would otherwise fine-tune from `latest` and drop the id.
+        if self.run_id is not None and self.source != "run":
+            raise ValueError(f"run_id = {self.run_id!r}: only read with source=run, but source={self.source!r}; "
+                             "add --init run (init.source=run) or drop --init-run-id (init.run_id)")
+        if self.path is not None and self.source not in INIT_PATH_SOURCES:
+            raise ValueError(f"path = {self.path!r}: only read with source=checkpoint, transformers or reference, but "
+                             f"source={self.source!r}; choose one with --init (init.source) or drop --init-path "
+                             "(init.path)")
+        default = type(self).model_fields["pretrain_experiment"].default
+        if self.pretrain_experiment != default and self.source not in ("latest", "run"):
+            raise ValueError(f"pretrain_experiment = {self.pretrain_experiment!r}: only read with source=latest or "
+                             f"run, but source={self.source!r}")
         return self
+
+
+INIT_PATH_SOURCES = ("checkpoint", "transformers", "reference")  # the init sources that read init.path
 
 
 class FinetuneDataConfig(Section):
@@ -427,6 +466,28 @@ class PretrainFinetuneConfig(Section):
                 _check_batch(getattr(self, stage).train, self.scale)
             except ValueError as e:
                 raise ValueError(f"{stage}.{e}") from None
+        # What the chain replaces in its stages is an error when set, never ignored.
+        for stage, cls in (("pretrain", PretrainConfig), ("finetune", FinetuneConfig)):
+            for section in ("scale", "mlflow"):
+                given, default = getattr(getattr(self, stage), section), cls.model_fields[section].default_factory()
+                changed = [k for k in type(given).model_fields if getattr(given, k) != getattr(default, k)]
+                if changed:
+                    raise ValueError(f"{stage}.{section}.{changed[0]}: the chain's own `{section}` section applies to "
+                                     f"both stages; set {section}.{changed[0]} instead")
+        init, default_init = self.finetune.init, FinetuneInit()
+        changed = [k for k in FinetuneInit.model_fields if k != "answer_head_from_qa"
+                   and getattr(init, k) != getattr(default_init, k)]
+        if changed:
+            raise ValueError(f"finetune.init.{changed[0]}: the chain fine-tunes from its own pretraining stage; "
+                             "only finetune.init.answer_head_from_qa applies")
+        fine = self.finetune
+        preset_default = FinetuneConfig.model_fields["preset"].default
+        changed = [f"model.{f.name}" for f in dataclasses.fields(fine.model)
+                   if getattr(fine.model, f.name) != getattr(LXMERT_PRESETS[fine.preset], f.name)]
+        if fine.preset != preset_default or changed:
+            key = "preset" if fine.preset != preset_default else changed[0]
+            raise ValueError(f"finetune.{key}: the fine-tuning stage takes the pretraining stage's architecture; "
+                             f"set pretrain.{key} instead")
         return self
 
 

@@ -289,6 +289,8 @@ def check(spec: JobSpec, cfg) -> Checked:
     name = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
     spec.check_inputs(cfg, uri)
+    if cfg.train.max_steps:  # the run has at most max_steps steps: faults beyond them fail before any data
+        fault_schedule(cfg.train, cfg.scale.num_workers, cfg.train.max_steps, storage, name)
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)
