@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
+import time
 from pathlib import Path
+
+from xmodal.errors import UserError
 
 
 def require_ray():
@@ -13,6 +18,50 @@ def require_ray():
     except ImportError as e:
         raise ImportError("this job needs Ray: pip install 'ray[default,train,tune,data]'") from e
     return ray
+
+
+# How long the driver's checks wait for the cluster named by RAY_ADDRESS: ray.init itself retries an
+# address that does not answer for minutes before it gives up.
+PROBE_TIMEOUT_S = 5.0
+PROBE_WINDOW_S = 3.0  # a refused connection is tried again for this long (a head still starting)
+
+
+def cluster_address() -> tuple[str, str, int] | None:
+    """(the RAY_ADDRESS text, host, port) of the cluster this job joins, or None where Ray finds or starts
+    its own (unset, `auto`, `local`). Raises UserError for an address without a port."""
+    text = os.environ.get("RAY_ADDRESS", "").strip()
+    if text in ("", "auto", "local"):
+        return None
+    rest = re.sub(r"^(ray|https?)://", "", text).split("/", 1)[0]
+    m = re.match(r"^\[?([^\[\]]+?)\]?:(\d+)$", rest)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise UserError(f"RAY_ADDRESS = {text!r}: expected HOST:PORT (the head's address, port 6379 by default), "
+                        "ray://HOST:PORT, auto or local")
+    return text, m.group(1), int(m.group(2))
+
+
+def check_cluster_address() -> None:
+    """The cluster named by RAY_ADDRESS answers: a TCP connection to its host and port within a few
+    seconds, else one UserError naming the address (instead of minutes of retries in ray.init)."""
+    found = cluster_address()
+    if found is None:
+        return
+    text, host, port = found
+    deadline = time.monotonic() + PROBE_WINDOW_S
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+                return
+        except ConnectionRefusedError as e:
+            if time.monotonic() >= deadline:
+                why = str(e.strerror or e)
+                break
+            time.sleep(0.5)
+        except OSError as e:  # a timeout, an unknown host, an unreachable network
+            why = str(getattr(e, "strerror", None) or e or type(e).__name__)
+            break
+    raise UserError(f"RAY_ADDRESS = {text!r}: no Ray cluster answers at {host}:{port} ({why}); check it with "
+                    f"`ray status --address {host}:{port}`, or unset RAY_ADDRESS to start a local Ray")
 
 
 def connect(min_logical_cpus: int = 4) -> None:
@@ -25,8 +74,14 @@ def connect(min_logical_cpus: int = 4) -> None:
 
     ray = require_ray()
     if not ray.is_initialized():
+        check_cluster_address()
         if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=True)
+            try:
+                ray.init(log_to_driver=True)
+            except ConnectionError as e:  # something answered the probe, but no Ray cluster
+                address = os.environ["RAY_ADDRESS"]
+                raise UserError(f"RAY_ADDRESS = {address!r}: could not join a Ray cluster there ({' '.join(str(e).split())}); "
+                                f"check it with `ray status --address {address}`") from None
         else:
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
     attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up

@@ -40,7 +40,7 @@ from xmodal import console, tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.cluster import connect, storage_path
+from xmodal.train.cluster import check_cluster_address, connect, storage_path
 from xmodal.train.cost import CostMeter
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.loop import NoHooks, fit
@@ -291,6 +291,9 @@ def check(spec: JobSpec, cfg) -> Checked:
     spec.check_inputs(cfg, uri)
     if cfg.train.max_steps:  # the run has at most max_steps steps: faults beyond them fail before any data
         fault_schedule(cfg.train, cfg.scale.num_workers, cfg.train.max_steps, storage, name)
+    embedded = getattr(getattr(cfg, "data", None), "store", "") is None
+    if embedded:  # an unreachable cluster is known before the embedded default is built, not after
+        check_cluster_address()
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)
@@ -302,6 +305,8 @@ def check(spec: JobSpec, cfg) -> Checked:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
     spec.check_batches(cfg, data)
+    if not embedded:
+        check_cluster_address()
     return Checked(cfg, data, start, micro, total, uri, storage,
                    fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs, parameters)
 
