@@ -178,7 +178,17 @@ CASES = [
          files={"space.yaml": "job: pretrain_finetune\nmetric: valid/accuracy\nmode: max\nnum_samples: 2\n"
                               "scheduler: {type: fifo}\nbase: {config: {finetune: {scale: {num_workers: 2}}}}\n"
                               "parameters:\n  pretrain.optim.lr: {type: choice, values: [1e-3, 1e-2]}\n"}),
+    Case("pretrain-config-is-a-directory", "pretrain.py", ["--config", "c.yaml"], ["c.yaml", "is a directory"],
+         files={"c.yaml": None}),
+    Case("pretrain-set-empty-key-part", "pretrain.py", _set("train..epochs=3"), ["--set 'train..epochs=3'", "KEY=VALUE"]),
+    Case("sweep-space-is-a-directory", "sweep.py", ["space.yaml"], ["space.yaml", "is a directory"],
+         files={"space.yaml": None}),
     # ---- checked before any data is built (JobSpec.check_inputs, the config, engine.check before resolve_data)
+    Case("finetune-init-checkpoint-bad-meta", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
+         ["init.path", "meta.json", "not readable JSON"], files={"ck": None, "ck/meta.json": "{", "ck/model.pt": "x"}),
+    Case("finetune-init-checkpoint-weights-not-torch", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
+         ["init.path", "model.pt", "not a torch state dict file"],
+         files={"ck": None, "ck/meta.json": '{"config": {"model": {"hidden_size": 8, "num_heads": 2}}}', "ck/model.pt": "x"}),
     Case("finetune-init-run-without-database", "finetune.py", ["--init", "run", "--init-run-id", "abc123"],
          ["init.run_id", "'abc123'", "mlflow.db"]),
     Case("finetune-init-run-unknown-id", "finetune.py", ["--init", "run", "--init-run-id", "abc123"],

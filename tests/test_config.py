@@ -68,6 +68,16 @@ def test_duplicate_keys_are_errors_naming_the_file_line_and_key(tmp_path):
         apply_overrides({}, ["train={epochs: 1, epochs: 2}"])
 
 
+def test_a_config_path_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; expected a YAML file"):
+        load_config(PretrainConfig, tmp_path)
+    (tmp_path / "latin1.yaml").write_bytes("train:\n  epochs: 2 # \xe9t\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 21\)"):
+        load_config(PretrainConfig, tmp_path / "latin1.yaml")
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_overrides({}, ["=3"])
+
+
 def test_yaml_merge_keys_may_be_overridden_and_other_mappings_load_as_before():
     assert load_yaml("a: &x {b: 1, c: 2}\nd:\n  <<: *x\n  b: 3\n") == {"a": {"b": 1, "c": 2}, "d": {"b": 3, "c": 2}}
     assert load_yaml("a: 1\nb: [1, {c: 2}]\n") == {"a": 1, "b": [1, {"c": 2}]}

@@ -611,9 +611,9 @@ def _type_at(model: type, loc: tuple) -> tuple[Any, list[Any]]:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
+    key, _, raw = item.partition("=")
+    if "=" not in item or not all(part.strip() for part in key.split(".")):
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.epochs=3")
-    key, raw = item.split("=", 1)
     try:
         value = load_yaml(raw) if raw != "" else ""
     except yaml.YAMLError as e:
@@ -645,12 +645,28 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+def read_user_file(p: Path, what: str = "config file", prefix: str = "", error: type[ConfigError] | None = None
+                   ) -> str:
+    """The text of a file the user names: a missing path, a folder, an unreadable or non-UTF-8 file are
+    errors naming it."""
+    error = error or ConfigError
+    if p.is_dir():
+        raise error(f"{prefix}{what} {str(p)!r} is a directory; expected a YAML file")
+    if not p.is_file():
+        raise error(f"{prefix}{what} {str(p)!r} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{prefix}{p}: not UTF-8 text (byte {e.start}); expected a YAML file") from None
+    except OSError as e:
+        raise error(f"{prefix}{p}: cannot be read: {e.strerror or e}") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+    text = read_user_file(p)
     try:
-        data = load_yaml(p.read_text()) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):

@@ -25,6 +25,7 @@ from xmodal.config import (
     apply_overrides,
     format_validation_error,
     load_yaml,
+    read_user_file,
     short_repr,
     yaml_problem,
 )
@@ -297,11 +298,10 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def _read_mapping(p: Path, prefix: str, what: str = "") -> dict:
-    if not p.is_file():
-        raise SpaceError(f"{prefix}config file {str(p)!r} does not exist")
+def _read_mapping(p: Path, prefix: str, what: str = "", kind: str = "config file") -> dict:
+    text = read_user_file(p, kind, prefix, SpaceError)
     try:
-        data = load_yaml(p.read_text(), _Loader)
+        data = load_yaml(text, _Loader)
     except yaml.YAMLError as e:
         raise SpaceError(f"{prefix}{p}: not valid YAML: {yaml_problem(e)}") from None
     if data is None:
@@ -367,9 +367,7 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Sea
     """Parse and check a space file on its own (no job config needed). `overrides` replace top-level
     fields (the command line's --num-samples etc.)."""
     p = Path(path)
-    if not p.is_file():
-        raise SpaceError(f"search space {str(p)!r} does not exist")
-    data = _read_mapping(p, "", "(job, base, metric, mode, scheduler, parameters, ...) ")
+    data = _read_mapping(p, "", "(job, base, metric, mode, scheduler, parameters, ...) ", "search space")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         space = SearchSpace.model_validate(data)

@@ -266,12 +266,26 @@ def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
 
 
 def _checkpoint_init(folder: Path) -> tuple[Init, LxmertConfig]:
-    meta = ckpt.read_meta(folder)
-    model = meta.get("config", {}).get("model")
-    if not model:
+    """A checkpoint folder's architecture (meta.json) and its weights file read as a state dict (memory-mapped,
+    no code run), so that what a worker would refuse is refused here."""
+    from xmodal.models.lxmert_init import PretrainedWeightsError, read_state_dict_file
+
+    try:
+        meta = ckpt.read_meta(folder)
+    except (OSError, ValueError) as e:  # ValueError: JSON's decode and UTF-8 errors
+        raise ConfigError(f"init.path: {folder / ckpt.META_FILE} is not readable JSON: {e}") from None
+    model = meta.get("config", {}).get("model") if isinstance(meta, dict) else None
+    if not isinstance(model, dict) or not model:
         raise ConfigError(f"init: {folder / ckpt.META_FILE} holds no model config (not an xmodal checkpoint?)")
-    return Init("checkpoint", path=str(folder), pretrain_answers=_pretrain_answers(meta.get("store"))), \
-        LxmertConfig(**model)
+    try:
+        config = LxmertConfig(**model)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"init: {folder / ckpt.META_FILE}: its model config is not valid: {e}") from None
+    try:
+        read_state_dict_file(folder / ckpt.MODEL_FILE)
+    except PretrainedWeightsError as e:
+        raise ConfigError(f"init.path: {e}") from None
+    return Init("checkpoint", path=str(folder), pretrain_answers=_pretrain_answers(meta.get("store"))), config
 
 
 def check_init_run(uri: str, run_id: str) -> None:
