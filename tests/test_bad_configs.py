@@ -204,6 +204,9 @@ CASES = [
          ["train.fail_at_step", "[10]", "10 steps"]),
     Case("pretrain-random-faults-beyond-max-steps", "pretrain.py", _set("train.max_steps=3", "train.random_faults=5"),
          ["train.random_faults", "5", "at most 2"]),
+    Case("pretrain-faults-with-remote-storage", "pretrain.py", ["--storage-path", "s3://bucket/runs",
+                                                                *_set("train.fail_at_step=3")],
+         ["train.fail_at_step", "local scale.storage_path", "s3://bucket/runs"]),
     Case("mult-best-metric-not-measured", "train_mult.py", _set("train.best_metric=valid/bleu"),
          ["train.best_metric", "'valid/bleu'", "valid/mae"]),
     # A job that passed every check: the cluster named by RAY_ADDRESS does not answer (before the

@@ -53,3 +53,33 @@ def test_unset_auto_and_local_are_not_probed(monkeypatch):
         check_cluster_address()
     monkeypatch.delenv("RAY_ADDRESS")
     check_cluster_address()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--gpus-per-worker", "1"], ["scale.gpus_per_worker = 1.0", "GPU", "RAY_ADDRESS"]),
+    (["--num-workers", "16"], ["scale.cpus_per_worker = 0.5 x scale.num_workers = 16", "logical CPUs"]),
+    (["--set", "scale.resources_per_worker={accel: 1}"], ["scale.resources_per_worker", "custom resources"]),
+])
+def test_a_local_ray_without_what_the_workers_ask_for_is_one_error_before_anything_starts(tmp_path, args, named):
+    """Without RAY_ADDRESS the job would start a local Ray and wait for the resources without end."""
+    import os
+    import subprocess
+
+    from xmodal_testing import PYTHON, REPO
+
+    try:
+        import torch
+
+        if torch.cuda.device_count() >= 1 and "--gpus-per-worker" in args:
+            pytest.skip("this machine has a GPU")
+    except ImportError:
+        pass
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "PYTHONPATH")}
+    env.update({"PYTHONPATH": str(REPO / "platform"), "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run([PYTHON, str(REPO / "jobs" / "pretrain.py"), *args], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    for piece in named:
+        assert piece in proc.stderr, proc.stderr
+    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing built: no data/, mlflow.db or runs/

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -64,7 +65,43 @@ def check_cluster_address() -> None:
                     f"`ray status --address {host}:{port}`, or unset RAY_ADDRESS to start a local Ray")
 
 
-def connect(min_logical_cpus: int = 4) -> None:
+LOCAL_MIN_CPUS = 4  # logical CPUs a local Ray gets at least (`connect`)
+
+
+def check_local_resources(scale) -> None:
+    """With no cluster named (RAY_ADDRESS unset or `local`: a local Ray on this machine), the workers'
+    CPUs, GPUs and custom resources exist here: Ray Train would wait for them without end."""
+    if os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return  # a Ray this process started already (tests, notebooks): its resources are its own
+    n = scale.num_workers
+    cpus = max(os.cpu_count() or 1, LOCAL_MIN_CPUS)
+    if n * scale.cpus_per_worker > cpus:
+        raise UserError(f"scale.cpus_per_worker = {scale.cpus_per_worker} x scale.num_workers = {n}: a local Ray "
+                        f"has {cpus} logical CPUs; expected at most that (or set RAY_ADDRESS to a cluster)")
+    if scale.gpus_per_worker:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if n * scale.gpus_per_worker > gpus:
+            raise UserError(f"scale.gpus_per_worker = {scale.gpus_per_worker} x scale.num_workers = {n}: this machine "
+                            f"has {gpus} GPU{'s' if gpus != 1 else ''} for a local Ray; expected at most that (0 = CPU), "
+                            "or set RAY_ADDRESS to a cluster")
+    if scale.resources_per_worker:
+        raise UserError(f"scale.resources_per_worker = {scale.resources_per_worker}: a local Ray has no custom "
+                        "resources; set RAY_ADDRESS to a cluster whose nodes declare them, or leave it empty")
+
+
+def check_cluster(scale) -> None:
+    """What the driver's checks know of the cluster before Ray starts: the one RAY_ADDRESS names answers,
+    or a local Ray has what the workers ask for."""
+    check_cluster_address()
+    check_local_resources(scale)
+
+
+def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
     """Attach to the cluster a job runs in (`ray job submit` sets RAY_ADDRESS), else start a local Ray.
 
     A local Ray gets at least `min_logical_cpus` logical CPUs: Train workers take
