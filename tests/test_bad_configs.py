@@ -181,6 +181,9 @@ CASES = [
     Case("pretrain-config-is-a-directory", "pretrain.py", ["--config", "c.yaml"], ["c.yaml", "is a directory"],
          files={"c.yaml": None}),
     Case("pretrain-set-empty-key-part", "pretrain.py", _set("train..epochs=3"), ["--set 'train..epochs=3'", "KEY=VALUE"]),
+    Case("sweep-bad-name", "sweep.py", ["space.yaml", "--name", "mine/v2"], ["--name", "'mine/v2'", "letters, digits"],
+         files={"space.yaml": SPACE}),
+    Case("pretrain-run-name-with-slash", "pretrain.py", ["--run-name", "mine/v2"], ["mlflow.run_name", "'mine/v2'", "/"]),
     Case("sweep-space-is-a-directory", "sweep.py", ["space.yaml"], ["space.yaml", "is a directory"],
          files={"space.yaml": None}),
     # ---- checked before any data is built (JobSpec.check_inputs, the config, engine.check before resolve_data)

@@ -100,6 +100,15 @@ class MlflowConfig(Section):
     # jobs/replay_tracking.py). Training itself never waits for the server.
     outage_wait_s: float = Field(300.0, ge=0, le=3600)
 
+    @field_validator("run_name")
+    @classmethod
+    def _folder_name(cls, name: str | None) -> str | None:
+        # The run name is also its folder under scale.storage_path (checkpoints, fault markers).
+        if name is not None and (any(c in name for c in "/\\") or name in (".", "..")):
+            raise ValueError(f"got {name!r}; expected a name without / or \\ (it names the run's folder under "
+                             "scale.storage_path)")
+        return name
+
     @field_validator("tracking_uri")
     @classmethod
     def _uri(cls, uri: str | None) -> str | None:
