@@ -198,6 +198,8 @@ CASES = [
          ["init.run_id", "no MLflow run 'abc123'"], files={"mlflow.db": ""}),
     Case("finetune-init-transformers-not-a-checkpoint", "finetune.py", ["--init", "transformers", "--init-path", "hf"],
          ["init.path", "config.json"], files={"hf": None}),
+    Case("finetune-init-transformers-without-weights", "finetune.py", ["--init", "transformers", "--init-path", "hf"],
+         ["init.path", "no weights", "model.safetensors"], files={"hf": None, "hf/config.json": "{}"}),
     Case("finetune-init-reference-not-torch", "finetune.py", ["--init", "reference", "--init-path", "notes.pth"],
          ["init.path", "notes.pth", "not a torch state dict file"], files={"notes.pth": "not a checkpoint\n"}),
     Case("finetune-init-checkpoint-with-model-set", "finetune.py",
