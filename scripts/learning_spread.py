@@ -65,11 +65,9 @@ ABLATION = {  # search_spaces/lxmert_tasks.yaml's options
 
 
 def ablation_run(space_file: str, subset: str, seed: int, tmp: Path) -> dict:
-    import yaml
+    from xmodal.config import apply_overrides, load_yaml
 
-    from xmodal.config import apply_overrides
-
-    space = yaml.safe_load(Path(space_file).read_text())
+    space = load_yaml(Path(space_file).read_text())
     chain = apply_overrides(space["base"].get("config", {}), space["base"].get("set", []))
     pcfg = load_config(PretrainConfig, base=chain.get("pretrain", {}), overrides=ABLATION[subset] + [f"train.seed={seed}"])
     fcfg = load_config(FinetuneConfig, base=chain.get("finetune", {}), overrides=[f"train.seed={seed}"])

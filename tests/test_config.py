@@ -1,6 +1,6 @@
 import pytest
 
-from xmodal.config import ConfigError, PretrainConfig, apply_overrides, flatten, load_config
+from xmodal.config import ConfigError, PretrainConfig, apply_overrides, flatten, load_config, load_yaml
 
 
 def test_defaults_use_the_small_preset():
@@ -53,6 +53,41 @@ def test_bad_files(tmp_path):
     unknown.write_text("train:\n  epoch: 3\n")
     with pytest.raises(ConfigError, match=r"unknown.yaml\):\n  train.epoch: unknown key"):
         load_config(PretrainConfig, unknown)
+
+
+def test_duplicate_keys_are_errors_naming_the_file_line_and_key(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("train:\n  max_steps: 40\noptim: {lr: 0.1}\ntrain:\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: .*duplicate key 'train' \(first given at line 1.*\(line 4"):
+        load_config(PretrainConfig, twice)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("train: {epochs: 2, epochs: 3}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'epochs'"):
+        load_config(PretrainConfig, nested)
+    with pytest.raises(ConfigError, match=r"--set 'train=\{epochs: 1, epochs: 2\}'.*duplicate key 'epochs'"):
+        apply_overrides({}, ["train={epochs: 1, epochs: 2}"])
+
+
+def test_a_config_path_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; expected a YAML file"):
+        load_config(PretrainConfig, tmp_path)
+    (tmp_path / "latin1.yaml").write_bytes("train:\n  epochs: 2 # \xe9t\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 21\)"):
+        load_config(PretrainConfig, tmp_path / "latin1.yaml")
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_overrides({}, ["=3"])
+
+
+def test_yaml_merge_keys_may_be_overridden_and_other_mappings_load_as_before():
+    assert load_yaml("a: &x {b: 1, c: 2}\nd:\n  <<: *x\n  b: 3\n") == {"a": {"b": 1, "c": 2}, "d": {"b": 3, "c": 2}}
+    assert load_yaml("a: 1\nb: [1, {c: 2}]\n") == {"a": 1, "b": [1, {"c": 2}]}
+
+
+def test_a_bad_set_value_is_one_line_naming_the_item():
+    with pytest.raises(ConfigError) as e:
+        apply_overrides({}, ["train.fail_at_step=[1,2"])
+    assert "\n" not in str(e.value) and "--set 'train.fail_at_step=[1,2'" in str(e.value), str(e.value)
+    assert "expected ',' or ']'" in str(e.value) and "column 5" in str(e.value)
 
 
 def test_override_syntax_errors():

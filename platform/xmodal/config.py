@@ -100,6 +100,15 @@ class MlflowConfig(Section):
     # jobs/replay_tracking.py). Training itself never waits for the server.
     outage_wait_s: float = Field(300.0, ge=0, le=3600)
 
+    @field_validator("run_name")
+    @classmethod
+    def _folder_name(cls, name: str | None) -> str | None:
+        # The run name is also its folder under scale.storage_path (checkpoints, fault markers).
+        if name is not None and (any(c in name for c in "/\\") or name in (".", "..")):
+            raise ValueError(f"got {name!r}; expected a name without / or \\ (it names the run's folder under "
+                             "scale.storage_path)")
+        return name
+
     @field_validator("tracking_uri")
     @classmethod
     def _uri(cls, uri: str | None) -> str | None:
@@ -319,7 +328,30 @@ class MultTrainConfig(Section):
         _check_batch(self.train, self.scale)
         if self.seeds is not None and len(set(self.seeds)) < len(self.seeds):
             raise ValueError(f"seeds = {self.seeds}: expected distinct seeds")
+        if self.seeds is not None and self.train.seed != type(self).model_fields["train"].default_factory().seed:
+            raise ValueError(f"train.seed = {self.train.seed}: not used with seeds = {self.seeds} (each run takes its "
+                             "seed from seeds); drop one of them")
+        # The embedded store is a sentiment set; a named store's task is checked again once it is opened.
+        tasks = ["sentiment"] if self.data.store is None else list(MULT_METRICS)
+        valid = mult_valid_metrics(*tasks)
+        if self.train.best_metric not in valid:
+            what = "on the embedded (sentiment) store" if self.data.store is None else "on a sentiment or emotions store"
+            raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured {what}; "
+                             f"valid: {', '.join(valid)}")
         return self
+
+
+# MulT's validation metrics by the store's task (objectives.sentiment.compute_metrics names them)
+MULT_METRICS: dict[str, tuple[str, ...]] = {
+    "sentiment": ("mae", "corr", "acc7", "acc5", "acc2", "f1", "acc2_has0", "f1_has0"),
+    "emotions": tuple(f"{e}_{m}" for e in ("neutral", "happy", "sad", "angry") for m in ("acc", "f1"))
+    + ("mean_acc", "mean_f1"),
+}
+
+
+def mult_valid_metrics(*tasks: str) -> list[str]:
+    """The `valid/*` metrics MulT logs on stores of these tasks."""
+    return [f"valid/{m}" for t in tasks for m in MULT_METRICS[t]] + ["valid/loss"]
 
 
 class FinetuneInit(Section):
@@ -343,10 +375,26 @@ class FinetuneInit(Section):
         if self.source == "run" and not self.run_id:
             raise ValueError("run_id: required with source=run: the MLflow run id of a pretraining run "
                              "(jobs/finetune.py --init-run-id ID)")
-        if self.source in ("checkpoint", "transformers", "reference") and not self.path:
+        if self.source in INIT_PATH_SOURCES and not self.path:
             what = "FILE" if self.source == "reference" else "DIR"
             raise ValueError(f"path: required with source={self.source} (jobs/finetune.py --init-path {what})")
+        # An option the chosen source does not read is a mistake, never ignored: `--init-run-id ID`
+        # alone would otherwise fine-tune from `latest` and drop the id.
+        if self.run_id is not None and self.source != "run":
+            raise ValueError(f"run_id = {self.run_id!r}: only read with source=run, but source={self.source!r}; "
+                             "add --init run (init.source=run) or drop --init-run-id (init.run_id)")
+        if self.path is not None and self.source not in INIT_PATH_SOURCES:
+            raise ValueError(f"path = {self.path!r}: only read with source=checkpoint, transformers or reference, but "
+                             f"source={self.source!r}; choose one with --init (init.source) or drop --init-path "
+                             "(init.path)")
+        default = type(self).model_fields["pretrain_experiment"].default
+        if self.pretrain_experiment != default and self.source not in ("latest", "run"):
+            raise ValueError(f"pretrain_experiment = {self.pretrain_experiment!r}: only read with source=latest or "
+                             f"run, but source={self.source!r}")
         return self
+
+
+INIT_PATH_SOURCES = ("checkpoint", "transformers", "reference")  # the init sources that read init.path
 
 
 class FinetuneDataConfig(Section):
@@ -427,6 +475,28 @@ class PretrainFinetuneConfig(Section):
                 _check_batch(getattr(self, stage).train, self.scale)
             except ValueError as e:
                 raise ValueError(f"{stage}.{e}") from None
+        # What the chain replaces in its stages is an error when set, never ignored.
+        for stage, cls in (("pretrain", PretrainConfig), ("finetune", FinetuneConfig)):
+            for section in ("scale", "mlflow"):
+                given, default = getattr(getattr(self, stage), section), cls.model_fields[section].default_factory()
+                changed = [k for k in type(given).model_fields if getattr(given, k) != getattr(default, k)]
+                if changed:
+                    raise ValueError(f"{stage}.{section}.{changed[0]}: the chain's own `{section}` section applies to "
+                                     f"both stages; set {section}.{changed[0]} instead")
+        init, default_init = self.finetune.init, FinetuneInit()
+        changed = [k for k in FinetuneInit.model_fields if k != "answer_head_from_qa"
+                   and getattr(init, k) != getattr(default_init, k)]
+        if changed:
+            raise ValueError(f"finetune.init.{changed[0]}: the chain fine-tunes from its own pretraining stage; "
+                             "only finetune.init.answer_head_from_qa applies")
+        fine = self.finetune
+        preset_default = FinetuneConfig.model_fields["preset"].default
+        changed = [f"model.{f.name}" for f in dataclasses.fields(fine.model)
+                   if getattr(fine.model, f.name) != getattr(LXMERT_PRESETS[fine.preset], f.name)]
+        if fine.preset != preset_default or changed:
+            key = "preset" if fine.preset != preset_default else changed[0]
+            raise ValueError(f"finetune.{key}: the fine-tuning stage takes the pretraining stage's architecture; "
+                             f"set pretrain.{key} instead")
         return self
 
 
@@ -550,13 +620,13 @@ def _type_at(model: type, loc: tuple) -> tuple[Any, list[Any]]:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
+    key, _, raw = item.partition("=")
+    if "=" not in item or not all(part.strip() for part in key.split(".")):
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.epochs=3")
-    key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml(raw) if raw != "" else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {yaml_problem(e)}") from None
     return key.strip().split("."), value
 
 
@@ -584,17 +654,62 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+def read_user_file(p: Path, what: str = "config file", prefix: str = "", error: type[ConfigError] | None = None
+                   ) -> str:
+    """The text of a file the user names: a missing path, a folder, an unreadable or non-UTF-8 file are
+    errors naming it."""
+    error = error or ConfigError
+    if p.is_dir():
+        raise error(f"{prefix}{what} {str(p)!r} is a directory; expected a YAML file")
+    if not p.is_file():
+        raise error(f"{prefix}{what} {str(p)!r} does not exist")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{prefix}{p}: not UTF-8 text (byte {e.start}); expected a YAML file") from None
+    except OSError as e:
+        raise error(f"{prefix}{p}: cannot be read: {e.strerror or e}") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+    text = read_user_file(p)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of config sections at the top level, got {type(data).__name__}")
     return data
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: PyYAML keeps the
+    last one silently, so a config with `train:` twice ran with only the second section. Every YAML a
+    user writes (config files, --set values, search spaces and their base files) is read with it.
+    Keys brought in by a `<<` merge may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                if seen is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first given at line {seen.line + 1}, column "
+                                    f"{seen.column + 1}); give each key once", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, loader: type[StrictLoader] = StrictLoader) -> Any:
+    """YAML a user wrote -> Python data; duplicate keys are errors (`StrictLoader`)."""
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:

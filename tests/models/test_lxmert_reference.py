@@ -195,3 +195,27 @@ def test_a_file_that_is_not_a_state_dict_is_refused(tmp_path):
     torch.save({"optimizer": {"lr": 1}}, tmp_path / "dict.pth")  # weights_only allows plain containers
     with pytest.raises(PretrainedWeightsError, match="dict.pth: holds a mapping that is not name -> tensor"):
         reference_weights(tmp_path / "dict.pth")
+
+
+class _RunsCode:
+    """A pickle that would run a command when loaded without weights_only."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_malicious_file_is_refused_with_torchs_whole_reason_on_one_line(tmp_path):
+    marker = tmp_path / "ran"
+    torch.save({"encoder.x": _RunsCode(marker), **{f"pad{i}": "x" * 50 for i in range(8)}}, tmp_path / "evil.pth")
+    with pytest.raises(PretrainedWeightsError) as e:
+        reference_weights(tmp_path / "evil.pth")
+    msg = str(e.value)
+    assert "\n" not in msg and "evil.pth: not a torch state dict file (UnpicklingError" in msg, msg
+    assert "GLOBAL posix.system" in msg, msg  # the blocked global: the reason, kept whole
+    assert msg.endswith("expected a file written by torch.save(model.state_dict())"), msg
+    assert not marker.exists()

@@ -153,8 +153,10 @@ def test_mult_depth_space_runs_every_crossmodal_depth_at_each_width_once(tmp_pat
      ["baseline: optim.lr=0.001 is outside the space", "one of 0.01, 1e-09"]),
     ("  - {optim.lr: 1e-9}\n", "  - {optim.lr: 1e-9}\nbaseline: {optim.lr: 1e-2}\n",
      ["baseline: gives no value for tasks.obj_feat, model.x_layers; expected a value for every parameter"]),
-    ("  - {optim.lr: 1e-9}\n", "  - {optim.lr: 1e-9}\nbaseline: {optim.lr: 1e-9, tasks.obj_feat: false, "
-     "model.x_layers: 1}\nnum_samples: 2\n", ["try_first and the baseline: 3 configurations but num_samples is 2"]),
+    # (num_samples changed in place: a key given twice is an error of its own)
+    (GOOD[GOOD.index("num_samples: 4"):], GOOD[GOOD.index("num_samples: 4"):].replace("num_samples: 4", "num_samples: 2")
+     + "baseline: {optim.lr: 1e-9, tasks.obj_feat: false, model.x_layers: 1}\n",
+     ["try_first and the baseline: 3 configurations but num_samples is 2"]),
     # keys the sweep owns
     ("  model.x_layers:", "  mlflow.experiment: {type: choice, values: [a, b]}\n  model.x_layers:",
      ["'mlflow.experiment' cannot be searched"]),

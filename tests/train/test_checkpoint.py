@@ -104,3 +104,27 @@ def test_resume_takes_the_newest_checkpoint_that_verifies_registered_or_not(tmp_
     assert recovery.resume_point(fs, str(run)) is None
     assert "[xmodal] no checkpoint of the run verifies; starting from scratch" in capfd.readouterr().out
     assert recovery.newest_intact(fs, str(tmp_path / "no_such_run")) == (None, [])
+
+
+def test_a_write_error_crosses_processes_and_is_found_in_what_fit_raises():
+    from ray.train import WorkerGroupError
+
+    e = ckpt.CheckpointWriteError("r1", "/mnt/full/r1", 8, "[Errno 28] No space left on device",
+                                  (4, "/mnt/full/r1/checkpoint_x"))
+    e = pickle.loads(pickle.dumps(e))  # Ray pickles a worker's exception to the driver
+    raised = WorkerGroupError("worker 0 failed", {1: RuntimeError("collateral"), 0: e})
+    found = checkpoint_write_error(raised)
+    assert found is not None and found.step == 8
+    assert found.advice() == (
+        "writing a checkpoint of run r1 under /mnt/full/r1 failed at step 8: [Errno 28] No space left on "
+        "device; the previous checkpoint (step 4, /mnt/full/r1/checkpoint_x) is intact: make the storage "
+        "writable (or free space) and rerun with mlflow.run_name=r1 to resume")
+    assert checkpoint_write_error(WorkerGroupError("x", {0: RuntimeError("a bug")})) is None
+    assert not ckpt.is_storage_failure(RuntimeError("copy failed"))
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("upload failed") from inner
+    except RuntimeError as outer:
+        assert ckpt.is_storage_failure(outer)

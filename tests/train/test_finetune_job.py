@@ -73,7 +73,11 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
     from xmodal.train.chain import STAGE_TAG, ChainJob
     from xmodal.train.finetune import FinetuneJob, Init, load_init, resolve_init
 
-    cfg = config(tmp_path, *[f"pretrain.{o}" for o in TINY], *[f"finetune.{o}" for o in TINY],
+    # The chain's own mlflow section holds system_metrics, and the fine-tuning stage takes the pretraining
+    # stage's architecture (the config refuses them in the stages).
+    stage = [o for o in TINY if not o.startswith(("mlflow.", "preset="))]
+    cfg = config(tmp_path, "pretrain.preset=tiny", *[f"pretrain.{o}" for o in stage], *[f"finetune.{o}" for o in stage],
+                 "mlflow.system_metrics=false",
                  f"pretrain.data.store={sets['images']}", "pretrain.train.max_steps=8",
                  f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
                  cls=PretrainFinetuneConfig)

@@ -298,6 +298,14 @@ def load_hf_state_dict(model: LxmertForPretraining, hf_state_dict: Mapping[str, 
     return model
 
 
+WEIGHT_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "model.safetensors", "pytorch_model.bin")
+
+
+def weights_present(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint directory holds one of the weight files `_read_weights` reads (not read here)."""
+    return any((Path(path) / name).is_file() for name in WEIGHT_FILES)
+
+
 def _read_weights(path: Path) -> dict[str, Tensor]:
     """config dir -> HF state dict: model.safetensors, its sharded index, pytorch_model.bin or its index."""
     for index_name, loader in (("model.safetensors.index.json", "safetensors"),

@@ -234,8 +234,10 @@ def read_state_dict_file(path: str | os.PathLike) -> dict[str, Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # pickle, zip and torch each raise their own types for a foreign file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise PretrainedWeightsError(f"{path}: not a torch state dict file ({type(e).__name__}: {first[:200]}); "
+        # torch's whole reason on one line: for a file that needs code to load, it names the blocked
+        # global (e.g. `posix.system`), which is what tells a malicious file from a foreign one.
+        reason = " ".join(str(e).split())
+        raise PretrainedWeightsError(f"{path}: not a torch state dict file ({type(e).__name__}: {reason}); "
                                      "expected a file written by torch.save(model.state_dict())") from None
     if not isinstance(obj, Mapping) or not obj \
             or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):

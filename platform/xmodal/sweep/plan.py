@@ -5,6 +5,7 @@ storage and MLflow experiment. Imports no Ray, Tune or Optuna.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from xmodal import tracking
 from xmodal.sweep.space import (
+    NAME_RE,
     SearchSpace,
     SpaceError,
     base_config,
@@ -81,6 +83,9 @@ def _sweep_root(configured: str | None) -> str:
 
 def _choose_name(opts: SweepOptions, space: SearchSpace, stem: str, root: str) -> str:
     fixed = opts.name or space.name
+    if opts.name is not None and not re.match(NAME_RE, opts.name):  # the Tune folder and the MLflow parent run
+        raise SpaceError(f"--name {opts.name!r}: expected letters, digits, '.', '_' or '-' (starting with a letter "
+                         "or digit)")
     local = "://" not in root
     if fixed:
         exists = local and (Path(root) / fixed / "tuner.pkl").exists()

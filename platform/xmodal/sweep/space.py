@@ -19,7 +19,16 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from xmodal.config import ConfigError, apply_overrides, format_validation_error, short_repr, yaml_problem
+from xmodal.config import (
+    ConfigError,
+    StrictLoader,
+    apply_overrides,
+    format_validation_error,
+    load_yaml,
+    read_user_file,
+    short_repr,
+    yaml_problem,
+)
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -279,8 +288,8 @@ class DefineByRun:
 # ---------------------------------------------------------------- loading
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-9` as a string; a search space means the number."""
+class _Loader(StrictLoader):
+    """YAML 1.1 reads `1e-9` as a string; a search space means the number. Duplicate keys are errors."""
 
 
 _Loader.add_implicit_resolver(
@@ -289,11 +298,10 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def _read_mapping(p: Path, prefix: str, what: str = "") -> dict:
-    if not p.is_file():
-        raise SpaceError(f"{prefix}config file {str(p)!r} does not exist")
+def _read_mapping(p: Path, prefix: str, what: str = "", kind: str = "config file") -> dict:
+    text = read_user_file(p, kind, prefix, SpaceError)
     try:
-        data = yaml.load(p.read_text(), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = load_yaml(text, _Loader)
     except yaml.YAMLError as e:
         raise SpaceError(f"{prefix}{p}: not valid YAML: {yaml_problem(e)}") from None
     if data is None:
@@ -359,9 +367,7 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Sea
     """Parse and check a space file on its own (no job config needed). `overrides` replace top-level
     fields (the command line's --num-samples etc.)."""
     p = Path(path)
-    if not p.is_file():
-        raise SpaceError(f"search space {str(p)!r} does not exist")
-    data = _read_mapping(p, "", "(job, base, metric, mode, scheduler, parameters, ...) ")
+    data = _read_mapping(p, "", "(job, base, metric, mode, scheduler, parameters, ...) ", "search space")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         space = SearchSpace.model_validate(data)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
+import sys
+import time
 from pathlib import Path
+
+from xmodal.errors import UserError
 
 
 def require_ray():
@@ -15,7 +21,87 @@ def require_ray():
     return ray
 
 
-def connect(min_logical_cpus: int = 4) -> None:
+# How long the driver's checks wait for the cluster named by RAY_ADDRESS: ray.init itself retries an
+# address that does not answer for minutes before it gives up.
+PROBE_TIMEOUT_S = 5.0
+PROBE_WINDOW_S = 3.0  # a refused connection is tried again for this long (a head still starting)
+
+
+def cluster_address() -> tuple[str, str, int] | None:
+    """(the RAY_ADDRESS text, host, port) of the cluster this job joins, or None where Ray finds or starts
+    its own (unset, `auto`, `local`). Raises UserError for an address without a port."""
+    text = os.environ.get("RAY_ADDRESS", "").strip()
+    if text in ("", "auto", "local"):
+        return None
+    rest = re.sub(r"^(ray|https?)://", "", text).split("/", 1)[0]
+    m = re.match(r"^\[?([^\[\]]+?)\]?:(\d+)$", rest)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise UserError(f"RAY_ADDRESS = {text!r}: expected HOST:PORT (the head's address, port 6379 by default), "
+                        "ray://HOST:PORT, auto or local")
+    return text, m.group(1), int(m.group(2))
+
+
+def check_cluster_address() -> None:
+    """The cluster named by RAY_ADDRESS answers: a TCP connection to its host and port within a few
+    seconds, else one UserError naming the address (instead of minutes of retries in ray.init)."""
+    found = cluster_address()
+    if found is None:
+        return
+    text, host, port = found
+    deadline = time.monotonic() + PROBE_WINDOW_S
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+                return
+        except ConnectionRefusedError as e:
+            if time.monotonic() >= deadline:
+                why = str(e.strerror or e)
+                break
+            time.sleep(0.5)
+        except OSError as e:  # a timeout, an unknown host, an unreachable network
+            why = str(getattr(e, "strerror", None) or e or type(e).__name__)
+            break
+    raise UserError(f"RAY_ADDRESS = {text!r}: no Ray cluster answers at {host}:{port} ({why}); check it with "
+                    f"`ray status --address {host}:{port}`, or unset RAY_ADDRESS to start a local Ray")
+
+
+LOCAL_MIN_CPUS = 4  # logical CPUs a local Ray gets at least (`connect`)
+
+
+def check_local_resources(scale) -> None:
+    """With no cluster named (RAY_ADDRESS unset or `local`: a local Ray on this machine), the workers'
+    CPUs, GPUs and custom resources exist here: Ray Train would wait for them without end."""
+    if os.environ.get("RAY_ADDRESS", "").strip() not in ("", "local"):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return  # a Ray this process started already (tests, notebooks): its resources are its own
+    n = scale.num_workers
+    cpus = max(os.cpu_count() or 1, LOCAL_MIN_CPUS)
+    if n * scale.cpus_per_worker > cpus:
+        raise UserError(f"scale.cpus_per_worker = {scale.cpus_per_worker} x scale.num_workers = {n}: a local Ray "
+                        f"has {cpus} logical CPUs; expected at most that (or set RAY_ADDRESS to a cluster)")
+    if scale.gpus_per_worker:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if n * scale.gpus_per_worker > gpus:
+            raise UserError(f"scale.gpus_per_worker = {scale.gpus_per_worker} x scale.num_workers = {n}: this machine "
+                            f"has {gpus} GPU{'s' if gpus != 1 else ''} for a local Ray; expected at most that (0 = CPU), "
+                            "or set RAY_ADDRESS to a cluster")
+    if scale.resources_per_worker:
+        raise UserError(f"scale.resources_per_worker = {scale.resources_per_worker}: a local Ray has no custom "
+                        "resources; set RAY_ADDRESS to a cluster whose nodes declare them, or leave it empty")
+
+
+def check_cluster(scale) -> None:
+    """What the driver's checks know of the cluster before Ray starts: the one RAY_ADDRESS names answers,
+    or a local Ray has what the workers ask for."""
+    check_cluster_address()
+    check_local_resources(scale)
+
+
+def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
     """Attach to the cluster a job runs in (`ray job submit` sets RAY_ADDRESS), else start a local Ray.
 
     A local Ray gets at least `min_logical_cpus` logical CPUs: Train workers take
@@ -25,8 +111,14 @@ def connect(min_logical_cpus: int = 4) -> None:
 
     ray = require_ray()
     if not ray.is_initialized():
+        check_cluster_address()
         if os.environ.get("RAY_ADDRESS"):
-            ray.init(log_to_driver=True)
+            try:
+                ray.init(log_to_driver=True)
+            except ConnectionError as e:  # something answered the probe, but no Ray cluster
+                address = os.environ["RAY_ADDRESS"]
+                raise UserError(f"RAY_ADDRESS = {address!r}: could not join a Ray cluster there ({' '.join(str(e).split())}); "
+                                f"check it with `ray status --address {address}`") from None
         else:
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
     attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up

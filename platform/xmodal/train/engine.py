@@ -41,7 +41,7 @@ from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
 from xmodal.train import recovery
-from xmodal.train.cluster import connect, storage_path
+from xmodal.train.cluster import check_cluster, connect, storage_path
 from xmodal.train.cost import CostMeter
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.interrupt import GracefulStop, StopWatch
@@ -291,6 +291,12 @@ def check(spec: JobSpec, cfg) -> Checked:
     name = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
     spec.check_inputs(cfg, uri)
+    check_fault_storage(cfg.train, storage)
+    if cfg.train.max_steps:  # the run has at most max_steps steps: faults beyond them fail before any data
+        fault_schedule(cfg.train, cfg.scale.num_workers, cfg.train.max_steps, storage, name)
+    embedded = getattr(getattr(cfg, "data", None), "store", "") is None
+    if embedded:  # an unreachable cluster is known before the embedded default is built, not after
+        check_cluster(cfg.scale)
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, uri, Path(storage) / name / "init")
     cfg = spec.fit_to_data(cfg, data, pretrained)
@@ -302,8 +308,17 @@ def check(spec: JobSpec, cfg) -> Checked:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from None
     spec.check_batches(cfg, data)
+    if not embedded:
+        check_cluster(cfg.scale)
     return Checked(cfg, data, start, micro, total, uri, storage,
                    fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs, parameters)
+
+
+def check_fault_storage(train, storage: str) -> None:
+    """Faults need a local storage path: each leaves a marker there so that it fires once."""
+    if (train.fail_at_step or train.random_faults) and "://" in storage:
+        raise ConfigError(f"train.fail_at_step / train.random_faults need a local scale.storage_path (each fault "
+                          f"leaves a marker there so that it fires once); got {storage!r}")
 
 
 def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name: str) -> list[tuple[int, int]]:
@@ -313,9 +328,7 @@ def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name
     listed = sorted(set(train.fail_at_step or []))
     if not listed and not train.random_faults:
         return []
-    if "://" in storage:
-        raise ConfigError(f"train.fail_at_step / train.random_faults need a local scale.storage_path (each fault "
-                          f"leaves a marker there so that it fires once); got {storage!r}")
+    check_fault_storage(train, storage)
     late = [s for s in listed if s >= total_steps]
     if late:
         raise ConfigError(f"train.fail_at_step = {late}: expected steps below the run's {total_steps} steps")

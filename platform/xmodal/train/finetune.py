@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from xmodal import tracking
-from xmodal.config import ConfigError, FinetuneConfig
+from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
+from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
@@ -57,21 +58,25 @@ class FinetuneJob(JobSpec):
 
     # ------------------------------------------------ driver
     def check_inputs(self, cfg: FinetuneConfig, tracking_uri: str) -> None:
-        """The init's folder or run exists (before the embedded set is built; no database created)."""
+        """Everything about `init` that needs no data, before the embedded set is built: the model
+        section is not set beside pretrained weights (they fix the architecture), and the folder, file
+        or run named exists and holds what it should (read here; no database is created)."""
         i = cfg.init
-        if i.source in ("checkpoint", "transformers", "reference"):
-            path = Path(i.path).expanduser().resolve()
-            if not path.exists():
-                raise ConfigError(f"init.path: {str(path)!r} does not exist")
-            if i.source == "checkpoint":
-                _checkpoint_files(path)
-            if i.source == "reference" and not path.is_file():
-                raise ConfigError(f"init.path: {str(path)!r} is not a file; expected a snapshot of the reference "
-                                  "code: its pretrained model_LXRT.pth or a fine-tuned BEST.pth")
-        if i.source == "run" and tracking_uri.startswith("sqlite:///") \
-                and not Path(tracking_uri[len("sqlite:///"):]).exists():
-            raise ConfigError(f"init.run_id: no MLflow run {i.run_id!r}: there is no MLflow database at "
-                              f"{tracking_uri[len('sqlite:///'):]} (mlflow.tracking_uri)")
+        if i.source in ("run", *INIT_PATH_SOURCES):
+            _check_model_unset(cfg)
+        if i.source == "run":
+            check_init_run(tracking_uri, i.run_id)
+        elif i.source in INIT_PATH_SOURCES:
+            self._resolved_init = (i.source, i.path, resolve_path_init(i.source, i.path))
+
+    def resolve_start(self, cfg: FinetuneConfig, data, tracking_uri: str, download_dir: Path):
+        i = cfg.init
+        known = getattr(self, "_resolved_init", None)
+        if i.source in INIT_PATH_SOURCES and known is not None and known[:2] == (i.source, i.path):
+            init, pretrained = known[2]  # read by check_inputs: a reference snapshot is read once
+        else:
+            init, pretrained = resolve_init(cfg, str(data.store.path), tracking_uri, download_dir)
+        return dataclasses.asdict(init), pretrained
 
     def resolve_data(self, cfg: FinetuneConfig):
         """The fine-tuning set: the configured one, or the embedded synthetic set of the task."""
@@ -93,10 +98,6 @@ class FinetuneJob(JobSpec):
             raise ConfigError(f"data.store: {data.path} has no valid split (model selection needs one); "
                               f"it has {', '.join(data.splits)}")
         return data
-
-    def resolve_start(self, cfg: FinetuneConfig, data, tracking_uri: str, download_dir: Path):
-        init, pretrained = resolve_init(cfg, str(data.store.path), tracking_uri, download_dir)
-        return dataclasses.asdict(init), pretrained
 
     def fit_to_data(self, cfg: FinetuneConfig, data, pretrained) -> FinetuneConfig:
         return with_data_dims(cfg, data, pretrained)
@@ -220,45 +221,109 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
         say(f"[xmodal] fine-tuning from the latest pretraining run {run.name} ({run_id})")
     if source == "scratch":
         return Init("scratch"), None
-    if source == "transformers":
-        from xmodal.models.lxmert_hf import config_from_hf_dir
+    if source in INIT_PATH_SOURCES:
+        return resolve_path_init(source, i.path)
+    check_init_run(uri, run_id)
+    try:
+        folder = tracking.download_artifacts(uri, run_id, "model", download_dir / run_id)
+    except Exception as e:
+        raise ConfigError(f"init.run_id: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
+    init, model = _checkpoint_init(_checkpoint_files(folder))
+    return dataclasses.replace(init, source="run", run_id=run_id), model
 
-        path = Path(i.path).expanduser().resolve()
+
+def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
+    """init.source checkpoint, transformers or reference: the folder or file read and checked (a
+    foreign or malicious file fails here, in the driver), and the architecture it fixes."""
+    path = Path(path_text).expanduser().resolve()
+    if not path.exists():
+        raise ConfigError(f"init.path: {str(path)!r} does not exist")
+    if source == "checkpoint":
+        return _checkpoint_init(_checkpoint_files(path))
+    if source == "transformers":
+        from xmodal.models.lxmert_hf import config_from_hf_dir, weights_present
+
         try:
-            return Init("transformers", path=str(path)), config_from_hf_dir(path)
+            config = config_from_hf_dir(path)
         except (FileNotFoundError, KeyError, ValueError) as e:
             raise ConfigError(f"init.path: {e}") from None
-    if source == "reference":
-        from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights
+        if not weights_present(path):
+            raise ConfigError(f"init.path: no weights in {path}: expected model.safetensors, pytorch_model.bin or "
+                              "their .index.json beside config.json")
+        return Init("transformers", path=str(path)), config
+    from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights
 
-        path = Path(i.path).expanduser().resolve()
-        try:  # read and converted here too, so that a foreign file fails before Ray starts
-            weights = reference_weights(path)
-        except (OSError, PretrainedWeightsError) as e:
-            raise ConfigError(f"init.path: {e}") from None
-        what = f"a fine-tuned snapshot ({weights.head})" if weights.head else "a pretrained snapshot"
-        say(f"[xmodal] fine-tuning from the reference code's {what} {path}")
-        return Init("reference", path=str(path)), weights.config
-    if source == "run":
-        try:
-            tracking.get_run(uri, run_id)
-        except tracking.RunNotFound:
-            raise ConfigError(f"init.run_id: no MLflow run {run_id!r} at {uri}") from None
-        try:
-            folder = tracking.download_artifacts(uri, run_id, "model", download_dir / run_id)
-        except Exception as e:
-            raise ConfigError(f"init.run_id: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
-    else:
-        folder = Path(i.path).expanduser().resolve()
-        if not folder.exists():
-            raise ConfigError(f"init.path: {str(folder)!r} does not exist")
-    folder = _checkpoint_files(folder)
-    meta = ckpt.read_meta(folder)
-    model = meta.get("config", {}).get("model")
-    if not model:
+    if not path.is_file():
+        raise ConfigError(f"init.path: {str(path)!r} is not a file; expected a snapshot of the reference "
+                          "code: its pretrained model_LXRT.pth or a fine-tuned BEST.pth")
+    try:
+        weights = reference_weights(path)
+    except (OSError, PretrainedWeightsError) as e:
+        raise ConfigError(f"init.path: {e}") from None
+    what = f"a fine-tuned snapshot ({weights.head})" if weights.head else "a pretrained snapshot"
+    say(f"[xmodal] fine-tuning from the reference code's {what} {path}")
+    return Init("reference", path=str(path)), weights.config
+
+
+def _checkpoint_init(folder: Path) -> tuple[Init, LxmertConfig]:
+    """A checkpoint folder's architecture (meta.json) and its weights file read as a state dict (memory-mapped,
+    no code run), so that what a worker would refuse is refused here."""
+    from xmodal.models.lxmert_init import PretrainedWeightsError, read_state_dict_file
+
+    try:
+        meta = ckpt.read_meta(folder)
+    except (OSError, ValueError) as e:  # ValueError: JSON's decode and UTF-8 errors
+        raise ConfigError(f"init.path: {folder / ckpt.META_FILE} is not readable JSON: {e}") from None
+    model = meta.get("config", {}).get("model") if isinstance(meta, dict) else None
+    if not isinstance(model, dict) or not model:
         raise ConfigError(f"init: {folder / ckpt.META_FILE} holds no model config (not an xmodal checkpoint?)")
-    return (Init("run" if source == "run" else "checkpoint", path=str(folder), run_id=run_id,
-                 pretrain_answers=_pretrain_answers(meta.get("store"))), LxmertConfig(**model))
+    try:
+        config = LxmertConfig(**model)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"init: {folder / ckpt.META_FILE}: its model config is not valid: {e}") from None
+    try:
+        read_state_dict_file(folder / ckpt.MODEL_FILE)
+    except PretrainedWeightsError as e:
+        raise ConfigError(f"init.path: {e}") from None
+    return Init("checkpoint", path=str(folder), pretrain_answers=_pretrain_answers(meta.get("store"))), config
+
+
+def check_init_run(uri: str, run_id: str) -> None:
+    """The run of init.source=run exists in the tracking store and has a `model` artifact. Reads only:
+    a SQLite database or file store that does not exist is not created (it holds no runs)."""
+    local = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else \
+        uri[len("file://"):] if uri.startswith("file://") else None
+    if local is not None and not Path(local).exists():
+        raise ConfigError(f"init.run_id: no MLflow run {run_id!r}: there is no MLflow store at {local} "
+                          "(mlflow.tracking_uri)")
+    if uri.startswith(("http://", "https://")) and not tracking.reachable(uri):
+        raise ConfigError(f"init.run_id: cannot look up run {run_id!r}: the tracking server {uri} does not answer "
+                          "(mlflow.tracking_uri)")
+    try:
+        tracking.get_run(uri, run_id)
+    except tracking.RunNotFound:
+        raise ConfigError(f"init.run_id: no MLflow run {run_id!r} at {uri}") from None
+    try:
+        listed = tracking.list_artifacts(uri, run_id, "model")
+    except Exception as e:  # the artifact store's own errors (a missing folder, a refused bucket)
+        raise ConfigError(f"init.run_id: the artifacts of run {run_id!r} cannot be read: {e}") from None
+    names = {Path(a).name for a in listed}
+    missing = [f for f in (ckpt.MODEL_FILE, ckpt.META_FILE) if f not in names]
+    if missing:
+        raise ConfigError(f"init.run_id: run {run_id!r} has no `model` artifact with {', '.join(missing)} (did it "
+                          "finish? a pretraining run logs it at its end)")
+
+
+def _check_model_unset(cfg: FinetuneConfig) -> None:
+    """Pretrained weights fix the architecture: a preset or model key set beside them would be ignored."""
+    default = type(cfg).model_fields["preset"].default
+    preset = LXMERT_PRESETS[cfg.preset]
+    changed = [f"model.{f.name}" for f in dataclasses.fields(cfg.model)
+               if getattr(cfg.model, f.name) != getattr(preset, f.name)]
+    if cfg.preset != default or changed:
+        key = "preset" if cfg.preset != default else changed[0]
+        raise ConfigError(f"{key}: init.source={cfg.init.source} takes the architecture from its weights, so {key} "
+                          "would be ignored; drop it, or fine-tune from scratch (--init scratch)")
 
 
 def with_data_dims(cfg: FinetuneConfig, data, pretrained: LxmertConfig | None) -> FinetuneConfig:

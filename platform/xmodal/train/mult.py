@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from xmodal.batches import MultBatch
-from xmodal.config import ConfigError, MultTrainConfig
+from xmodal.config import MULT_METRICS, ConfigError, MultTrainConfig, mult_valid_metrics
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
@@ -27,9 +27,8 @@ from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_e
 from xmodal.train.loop import gather_rows
 
 DEFAULT_STORE = "data/synthetic_mult"
-SENTIMENT_METRICS = ("mae", "corr", "acc7", "acc5", "acc2", "f1", "acc2_has0", "f1_has0")
-EMOTION_METRICS = tuple(f"{e}_{m}" for e in ("neutral", "happy", "sad", "angry") for m in ("acc", "f1")) + (
-    "mean_acc", "mean_f1")
+SENTIMENT_METRICS = MULT_METRICS["sentiment"]
+EMOTION_METRICS = MULT_METRICS["emotions"]
 
 
 class MultJob(JobSpec):
@@ -111,10 +110,10 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
     out = 1 if store.task == "sentiment" else 8
     model = dataclasses.replace(cfg.model, l_dim=dims["text"], a_dim=dims["audio"], v_dim=dims["vision"],
                                 output_dim=out).validate()
-    valid = [f"valid/{m}" for m in (SENTIMENT_METRICS if store.task == "sentiment" else EMOTION_METRICS)]
-    if cfg.train.best_metric not in valid + ["valid/loss"]:
+    valid = mult_valid_metrics(store.task)
+    if cfg.train.best_metric not in valid:
         raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not measured on a {store.task} store; "
-                          f"valid: {', '.join(valid + ['valid/loss'])}")
+                          f"valid: {', '.join(valid)}")
     return cfg.model_copy(update={"model": model})
 
 
