@@ -102,6 +102,12 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     # "Token authentication is enabled for this Ray cluster" on every start: not something to act on.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    # A sweep stopped with Ctrl-C: Tune's own lines name its Python API (`Tuner.restore(...)`) and the
+    # trials that never started; the sweep's line says how to continue it (`--resume --name`).
+    for name in ("ray.tune.tune", "ray.tune.analysis.experiment_analysis"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _DropTuneInterruptNotes) for f in target.filters):
+            target.addFilter(_DropTuneInterruptNotes())
 
 
 def quiet_worker() -> None:
@@ -123,6 +129,13 @@ def quiet_ray_data(ray_data_logger: logging.Logger) -> None:
             handler.setLevel(logging.WARNING)
             if not any(isinstance(f, _DropProgressNotice) for f in handler.filters):
                 handler.addFilter(_DropProgressNotice())
+
+
+class _DropTuneInterruptNotes(logging.Filter):
+    NOTES = ("Experiment has been interrupted", "Trials did not complete", "Failed to fetch metrics")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOTES)
 
 
 class _DropProgressNotice(logging.Filter):

@@ -380,6 +380,7 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     assert len(lines) == 1 and lines[0].endswith("continue it with the same command and --resume --name ctrlc "
                                                  "(finished trials are kept, the others resume from their checkpoints)")
     assert "Traceback" not in log
+    assert "Tuner.restore" not in log  # Tune's own advice names its Python API, not the command
     parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "ctrlc")
     assert parent.status == "KILLED"
     stopped = {r.run_id: int(r.tags[T.STOPPED_AT_STEP]) for r in children(uri, parent.run_id)
