@@ -29,7 +29,7 @@ from xmodal import tracking
 from xmodal_testing import PYTHON, RAY, REPO, RayHead, free_port, kill_tree, wait_job
 
 CLUSTER_YAML = REPO / "cluster.yaml"
-SCALE_OUT_DOC = REPO / "docs" / "scale_out.md"
+CLUSTER_DOC = REPO / "docs" / "cluster.md"  # how to run on the cluster, for a user
 VENV_BIN = Path(PYTHON).parent  # the environment scripts/setup.sh builds, as it does on every node
 COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
                 "head_start_ray_commands", "worker_start_ray_commands")
@@ -223,12 +223,9 @@ def test_node_environment_written_by_setup(cfg, tmp_path):
 
 
 def scale_out_docs() -> list[str]:
-    """docs/scale_out.md, and the README's "Scale out" section once it is merged there."""
-    docs = [SCALE_OUT_DOC.read_text()] if SCALE_OUT_DOC.exists() else []
-    m = re.search(r"^## Scale out\n.*?(?=^## |\Z)", (REPO / "README.md").read_text(), re.S | re.M)
-    docs += [m.group(0)] if m else []
-    assert docs, "no Scale out section in docs/scale_out.md or README.md"
-    return docs
+    """docs/cluster.md, the page the README links for running on a cluster."""
+    assert CLUSTER_DOC.exists(), "no docs/cluster.md"
+    return [CLUSTER_DOC.read_text()]
 
 
 def job_help(job: str, capsys) -> str:
@@ -245,7 +242,7 @@ def test_scale_out_doc_names_files_and_flags_that_exist(capsys):
     helps: dict[str, str] = {}
     for doc in scale_out_docs():
         for path in sorted(set(re.findall(r"(?<![\w/~.])((?:jobs|search_spaces|scripts)/[\w./-]+\.\w+)", doc))):
-            assert (REPO / path).exists(), f"the Scale out section names {path}, which the repository lacks"
+            assert (REPO / path).exists(), f"docs/cluster.md names {path}, which the repository lacks"
         assert "cluster.yaml" in doc
         # Flags given to each job in the section's commands exist in that job's command line.
         commands = re.sub(r"\\\n\s*", " ", doc)
@@ -253,7 +250,7 @@ def test_scale_out_doc_names_files_and_flags_that_exist(capsys):
             used = set()
             for m in re.finditer(rf"python jobs/{job}\.py([^\n`]*)", commands):
                 used |= set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", m.group(1)))
-            assert used, f"the Scale out section never runs jobs/{job}.py"
+            assert used, f"docs/cluster.md never runs jobs/{job}.py"
             if job not in helps:
                 helps[job] = job_help(job, capsys)
             missing = {f for f in used if f not in helps[job]}
@@ -274,7 +271,7 @@ class Rehearsal:
 
 
 def submit(head: RayHead, *args: str) -> str:
-    """`ray job submit --working-dir <repo> -- python ...` as the README has it: `python` is whatever the
+    """`ray job submit --working-dir <repo> -- python ...` as docs/cluster.md has it: `python` is whatever the
     cluster's PATH finds (the nodes run in the project's environment)."""
     out = subprocess.run([RAY, "job", "submit", f"--address={head.dashboard}", "--no-wait",
                           "--working-dir", str(REPO), "--", "python", *args],

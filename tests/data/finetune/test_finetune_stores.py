@@ -187,16 +187,16 @@ def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Pa
 
 def _readme_command(readme: str, head: str) -> list[str]:
     found = re.search(rf"^python jobs/ingest\.py ({re.escape(head)}(?:[^\n]*\\\n)*[^\n]*)$", readme, re.M)
-    assert found is not None, f"the README no longer shows `jobs/ingest.py {head} ...`"
+    assert found is not None, f"docs/data.md no longer shows `jobs/ingest.py {head} ...`"
     return [a for line in found.group(1).split("\\\n") for a in line.split("#")[0].split()]
 
 
 def test_the_readme_nlvr2_commands_on_files_named_as_the_reference(tmp_path: Path, small_store: LxmertStore,
                                                                    capsys):
-    """The README's `features` and `nlvr2` examples, run as written on small files with the reference's names."""
+    """docs/data.md's `features` and `nlvr2` examples, run as written on small files with the reference's names."""
     from xmodal_testing import REPO
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "data.md").read_text()
     d = tmp_path / "reference"
     images: dict[str, RefImage] = {}
     for seed, split in enumerate(("train", "valid", "test")):

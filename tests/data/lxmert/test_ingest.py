@@ -214,10 +214,10 @@ def test_manifest_without_the_new_fields_still_opens(reference: RefCorpus, tmp_p
 
 
 def test_the_readme_command_on_files_named_as_the_reference(reference: RefCorpus, tmp_path: Path, capsys):
-    """The README's `jobs/ingest.py lxmert` example, run as written on small files with the reference's names."""
-    readme = (REPO / "README.md").read_text()
+    """docs/data.md's `jobs/ingest.py lxmert` example, run as written on small files with the reference's names."""
+    readme = (REPO / "docs" / "data.md").read_text()
     command = re.search(r"^python jobs/ingest\.py (lxmert data/lxmert_store(?:[^\n]*\\\n)*[^\n]*)$", readme, re.M)
-    assert command is not None, "the README no longer shows the reference ingest command"
+    assert command is not None, "docs/data.md no longer shows the reference ingest command"
     argv = command.group(1).replace("\\\n", " ").split()
     assert "--minival" in argv and "mscoco_minival.json" in argv
 
