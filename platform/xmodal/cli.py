@@ -62,7 +62,7 @@ def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv
     return user_errors(lambda: module.run(args))  # bad input of a subcommand: one line, exit 2
 
 
-# flag -> dotted config key: the options every training job takes (README "Jobs")
+# flag -> dotted config key: the options every training job takes (docs/configuration.md)
 JOB_FLAGS: dict[str, tuple[str, str]] = {
     "store": ("data.store", "feature store directory (default: the embedded synthetic store)"),
     "num_workers": ("scale.num_workers", "Ray Train workers"),

@@ -56,7 +56,7 @@ from xmodal.train.step import TrainState, train_step
 
 H200_BF16_DENSE_TFLOPS = 989.0
 SECTIONS = ("lxmert", "mult", "ddp", "data")
-TARGETS = {  # samples/s on one H200 (README "Performance"); the data target is per CPU core
+TARGETS = {  # samples/s on one H200 (docs/performance.md); the data target is per CPU core
     "lxmert_paper_b256_bf16": 8000.0,
     "mult_reference_b24": 1500.0,
     "mult_reference_b256": 7000.0,
