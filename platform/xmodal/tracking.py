@@ -290,8 +290,8 @@ def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, co
     run = c.get_run(run_id)
     params = {k: str(v)[:6000] for k, v in _flat(config or {}).items()}
     # The run's source tags on the model too: the UI's model list shows them as "Logged from".
-    tags = {k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")}
-    tags["xmodal.class"] = f"{type(model).__module__}.{type(model).__qualname__}"
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith(T.SOURCE)}
+    tags[T.MODEL_CLASS] = f"{type(model).__module__}.{type(model).__qualname__}"
     logged = c.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, params=params or None,
                                    tags=tags)
     requirements = []
