@@ -29,6 +29,7 @@ from xmodal import console, tracking
 from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
 from xmodal.errors import RunInterrupted
+from xmodal.scores import better
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -200,10 +201,11 @@ class SweepCallback(tune.Callback):
 
     def _score(self, trial_id: str, result: dict[str, Any]) -> None:
         value = result.get(self.metric)
-        if isinstance(value, (int, float)) and value == value:
-            old = self._best.get(trial_id)
-            if old is None or (value > old) == (self.mode == "max"):
-                self._best[trial_id] = float(value)
+        # NaN is no score (`better` takes any first one): such a trial ends with "no <metric>".
+        if not isinstance(value, (int, float)) or value != value:
+            return
+        if better(value, self._best.get(trial_id), self.mode):
+            self._best[trial_id] = float(value)
 
     def _ended(self, trial, how: str) -> None:
         score = self._best.get(trial.trial_id)
