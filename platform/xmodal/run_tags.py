@@ -1,4 +1,5 @@
-"""MLflow tag names shared by tracking, the sweep driver, its trials and the reports (no imports).
+"""Every MLflow tag name xmodal writes or reads, in one place (no imports); tests/test_run_tags.py
+finds any "xmodal." tag name written elsewhere.
 
 A module of its own, below both `xmodal.sweep` and `xmodal.report`: the sweep runner calls the
 report, so the report must not import the sweep package.
@@ -8,6 +9,34 @@ report, so the report must not import the sweep package.
 RUN_NAME_TAG = "xmodal.run_name"  # the run's name, by which a rerun finds it and resumes into it
 STOPPED_AT_STEP = "xmodal.stopped_at_step"  # a run stopped by Ctrl-C: the step a rerun resumes from
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag: the parent run of a child (sweep trial, MulT seed)
+NOTE = "mlflow.note.content"  # MLflow's own tag: the run page's description (Markdown)
+COMMIT = "git_commit"  # the checkout's commit ("unknown" outside git), on every run and sweep parent
+
+# every training run (the engine and the job specs)
+TASK = "task"  # the job's name (MulT: the store's task; fine-tuning: finetune-<task>)
+# TASK and STORE are how fine-tuning finds the latest pretraining run on its image store.
+STORE = "store"  # the store a run read (fine-tuning: its image store)
+CONFIG_SOURCE = "config_source"  # the config file, or "defaults"
+SEEDS = "seeds"  # comma-separated, on the parent of a multi-seed run
+MODEL = "model"  # the architecture family: lxmert or mult
+PRESET = "preset"  # the model preset the config named
+VARIANT = "variant"  # MulT's variant
+DATASET = "dataset"  # MulT: the store's dataset
+F1_PROTOCOL = "f1_protocol"  # MulT: how F1 is computed, to compare with published tables
+FINETUNE_SET = "finetune_set"  # fine-tuning: the fine-tuning set directory
+INIT = "init"  # fine-tuning: where the weights came from (scratch, run, a path source)
+INIT_RUN_ID = "init_run_id"  # fine-tuning from a run: that run
+PRETRAIN_RUN_ID = "pretrain_run_id"  # a chain's fine-tuning stage: its pretraining stage's run
+TOTAL_STEPS = "xmodal.total_steps"  # set before fit(): tells a finished run from a stopped one (sweeps read it)
+CHAIN_STAGE = "xmodal.chain_stage"  # a chain's stage: "pretrain" or "finetune"
+# What "same seed, data, config and workers -> the same metrics" rests on (docs/architecture.md)
+REPRO_SEED = "xmodal.repro.seed"  # train.seed
+REPRO_WORKERS = "xmodal.repro.workers"  # scale.num_workers
+REPRO_DATA_MANIFEST = "xmodal.repro.data_manifest_sha256"  # also the logged dataset's digest
+REPRO_VERSIONS = "xmodal.repro.versions"  # python and the packages a run's numbers depend on
+
+# logged models
+MODEL_CLASS = "xmodal.class"  # the model's module.qualname
 
 # sweeps
 KIND = "xmodal.kind"  # "sweep" on the parent run, "trial" on each child
@@ -16,7 +45,6 @@ TRIAL_ID = "xmodal.trial_id"
 ABLATION_KEYS = "xmodal.ablation_keys"  # JSON list of the space's parameter names, on every child
 ABLATION = "xmodal.ablation."  # + parameter name -> the value this trial took (absent: condition false)
 SEED = "xmodal.seed"  # the trial's train.seed (runs that differ only in it are replicates)
-TOTAL_STEPS = "xmodal.total_steps"  # set by the trial before fit(): tells a finished run from a stopped one
 EARLY_STOPPED = "xmodal.early_stopped"  # "true" on trials the scheduler stopped before their end
 STOPPED_AT = "xmodal.stopped_at_report"
 ORPHANED = "xmodal.orphaned"  # a trial the driver had started but Tune's saved state had not recorded
@@ -32,6 +60,7 @@ BEST = "xmodal.best."  # + trial_id / run_id / parameter name, on the parent at 
 REPLICATE_KEYS = ("train.seed",)
 
 # MLflow's own tags that its UI reads (mlflow.utils.mlflow_tags; the experiment kind: the UI's own enum)
+SOURCE = "mlflow.source."  # the prefix of MLflow's source tags, copied from a run onto its logged models
 SOURCE_NAME = "mlflow.source.name"  # the entry point, e.g. jobs/pretrain.py
 SOURCE_TYPE = "mlflow.source.type"  # JOB (`ray job submit`) or LOCAL
 GIT_COMMIT = "mlflow.source.git.commit"

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,8 +291,8 @@ def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, co
     run = c.get_run(run_id)
     params = {k: str(v)[:6000] for k, v in _flat(config or {}).items()}
     # The run's source tags on the model too: the UI's model list shows them as "Logged from".
-    tags = {k: v for k, v in run.data.tags.items() if k.startswith("mlflow.source.")}
-    tags["xmodal.class"] = f"{type(model).__module__}.{type(model).__qualname__}"
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith(T.SOURCE)}
+    tags[T.MODEL_CLASS] = f"{type(model).__module__}.{type(model).__qualname__}"
     logged = c.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, params=params or None,
                                    tags=tags)
     requirements = []
@@ -364,8 +365,23 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def _backoff(attempt: int) -> float:
-    return min(10.0, float(2 ** attempt))  # 1, 2, 4, 8, 10, 10, ... seconds
+def _retried(uri: str, what: Callable[[], Any], pause: Callable[[float], bool]) -> tuple[bool, Any]:
+    """The retry policy of the calls that wait out a tracking server outage (`RunLogger`, `Outbox`):
+    `what()` once the server at `uri` answers (`reachable`). While it does not, or `what()` raises,
+    `pause(seconds)` is called with the backoff (1, 2, 4, 8, 10, 10, ... s): it waits, that long or
+    less, and says whether to try again. The callers differ only in how they wait and when they give
+    up; their fallbacks are their own. Returns (True, what's result), or (False, None) once `pause`
+    gave up."""
+    attempt = 0
+    while True:
+        try:
+            if reachable(uri):
+                return True, what()
+        except Exception:  # any failure of the server or the network: tried again
+            pass
+        if not pause(min(10.0, float(2 ** attempt))):
+            return False, None
+        attempt += 1
 
 
 def _append_spool(path: Path, records: list[dict[str, Any]]) -> None:
@@ -474,21 +490,20 @@ class RunLogger:
 
     def _retrying(self, what):
         """`what()` until it succeeds or the logger is abandoned (then None)."""
-        attempt = 0
-        while not self._abandoned:
-            try:
-                if reachable(self.uri):
-                    out = what()
-                    self._failing = False
-                    return out
-            except Exception:  # any failure of the server or the network: keep the data, try again
-                pass
+
+        def pause(seconds: float) -> bool:  # woken early when `close` abandons the logger
             with self._cond:
                 self._failing = True
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: self._abandoned, timeout=_backoff(attempt))
-            attempt += 1
-        return None
+                self._cond.wait_for(lambda: self._abandoned, timeout=seconds)
+            return not self._abandoned
+
+        if self._abandoned:
+            return None
+        done, out = _retried(self.uri, what, pause)
+        if done:
+            self._failing = False
+        return out
 
     def _run(self) -> None:
         client = self.client
@@ -605,20 +620,18 @@ class Outbox:
 
     def _call(self, what, record) -> None:
         """`what()`, retried until the deadline; else `record()` (a spool record) is appended."""
-        attempt = 0
-        while not self.spooled:  # once one call was given up on, the later ones follow it (order)
-            try:
-                if reachable(self.uri):
-                    what()
-                    return
-            except Exception:  # the server or the network: retried until the deadline
-                pass
+
+        def pause(seconds: float) -> bool:  # the deadline starts at the first failure of any call
             now = time.monotonic()
             self.deadline = self.deadline if self.deadline is not None else now + self.wait_s
             if now >= self.deadline:
-                break
-            time.sleep(min(_backoff(attempt), self.deadline - now))
-            attempt += 1
+                return False
+            time.sleep(min(seconds, self.deadline - now))
+            return True
+
+        # Once one call was given up on, the later ones follow it into the spool file (order).
+        if not self.spooled and _retried(self.uri, what, pause)[0]:
+            return
         rec = record()
         _append_spool(self.spool, [{"op": rec["op"], "uri": self.uri, "run_id": self.run_id, **rec}])
         self.spooled.append(rec["op"])

@@ -70,7 +70,8 @@ def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
 
 @pytest.mark.slow
 def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_path, ray_local):
-    from xmodal.train.chain import STAGE_TAG, ChainJob
+    from xmodal.run_tags import CHAIN_STAGE
+    from xmodal.train.chain import ChainJob
     from xmodal.train.finetune import FinetuneJob, Init, load_init, resolve_init
 
     # The chain's own mlflow section holds system_metrics, and the fine-tuning stage takes the pretraining
@@ -87,7 +88,7 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
     pre_id = fine.tags["pretrain_run_id"]
     pre = tracking.get_run(uri, pre_id)
     assert (pre.status, fine.status) == ("FINISHED", "FINISHED")
-    assert (pre.tags[STAGE_TAG], fine.tags[STAGE_TAG]) == ("pretrain", "finetune")
+    assert (pre.tags[CHAIN_STAGE], fine.tags[CHAIN_STAGE]) == ("pretrain", "finetune")
     assert (fine.tags["init"], fine.tags["init_run_id"]) == ("run", pre_id)
     m = fine.metrics
     hist = [x.value for x in tracking.metric_points(uri, fine.run_id, "valid/accuracy")]

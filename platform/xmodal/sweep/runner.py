@@ -29,6 +29,7 @@ from xmodal import console, tracking
 from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
 from xmodal.errors import RunInterrupted
+from xmodal.scores import better
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -98,8 +99,8 @@ def open_parent_run(plan: SweepPlan) -> tuple[str, str]:
     s = plan.space
     run_id = tracking.create_run(uri, exp_id, plan.name, _space_params(s), {
         T.KIND: "sweep", T.SWEEP: plan.name, T.JOB: s.job, T.METRIC: s.metric, T.MODE: s.mode,
-        T.SPACE: str(plan.space_path), "git_commit": tracking.git_commit(), **tracking.source_tags(),
-        "mlflow.note.content": _description(s),
+        T.SPACE: str(plan.space_path), T.COMMIT: tracking.git_commit(), **tracking.source_tags(),
+        T.NOTE: _description(s),
         **({T.BASELINE: json.dumps(s.baseline_point())} if s.baseline_point() is not None else {})})
     tracking.log_artifact(uri, run_id, plan.space_path, "space")
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,10 +201,11 @@ class SweepCallback(tune.Callback):
 
     def _score(self, trial_id: str, result: dict[str, Any]) -> None:
         value = result.get(self.metric)
-        if isinstance(value, (int, float)) and value == value:
-            old = self._best.get(trial_id)
-            if old is None or (value > old) == (self.mode == "max"):
-                self._best[trial_id] = float(value)
+        # NaN is no score (`better` takes any first one): such a trial ends with "no <metric>".
+        if not isinstance(value, (int, float)) or value != value:
+            return
+        if better(value, self._best.get(trial_id), self.mode):
+            self._best[trial_id] = float(value)
 
     def _ended(self, trial, how: str) -> None:
         score = self._best.get(trial.trial_id)
@@ -454,7 +456,7 @@ def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
         note = f"{_description(plan.space)}\n\n{table}\n\nPlots and table.csv: artifacts, folder `report`."
         if len(note) > NOTE_LIMIT:
             note = f"{_description(plan.space)}\n\nThe report is in the artifacts, folder `report` (table.md)."
-        tracking.set_tags(plan.tracking_uri, parent_run_id, {"mlflow.note.content": note})
+        tracking.set_tags(plan.tracking_uri, parent_run_id, {T.NOTE: note})
     except Exception as e:  # the sweep's results are in MLflow either way
         log.warning(f"report failed: {e}; rerun `python jobs/report.py --parent-run {parent_run_id}`")
         return None

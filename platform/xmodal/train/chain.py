@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import time
 
+from xmodal import run_tags
 from xmodal.config import FinetuneInit, PretrainFinetuneConfig
 from xmodal.train import engine
 from xmodal.train.engine import JobSpec, RunResult
 from xmodal.train.finetune import FinetuneJob
 from xmodal.train.hooks import say
 from xmodal.train.pretrain import PretrainJob
-
-STAGE_TAG = "xmodal.chain_stage"
 
 
 def stages(cfg: PretrainFinetuneConfig, name: str):
@@ -53,11 +52,12 @@ class ChainJob(JobSpec):
         self.check(cfg)
         pre, fine = stages(cfg, name)
         # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
-        stage_tags = {STAGE_TAG: "pretrain", **{k: v for k, v in (tags or {}).items() if k != "xmodal.kind"}}
+        stage_tags = {run_tags.CHAIN_STAGE: "pretrain",
+                      **{k: v for k, v in (tags or {}).items() if k != run_tags.KIND}}
         first = engine.run(PretrainJob(), pre, source, parent_run_id, stage_tags)
         say(f"[xmodal] chain {name}: pretraining stage done (MLflow run {first.run_id}); fine-tuning from it")
         fine = fine.model_copy(update={"init": FinetuneInit(
             source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
             answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
-        return engine.run(FinetuneJob(), fine, source, parent_run_id,
-                          {STAGE_TAG: "finetune", "pretrain_run_id": first.run_id, **(tags or {})}, callbacks)
+        fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
+        return engine.run(FinetuneJob(), fine, source, parent_run_id, fine_tags, callbacks)

@@ -48,7 +48,6 @@ from xmodal.train.interrupt import GracefulStop, StopWatch
 from xmodal.train.loop import NoHooks, fit
 from xmodal.train.runtime import prepare
 
-TOTAL_STEPS_TAG = "xmodal.total_steps"  # tells a finished run from a stopped one (sweeps read it)
 log = logging.getLogger(__name__)
 
 
@@ -353,7 +352,7 @@ def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags:
         log.info(f"resuming run {name!r} (MLflow run {existing.run_id}){where()}")
         return existing.run_id
     return tracking.create_run(uri, exp_id, name, params,
-                               {"git_commit": tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
+                               {run_tags.COMMIT: tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
 
 
 def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
@@ -361,8 +360,8 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
     """Open (or find again) the MLflow run of a checked config; log its baselines."""
     cfg, data = checked.cfg, checked.data
     name = cfg.mlflow.run_name
-    all_tags = {"task": spec.name, "store": spec.data_path(data), "config_source": source,
-                TOTAL_STEPS_TAG: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
+    all_tags = {run_tags.TASK: spec.name, run_tags.STORE: spec.data_path(data), run_tags.CONFIG_SOURCE: source,
+                run_tags.TOTAL_STEPS: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
                 **spec.tags(cfg, data, checked.start), **(tags or {})}
     run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id,
                       where=functools.partial(resume_note, checked.storage, name))
@@ -415,9 +414,9 @@ def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
             versions.append(f"{package}={importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:
             versions.append(f"{package}=-")
-    return {"xmodal.repro.seed": str(cfg.train.seed), "xmodal.repro.workers": str(cfg.scale.num_workers),
-            "xmodal.repro.data_manifest_sha256": digest,
-            "xmodal.repro.versions": f"python={platform.python_version()} " + " ".join(versions)}
+    return {run_tags.REPRO_SEED: str(cfg.train.seed), run_tags.REPRO_WORKERS: str(cfg.scale.num_workers),
+            run_tags.REPRO_DATA_MANIFEST: digest,
+            run_tags.REPRO_VERSIONS: f"python={platform.python_version()} " + " ".join(versions)}
 
 
 def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None, stop_flag=None):
@@ -658,7 +657,7 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     base = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
-                      {"task": spec.name, "seeds": ",".join(map(str, seeds))})
+                      {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
         finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
                   for seed in seeds]

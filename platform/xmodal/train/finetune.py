@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from xmodal import tracking
+from xmodal import run_tags, tracking
 from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
@@ -117,10 +117,10 @@ class FinetuneJob(JobSpec):
         return str(data.path)
 
     def tags(self, cfg: FinetuneConfig, data, start: dict[str, Any]) -> dict[str, str]:
-        tags = {"model": "lxmert", "task": f"finetune-{cfg.task}", "store": str(data.store.path),
-                "finetune_set": str(data.path), "init": start["source"]}
+        tags = {run_tags.MODEL: "lxmert", run_tags.TASK: f"finetune-{cfg.task}", run_tags.STORE: str(data.store.path),
+                run_tags.FINETUNE_SET: str(data.path), run_tags.INIT: start["source"]}
         if start.get("run_id"):
-            tags["init_run_id"] = start["run_id"]
+            tags[run_tags.INIT_RUN_ID] = start["run_id"]
         return tags
 
     def dataset(self, cfg: FinetuneConfig, data) -> dict[str, Any]:
@@ -211,7 +211,7 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
     i = cfg.init
     source, run_id = i.source, i.run_id
     if source == "latest":
-        run = tracking.latest_finished_run(uri, i.pretrain_experiment, {"task": "pretrain", "store": image_store}) \
+        run = tracking.latest_finished_run(uri, i.pretrain_experiment, {run_tags.TASK: "pretrain", run_tags.STORE: image_store}) \
             if uri else None
         if run is None:
             say(f"[xmodal] no finished pretraining run on {image_store} in experiment {i.pretrain_experiment!r}: "

@@ -18,6 +18,7 @@ import torch
 from xmodal import tracking
 from xmodal.config import TrainConfig
 from xmodal.console import emit, say
+from xmodal.scores import better
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cost import CostMeter
 from xmodal.train.loop import Throughput, all_reduce_sums
@@ -39,7 +40,7 @@ class ValidationSelection:
 
     def consider(self, metrics: dict[str, float]) -> None:
         score = metrics[self.metric]
-        if self.score is None or (score > self.score) == (self.mode == "max"):
+        if better(score, self.score, self.mode):
             self.score, self.valid = score, dict(metrics)
             self.weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
@@ -181,8 +182,7 @@ class RunHooks:
         metrics = self.evaluate() if rerun_eval else dict(self.last_metrics)
         self.last_eval_step, self.last_metrics, self.checkpointed_step = state.step, metrics, state.step
         score = metrics.get(self.train.best_metric)
-        new_best = score is not None and (
-            self.best is None or (score > self.best) == (self.train.best_mode == "max"))
+        new_best = score is not None and better(score, self.best, self.train.best_mode)
         if new_best:
             self.best = score
         if self.rank == 0 and rerun_eval:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from xmodal import run_tags
 from xmodal.batches import MultBatch
 from xmodal.config import MULT_METRICS, ConfigError, MultTrainConfig, mult_valid_metrics
 from xmodal.data.common import epoch_units, read_unit
@@ -60,8 +61,9 @@ class MultJob(JobSpec):
 
     def tags(self, cfg: MultTrainConfig, store, start) -> dict[str, str]:
         # The F1 protocol beside the metrics, to compare with published tables (docs/papers.md).
-        return {"model": "mult", "variant": cfg.model.variant, "task": store.task, "preset": cfg.preset,
-                "dataset": store.manifest.dataset, "f1_protocol": cfg.f1_protocol}
+        return {run_tags.MODEL: "mult", run_tags.VARIANT: cfg.model.variant, run_tags.TASK: store.task,
+                run_tags.PRESET: cfg.preset, run_tags.DATASET: store.manifest.dataset,
+                run_tags.F1_PROTOCOL: cfg.f1_protocol}
 
     def dataset(self, cfg: MultTrainConfig, store) -> dict[str, Any]:
         m = store.manifest

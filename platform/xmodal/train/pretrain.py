@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from xmodal import run_tags
 from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
@@ -51,7 +52,7 @@ class PretrainJob(JobSpec):
         return f"pretrain-{cfg.preset}"
 
     def tags(self, cfg: PretrainConfig, store, start) -> dict[str, str]:
-        return {"model": "lxmert", "preset": cfg.preset}
+        return {run_tags.MODEL: "lxmert", run_tags.PRESET: cfg.preset}
 
     def baselines(self, cfg: PretrainConfig, store) -> dict[str, list]:
         """The chance level or image-blind prior of each minival metric these tasks report."""
