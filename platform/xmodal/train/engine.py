@@ -23,6 +23,7 @@ import importlib.metadata
 import logging
 import platform
 import random
+import signal
 import statistics
 import tempfile
 import threading
@@ -453,8 +454,11 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, callbacks: list | None 
     KILLED when Ctrl-C stopped it (RunInterrupted). A run with callbacks is a sweep trial: Tune stops
     trials by interrupting them, and the sweep driver, which knows a stop from an error, marks the
     run's end (KILLED or FAILED)."""
-    connect()
     interruptible = callbacks is None and threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if interruptible else None
+    connect()
+    if interruptible and term is not None:  # ray.init's SIGTERM handler exits without a word: keep the cli's
+        signal.signal(signal.SIGTERM, term)
     console.CONSOLE.begin(plan.total_steps, plan.baselines, plan.metric_order)
     try:
         try:
