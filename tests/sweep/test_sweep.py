@@ -334,12 +334,12 @@ mode: min
 num_samples: 3
 scheduler: {type: fifo}
 parameters:
-  train.max_steps: {type: choice, values: [4, 40]}
+  train.max_steps: {type: choice, values: [4, 80]}
   optim.lr: {type: float, low: 1e-3, high: 1e-2, log: true}
 try_first:
   - {train.max_steps: 4, optim.lr: 0.005}    # finishes before the Ctrl-C
-  - {train.max_steps: 40, optim.lr: 0.002}   # running at the Ctrl-C
-  - {train.max_steps: 40, optim.lr: 0.008}   # running or not started yet
+  - {train.max_steps: 80, optim.lr: 0.002}   # running at the Ctrl-C
+  - {train.max_steps: 80, optim.lr: 0.008}   # running or not started yet
 """
 
 
@@ -350,7 +350,7 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     trial tagged with the step it resumes from. `--resume` keeps the finished trial (not run again),
     resumes the others from those steps, and every child run has each step once."""
     address = ray_local.get_runtime_context().gcs_address
-    space = space_file(tmp_path, tiny_store, CTRL_C_SPACE, "eval_every: 4")
+    space = space_file(tmp_path, tiny_store, CTRL_C_SPACE, "eval_every: 8")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [PYTHON, SWEEP, str(space), "--name", "ctrlc", "--storage-path", str(tmp_path / "runs")]
     first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), start_new_session=True,
@@ -365,7 +365,7 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
             runs = tracking.search_runs(uri, [tracking.get_experiment_id(uri, EXPERIMENT)], f"tags.`{T.KIND}` = 'trial'")
             finished = {r.run_id: r.end_time for r in runs if r.status == "FINISHED"}
             training = [r for r in runs if r.status == "RUNNING"
-                        and any(p.step >= 8 for p in tracking.metric_points(uri, r.run_id, "train/loss"))]
+                        and any(p.step >= 10 for p in tracking.metric_points(uri, r.run_id, "train/loss"))]
             if finished and training:
                 break
         assert first.poll() is None and finished, (tmp_path / "first.log").read_text()[-3000:]
@@ -385,7 +385,9 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     assert parent.status == "KILLED"
     stopped = {r.run_id: int(r.tags[T.STOPPED_AT_STEP]) for r in children(uri, parent.run_id)
                if r.status == "KILLED"}
-    assert stopped and max(stopped.values()) >= 8, stopped  # at least the one that had trained, from a checkpoint
+    # at least one trial stopped midway, at a checkpoint it had written (a slow machine may let the
+    # other one train out before the signal lands: then it has nothing left to resume)
+    assert any(8 <= step < 80 for step in stopped.values()), stopped
     assert not [r for r in children(uri, parent.run_id) if r.status == "RUNNING"]
 
     second = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), capture_output=True,
@@ -401,6 +403,8 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
         total = int(r.params["train.max_steps"])
         steps = [p.step for p in tracking.metric_points(uri, r.run_id, "train/loss")]
         assert steps == list(range(2, total + 1, 2)), (r.name, steps)  # each step once
-        if stopped.get(r.run_id):  # resumed from the step its tag named
-            resumed = [p.value for p in tracking.metric_points(uri, r.run_id, "train/resumed_from_step")]
+        resumed = [p.value for p in tracking.metric_points(uri, r.run_id, "train/resumed_from_step")]
+        if 0 < stopped.get(r.run_id, 0) < total:  # resumed from the step its tag named
             assert resumed == [stopped[r.run_id]], (r.name, resumed, stopped[r.run_id])
+        elif r.run_id not in stopped:
+            assert resumed == [], (r.name, resumed)
