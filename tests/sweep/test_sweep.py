@@ -379,7 +379,8 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     lines = [line for line in log.splitlines() if line.startswith("[xmodal] sweep 'ctrlc' stopped with ")]
     assert len(lines) == 1 and lines[0].endswith("continue it with the same command and --resume --name ctrlc "
                                                  "(finished trials are kept, the others resume from their checkpoints)")
-    assert "Traceback" not in log
+    # the driver's own output has no traceback (Ray's processes may log theirs under load, prefixed)
+    assert not [line for line in log.splitlines() if line.startswith("Traceback")], log[-3000:]
     assert "Tuner.restore" not in log  # Tune's own advice names its Python API, not the command
     parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "ctrlc")
     assert parent.status == "KILLED"
