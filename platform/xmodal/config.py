@@ -156,7 +156,7 @@ class LxmertDataConfig(Section):
     mix_units: NonNegInt = 16
 
 
-def job_defaults(cls: type[BaseModel], data: Any) -> Any:
+def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
     """A partial config keeps this job's defaults for the keys it does not set: `load_config` fills its
     raw dict with them before the --set overrides (so `train.epochs.x=1` finds a value, not a section),
     and every job's validation does (a sweep's base config, `model_validate` of a YAML mapping): without
@@ -182,7 +182,7 @@ def _resolve_preset(data: Any, presets: dict[str, Any], default: str) -> Any:
 
 
 class _Job(Section):
-    """A job's whole config: a partial one keeps the job's defaults (`job_defaults`); with `PRESETS`,
+    """A job's whole config: a partial one keeps the job's defaults (`_job_defaults`); with `PRESETS`,
     its `model` section is overrides on top of the preset its `preset` names."""
 
     PRESETS: ClassVar[dict[str, Any] | None] = None
@@ -190,7 +190,7 @@ class _Job(Section):
     @model_validator(mode="before")
     @classmethod
     def _defaults_and_preset(cls, data: Any) -> Any:
-        data = job_defaults(cls, data)
+        data = _job_defaults(cls, data)
         if cls.PRESETS is None:
             return data
         return _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
@@ -640,7 +640,7 @@ def load_config(model: type[Section], path: str | Path | None = None, overrides:
     keeps the job's other `train` defaults. The model section is the exception: it is
     overrides on top of the chosen preset.
     """
-    data = job_defaults(model, base or {})
+    data = _job_defaults(model, base or {})
     source = "defaults"
     if path is not None:
         data = deep_merge(data, read_yaml(path))
