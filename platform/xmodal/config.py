@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xmodal.bounds import Dropout, NonNegInt, PosInt, Seed, describe_bounds
+from xmodal.config_paths import deep_merge, field_names, keys_beside, set_dotted, type_at
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions, SyntheticMultOptions
 from xmodal.errors import UserError
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
@@ -157,19 +157,15 @@ class LxmertDataConfig(Section):
 
 
 def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
-    """A partial section (a sweep's base config, `model_validate` of a YAML mapping) keeps this job's
-    defaults for the keys it does not set, as `load_config` does: without this, a pretraining
-    `{"train": {"max_steps": 1200}}` would fall back to TrainConfig's generic batch size 256."""
+    """A partial config keeps this job's defaults for the keys it does not set: `load_config` fills its
+    raw dict with them before the --set overrides (so `train.epochs.x=1` finds a value, not a section),
+    and every job's validation does (a sweep's base config, `model_validate` of a YAML mapping): without
+    this, a pretraining `{"train": {"max_steps": 1200}}` would fall back to TrainConfig's generic batch
+    size 256. The model section is overrides on top of its preset instead (`_resolve_preset`)."""
     if not isinstance(data, dict):
         return data
-    data = dict(data)
-    for name, field in cls.model_fields.items():
-        part = data.get(name)
-        if name not in ("model", "preset") and isinstance(part, dict) and field.default_factory is not None:
-            default = field.default_factory()
-            if isinstance(default, BaseModel):
-                data[name] = deep_merge(default.model_dump(mode="python"), part)
-    return data
+    # model_construct: the defaults without this validation again (it would recurse)
+    return deep_merge(cls.model_construct().model_dump(mode="python", exclude={"model", "preset"}), data)
 
 
 def _resolve_preset(data: Any, presets: dict[str, Any], default: str) -> Any:
@@ -185,9 +181,25 @@ def _resolve_preset(data: Any, presets: dict[str, Any], default: str) -> Any:
     return data
 
 
-class PretrainConfig(Section):
+class _Job(Section):
+    """A job's whole config: a partial one keeps the job's defaults (`_job_defaults`); with `PRESETS`,
+    its `model` section is overrides on top of the preset its `preset` names."""
+
+    PRESETS: ClassVar[dict[str, Any] | None] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_and_preset(cls, data: Any) -> Any:
+        data = _job_defaults(cls, data)
+        if cls.PRESETS is None:
+            return data
+        return _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
+
+
+class PretrainConfig(_Job):
     """LXMERT pretraining: `jobs/pretrain.py`."""
 
+    PRESETS = LXMERT_PRESETS
     preset: Literal["small", "paper", "tiny"] = "small"
     model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
     tasks: PretrainTasks = Field(default_factory=PretrainTasks)
@@ -200,11 +212,6 @@ class PretrainConfig(Section):
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(epochs=8, batch_size=64, eval_every=500))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, data: Any) -> Any:
-        return _resolve_preset(_job_defaults(cls, data), LXMERT_PRESETS, cls.model_fields["preset"].default)
 
     @model_validator(mode="after")
     def _check(self) -> PretrainConfig:
@@ -292,12 +299,13 @@ class MultDataConfig(Section):
     synthetic: SyntheticMultOptions = Field(default_factory=SyntheticMultOptions)
 
 
-class MultTrainConfig(Section):
+class MultTrainConfig(_Job):
     """MulT training: `jobs/train_mult.py`. Defaults (the embedded default): the `small` preset with
     the reference code's optimiser (Adam, clip 0.8, L1) at lr 3e-3 on the embedded synthetic store,
     792 steps (12 epochs of 66), about 20 s of training on a 2-core CPU. Paper / reference runs set
     `preset=reference` (or `paper_mosei`, ...) and `optim.lr=1e-3` (the reference's rate)."""
 
+    PRESETS = MULT_PRESETS
     preset: Literal["small", "reference", "paper_mosei", "paper_mosi", "paper_iemocap", "tiny"] = "small"
     model: MultConfig = Field(default_factory=lambda: MULT_PRESETS["small"])
     regression_loss: Literal["l1", "l2", "smooth_l1"] = "l1"
@@ -316,11 +324,6 @@ class MultTrainConfig(Section):
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-mult"))
     # One training per seed; the parent MLflow run gets each metric's mean and std.
     seeds: list[Seed] | None = Field(None, min_length=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, data: Any) -> Any:
-        return _resolve_preset(_job_defaults(cls, data), MULT_PRESETS, cls.model_fields["preset"].default)
 
     @model_validator(mode="after")
     def _check(self) -> MultTrainConfig:
@@ -409,11 +412,12 @@ class FinetuneDataConfig(Section):
     eval_batches: PosInt | None = None  # cap on validation batches per evaluation
 
 
-class FinetuneConfig(Section):
+class FinetuneConfig(_Job):
     """LXMERT fine-tuning: `jobs/finetune.py --task vqa|gqa|nlvr2`. The model section applies to a
     from-scratch run; initialised from pretrained weights, the architecture is the checkpoint's."""
 
     task: Literal["vqa", "gqa", "nlvr2"] = "vqa"
+    PRESETS = LXMERT_PRESETS
     preset: Literal["small", "paper", "tiny"] = "small"
     model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
     init: FinetuneInit = Field(default_factory=FinetuneInit)
@@ -431,11 +435,6 @@ class FinetuneConfig(Section):
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-finetune"))
 
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, data: Any) -> Any:
-        return _resolve_preset(_job_defaults(cls, data), LXMERT_PRESETS, cls.model_fields["preset"].default)
-
     @model_validator(mode="after")
     def _check(self) -> FinetuneConfig:
         _check_batch(self.train, self.scale)
@@ -451,7 +450,7 @@ def finetune_metrics(task: str) -> list[str]:
     return ["valid/accuracy", "valid/loss"] + (["valid/consistency"] if task == "nlvr2" else [])
 
 
-class PretrainFinetuneConfig(Section):
+class PretrainFinetuneConfig(_Job):
     """A pretrain-then-fine-tune chain: one sweep trial, scored by downstream accuracy (paper Tables 3-5).
 
     The fine-tuning stage always starts from the pretraining stage's final model (its `init` is
@@ -462,11 +461,6 @@ class PretrainFinetuneConfig(Section):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-chain"))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _defaults(cls, data: Any) -> Any:
-        return _job_defaults(cls, data)
 
     @model_validator(mode="after")
     def _check(self) -> PretrainFinetuneConfig:
@@ -503,28 +497,6 @@ class PretrainFinetuneConfig(Section):
 # ---------------------------------------------------------------- loading and overrides
 
 
-def _valid_keys(model: type, loc: tuple) -> list[str]:
-    """The field names valid at `loc` (for 'unknown key' errors)."""
-    typ: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        fields = _fields_of(typ)
-        if part not in fields:
-            return []
-        typ = fields[part]
-    return sorted(_fields_of(typ))
-
-
-def _fields_of(typ: Any) -> dict[str, Any]:
-    if isinstance(typ, type) and issubclass(typ, BaseModel):
-        return {k: f.annotation for k, f in typ.model_fields.items()}
-    if dataclasses.is_dataclass(typ):
-        hints = typing.get_type_hints(typ)
-        return {f.name: hints.get(f.name) for f in dataclasses.fields(typ)}
-    return {}
-
-
 def format_validation_error(err: ValidationError, model: type, source: str) -> str:
     """One line per problem: the dotted key, the bad value and what is allowed (no pydantic noise,
     no dumps of whole sections)."""
@@ -549,18 +521,18 @@ def error_line(e: dict, model: type) -> str:
     got = short_repr(e.get("input"))
     kind = e["type"]
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        return f"{key}: unknown key; valid keys here: {', '.join(_valid_keys(model, loc))}"
+        return f"{key}: unknown key; valid keys here: {', '.join(keys_beside(model, loc))}"
     if kind == "missing":
         return f"{key}: required"
     if kind in ("value_error", "assertion_error"):
         msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         m = _FIELD_MESSAGE.match(msg)
-        if loc and m and m.group(1) in _fields_of(_type_at(model, loc)[0]):
+        if loc and m and m.group(1) in field_names(type_at(model, loc)[0]):
             return f"{key}.{m.group(1)}{msg[m.end():]}"
         return f"{key}: {msg}" if loc else msg  # a check across sections names its keys itself
     msg = str(e["msg"]).removeprefix("Input should be ")
     if kind in _BOUND_ERRORS:
-        typ, meta = _type_at(model, loc)
+        typ, meta = type_at(model, loc)
         msg = describe_bounds(meta, "an integer" if typ is int else "a number") or msg
     elif kind == "string_too_short":
         msg = "a non-empty string"
@@ -577,48 +549,6 @@ def short_repr(value: Any, limit: int = 60) -> str | None:
     return text if len(text) <= limit else None
 
 
-def _unwrap(typ: Any, meta: list[Any]) -> tuple[Any, list[Any]]:
-    """Annotated[T, ...] -> T (collecting the metadata); T | None -> T."""
-    while True:
-        if typing.get_origin(typ) is Annotated:
-            meta = meta + list(typ.__metadata__)
-            typ = typing.get_args(typ)[0]
-            continue
-        if typing.get_origin(typ) in (Union, getattr(__import__("types"), "UnionType", Union)):
-            args = [a for a in typing.get_args(typ) if a is not type(None)]
-            if len(args) == 1:
-                typ = args[0]
-                continue
-        return typ, meta
-
-
-def _type_at(model: type, loc: tuple) -> tuple[Any, list[Any]]:
-    """The type (Annotated metadata unwrapped and returned) of the field at `loc`, or (None, [])."""
-    typ: Any = model
-    meta: list[Any] = []
-    for part in loc:
-        if isinstance(part, int):
-            args = typing.get_args(typ)
-            if typing.get_origin(typ) is tuple and args and args[-1] is not Ellipsis and part < len(args):
-                typ = args[part]
-            elif args:
-                typ = args[0]
-            else:
-                return None, []
-            meta = []
-        elif isinstance(typ, type) and issubclass(typ, BaseModel) and part in typ.model_fields:
-            field = typ.model_fields[part]
-            typ, meta = field.annotation, list(field.metadata)
-        elif dataclasses.is_dataclass(typ) and part in {f.name for f in dataclasses.fields(typ)}:
-            typ, meta = typing.get_type_hints(typ, include_extras=True)[part], []
-        elif typing.get_origin(typ) is dict:
-            typ, meta = typing.get_args(typ)[1], []
-        else:
-            return None, []
-        typ, meta = _unwrap(typ, meta)
-    return typ, meta
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     key, _, raw = item.partition("=")
     if "=" not in item or not all(part.strip() for part in key.split(".")):
@@ -631,27 +561,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    data = dict(data)
     for item in overrides:
         path, value = parse_override(item)
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = {}
-            elif not isinstance(child, dict):
-                raise ConfigError(f"--set {'.'.join(path)}: {part!r} is a value, not a section")
-            node[part] = child = dict(child)
-            node = child
-        node[path[-1]] = value
+        data = set_dotted(data, ".".join(path), value, "--set ", ConfigError)
     return data
-
-
-def deep_merge(base: dict, update: dict) -> dict:
-    out = dict(base)
-    for k, v in update.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def read_user_file(p: Path, what: str = "config file", prefix: str = "", error: type[ConfigError] | None = None
@@ -727,8 +640,7 @@ def load_config(model: type[Section], path: str | Path | None = None, overrides:
     keeps the job's other `train` defaults. The model section is the exception: it is
     overrides on top of the chosen preset.
     """
-    defaults = model().model_dump(mode="python", exclude={"model", "preset"})
-    data = deep_merge(defaults, base or {})
+    data = _job_defaults(model, base or {})
     source = "defaults"
     if path is not None:
         data = deep_merge(data, read_yaml(path))

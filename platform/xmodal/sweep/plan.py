@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from xmodal import tracking
+from xmodal.config_paths import config_has, get_dotted
 from xmodal.sweep.space import (
     NAME_RE,
     SearchSpace,
     SpaceError,
     base_config,
-    config_has,
-    get_dotted,
     load_space,
     set_dotted,
     validate_config,

@@ -28,6 +28,7 @@ from ray.tune.search.optuna import OptunaSearch
 from xmodal import console, tracking
 from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
+from xmodal.config_paths import config_has
 from xmodal.errors import RunInterrupted
 from xmodal.scores import better
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
@@ -35,7 +36,6 @@ from xmodal.sweep.space import (
     AshaSpec,
     DefineByRun,
     SearchSpace,
-    config_has,
     set_dotted,
     validate_config,
     with_assignments,

@@ -29,6 +29,8 @@ from xmodal.config import (
     short_repr,
     yaml_problem,
 )
+from xmodal.config_paths import config_has, deep_merge, unknown_key
+from xmodal.config_paths import set_dotted as _set_dotted
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -449,36 +451,8 @@ def point_problems(space: SearchSpace, point: dict[str, Any]) -> list[str]:
 
 
 def set_dotted(data: dict, key: str, value: Any, where: str = "") -> dict:
-    """A copy of the nested dict with `a.b.c` set (sections created as needed)."""
-    data = dict(data)
-    node = data
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = {}
-        elif not isinstance(child, dict):
-            raise SpaceError(f"{where}{key}: {part!r} is a value, not a section")
-        node[part] = child = dict(child)
-        node = child
-    node[parts[-1]] = copy.deepcopy(value)
-    return data
-
-
-def get_dotted(data: dict, key: str) -> tuple[bool, Any]:
-    node: Any = data
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
-def deep_merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
+    """xmodal.config_paths.set_dotted, with a part on the way that is a value a SpaceError."""
+    return _set_dotted(data, key, value, where, SpaceError)
 
 
 def with_assignments(base: dict, assignments: dict[str, Any], where: str = "") -> dict:
@@ -501,51 +475,6 @@ def base_config(space: SearchSpace, space_path: str | Path, extra_sets: list[str
         return apply_overrides(data, list(space.base.set) + list(extra_sets or []))
     except ConfigError as e:
         raise SpaceError(f"{space_path}: base.set / --set: {e}") from None
-
-
-def config_has(model: type, key: str) -> bool:
-    """Whether the config class has the dotted field `key` (pydantic sections or dataclasses)."""
-    import dataclasses
-
-    typ: Any = model
-    for part in key.split("."):
-        if isinstance(typ, type) and issubclass(typ, BaseModel):
-            field = typ.model_fields.get(part)
-            typ = field.annotation if field is not None else None
-        elif dataclasses.is_dataclass(typ):
-            import typing
-
-            hints = typing.get_type_hints(typ)
-            typ = hints.get(part) if part in {f.name for f in dataclasses.fields(typ)} else None
-        else:
-            return False
-        if typ is None:
-            return False
-    return True
-
-
-def unknown_key(model: type, key: str) -> list[str] | None:
-    """None when the dotted `key` names a field of the config class (or lies inside a free-form mapping
-    field); else the valid field names where the key goes wrong."""
-    import dataclasses
-    import typing
-
-    typ: Any = model
-    for part in key.split("."):
-        if isinstance(typ, type) and issubclass(typ, BaseModel):
-            fields = {k: f.annotation for k, f in typ.model_fields.items()}
-        elif dataclasses.is_dataclass(typ):
-            hints = typing.get_type_hints(typ)
-            fields = {f.name: hints.get(f.name) for f in dataclasses.fields(typ)}
-        else:
-            return None  # a mapping or a value: the trial's validation judges the rest
-        if part not in fields:
-            return sorted(fields)
-        typ = fields[part]
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if typing.get_origin(typ) is not None and len(args) == 1 and typing.get_origin(typ) is not list:
-            typ = args[0]  # X | None
-    return None
 
 
 def validate_config(config_cls: type, raw: dict, source: str) -> Any:
