@@ -334,12 +334,12 @@ mode: min
 num_samples: 3
 scheduler: {type: fifo}
 parameters:
-  train.max_steps: {type: choice, values: [4, 80]}
+  train.max_steps: {type: choice, values: [4, 400]}
   optim.lr: {type: float, low: 1e-3, high: 1e-2, log: true}
 try_first:
   - {train.max_steps: 4, optim.lr: 0.005}    # finishes before the Ctrl-C
-  - {train.max_steps: 80, optim.lr: 0.002}   # running at the Ctrl-C
-  - {train.max_steps: 80, optim.lr: 0.008}   # running or not started yet
+  - {train.max_steps: 400, optim.lr: 0.002}  # running at the Ctrl-C (350 steps left: a margin on a fast machine)
+  - {train.max_steps: 400, optim.lr: 0.008}  # running or not started yet
 """
 
 
@@ -350,7 +350,8 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     trial tagged with the step it resumes from. `--resume` keeps the finished trial (not run again),
     resumes the others from those steps, and every child run has each step once."""
     address = ray_local.get_runtime_context().gcs_address
-    space = space_file(tmp_path, tiny_store, CTRL_C_SPACE, "eval_every: 8")
+    space = space_file(tmp_path, tiny_store, CTRL_C_SPACE, "eval_every: 40")
+    space.write_text(space.read_text().replace("epochs: 2,", "epochs: 10,"))  # 450 steps: room for 400
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [PYTHON, SWEEP, str(space), "--name", "ctrlc", "--storage-path", str(tmp_path / "runs")]
     first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), start_new_session=True,
@@ -365,7 +366,7 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
             runs = tracking.search_runs(uri, [tracking.get_experiment_id(uri, EXPERIMENT)], f"tags.`{T.KIND}` = 'trial'")
             finished = {r.run_id: r.end_time for r in runs if r.status == "FINISHED"}
             training = [r for r in runs if r.status == "RUNNING"
-                        and any(p.step >= 10 for p in tracking.metric_points(uri, r.run_id, "train/loss"))]
+                        and any(p.step >= 50 for p in tracking.metric_points(uri, r.run_id, "train/loss"))]
             if finished and training:
                 break
         assert first.poll() is None and finished, (tmp_path / "first.log").read_text()[-3000:]
@@ -386,9 +387,9 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     assert parent.status == "KILLED"
     stopped = {r.run_id: int(r.tags[T.STOPPED_AT_STEP]) for r in children(uri, parent.run_id)
                if r.status == "KILLED"}
-    # at least one trial stopped midway, at a checkpoint it had written (a slow machine may let the
-    # other one train out before the signal lands: then it has nothing left to resume)
-    assert any(8 <= step < 80 for step in stopped.values()), stopped
+    # at least one trial stopped midway, at a checkpoint it had written (another may train out before
+    # the signal lands: then it has nothing left to resume)
+    assert any(40 <= step < 400 for step in stopped.values()), stopped
     assert not [r for r in children(uri, parent.run_id) if r.status == "RUNNING"]
 
     second = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), capture_output=True,
