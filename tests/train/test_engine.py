@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from xmodal.config import ConfigError, PretrainConfig, load_config
-from xmodal.train.engine import fault_schedule
+from xmodal.train.faults import fault_schedule
 from xmodal_testing import PYTHON, REPO
 
 

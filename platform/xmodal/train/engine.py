@@ -22,7 +22,6 @@ import hashlib
 import importlib.metadata
 import logging
 import platform
-import random
 import statistics
 import tempfile
 import threading
@@ -43,6 +42,7 @@ from xmodal.train import checkpoint as ckpt
 from xmodal.train import recovery
 from xmodal.train.cluster import check_cluster, connect, storage_path
 from xmodal.train.cost import CostMeter
+from xmodal.train.faults import check_fault_storage, fault_schedule
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.interrupt import GracefulStop, StopWatch
 from xmodal.train.loop import NoHooks, fit
@@ -311,34 +311,6 @@ def check(spec: JobSpec, cfg) -> Checked:
         check_cluster(cfg.scale)
     return Checked(cfg, data, start, micro, total, uri, storage,
                    fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs, parameters)
-
-
-def check_fault_storage(train, storage: str) -> None:
-    """Faults need a local storage path: each leaves a marker there so that it fires once."""
-    if (train.fail_at_step or train.random_faults) and "://" in storage:
-        raise ConfigError(f"train.fail_at_step / train.random_faults need a local scale.storage_path (each fault "
-                          f"leaves a marker there so that it fires once); got {storage!r}")
-
-
-def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name: str) -> list[tuple[int, int]]:
-    """The testing aid's (step, rank) pairs: each listed step on rank 1 (rank 0 with one worker), and
-    `train.random_faults` more distinct steps and ranks drawn from `train.fault_seed` and the run name
-    (trials of one sweep get different schedules, a rerun of a run the same one)."""
-    listed = sorted(set(train.fail_at_step or []))
-    if not listed and not train.random_faults:
-        return []
-    check_fault_storage(train, storage)
-    late = [s for s in listed if s >= total_steps]
-    if late:
-        raise ConfigError(f"train.fail_at_step = {late}: expected steps below the run's {total_steps} steps")
-    free = [s for s in range(1, total_steps) if s not in listed]
-    if train.random_faults > len(free):
-        raise ConfigError(f"train.random_faults = {train.random_faults}: expected at most {len(free)} (the run has "
-                          f"{total_steps} steps, {len(listed)} of them in train.fail_at_step)")
-    rng = random.Random(f"{train.fault_seed}:{run_name}")
-    drawn = sorted(rng.sample(free, train.random_faults))
-    return sorted([(s, min(1, workers - 1)) for s in listed]
-                  + [(s, rng.randrange(workers)) for s in drawn])
 
 
 def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
