@@ -18,11 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import importlib.metadata
 import logging
-import platform
-import statistics
 import tempfile
 import threading
 import time
@@ -39,7 +35,7 @@ from xmodal import console, errors, run_tags, tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
-from xmodal.train import recovery
+from xmodal.train import record, recovery
 from xmodal.train.cluster import check_cluster, connect, storage_path
 from xmodal.train.cost import CostMeter
 from xmodal.train.faults import check_fault_storage, fault_schedule
@@ -313,31 +309,18 @@ def check(spec: JobSpec, cfg) -> Checked:
                    fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs, parameters)
 
 
-def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
-             parent_run_id: str | None = None, where: Callable[[], str] = lambda: "") -> str:
-    """The MLflow run named `name` (resumed: marked running again, `where()` saying from which step)
-    or a new one with params and tags."""
-    exp_id = tracking.ensure_experiment(uri, experiment)
-    existing = tracking.find_run(uri, exp_id, name)
-    if existing is not None:
-        tracking.mark_running(uri, existing.run_id)
-        log.info(f"resuming run {name!r} (MLflow run {existing.run_id}){where()}")
-        return existing.run_id
-    return tracking.create_run(uri, exp_id, name, params,
-                               {run_tags.COMMIT: tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
-
-
 def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
          tags: dict[str, str] | None = None) -> RunPlan:
     """Open (or find again) the MLflow run of a checked config; log its baselines."""
     cfg, data = checked.cfg, checked.data
     name = cfg.mlflow.run_name
     all_tags = {run_tags.TASK: spec.name, run_tags.STORE: spec.data_path(data), run_tags.CONFIG_SOURCE: source,
-                run_tags.TOTAL_STEPS: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
+                run_tags.TOTAL_STEPS: str(checked.total_steps),
+                **record.reproducibility_tags(cfg, spec.data_path(data)),
                 **spec.tags(cfg, data, checked.start), **(tags or {})}
-    run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id,
-                      where=functools.partial(resume_note, checked.storage, name))
-    log_dataset(spec, cfg, data, checked.tracking_uri, run_id)
+    run_id = record.open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags,
+                             parent_run_id, where=functools.partial(record.resume_note, checked.storage, name))
+    record.log_dataset(spec, cfg, data, checked.tracking_uri, run_id)
     baselines = spec.baselines(cfg, data)
     if baselines:
         tracking.log_metrics(checked.tracking_uri, run_id,
@@ -349,46 +332,6 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                    faults=checked.faults,
                    fault_dir=str(Path(checked.storage) / name / ".faults") if checked.faults else None,
                    baselines=baselines, metric_order=spec.metric_order(cfg), verbose=console.verbose())
-
-
-def resume_note(storage: str, run_name: str) -> str:
-    """Where a rerun of the run resumes, as the driver's "resuming run" line says it: the step of the
-    newest intact checkpoint on storage, which the workers restore (`recovery`)."""
-    found, _ = recovery.newest_intact(*recovery.run_folder(storage, run_name))
-    if found is None:
-        return f": from step 0, no intact checkpoint under {storage}/{run_name}"
-    return f": from step {found.step}, {found.path.rsplit('/', 1)[-1]}"
-
-
-def manifest_digest(data_path: str) -> str:
-    """The data's fingerprint: the first 16 hex digits of its manifest's sha256 ("-" without one)."""
-    manifest = Path(data_path) / "manifest.json"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"
-
-
-def log_dataset(spec: JobSpec, cfg, data, uri: str, run_id: str) -> None:
-    """The run's data as its MLflow dataset input (context "train"): the job's name, rows and dims,
-    the path, and the manifest's fingerprint as the digest (the `xmodal.repro` tag's too)."""
-    path = spec.data_path(data)
-    d = spec.dataset(cfg, data)
-    digest = manifest_digest(path)
-    tracking.log_dataset(uri, run_id, d["name"], path, digest,
-                         {"job": spec.name, "fingerprint": digest, "rows": d["rows"], "dims": d["dims"]})
-
-
-def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
-    """What the promise "same seed, data, config and workers -> the same metrics" rests on
-    (docs/architecture.md, "Reproducible runs"); the config itself is the run's params."""
-    digest = manifest_digest(data_path)
-    versions = []
-    for package in ("torch", "numpy", "pyarrow", "ray"):
-        try:
-            versions.append(f"{package}={importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{package}=-")
-    return {run_tags.REPRO_SEED: str(cfg.train.seed), run_tags.REPRO_WORKERS: str(cfg.scale.num_workers),
-            run_tags.REPRO_DATA_MANIFEST: digest,
-            run_tags.REPRO_VERSIONS: f"python={platform.python_version()} " + " ".join(versions)}
 
 
 def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None, stop_flag=None):
@@ -578,44 +521,9 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
             for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
                 out.artifact(Path(d) / f, "model")
             if spec is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
-                log_model(spec, plan, data, Path(d))
+                record.log_model(spec, plan, data, Path(d))
     out.terminated("FINISHED")
     out.report()
-
-
-def final_model(spec: JobSpec, cfg, data, folder: Path) -> tuple[nn.Module, str]:
-    """The bare model (`spec.exported_model`) with a checkpoint's weights, in eval mode: those selected
-    on validation when the job selects (what its test metrics are of), else the last. Returns (model,
-    which weights)."""
-    objective = spec.build_objective(cfg, data)
-    best = folder / ValidationSelection.BEST_FILE
-    if best.is_file():
-        state, which = torch.load(best, map_location="cpu", weights_only=True)["weights"], "selected"
-    else:
-        state, which = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
-    objective.load_state_dict(state)
-    return spec.exported_model(objective).eval(), which
-
-
-def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:
-    """The final checkpoint's model as the run's MLflow model (`tracking.log_pytorch_model`), the
-    resolved config beside it; returns its id. Best effort: the run's `model` artifact holds the
-    weights either way, so a failure is one line, not a failed run."""
-    started = time.monotonic()
-    try:
-        cfg = spec.config_class.model_validate(plan.config)
-        model, which = final_model(spec, cfg, data, folder)
-        step = ckpt.read_meta(folder).get("step", 0)
-        metadata = {"xmodal_job": spec.name, "xmodal_run_name": plan.run_name, "step": step,
-                    "weights": f"selected on {cfg.train.best_metric}" if which == "selected" else "last"}
-        model_id = tracking.log_pytorch_model(plan.tracking_uri, plan.run_id, model, config=plan.config,
-                                              metadata=metadata, step=step)
-    except Exception as e:  # any failure to build, pickle or send it: the run's training is done
-        say(f"[xmodal] the final model was not logged as an MLflow model ({type(e).__name__}: {e}); "
-            "its weights are in the run's `model` artifact")
-        return None
-    log.debug(f"MLflow model {model_id} logged in {time.monotonic() - started:.2f} s")
-    return model_id
 
 
 def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
@@ -628,8 +536,8 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
         spec.check(_seeded(cfg, seed, "check"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     base = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    parent = open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
-                      {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
+    parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
+                             {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
         finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
                   for seed in seeds]
@@ -638,14 +546,7 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
         if isinstance(e, errors.RunInterrupted) and cfg.mlflow.run_name is None:
             e.hint = f" with --run-name {base}"  # the seeds' runs are named after it
         raise
-    summary = seed_summary([tracking.get_run(uri, r).metrics for r in finals])
-    tracking.log_metrics(uri, parent, summary)
-    tracking.set_terminated(uri, parent, "FINISHED")
-    shown = {k.removesuffix("_mean"): (v, summary[k.removesuffix("_mean") + "_std"])
-             for k, v in summary.items() if k.endswith("_mean") and k.startswith("test/")}
-    log.info("over seeds " + ", ".join(map(str, seeds)) + ": " +
-        "  ".join(f"{k} {m:.4f} ± {s:.4f}" for k, (m, s) in sorted(shown.items())))
-    return RunResult(parent, base, uri, summary)
+    return RunResult(parent, base, uri, record.finish_seeds_parent(uri, parent, finals, seeds))
 
 
 def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None) -> RunResult:
@@ -659,17 +560,6 @@ def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None =
 def _seeded(cfg, seed: int, name: str):
     return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
                                   "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
-
-
-def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
-    """{metric_mean, metric_std} over seeds for the test, best-validation and robustness metrics every run has."""
-    keys = set.intersection(*(set(m) for m in finals)) if finals else set()
-    out: dict[str, float] = {}
-    for k in sorted(k for k in keys if k.startswith(("test/", "best_valid/", "robust/"))):
-        vals = [m[k] for m in finals]
-        out[f"{k}_mean"] = statistics.fmean(vals)
-        out[f"{k}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return out
 
 
 # ---------------------------------------------------------------- worker
