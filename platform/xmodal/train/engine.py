@@ -445,60 +445,20 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
     """check -> plan -> Ray Train -> finish, for one run of any job."""
     checked = check(spec, cfg)
     p = plan(spec, checked, source, parent_run_id, tags)
-    console.CONSOLE.show(banner(spec, checked, p))
+    checked_cfg = checked.cfg  # the run name set; `cfg.mlflow.run_name` below is the one given
+    console.CONSOLE.show(console.banner(
+        job=spec.name, run_name=p.run_name, data=spec.data_path(checked.data),
+        train_examples=spec.train_examples(checked_cfg, checked.data), preset=getattr(checked_cfg, "preset", None),
+        parameters=checked.parameters, steps=p.total_steps, epochs=len(p.epoch_steps),
+        batch_size=checked_cfg.train.batch_size, workers=checked_cfg.scale.num_workers,
+        gpus_per_worker=checked_cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
+        experiment=checked_cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
     try:
         return train_and_finish(spec, p, checked.data, callbacks)
     except errors.RunInterrupted as e:
         if cfg.mlflow.run_name is None:  # a generated name: the same command would start a new run
             e.hint = f" with --run-name {p.run_name}"
         raise
-
-
-def banner(spec: JobSpec, checked: Checked, plan: RunPlan) -> str:
-    """What a run is about to do, shown before Ray Train starts."""
-    cfg, path = checked.cfg, spec.data_path(checked.data)
-    scale = cfg.scale
-    devices = f"{scale.gpus_per_worker:g} GPU each" if scale.gpus_per_worker else "CPU"
-    preset = getattr(cfg, "preset", None)
-    model = (f"preset {preset}, " if preset else "") + f"{checked.parameters / 1e6:.2f} M parameters"
-    epochs = len(plan.epoch_steps)
-    lines = [
-        f"{console.PREFIX}{spec.name} run {plan.run_name}",
-        f"  data      {path} ({_size(path)}, {spec.train_examples(cfg, checked.data):,} training examples)",
-        f"  model     {model}",
-        f"  training  {plan.total_steps:,} steps ({epochs} epoch{'s' if epochs != 1 else ''}, batch "
-        f"{cfg.train.batch_size}) on {scale.num_workers} worker{'s' if scale.num_workers != 1 else ''}, {devices}",
-        f"  MLflow    {plan.tracking_uri} (experiment {cfg.mlflow.experiment!r}, run {plan.run_id})",
-        f"  storage   {plan.storage}/{plan.run_name}",
-    ]
-    return "\n".join(lines)
-
-
-def _size(path: str) -> str:
-    """A local folder's size on disk ("?" for remote or unreadable stores)."""
-    try:
-        n = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-    except OSError:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "?"
-
-
-def end_summary(out: RunResult, wall_s: float, history: dict[str, list[tuple[int, float]]],
-                order: list[str]) -> str:
-    """Best and final metrics, the final checkpoint, the wall time and where the run is in MLflow."""
-    step = out.metrics.get("step")
-    lines = [f"{console.PREFIX}finished run {out.run_name} in {console.fmt_duration(wall_s)}"
-             + (f" ({step} steps)" if step is not None else "")]
-    lines += console.summary_table(out.metrics, history, out.baselines, order)
-    if out.checkpoint is not None:
-        lines.append(f"  checkpoint  {out.checkpoint.path}")
-    lines.append(f"  MLflow run  {out.run_id}")
-    lines.append(f"  view it     {tracking.ui_command(out.tracking_uri)}")
-    return "\n".join(lines)
 
 
 def outbox(plan: RunPlan) -> tracking.Outbox:
@@ -553,7 +513,10 @@ def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None =
     started = time.monotonic()
     out = spec.run(cfg, source, parent_run_id=parent_run_id)
     c = console.CONSOLE
-    c.show(end_summary(out, time.monotonic() - started, c.history, c.order))
+    c.show(console.end_summary(
+        run_name=out.run_name, wall_s=time.monotonic() - started, metrics=out.metrics, history=c.history,
+        baselines=out.baselines, order=c.order, checkpoint=out.checkpoint.path if out.checkpoint is not None else None,
+        run_id=out.run_id, view=tracking.ui_command(out.tracking_uri)))
     return out
 
 
