@@ -11,21 +11,22 @@ the same way for every job:
 
 `check` runs every test a worker would make, before `ray.init` and before any MLflow run or database
 exists: bad input fails in the driver as one `UserError`, never as retried worker failures.
-`run_in_process` runs a job's worker in this process without Ray (tests, learning measurements).
+The worker side is `xmodal.train.worker`; what a run records in MLflow, `xmodal.train.record`; fault
+injection, `xmodal.train.faults`. `xmodal.train.inprocess.run_in_process` runs a job's worker in this
+process without Ray (tests, learning measurements).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import yaml
@@ -37,36 +38,11 @@ from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
 from xmodal.train import record, recovery
 from xmodal.train.cluster import check_cluster, connect, storage_path
-from xmodal.train.cost import CostMeter
 from xmodal.train.faults import check_fault_storage, fault_schedule
-from xmodal.train.hooks import RunHooks, ValidationSelection, say
-from xmodal.train.interrupt import GracefulStop, StopWatch
-from xmodal.train.loop import NoHooks, fit
-from xmodal.train.runtime import prepare
+from xmodal.train.interrupt import GracefulStop
 
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class Worker:
-    """What a job's worker hooks see: the job's config and data, the training state, the place of
-    this worker in the group, and how it reads its share of the train split (`ray_data`: through Ray
-    Data on a Train worker; in-process, with the same units and batches, straight from the files)."""
-
-    cfg: Any
-    data: Any
-    state: Any  # TrainState
-    model: nn.Module  # the plain objective (no DDP, no compile): evaluation runs it directly
-    rank: int
-    world: int
-    device: torch.device
-    micro_batch: int
-    ray_data: bool = False
-    selection: ValidationSelection | None = None
-    parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
-
-    def to_device(self, batch):
-        return batch.to(self.device, torch.float32, non_blocking=True)
+if TYPE_CHECKING:  # the worker module imports this one; its Worker only annotates the spec's hooks here
+    from xmodal.train.worker import Worker
 
 
 class JobSpec:
@@ -341,6 +317,8 @@ def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None, s
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from xmodal.train.worker import worker  # imported here: the worker module imports the engine's RunPlan
+
     cfg = spec.config_class.model_validate(plan.config)
     scale, train = cfg.scale, cfg.train
     resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
@@ -523,138 +501,3 @@ def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None =
 def _seeded(cfg, seed: int, name: str):
     return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
                                   "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
-
-
-# ---------------------------------------------------------------- worker
-
-
-def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
-                micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True
-                ) -> Worker:
-    """The seeded objective (identical initial weights on every worker) with its starting weights
-    (fresh runs only), its training state, the model selection of a selecting job, and the job's
-    per-worker parts."""
-    torch.manual_seed(cfg.train.seed)
-    objective = spec.build_objective(cfg, data)
-    if fresh:
-        loaded = spec.load_start(objective, cfg, data, start)
-        if loaded and rank == 0:
-            say(f"[xmodal] {spec.name}: {loaded}")
-    state = prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
-                    **spec.prepare_options(cfg))
-    model = ckpt.unwrap(state.model)
-    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
-                 if spec.selects_on_validation else None)
-    w = Worker(cfg, data, state, model, rank, world, device, micro_batch, ray_data, selection)
-    spec.setup(w)
-    return w
-
-
-def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
-    """Every job's Ray Train worker. `stop_flag`: the driver's `interrupt.StopFlag` (Ctrl-C), None in
-    sweep trials (Tune stops those)."""
-    import ray.train
-    import ray.train.torch
-
-    started = time.monotonic()  # the run's wall time (cost/wall_s) counts from here
-    plan = RunPlan(**plan_dict)
-    console.set_verbose(plan.verbose)
-    console.quiet_worker()
-    cfg = spec.config_class.model_validate(plan.config)
-    ctx = ray.train.get_context()
-    storage = ctx.get_storage()
-    found = recovery.resume_point(storage.storage_filesystem, storage.experiment_fs_path,
-                                  loud=ctx.get_world_rank() == 0)
-    resume = found.checkpoint() if found is not None else None
-    meta: dict[str, Any] = {}
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.read_meta(d)
-    if meta.get("finished"):
-        return  # a rerun of a finished run: nothing to do
-
-    w = make_worker(spec, cfg, spec.open_data(plan.data), plan.start, ray.train.torch.get_device(),
-                    plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), ray_data=True,
-                    fresh=resume is None)
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.restore(d, w.state, verified=True)
-            if w.selection is not None:
-                w.selection.restore(d)
-
-    def evaluate() -> dict[str, float]:
-        metrics = spec.evaluate(w)
-        if w.selection is not None:
-            w.selection.consider(metrics)
-        return metrics
-
-    selecting = w.selection is not None
-    cost = CostMeter(w.model, w.device, w.world,
-                     cfg.scale.gpus_per_worker if w.device.type == "cuda" else cfg.scale.cpus_per_worker,
-                     cfg.train.batch_size, wall_before_s=meta.get("wall_s", 0.0), started=started)
-    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, w.rank, w.world, w.device, evaluate, meta,
-                     on_checkpoint=w.selection.save if selecting else None,
-                     on_end=functools.partial(_held_out, spec, w, plan) if selecting else None,
-                     resumed_from=resume.path if resume is not None else None, cost=cost,
-                     stop=StopWatch(stop_flag) if stop_flag is not None else None)
-    step_kwargs = spec.step_kwargs(cfg)
-
-    def batches(epoch: int, skip: int) -> Iterable[Any]:
-        # the FLOPs of one training forward + backward, counted once on the first micro-batch
-        return cost.counting(spec.train_batches(w, epoch, skip), **step_kwargs(epoch))
-
-    fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
-        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
-        seed=(cfg.train.seed, w.rank))
-
-
-def _held_out(spec: JobSpec, w: Worker, plan: RunPlan | None, _state) -> dict[str, float]:
-    """The held-out splits, once, with the model selected on validation; their files logged."""
-    final = w.selection.load_selected()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) if w.rank == 0 else None
-        final.update(spec.held_out(w, folder))
-        if folder is not None and plan is not None and any(folder.iterdir()):
-            tracking.log_artifacts(plan.tracking_uri, plan.run_id, tmp)
-    return final
-
-
-# ---------------------------------------------------------------- in-process
-
-
-class LocalSelection(NoHooks):
-    """In-process hooks of a selecting job: validation every `train.eval_every` steps and at the
-    end, each result offered to the model selection (RunHooks' cadence, without Ray or MLflow)."""
-
-    def __init__(self, spec: JobSpec, w: Worker):
-        self.spec, self.w, self.last = spec, w, None
-
-    def after_step(self, state, epoch, pos, losses) -> None:
-        if state.step % self.w.cfg.train.eval_every == 0:
-            self.w.selection.consider(self.spec.evaluate(self.w))
-            self.last = state.step
-
-    def at_end(self, state, epoch, pos) -> None:
-        if self.last != state.step:
-            self.w.selection.consider(self.spec.evaluate(self.w))
-
-
-def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, float]]:
-    """A job's worker in this process, on the CPU, without Ray or MLflow: the same initial weights,
-    starting point, batches, steps, loop (`fit`), evaluation cadence and model selection. The train
-    split is read straight from the files (the units and batches a single Ray worker reads). Returns (worker, final metrics): the
-    held-out metrics of the selected model for selecting jobs, else one evaluation at the end."""
-    if data is None:
-        data = spec.resolve_data(cfg)
-    start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
-    cfg = spec.fit_to_data(cfg, data, pretrained)
-    micro = split_batch(cfg)
-    epochs = epoch_plan(spec, cfg, data, micro, workers=1)
-    total = sum(epochs)
-    w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
-    hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
-    fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=epochs,
-        grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg), seed=(cfg.train.seed, 0))
-    if w.selection is None:
-        return w, spec.evaluate(w)
-    return w, _held_out(spec, w, None, w.state)
