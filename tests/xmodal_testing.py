@@ -166,8 +166,9 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     import torch
 
     from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
-    from xmodal.train import engine
+    from xmodal.train.engine import split_batch
     from xmodal.train.specs import job_spec
+    from xmodal.train.worker import make_worker
 
     spec = job_spec(job)
     config = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
@@ -175,7 +176,7 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     data = spec.resolve_data(cfg)
     start, pretrained = spec.resolve_start(cfg, data, "", Path("."))
     cfg = spec.fit_to_data(cfg, data, pretrained)
-    return spec, cfg, engine.make_worker(spec, cfg, data, start, torch.device("cpu"), 20, engine.split_batch(cfg))
+    return spec, cfg, make_worker(spec, cfg, data, start, torch.device("cpu"), 20, split_batch(cfg))
 
 
 class MlflowServer:

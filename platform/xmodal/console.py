@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("xmodal")
@@ -263,6 +264,53 @@ def _robust_rows(final: dict[str, Any], keys: list[str]) -> list[str]:
             by_condition.setdefault(condition, []).append(f"{name} {final[k]:.4f}")
     width = max((len(c) for c in by_condition), default=0)
     return [f"  {c:<{width}}  " + "  ".join(parts) for c, parts in by_condition.items()]
+
+
+def banner(*, job: str, run_name: str, data: str, train_examples: int, preset: str | None, parameters: int,
+           steps: int, epochs: int, batch_size: int, workers: int, gpus_per_worker: float, tracking_uri: str,
+           experiment: str, run_id: str, storage: str) -> str:
+    """What a run is about to do, shown before Ray Train starts (`storage`: the storage path, of which
+    the run's folder is `run_name`)."""
+    devices = f"{gpus_per_worker:g} GPU each" if gpus_per_worker else "CPU"
+    model = (f"preset {preset}, " if preset else "") + f"{parameters / 1e6:.2f} M parameters"
+    lines = [
+        f"{PREFIX}{job} run {run_name}",
+        f"  data      {data} ({_size(data)}, {train_examples:,} training examples)",
+        f"  model     {model}",
+        f"  training  {steps:,} steps ({epochs} epoch{'s' if epochs != 1 else ''}, batch "
+        f"{batch_size}) on {workers} worker{'s' if workers != 1 else ''}, {devices}",
+        f"  MLflow    {tracking_uri} (experiment {experiment!r}, run {run_id})",
+        f"  storage   {storage}/{run_name}",
+    ]
+    return "\n".join(lines)
+
+
+def _size(path: str) -> str:
+    """A local folder's size on disk ("?" for remote or unreadable stores)."""
+    try:
+        n = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    except OSError:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return "?"
+
+
+def end_summary(*, run_name: str, wall_s: float, metrics: dict[str, Any], history: dict[str, list[tuple[int, float]]],
+                baselines: dict[str, list], order: list[str], checkpoint: str | None, run_id: str, view: str) -> str:
+    """Best and final metrics, the final checkpoint's path, the wall time and where the run is in
+    MLflow (`view`: the command that shows it)."""
+    step = metrics.get("step")
+    lines = [f"{PREFIX}finished run {run_name} in {fmt_duration(wall_s)}"
+             + (f" ({step} steps)" if step is not None else "")]
+    lines += summary_table(metrics, history, baselines, order)
+    if checkpoint is not None:
+        lines.append(f"  checkpoint  {checkpoint}")
+    lines.append(f"  MLflow run  {run_id}")
+    lines.append(f"  view it     {view}")
+    return "\n".join(lines)
 
 
 class Console:

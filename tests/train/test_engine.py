@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from xmodal.config import ConfigError, PretrainConfig, load_config
-from xmodal.train.engine import fault_schedule
+from xmodal.train.faults import fault_schedule
 from xmodal_testing import PYTHON, REPO
 
 
@@ -80,7 +80,7 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
     from xmodal import run_tags as T
     from xmodal import tracking
     from xmodal.config import FinetuneConfig, MultTrainConfig
-    from xmodal.train import engine
+    from xmodal.train import engine, record
     from xmodal.train.finetune import FinetuneJob
     from xmodal.train.hooks import ValidationSelection
     from xmodal.train.mult import MultJob
@@ -112,7 +112,7 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         with torch.no_grad():
             expected[job] = first_tensor(model(*inputs))
         torch.save(inputs, tmp_path / f"{job}_inputs.pt")
-        model_id = engine.log_model(spec, plan, checked.data, folder)
+        model_id = record.log_model(spec, plan, checked.data, folder)
         assert model_id is not None
         runs[job] = (plan.run_id, type(model).__name__, model_id)
         # The run's checkpoint folder `model` stays apart from its MLflow model (another name).

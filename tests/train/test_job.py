@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from xmodal.train.engine import RunResult, end_summary
+from xmodal import tracking
+from xmodal.console import end_summary
 
 
 def test_summary_puts_each_metric_beside_its_best_and_its_baseline():
     metrics = {"eval/match_acc": 0.8512, "eval/qa_acc": 0.49, "eval/feat_mse": 1.1, "eval/loss": 7.0,
                "eval/loss/mlm": 1.5, "step": 2696, "epoch": 8, "final": 1}
-    out = RunResult("abc123", "pretrain-small-1", "sqlite:////tmp/x/mlflow.db", metrics,
-                    baselines={"eval/match_acc": [0.5, "chance"], "eval/qa_acc": [0.363, "text-only prior"]})
     history = {"eval/match_acc": [(500, 0.7), (2696, 0.8512)], "eval/feat_mse": [(500, 1.0), (2696, 1.1)],
                "eval/loss": [(500, 8.0), (2696, 7.0)]}
-    text = end_summary(out, 189.0, history, ["eval/qa_acc", "eval/match_acc"])
+    text = end_summary(run_name="pretrain-small-1", wall_s=189.0, metrics=metrics, history=history,
+                       baselines={"eval/match_acc": [0.5, "chance"], "eval/qa_acc": [0.363, "text-only prior"]},
+                       order=["eval/qa_acc", "eval/match_acc"], checkpoint=None, run_id="abc123",
+                       view=tracking.ui_command("sqlite:////tmp/x/mlflow.db"))
     lines = text.splitlines()
     assert lines[0] == "[xmodal] finished run pretrain-small-1 in 3:09 (2696 steps)"
     row = {line.split()[0]: line.split()[1:] for line in lines[2:]}

@@ -2,7 +2,7 @@
 the synthetic label, which needs text AND audio, while every unimodal variant trained the same way
 stays at the prior.
 
-In-process, without Ray, but the job's own path (`engine.run_in_process` with the job's spec): the
+In-process, without Ray, but the job's own path (`inprocess.run_in_process` with the job's spec): the
 config is `load_config(MultTrainConfig)` defaults (preset, store options, optimiser, schedule), the
 store is built by the job's builder, batches come from the Ray pipeline's core
 (`batches_from_tables`), model, optimiser, loop (`fit`), evaluation and validation-based selection
@@ -37,7 +37,7 @@ import pytest
 
 from xmodal.config import MultTrainConfig, load_config
 from xmodal.data.mult.synthetic import build_synthetic_store
-from xmodal.train.engine import run_in_process
+from xmodal.train.inprocess import run_in_process
 from xmodal.train.mult import MultJob
 
 pytestmark = pytest.mark.slow

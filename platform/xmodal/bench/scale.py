@@ -13,7 +13,7 @@ For each LXMERT size N (images), in a temporary folder under --work:
 3. the store: size on disk; time and peak memory to open it (`bench.data.startup`, a fresh process);
    the data pipeline's samples/s on one pinned core (`bench.data.our_batches`, as the suite's data
    section); the peak RSS of one training worker through one epoch: the pretraining job's worker
-   (`engine.run_in_process`: the same objective, `fit` loop and batches a one-worker Ray Train run
+   (`inprocess.run_in_process`: the same objective, `fit` loop and batches a one-worker Ray Train run
    reads, straight from the files instead of through Ray Data) on the tiny preset, in a fresh process.
 MulT: a MOSEI-size reference pickle (16,326 / 1,871 / 4,659 clips; text 50 x 300, audio 500 x 74,
 vision 500 x 35, float32, front padding) or MOSI-size with --mult-size small; the same figures, the
@@ -226,7 +226,7 @@ def lxmert_worker(store: str, batch: int) -> dict[str, Any]:
     from xmodal.config import PretrainConfig, load_config
     from xmodal.data.lxmert.store import open_store
     from xmodal.train.cost import peak_memory_gib
-    from xmodal.train.engine import run_in_process
+    from xmodal.train.inprocess import run_in_process
     from xmodal.train.pretrain import PretrainJob
 
     torch.set_num_threads(1)
@@ -328,7 +328,7 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
     from xmodal.config import MultTrainConfig, load_config
     from xmodal.data.mult.store import open_store
     from xmodal.train.cost import peak_memory_gib
-    from xmodal.train.engine import run_in_process
+    from xmodal.train.inprocess import run_in_process
     from xmodal.train.mult import MultJob
 
     torch.set_num_threads(1)

@@ -11,27 +11,23 @@ the same way for every job:
 
 `check` runs every test a worker would make, before `ray.init` and before any MLflow run or database
 exists: bad input fails in the driver as one `UserError`, never as retried worker failures.
-`run_in_process` runs a job's worker in this process without Ray (tests, learning measurements).
+The worker side is `xmodal.train.worker`; what a run records in MLflow, `xmodal.train.record`; fault
+injection, `xmodal.train.faults`. `xmodal.train.inprocess.run_in_process` runs a job's worker in this
+process without Ray (tests, learning measurements).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import importlib.metadata
-import logging
-import platform
-import random
 import signal
-import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import yaml
@@ -41,37 +37,13 @@ from xmodal import console, errors, run_tags, tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.data.common import epoch_samples
 from xmodal.train import checkpoint as ckpt
-from xmodal.train import recovery
+from xmodal.train import record, recovery
 from xmodal.train.cluster import check_cluster, connect, storage_path
-from xmodal.train.cost import CostMeter
-from xmodal.train.hooks import RunHooks, ValidationSelection, say
-from xmodal.train.interrupt import GracefulStop, StopWatch
-from xmodal.train.loop import NoHooks, fit
-from xmodal.train.runtime import prepare
+from xmodal.train.faults import check_fault_storage, fault_schedule
+from xmodal.train.interrupt import GracefulStop
 
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class Worker:
-    """What a job's worker hooks see: the job's config and data, the training state, the place of
-    this worker in the group, and how it reads its share of the train split (`ray_data`: through Ray
-    Data on a Train worker; in-process, with the same units and batches, straight from the files)."""
-
-    cfg: Any
-    data: Any
-    state: Any  # TrainState
-    model: nn.Module  # the plain objective (no DDP, no compile): evaluation runs it directly
-    rank: int
-    world: int
-    device: torch.device
-    micro_batch: int
-    ray_data: bool = False
-    selection: ValidationSelection | None = None
-    parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
-
-    def to_device(self, batch):
-        return batch.to(self.device, torch.float32, non_blocking=True)
+if TYPE_CHECKING:  # the worker module imports this one; its Worker only annotates the spec's hooks here
+    from xmodal.train.worker import Worker
 
 
 class JobSpec:
@@ -314,59 +286,18 @@ def check(spec: JobSpec, cfg) -> Checked:
                    fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name), epochs, parameters)
 
 
-def check_fault_storage(train, storage: str) -> None:
-    """Faults need a local storage path: each leaves a marker there so that it fires once."""
-    if (train.fail_at_step or train.random_faults) and "://" in storage:
-        raise ConfigError(f"train.fail_at_step / train.random_faults need a local scale.storage_path (each fault "
-                          f"leaves a marker there so that it fires once); got {storage!r}")
-
-
-def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name: str) -> list[tuple[int, int]]:
-    """The testing aid's (step, rank) pairs: each listed step on rank 1 (rank 0 with one worker), and
-    `train.random_faults` more distinct steps and ranks drawn from `train.fault_seed` and the run name
-    (trials of one sweep get different schedules, a rerun of a run the same one)."""
-    listed = sorted(set(train.fail_at_step or []))
-    if not listed and not train.random_faults:
-        return []
-    check_fault_storage(train, storage)
-    late = [s for s in listed if s >= total_steps]
-    if late:
-        raise ConfigError(f"train.fail_at_step = {late}: expected steps below the run's {total_steps} steps")
-    free = [s for s in range(1, total_steps) if s not in listed]
-    if train.random_faults > len(free):
-        raise ConfigError(f"train.random_faults = {train.random_faults}: expected at most {len(free)} (the run has "
-                          f"{total_steps} steps, {len(listed)} of them in train.fail_at_step)")
-    rng = random.Random(f"{train.fault_seed}:{run_name}")
-    drawn = sorted(rng.sample(free, train.random_faults))
-    return sorted([(s, min(1, workers - 1)) for s in listed]
-                  + [(s, rng.randrange(workers)) for s in drawn])
-
-
-def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags: dict[str, str],
-             parent_run_id: str | None = None, where: Callable[[], str] = lambda: "") -> str:
-    """The MLflow run named `name` (resumed: marked running again, `where()` saying from which step)
-    or a new one with params and tags."""
-    exp_id = tracking.ensure_experiment(uri, experiment)
-    existing = tracking.find_run(uri, exp_id, name)
-    if existing is not None:
-        tracking.mark_running(uri, existing.run_id)
-        log.info(f"resuming run {name!r} (MLflow run {existing.run_id}){where()}")
-        return existing.run_id
-    return tracking.create_run(uri, exp_id, name, params,
-                               {run_tags.COMMIT: tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
-
-
 def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
          tags: dict[str, str] | None = None) -> RunPlan:
     """Open (or find again) the MLflow run of a checked config; log its baselines."""
     cfg, data = checked.cfg, checked.data
     name = cfg.mlflow.run_name
     all_tags = {run_tags.TASK: spec.name, run_tags.STORE: spec.data_path(data), run_tags.CONFIG_SOURCE: source,
-                run_tags.TOTAL_STEPS: str(checked.total_steps), **reproducibility_tags(cfg, spec.data_path(data)),
+                run_tags.TOTAL_STEPS: str(checked.total_steps),
+                **record.reproducibility_tags(cfg, spec.data_path(data)),
                 **spec.tags(cfg, data, checked.start), **(tags or {})}
-    run_id = open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags, parent_run_id,
-                      where=functools.partial(resume_note, checked.storage, name))
-    log_dataset(spec, cfg, data, checked.tracking_uri, run_id)
+    run_id = record.open_run(checked.tracking_uri, cfg.mlflow.experiment, name, flatten(cfg), all_tags,
+                             parent_run_id, where=functools.partial(record.resume_note, checked.storage, name))
+    record.log_dataset(spec, cfg, data, checked.tracking_uri, run_id)
     baselines = spec.baselines(cfg, data)
     if baselines:
         tracking.log_metrics(checked.tracking_uri, run_id,
@@ -380,52 +311,14 @@ def plan(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None
                    baselines=baselines, metric_order=spec.metric_order(cfg), verbose=console.verbose())
 
 
-def resume_note(storage: str, run_name: str) -> str:
-    """Where a rerun of the run resumes, as the driver's "resuming run" line says it: the step of the
-    newest intact checkpoint on storage, which the workers restore (`recovery`)."""
-    found, _ = recovery.newest_intact(*recovery.run_folder(storage, run_name))
-    if found is None:
-        return f": from step 0, no intact checkpoint under {storage}/{run_name}"
-    return f": from step {found.step}, {found.path.rsplit('/', 1)[-1]}"
-
-
-def manifest_digest(data_path: str) -> str:
-    """The data's fingerprint: the first 16 hex digits of its manifest's sha256 ("-" without one)."""
-    manifest = Path(data_path) / "manifest.json"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"
-
-
-def log_dataset(spec: JobSpec, cfg, data, uri: str, run_id: str) -> None:
-    """The run's data as its MLflow dataset input (context "train"): the job's name, rows and dims,
-    the path, and the manifest's fingerprint as the digest (the `xmodal.repro` tag's too)."""
-    path = spec.data_path(data)
-    d = spec.dataset(cfg, data)
-    digest = manifest_digest(path)
-    tracking.log_dataset(uri, run_id, d["name"], path, digest,
-                         {"job": spec.name, "fingerprint": digest, "rows": d["rows"], "dims": d["dims"]})
-
-
-def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
-    """What the promise "same seed, data, config and workers -> the same metrics" rests on
-    (docs/architecture.md, "Reproducible runs"); the config itself is the run's params."""
-    digest = manifest_digest(data_path)
-    versions = []
-    for package in ("torch", "numpy", "pyarrow", "ray"):
-        try:
-            versions.append(f"{package}={importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{package}=-")
-    return {run_tags.REPRO_SEED: str(cfg.train.seed), run_tags.REPRO_WORKERS: str(cfg.scale.num_workers),
-            run_tags.REPRO_DATA_MANIFEST: digest,
-            run_tags.REPRO_VERSIONS: f"python={platform.python_version()} " + " ".join(versions)}
-
-
 def trainer(spec: JobSpec, plan: RunPlan, data, callbacks: list | None = None, stop_flag=None):
     """A TorchTrainer running `worker` for the plan: CPUs left for Ray Data, failures retried, the
     best checkpoints kept. Sweeps pass Tune's report callback; command-line runs the flag that
     Ctrl-C sets (`interrupt.GracefulStop`)."""
     import ray.train
     from ray.train.torch import TorchTrainer
+
+    from xmodal.train.worker import worker  # imported here: the worker module imports the engine's RunPlan
 
     cfg = spec.config_class.model_validate(plan.config)
     scale, train = cfg.scale, cfg.train
@@ -534,60 +427,20 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
     """check -> plan -> Ray Train -> finish, for one run of any job."""
     checked = check(spec, cfg)
     p = plan(spec, checked, source, parent_run_id, tags)
-    console.CONSOLE.show(banner(spec, checked, p))
+    checked_cfg = checked.cfg  # the run name set; `cfg.mlflow.run_name` below is the one given
+    console.CONSOLE.show(console.banner(
+        job=spec.name, run_name=p.run_name, data=spec.data_path(checked.data),
+        train_examples=spec.train_examples(checked_cfg, checked.data), preset=getattr(checked_cfg, "preset", None),
+        parameters=checked.parameters, steps=p.total_steps, epochs=len(p.epoch_steps),
+        batch_size=checked_cfg.train.batch_size, workers=checked_cfg.scale.num_workers,
+        gpus_per_worker=checked_cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
+        experiment=checked_cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
     try:
         return train_and_finish(spec, p, checked.data, callbacks)
     except errors.RunInterrupted as e:
         if cfg.mlflow.run_name is None:  # a generated name: the same command would start a new run
             e.hint = f" with --run-name {p.run_name}"
         raise
-
-
-def banner(spec: JobSpec, checked: Checked, plan: RunPlan) -> str:
-    """What a run is about to do, shown before Ray Train starts."""
-    cfg, path = checked.cfg, spec.data_path(checked.data)
-    scale = cfg.scale
-    devices = f"{scale.gpus_per_worker:g} GPU each" if scale.gpus_per_worker else "CPU"
-    preset = getattr(cfg, "preset", None)
-    model = (f"preset {preset}, " if preset else "") + f"{checked.parameters / 1e6:.2f} M parameters"
-    epochs = len(plan.epoch_steps)
-    lines = [
-        f"{console.PREFIX}{spec.name} run {plan.run_name}",
-        f"  data      {path} ({_size(path)}, {spec.train_examples(cfg, checked.data):,} training examples)",
-        f"  model     {model}",
-        f"  training  {plan.total_steps:,} steps ({epochs} epoch{'s' if epochs != 1 else ''}, batch "
-        f"{cfg.train.batch_size}) on {scale.num_workers} worker{'s' if scale.num_workers != 1 else ''}, {devices}",
-        f"  MLflow    {plan.tracking_uri} (experiment {cfg.mlflow.experiment!r}, run {plan.run_id})",
-        f"  storage   {plan.storage}/{plan.run_name}",
-    ]
-    return "\n".join(lines)
-
-
-def _size(path: str) -> str:
-    """A local folder's size on disk ("?" for remote or unreadable stores)."""
-    try:
-        n = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-    except OSError:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "?"
-
-
-def end_summary(out: RunResult, wall_s: float, history: dict[str, list[tuple[int, float]]],
-                order: list[str]) -> str:
-    """Best and final metrics, the final checkpoint, the wall time and where the run is in MLflow."""
-    step = out.metrics.get("step")
-    lines = [f"{console.PREFIX}finished run {out.run_name} in {console.fmt_duration(wall_s)}"
-             + (f" ({step} steps)" if step is not None else "")]
-    lines += console.summary_table(out.metrics, history, out.baselines, order)
-    if out.checkpoint is not None:
-        lines.append(f"  checkpoint  {out.checkpoint.path}")
-    lines.append(f"  MLflow run  {out.run_id}")
-    lines.append(f"  view it     {tracking.ui_command(out.tracking_uri)}")
-    return "\n".join(lines)
 
 
 def outbox(plan: RunPlan) -> tracking.Outbox:
@@ -610,44 +463,9 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
             for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
                 out.artifact(Path(d) / f, "model")
             if spec is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
-                log_model(spec, plan, data, Path(d))
+                record.log_model(spec, plan, data, Path(d))
     out.terminated("FINISHED")
     out.report()
-
-
-def final_model(spec: JobSpec, cfg, data, folder: Path) -> tuple[nn.Module, str]:
-    """The bare model (`spec.exported_model`) with a checkpoint's weights, in eval mode: those selected
-    on validation when the job selects (what its test metrics are of), else the last. Returns (model,
-    which weights)."""
-    objective = spec.build_objective(cfg, data)
-    best = folder / ValidationSelection.BEST_FILE
-    if best.is_file():
-        state, which = torch.load(best, map_location="cpu", weights_only=True)["weights"], "selected"
-    else:
-        state, which = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
-    objective.load_state_dict(state)
-    return spec.exported_model(objective).eval(), which
-
-
-def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:
-    """The final checkpoint's model as the run's MLflow model (`tracking.log_pytorch_model`), the
-    resolved config beside it; returns its id. Best effort: the run's `model` artifact holds the
-    weights either way, so a failure is one line, not a failed run."""
-    started = time.monotonic()
-    try:
-        cfg = spec.config_class.model_validate(plan.config)
-        model, which = final_model(spec, cfg, data, folder)
-        step = ckpt.read_meta(folder).get("step", 0)
-        metadata = {"xmodal_job": spec.name, "xmodal_run_name": plan.run_name, "step": step,
-                    "weights": f"selected on {cfg.train.best_metric}" if which == "selected" else "last"}
-        model_id = tracking.log_pytorch_model(plan.tracking_uri, plan.run_id, model, config=plan.config,
-                                              metadata=metadata, step=step)
-    except Exception as e:  # any failure to build, pickle or send it: the run's training is done
-        say(f"[xmodal] the final model was not logged as an MLflow model ({type(e).__name__}: {e}); "
-            "its weights are in the run's `model` artifact")
-        return None
-    log.debug(f"MLflow model {model_id} logged in {time.monotonic() - started:.2f} s")
-    return model_id
 
 
 def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
@@ -660,8 +478,8 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
         spec.check(_seeded(cfg, seed, "check"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     base = cfg.mlflow.run_name or f"{spec.run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    parent = open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
-                      {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
+    parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
+                             {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
         finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
                   for seed in seeds]
@@ -670,170 +488,20 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
         if isinstance(e, errors.RunInterrupted) and cfg.mlflow.run_name is None:
             e.hint = f" with --run-name {base}"  # the seeds' runs are named after it
         raise
-    summary = seed_summary([tracking.get_run(uri, r).metrics for r in finals])
-    tracking.log_metrics(uri, parent, summary)
-    tracking.set_terminated(uri, parent, "FINISHED")
-    shown = {k.removesuffix("_mean"): (v, summary[k.removesuffix("_mean") + "_std"])
-             for k, v in summary.items() if k.endswith("_mean") and k.startswith("test/")}
-    log.info("over seeds " + ", ".join(map(str, seeds)) + ": " +
-        "  ".join(f"{k} {m:.4f} ± {s:.4f}" for k, (m, s) in sorted(shown.items())))
-    return RunResult(parent, base, uri, summary)
+    return RunResult(parent, base, uri, record.finish_seeds_parent(uri, parent, finals, seeds))
 
 
 def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None) -> RunResult:
     started = time.monotonic()
     out = spec.run(cfg, source, parent_run_id=parent_run_id)
     c = console.CONSOLE
-    c.show(end_summary(out, time.monotonic() - started, c.history, c.order))
+    c.show(console.end_summary(
+        run_name=out.run_name, wall_s=time.monotonic() - started, metrics=out.metrics, history=c.history,
+        baselines=out.baselines, order=c.order, checkpoint=out.checkpoint.path if out.checkpoint is not None else None,
+        run_id=out.run_id, view=tracking.ui_command(out.tracking_uri)))
     return out
 
 
 def _seeded(cfg, seed: int, name: str):
     return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
                                   "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
-
-
-def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
-    """{metric_mean, metric_std} over seeds for the test, best-validation and robustness metrics every run has."""
-    keys = set.intersection(*(set(m) for m in finals)) if finals else set()
-    out: dict[str, float] = {}
-    for k in sorted(k for k in keys if k.startswith(("test/", "best_valid/", "robust/"))):
-        vals = [m[k] for m in finals]
-        out[f"{k}_mean"] = statistics.fmean(vals)
-        out[f"{k}_std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return out
-
-
-# ---------------------------------------------------------------- worker
-
-
-def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
-                micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True
-                ) -> Worker:
-    """The seeded objective (identical initial weights on every worker) with its starting weights
-    (fresh runs only), its training state, the model selection of a selecting job, and the job's
-    per-worker parts."""
-    torch.manual_seed(cfg.train.seed)
-    objective = spec.build_objective(cfg, data)
-    if fresh:
-        loaded = spec.load_start(objective, cfg, data, start)
-        if loaded and rank == 0:
-            say(f"[xmodal] {spec.name}: {loaded}")
-    state = prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
-                    **spec.prepare_options(cfg))
-    model = ckpt.unwrap(state.model)
-    selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
-                 if spec.selects_on_validation else None)
-    w = Worker(cfg, data, state, model, rank, world, device, micro_batch, ray_data, selection)
-    spec.setup(w)
-    return w
-
-
-def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
-    """Every job's Ray Train worker. `stop_flag`: the driver's `interrupt.StopFlag` (Ctrl-C), None in
-    sweep trials (Tune stops those)."""
-    import ray.train
-    import ray.train.torch
-
-    started = time.monotonic()  # the run's wall time (cost/wall_s) counts from here
-    plan = RunPlan(**plan_dict)
-    console.set_verbose(plan.verbose)
-    console.quiet_worker()
-    cfg = spec.config_class.model_validate(plan.config)
-    ctx = ray.train.get_context()
-    storage = ctx.get_storage()
-    found = recovery.resume_point(storage.storage_filesystem, storage.experiment_fs_path,
-                                  loud=ctx.get_world_rank() == 0)
-    resume = found.checkpoint() if found is not None else None
-    meta: dict[str, Any] = {}
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.read_meta(d)
-    if meta.get("finished"):
-        return  # a rerun of a finished run: nothing to do
-
-    w = make_worker(spec, cfg, spec.open_data(plan.data), plan.start, ray.train.torch.get_device(),
-                    plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), ray_data=True,
-                    fresh=resume is None)
-    if resume is not None:
-        with resume.as_directory() as d:
-            meta = ckpt.restore(d, w.state, verified=True)
-            if w.selection is not None:
-                w.selection.restore(d)
-
-    def evaluate() -> dict[str, float]:
-        metrics = spec.evaluate(w)
-        if w.selection is not None:
-            w.selection.consider(metrics)
-        return metrics
-
-    selecting = w.selection is not None
-    cost = CostMeter(w.model, w.device, w.world,
-                     cfg.scale.gpus_per_worker if w.device.type == "cuda" else cfg.scale.cpus_per_worker,
-                     cfg.train.batch_size, wall_before_s=meta.get("wall_s", 0.0), started=started)
-    hooks = RunHooks(plan, cfg.train, cfg.mlflow.system_metrics, w.rank, w.world, w.device, evaluate, meta,
-                     on_checkpoint=w.selection.save if selecting else None,
-                     on_end=functools.partial(_held_out, spec, w, plan) if selecting else None,
-                     resumed_from=resume.path if resume is not None else None, cost=cost,
-                     stop=StopWatch(stop_flag) if stop_flag is not None else None)
-    step_kwargs = spec.step_kwargs(cfg)
-
-    def batches(epoch: int, skip: int) -> Iterable[Any]:
-        # the FLOPs of one training forward + backward, counted once on the first micro-batch
-        return cost.counting(spec.train_batches(w, epoch, skip), **step_kwargs(epoch))
-
-    fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
-        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
-        seed=(cfg.train.seed, w.rank))
-
-
-def _held_out(spec: JobSpec, w: Worker, plan: RunPlan | None, _state) -> dict[str, float]:
-    """The held-out splits, once, with the model selected on validation; their files logged."""
-    final = w.selection.load_selected()
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) if w.rank == 0 else None
-        final.update(spec.held_out(w, folder))
-        if folder is not None and plan is not None and any(folder.iterdir()):
-            tracking.log_artifacts(plan.tracking_uri, plan.run_id, tmp)
-    return final
-
-
-# ---------------------------------------------------------------- in-process
-
-
-class LocalSelection(NoHooks):
-    """In-process hooks of a selecting job: validation every `train.eval_every` steps and at the
-    end, each result offered to the model selection (RunHooks' cadence, without Ray or MLflow)."""
-
-    def __init__(self, spec: JobSpec, w: Worker):
-        self.spec, self.w, self.last = spec, w, None
-
-    def after_step(self, state, epoch, pos, losses) -> None:
-        if state.step % self.w.cfg.train.eval_every == 0:
-            self.w.selection.consider(self.spec.evaluate(self.w))
-            self.last = state.step
-
-    def at_end(self, state, epoch, pos) -> None:
-        if self.last != state.step:
-            self.w.selection.consider(self.spec.evaluate(self.w))
-
-
-def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, float]]:
-    """A job's worker in this process, on the CPU, without Ray or MLflow: the same initial weights,
-    starting point, batches, steps, loop (`fit`), evaluation cadence and model selection. The train
-    split is read straight from the files (the units and batches a single Ray worker reads). Returns (worker, final metrics): the
-    held-out metrics of the selected model for selecting jobs, else one evaluation at the end."""
-    if data is None:
-        data = spec.resolve_data(cfg)
-    start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
-    cfg = spec.fit_to_data(cfg, data, pretrained)
-    micro = split_batch(cfg)
-    epochs = epoch_plan(spec, cfg, data, micro, workers=1)
-    total = sum(epochs)
-    w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
-    hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
-    fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=epochs,
-        grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg), seed=(cfg.train.seed, 0))
-    if w.selection is None:
-        return w, spec.evaluate(w)
-    return w, _held_out(spec, w, None, w.state)

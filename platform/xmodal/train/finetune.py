@@ -34,9 +34,10 @@ from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
+from xmodal.train.engine import JobSpec, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.hooks import say
 from xmodal.train.loop import gather_rows
+from xmodal.train.worker import Worker
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
 
@@ -499,10 +500,10 @@ def write_predictions(task: str, data, split: str, p: dict[str, Any], folder: Pa
 
 def finetune_in_process(cfg: FinetuneConfig, data, init: Init, pretrained: LxmertConfig | None = None
                         ) -> dict[str, float]:
-    """The worker's fine-tuning in this process, on the CPU, without Ray (`engine.run_in_process`),
+    """The worker's fine-tuning in this process, on the CPU, without Ray (`inprocess.run_in_process`),
     from `init`: the validation metrics of the model the job selects (what it logs as best_valid/*).
     The learning tests run the embedded default through it."""
-    from xmodal.train.engine import run_in_process
+    from xmodal.train.inprocess import run_in_process
 
     class Given(FinetuneJob):
         def resolve_start(self, cfg, data, uri, download_dir):

@@ -1,14 +1,11 @@
 """What runs on every Train worker besides the loop: logging, evaluation, checkpoints, model
-selection on a validation split and fault injection (a testing aid). Rank 0 shows progress and
-evaluations through the driver's console (`xmodal.console.emit`)."""
+selection on a validation split and fault injection (a testing aid, `xmodal.train.faults`). Rank 0
+shows progress and evaluations through the driver's console (`xmodal.console.emit`)."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from xmodal.console import emit, say
 from xmodal.scores import better
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cost import CostMeter
+from xmodal.train.faults import Injector
 from xmodal.train.loop import Throughput, all_reduce_sums
 from xmodal.train.step import TrainState
 
@@ -89,7 +87,7 @@ class RunHooks:
             (meta["step"], resumed_from) if resumed_from is not None and "step" in meta else None)
         self.on_checkpoint, self.on_end = on_checkpoint, on_end
         self.evaluate = evaluate
-        self.faults = {tuple(f) for f in plan.faults}
+        self.faults = Injector(plan.faults, plan.fault_dir, rank)
         self.last_eval_step = meta.get("step", -1)
         self.checkpointed_step = meta.get("step", -1)  # the same on every rank (each evaluation checkpoints)
         self.best = meta.get("best")
@@ -112,7 +110,7 @@ class RunHooks:
             self.cost.step_start()
         t = self.train
         self.meter.add(t.batch_size)
-        self._maybe_fail(state.step)
+        self.faults.at_step(state.step)
         for k, v in losses.items():  # summed on the device: read once per log step, not every step
             self.window[k] = self.window.get(k, 0) + v
         self.window_steps += 1
@@ -234,25 +232,3 @@ class RunHooks:
             raise ckpt.CheckpointWriteError(self.plan.run_name, where, state.step, " ".join(str(e).split()),
                                             self.last_checkpoint) from e
         self.last_checkpoint = (state.step, ray.train.get_checkpoint().path)
-
-    def _maybe_fail(self, step: int) -> None:
-        """The testing aid: at a scheduled (step, rank) that worker exits, once (a marker file records it:
-        a resumed run replays the steps since its checkpoint)."""
-        if (step, self.rank) not in self.faults:
-            return
-        marker = Path(self.plan.fault_dir) / f"step{step}-rank{self.rank}"
-        if marker.exists():
-            return
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"step": step, "rank": self.rank, "time": time.time()}))
-        say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
-        # Ray Train V2 collects reports when it polls the workers: a worker that dies sooner after a
-        # checkpoint loses it, and the run resumes from the one before. Wait out two polls, so that
-        # the run resumes from the latest checkpoint.
-        time.sleep(2 * ray_train_poll_s() + 1)
-        os._exit(1)
-
-
-def ray_train_poll_s() -> float:
-    """How often Ray Train V2's controller polls its workers (its own setting, read where it reads it)."""
-    return float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))

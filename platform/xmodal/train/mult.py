@@ -24,8 +24,9 @@ from xmodal.config import MULT_METRICS, ConfigError, MultTrainConfig, mult_valid
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
-from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
+from xmodal.train.engine import JobSpec, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.loop import gather_rows
+from xmodal.train.worker import Worker
 
 DEFAULT_STORE = "data/synthetic_mult"
 SENTIMENT_METRICS = MULT_METRICS["sentiment"]

@@ -20,8 +20,9 @@ from xmodal import run_tags
 from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
-from xmodal.train.engine import JobSpec, Worker, configured_or_embedded, dealt_epoch_steps
+from xmodal.train.engine import JobSpec, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.loop import evaluate_sums, ratios
+from xmodal.train.worker import Worker
 
 DEFAULT_STORE = "data/synthetic_lxmert"
 
@@ -161,9 +162,9 @@ def task_schedule(cfg: PretrainConfig) -> Callable[[int], dict[str, Any]]:
 
 
 def pretrain_in_process(cfg: PretrainConfig, store) -> tuple[torch.nn.Module, dict[str, float]]:
-    """The worker's pretraining in this process, on the CPU, without Ray (`engine.run_in_process`).
+    """The worker's pretraining in this process, on the CPU, without Ray (`inprocess.run_in_process`).
     The learning tests run the embedded default through it. Returns (objective, minival metrics)."""
-    from xmodal.train.engine import run_in_process
+    from xmodal.train.inprocess import run_in_process
 
     w, metrics = run_in_process(PretrainJob(), cfg, store)
     return w.model, metrics

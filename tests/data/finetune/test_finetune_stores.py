@@ -165,8 +165,8 @@ def test_changed_store_is_detected_and_old_manifests_open(tmp_path: Path, small_
 def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Path, small_store: LxmertStore):
     """The job's own path in process (no Ray): config checks, model dims, batches, evaluation, predictions."""
     from xmodal.config import FinetuneConfig, load_config
-    from xmodal.train.engine import run_in_process
     from xmodal.train.finetune import FinetuneJob
+    from xmodal.train.inprocess import run_in_process
 
     ids = [f"x-{k}-img{j}" for k in range(16) for j in (0, 1)]
     feats, _ = _features_store(tmp_path, "nlvr2_feats", ids, seed=8)

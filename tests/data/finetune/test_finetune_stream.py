@@ -175,7 +175,7 @@ t0 = time.time()
 from xmodal.config import FinetuneConfig, load_config
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
-from xmodal.train.engine import Worker
+from xmodal.train.worker import Worker
 from xmodal.train.finetune import FinetuneJob, predict_split, with_data_dims
 
 def peak():  # kB: the highest resident set since the last reset
