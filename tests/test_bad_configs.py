@@ -8,8 +8,8 @@ stderr, no Ray start-up text, and the working directory unchanged apart from the
 (no mlflow.db, data/, runs/, mlruns/ or half-written store).
 
 The cases run in parallel threads (one module fixture) and are reported one test each. Measured:
-about 85 s for the whole file (47 cases, 4 threads) on the shared 2-core machine: each subprocess
-imports torch and Ray Train, 3-4 s of CPU.
+about 150 s for the whole file (125 cases, 4 threads) on a 2-core machine shared with other test
+runs: each subprocess imports torch and Ray Train, 3-4 s of CPU.
 """
 
 from __future__ import annotations
