@@ -17,7 +17,7 @@ import pytest
 
 from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
+from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")
 
@@ -344,17 +344,27 @@ try_first:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_store, ray_local):
+def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_store):
     """Ctrl-C (SIGINT to the driver's process group) once a trial has finished and another is training:
     exit 130 and one line saying how to continue; the parent and the running trials KILLED, each
     trial tagged with the step it resumes from. `--resume` keeps the finished trial (not run again),
-    resumes the others from those steps, and every child run has each step once."""
-    address = ray_local.get_runtime_context().gcs_address
+    resumes the others from those steps, and every child run has each step once.
+    On a Ray head of its own: in the shared test Ray, placement groups left by the in-process sweeps
+    of earlier tests held enough CPUs that the resumed trials' Ray Data reads never got one (a hang)."""
+    head = RayHead(tmp_path)
+    try:
+        _ctrl_c_then_resume(tmp_path, tiny_store, head.address, head.env)
+    finally:
+        head.stop()
+
+
+def _ctrl_c_then_resume(tmp_path: Path, tiny_store: Path, address: str, head_env: dict[str, str]) -> None:
     space = space_file(tmp_path, tiny_store, CTRL_C_SPACE, "eval_every: 40")
     space.write_text(space.read_text().replace("epochs: 2,", "epochs: 10,"))  # 450 steps: room for 400
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [PYTHON, SWEEP, str(space), "--name", "ctrlc", "--storage-path", str(tmp_path / "runs")]
-    first = subprocess.Popen(cmd, cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), start_new_session=True,
+    env = {**head_env, "RAY_ADDRESS": address}
+    first = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True,
                              stdout=open(tmp_path / "first.log", "w"), stderr=subprocess.STDOUT)
     finished: dict[str, float] = {}
     try:
@@ -392,7 +402,7 @@ def test_ctrl_c_stops_a_sweep_and_resume_keeps_finished_trials(tmp_path, tiny_st
     assert any(40 <= step < 400 for step in stopped.values()), stopped
     assert not [r for r in children(uri, parent.run_id) if r.status == "RUNNING"]
 
-    second = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=ray_env(RAY_ADDRESS=address), capture_output=True,
+    second = subprocess.run([*cmd, "--resume"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600, start_new_session=True)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     parent = tracking.find_run(uri, tracking.get_experiment_id(uri, EXPERIMENT), "ctrlc")
