@@ -311,7 +311,7 @@ CASES = [
     Case("pretrain-run-name-with-slash", "pretrain.py", ["--run-name", "mine/v2"], ["mlflow.run_name", "'mine/v2'", "/"]),
     Case("sweep-space-is-a-directory", "sweep.py", ["space.yaml"], ["space.yaml", "is a directory"],
          files={"space.yaml": None}),
-    # ---- checked before any data is built (JobSpec.check_inputs, the config, engine.check before resolve_data)
+    # ---- checked before any data is built (the config, engine.check, then JobSpec.prepare before it opens data)
     Case("finetune-init-checkpoint-bad-meta", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
          ["init.path", "meta.json", "not readable JSON"], files={"ck": None, "ck/meta.json": "{", "ck/model.pt": "x"}),
     Case("finetune-init-checkpoint-weights-not-torch", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],

@@ -166,17 +166,17 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     import torch
 
     from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
-    from xmodal.train.engine import split_batch
+    from xmodal.train.job import Inputs, split_batch
     from xmodal.train.specs import job_spec
     from xmodal.train.worker import make_worker
 
     spec = job_spec(job)
     config = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
     cfg = load_config(config, overrides=["preset=tiny", "train.batch_size=16", f"data.store={store}", *overrides])
-    data = spec.resolve_data(cfg)
-    start, pretrained = spec.resolve_start(cfg, data, "", Path("."))
-    cfg = spec.fit_to_data(cfg, data, pretrained)
-    return spec, cfg, make_worker(spec, cfg, data, start, torch.device("cpu"), 20, split_batch(cfg))
+    prepared = spec.prepare(cfg, Inputs("", Path(".")))
+    cfg = prepared.cfg
+    return spec, cfg, make_worker(spec, cfg, prepared.data, prepared.start, torch.device("cpu"), 20, split_batch(cfg),
+                                  train_options=prepared.train_options)
 
 
 class MlflowServer:

@@ -96,9 +96,9 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
             f"data.store={stores[job]}", "preset=tiny", f"mlflow.tracking_uri={uri}", f"mlflow.run_name={job}",
             f"scale.storage_path={tmp_path / 'runs'}", *extra])
         checked = spec.check(cfg)
-        plan = engine.plan(spec, checked, "test")
+        plan = engine.open_run(spec, checked, "test")
         torch.manual_seed(1)
-        objective = spec.build_objective(checked.cfg, checked.data)
+        objective = spec.build_objective(checked.prepared.cfg, checked.prepared.data)
         folder = tmp_path / "ckpt" / job
         folder.mkdir(parents=True)
         torch.save(objective.state_dict(), folder / "model.pt")
@@ -107,12 +107,12 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
             selected = {k: v + 0.01 if v.is_floating_point() else v for k, v in objective.state_dict().items()}
             torch.save({"weights": selected, "score": 0.5, "valid": {}}, folder / ValidationSelection.BEST_FILE)
             objective.load_state_dict(selected)
-        model = spec.exported_model(objective).eval()
-        inputs = example_inputs(job, checked.cfg)
+        model = record.exported_model(objective).eval()
+        inputs = example_inputs(job, checked.prepared.cfg)
         with torch.no_grad():
             expected[job] = first_tensor(model(*inputs))
         torch.save(inputs, tmp_path / f"{job}_inputs.pt")
-        model_id = record.log_model(spec, plan, checked.data, folder)
+        model_id = record.log_model(spec, plan, checked.prepared.data, folder)
         assert model_id is not None
         runs[job] = (plan.run_id, type(model).__name__, model_id)
         # The run's checkpoint folder `model` stays apart from its MLflow model (another name).
@@ -126,7 +126,7 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         assert run.data.tags[T.COMMAND].startswith(run.data.tags[T.SOURCE_NAME])
         (ds,) = run.inputs.dataset_inputs
         assert ds.dataset.digest == run.data.tags["xmodal.repro.data_manifest_sha256"] != "-"
-        assert json.loads(ds.dataset.source)["uri"] == spec.data_path(checked.data)
+        assert json.loads(ds.dataset.source)["uri"] == checked.plan.data
         assert [(t.key, t.value) for t in ds.tags] == [("mlflow.data.context", "train")]
         profile = json.loads(ds.dataset.profile)
         assert profile["job"] == job and profile["fingerprint"] == ds.dataset.digest
@@ -134,7 +134,7 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         assert [o.model_id for o in run.outputs.model_outputs] == [model_id]
         logged = client.get_logged_model(model_id)
         assert logged.source_run_id == plan.run_id and str(logged.status) in ("READY", "LoggedModelStatus.READY")
-        assert logged.params["train.seed"] == str(checked.cfg.train.seed)
+        assert logged.params["train.seed"] == str(checked.prepared.cfg.train.seed)
         assert logged.tags[T.SOURCE_NAME] == run.data.tags[T.SOURCE_NAME]  # the model list's "Logged from"
         files = {f.path for f in client.list_logged_model_artifacts(model_id)}
         assert {"MLmodel", "extra_files"} <= files, files

@@ -168,10 +168,10 @@ def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_
     job = FinetuneJob()
     checked = job.check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=transformers",
                                f"init.path={tmp_path / 'hf'}", "mlflow.system_metrics=false"))
-    cfg = checked.cfg
+    cfg = checked.prepared.cfg
     assert (cfg.model.hidden_size, cfg.model.x_layers, cfg.model.token_type_embedding) == (32, 1, True)
     objective = job.build_objective(cfg, data)
-    line = load_init(objective, Init(**checked.start), list(data.answers.answers), True)
+    line = load_init(objective, Init(**checked.prepared.start), list(data.answers.answers), True)
     assert line.startswith("encoder from transformers")  # no answer table in a transformers checkpoint
     _, want = encoder_state_from_hf_dir(tmp_path / "hf")
     assert all(torch.equal(v, want[f"encoder.{k}"]) for k, v in objective.model.encoder.state_dict().items())
@@ -191,11 +191,11 @@ def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapt
     job = FinetuneJob()
     checked = job.check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=reference",
                                f"init.path={tmp_path / 'model_LXRT.pth'}", "mlflow.system_metrics=false"))
-    assert checked.cfg.model == src.config  # the reference's architecture: 64-wide heads, token types, pooler
-    assert checked.start == {"source": "reference", "path": str(tmp_path / "model_LXRT.pth"), "run_id": None,
+    assert checked.prepared.cfg.model == src.config  # the reference's architecture: 64-wide heads, token types, pooler
+    assert checked.prepared.start == {"source": "reference", "path": str(tmp_path / "model_LXRT.pth"), "run_id": None,
                              "pretrain_answers": None}
-    objective = job.build_objective(checked.cfg, data)
-    line = load_init(objective, Init(**checked.start), list(data.answers.answers), True)
+    objective = job.build_objective(checked.prepared.cfg, data)
+    line = load_init(objective, Init(**checked.prepared.start), list(data.answers.answers), True)
     assert line == f"encoder from reference {tmp_path / 'model_LXRT.pth'}"
     want = src.encoder.state_dict()
     assert all(torch.equal(v, want[k]) for k, v in objective.model.encoder.state_dict().items())

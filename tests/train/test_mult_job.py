@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from xmodal import tracking
@@ -30,11 +32,12 @@ def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
 
 
 def test_run_tags_name_the_f1_protocol(mult_store):
+    from xmodal.train.job import Inputs
     from xmodal.train.mult import MultJob
 
     for protocol in ("sklearn", "reference"):
         cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", f"f1_protocol={protocol}"])
-        tags = MultJob().tags(cfg, mult_store, {})
+        tags = MultJob().prepare(cfg, Inputs("", Path("."), mult_store)).tags
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 

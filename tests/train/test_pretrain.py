@@ -247,7 +247,7 @@ def checkpoint_bytes(store: Path) -> int:
 
     cfg = load_config(PretrainConfig, overrides=[f"data.store={store}", "preset=tiny"])
     checked = PretrainJob().check(cfg)
-    n = sum(p.numel() * p.element_size() for p in PretrainJob().build_objective(checked.cfg, checked.data)
+    n = sum(p.numel() * p.element_size() for p in PretrainJob().build_objective(checked.prepared.cfg, checked.prepared.data)
             .parameters())
     return 3 * n
 

@@ -41,6 +41,7 @@ from xmodal.sweep.space import (
     with_assignments,
 )
 from xmodal.train import recovery
+from xmodal.train.job import Trial
 from xmodal.train.specs import job_spec
 
 SETUP_FILE = "xmodal_sweep.json"  # the trials' common setup, beside Tune's state (read back by --resume)
@@ -64,7 +65,7 @@ def _check_base(plan: SweepPlan) -> dict[str, Any]:
     except ConfigError as e:
         raise ConfigError(f"{plan.space_path}: {e}") from None
     if config_has(spec.config_class, "data.store"):
-        return set_dotted(plan.base, "data.store", spec.data_path(checked.data))
+        return set_dotted(plan.base, "data.store", checked.plan.data)
     return plan.base
 
 
@@ -149,7 +150,7 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
     cfg = validate_config(spec.config_class, raw, source)
     spec.run(cfg, source, parent_run_id=setup["parent_run_id"],
              tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
-             callbacks=[TuneReportCallback()])
+             trial=Trial([TuneReportCallback()]))
 
 
 def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:

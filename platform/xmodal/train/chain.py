@@ -4,7 +4,7 @@ score a pretraining ablation by downstream accuracy, as the paper's Tables 3 to 
 Both stages run through the engine: the pretraining stage is a run of its own (`<name>-pretrain`,
 resumed or skipped when it already finished), then the fine-tuning stage (`<name>`) starts from that
 run's final model. Both stages' configs are checked before the first starts. The trial's metric is
-the fine-tuning stage's (e.g. valid/accuracy): its run is the one a sweep's callbacks report from.
+the fine-tuning stage's (e.g. valid/accuracy): its run is the one that reports to a sweep (`Trial`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from xmodal import run_tags
 from xmodal.config import FinetuneInit, PretrainFinetuneConfig
 from xmodal.train import engine
-from xmodal.train.engine import JobSpec, RunResult
 from xmodal.train.finetune import FinetuneJob
 from xmodal.train.hooks import say
+from xmodal.train.job import JobSpec, RunResult, Trial
 from xmodal.train.pretrain import PretrainJob
 
 
@@ -35,18 +35,19 @@ def stages(cfg: PretrainFinetuneConfig, name: str):
 class ChainJob(JobSpec):
     name = "pretrain_finetune"
     config_class = PretrainFinetuneConfig
+    run_name = "chain"
 
     def check(self, cfg: PretrainFinetuneConfig):
         """Both stages, before either starts: the fine-tuning stage as it will run, on the
         pretraining stage's architecture (its weights do not exist yet)."""
         pre, fine = stages(cfg, cfg.mlflow.run_name or "chain")
         checked = engine.check(PretrainJob(), pre)
-        fine = fine.model_copy(update={"model": checked.cfg.model, "init": FinetuneInit(source="scratch")})
+        fine = fine.model_copy(update={"model": checked.prepared.cfg.model, "init": FinetuneInit(source="scratch")})
         engine.check(FinetuneJob(), fine)
         return checked
 
     def run(self, cfg: PretrainFinetuneConfig, source: str = "defaults", parent_run_id: str | None = None,
-            tags: dict[str, str] | None = None, callbacks: list | None = None) -> RunResult:
+            tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
         name = cfg.mlflow.run_name or f"chain-{time.strftime('%Y%m%d-%H%M%S')}"
         cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
         self.check(cfg)
@@ -60,4 +61,4 @@ class ChainJob(JobSpec):
             source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
             answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
         fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
-        return engine.run(FinetuneJob(), fine, source, parent_run_id, fine_tags, callbacks)
+        return engine.run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial)

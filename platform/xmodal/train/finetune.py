@@ -1,4 +1,4 @@
-"""LXMERT fine-tuning (`jobs/finetune.py --task vqa|gqa|nlvr2`): one spec for the engine.
+"""LXMERT fine-tuning (`jobs/finetune.py --task vqa|gqa|nlvr2`): one job spec (`xmodal.train.job`).
 
 Workers read only their own row groups of the image stores (`data.finetune.stream`: Ray Data tasks
 on a Train worker, the files straight in-process; the same batches): each epoch the units holding
@@ -34,8 +34,8 @@ from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.train import checkpoint as ckpt
-from xmodal.train.engine import JobSpec, configured_or_embedded, dealt_epoch_steps
 from xmodal.train.hooks import say
+from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
 from xmodal.train.loop import gather_rows
 from xmodal.train.worker import Worker
 
@@ -57,29 +57,43 @@ class FinetuneJob(JobSpec):
     config_class = FinetuneConfig
     selects_on_validation = True
 
-    # ------------------------------------------------ driver
-    def check_inputs(self, cfg: FinetuneConfig, tracking_uri: str) -> None:
-        """Everything about `init` that needs no data, before the embedded set is built: the model
-        section is not set beside pretrained weights (they fix the architecture), and the folder, file
-        or run named exists and holds what it should (read here; no database is created)."""
+    run_name = "finetune-{cfg.task}"
+
+    # ------------------------------------------------ data
+    def prepare(self, cfg: FinetuneConfig, inputs: Inputs) -> Prepared:
+        """`init` checked first where it needs no data (the model section is not set beside
+        pretrained weights, which fix the architecture; the folder, file or run named exists and
+        holds what it should; no database is created), then the set opened or the embedded one
+        built, the starting weights resolved and the model fitted to both."""
         i = cfg.init
+        path_init = None
         if i.source in ("run", *INIT_PATH_SOURCES):
             _check_model_unset(cfg)
         if i.source == "run":
-            check_init_run(tracking_uri, i.run_id)
+            check_init_run(inputs.tracking_uri, i.run_id)
         elif i.source in INIT_PATH_SOURCES:
-            self._resolved_init = (i.source, i.path, resolve_path_init(i.source, i.path))
+            path_init = resolve_path_init(i.source, i.path)  # a reference snapshot is read once
+        data = self.open_set(cfg, inputs)
+        init, pretrained = path_init or self.resolve_start(cfg, data, inputs.tracking_uri, inputs.download_dir)
+        cfg = with_data_dims(cfg, data, pretrained)
+        m, store = data.manifest, data.store.manifest
+        dataset = {"name": f"{cfg.task} ({Path(data.path).name})", "rows": dict(m.splits),
+                   "dims": {"feat_dim": store.feat_dim, "num_objects": store.num_objects,
+                            "vocab_size": store.vocab_size, "max_seq_len": m.max_seq_len,
+                            "num_answers": m.num_answers}}
+        tags = {run_tags.MODEL: "lxmert", run_tags.TASK: f"finetune-{cfg.task}", run_tags.STORE: str(data.store.path),
+                run_tags.FINETUNE_SET: str(data.path), run_tags.INIT: init.source}
+        if init.run_id:
+            tags[run_tags.INIT_RUN_ID] = init.run_id
+        return Prepared(cfg, data, str(data.path), train_examples=len(data.split("train")),
+                        units=data.layout("train").units, dataset=dataset, start=dataclasses.asdict(init),
+                        tags=tags)
 
-    def resolve_start(self, cfg: FinetuneConfig, data, tracking_uri: str, download_dir: Path):
-        i = cfg.init
-        known = getattr(self, "_resolved_init", None)
-        if i.source in INIT_PATH_SOURCES and known is not None and known[:2] == (i.source, i.path):
-            init, pretrained = known[2]  # read by check_inputs: a reference snapshot is read once
-        else:
-            init, pretrained = resolve_init(cfg, str(data.store.path), tracking_uri, download_dir)
-        return dataclasses.asdict(init), pretrained
+    def resolve_start(self, cfg: FinetuneConfig, data, tracking_uri: str, download_dir: Path
+                      ) -> tuple[Init, LxmertConfig | None]:
+        return resolve_init(cfg, str(data.store.path), tracking_uri, download_dir)
 
-    def resolve_data(self, cfg: FinetuneConfig):
+    def open_set(self, cfg: FinetuneConfig, inputs: Inputs):
         """The fine-tuning set: the configured one, or the embedded synthetic set of the task."""
         from xmodal.data.finetune.sets import open_finetune
         from xmodal.data.finetune.synthetic import ensure_synthetic_finetune
@@ -91,8 +105,8 @@ class FinetuneJob(JobSpec):
             options = {} if cfg.task == "nlvr2" else {"questions_per_image": cfg.data.synthetic_questions_per_image}
             return ensure_synthetic_finetune(cfg.task, images.path, Path(DEFAULT_SETS[cfg.task]).resolve(), **options)
 
-        data = configured_or_embedded(cfg.data.store, embedded, open_finetune,
-                                      f"python jobs/ingest.py {cfg.task}|synthetic-{cfg.task} {{path}} --store IMAGES")
+        data = open_configured(inputs, cfg.data.store, embedded, open_finetune,
+                               f"python jobs/ingest.py {cfg.task}|synthetic-{cfg.task} {{path}} --store IMAGES")
         if data.task != cfg.task:
             raise ConfigError(f"data.store: {str(data.path)!r} is a {data.task} set, but task={cfg.task!r}")
         if "valid" not in data.splits:
@@ -100,42 +114,12 @@ class FinetuneJob(JobSpec):
                               f"it has {', '.join(data.splits)}")
         return data
 
-    def fit_to_data(self, cfg: FinetuneConfig, data, pretrained) -> FinetuneConfig:
-        return with_data_dims(cfg, data, pretrained)
-
-    def train_examples(self, cfg, data) -> int:
-        return len(data.split("train"))
-
-    def epoch_steps(self, cfg, data, micro: int, workers: int, epoch: int) -> int:
-        """The steps every worker can take: its units of the epoch are dealt from the seed
-        (`stream.iter_train_batches`), the worker with the fewest examples sets the count."""
-        return dealt_epoch_steps(data.layout("train").units, cfg, micro, workers, epoch)
-
-    def run_name(self, cfg: FinetuneConfig) -> str:
-        return f"finetune-{cfg.task}"
-
-    def data_path(self, data) -> str:
-        return str(data.path)
-
-    def tags(self, cfg: FinetuneConfig, data, start: dict[str, Any]) -> dict[str, str]:
-        tags = {run_tags.MODEL: "lxmert", run_tags.TASK: f"finetune-{cfg.task}", run_tags.STORE: str(data.store.path),
-                run_tags.FINETUNE_SET: str(data.path), run_tags.INIT: start["source"]}
-        if start.get("run_id"):
-            tags[run_tags.INIT_RUN_ID] = start["run_id"]
-        return tags
-
-    def dataset(self, cfg: FinetuneConfig, data) -> dict[str, Any]:
-        m, store = data.manifest, data.store.manifest
-        return {"name": f"{cfg.task} ({Path(data.path).name})", "rows": dict(m.splits),
-                "dims": {"feat_dim": store.feat_dim, "num_objects": store.num_objects, "vocab_size": store.vocab_size,
-                         "max_seq_len": m.max_seq_len, "num_answers": m.num_answers}}
-
-    # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
         from xmodal.data.finetune.sets import open_finetune
 
         return open_finetune(path)
 
+    # ------------------------------------------------ model
     def build_objective(self, cfg: FinetuneConfig, data):
         from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
         from xmodal.objectives.finetune import FinetuneObjective
@@ -507,7 +491,7 @@ def finetune_in_process(cfg: FinetuneConfig, data, init: Init, pretrained: Lxmer
 
     class Given(FinetuneJob):
         def resolve_start(self, cfg, data, uri, download_dir):
-            return dataclasses.asdict(init), pretrained
+            return init, pretrained
 
     _, final = run_in_process(Given(), cfg, data)
     return {k.removeprefix("best_"): v for k, v in final.items() if k.startswith("best_valid/")}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from xmodal.train.engine import JobSpec, epoch_plan, split_batch
+from xmodal.train.job import Inputs, JobSpec, epoch_plan, split_batch
 from xmodal.train.loop import NoHooks, fit
 from xmodal.train.worker import Worker, make_worker, selected_held_out
 
@@ -34,16 +34,15 @@ class LocalSelection(NoHooks):
 def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, float]]:
     """A job's worker in this process, on the CPU, without Ray or MLflow: the same initial weights,
     starting point, batches, steps, loop (`fit`), evaluation cadence and model selection. The train
-    split is read straight from the files (the units and batches a single Ray worker reads). Returns (worker, final metrics): the
-    held-out metrics of the selected model for selecting jobs, else one evaluation at the end."""
-    if data is None:
-        data = spec.resolve_data(cfg)
-    start, pretrained = spec.resolve_start(cfg, data, "", Path(tempfile.mkdtemp()))
-    cfg = spec.fit_to_data(cfg, data, pretrained)
+    split is read straight from the files (the units and batches a single Ray worker reads). Returns
+    (worker, final metrics): the held-out metrics of the selected model for selecting jobs, else one
+    evaluation at the end."""
+    prepared = spec.prepare(cfg, Inputs("", Path(tempfile.mkdtemp()), data))
+    cfg = prepared.cfg
     micro = split_batch(cfg)
-    epochs = epoch_plan(spec, cfg, data, micro, workers=1)
-    total = sum(epochs)
-    w = make_worker(spec, cfg, data, start, torch.device("cpu"), total, micro)
+    epochs = epoch_plan(prepared, micro, workers=1)
+    w = make_worker(spec, cfg, prepared.data, prepared.start, torch.device("cpu"), sum(epochs), micro,
+                    train_options=prepared.train_options)
     hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
     fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=epochs,
         grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg), seed=(cfg.train.seed, 0))

@@ -54,7 +54,7 @@ def fit(
         while pos < epoch_steps[epoch]:
             group = list(itertools.islice(micro, grad_accum))
             if len(group) < grad_accum:
-                # The driver counted every worker's share (engine.epoch_plan): a worker short of
+                # The driver counted every worker's share (job.epoch_plan): a worker short of
                 # batches would leave the others waiting in a collective, so it stops the run.
                 raise RuntimeError(f"epoch {epoch}: this worker's train batches ran out after {pos} of the "
                                    f"{epoch_steps[epoch]} steps planned for the epoch")

@@ -1,4 +1,4 @@
-"""MulT training (`jobs/train_mult.py`): one spec for the engine (`xmodal.train.engine`).
+"""MulT training (`jobs/train_mult.py`): one job spec (`xmodal.train.job`).
 
 Workers read their own row groups of the train split through Ray Data (the same every run:
 reproducible, exact resume), evaluate on the validation split every `eval_every` steps, keep the
@@ -24,7 +24,7 @@ from xmodal.config import MULT_METRICS, ConfigError, MultTrainConfig, mult_valid
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MultObjective, compute_metrics
-from xmodal.train.engine import JobSpec, configured_or_embedded, dealt_epoch_steps
+from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
 from xmodal.train.loop import gather_rows
 from xmodal.train.worker import Worker
 
@@ -39,44 +39,32 @@ class MultJob(JobSpec):
     optimizer = "adam"
     selects_on_validation = True
 
-    # ------------------------------------------------ driver
-    def resolve_data(self, cfg: MultTrainConfig):
+    run_name = "mult-{cfg.model.variant}"
+
+    # ------------------------------------------------ data
+    def prepare(self, cfg: MultTrainConfig, inputs: Inputs) -> Prepared:
         from xmodal.data.mult.store import open_store
         from xmodal.data.mult.synthetic import ensure_synthetic_store
 
-        return configured_or_embedded(
-            cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
+        store = open_configured(
+            inputs, cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
             open_store, "python jobs/ingest.py mult|mult-synthetic {path}")
-
-    def fit_to_data(self, cfg: MultTrainConfig, store, pretrained) -> MultTrainConfig:
-        return with_store_dims(cfg, store)
-
-    def train_examples(self, cfg, store) -> int:
-        return store.manifest.rows["train"]
-
-    def epoch_steps(self, cfg, store, micro: int, workers: int, epoch: int) -> int:
-        return dealt_epoch_steps(store.units("train"), cfg, micro, workers, epoch)
-
-    def run_name(self, cfg: MultTrainConfig) -> str:
-        return f"mult-{cfg.model.variant}"
-
-    def tags(self, cfg: MultTrainConfig, store, start) -> dict[str, str]:
-        # The F1 protocol beside the metrics, to compare with published tables (docs/papers.md).
-        return {run_tags.MODEL: "mult", run_tags.VARIANT: cfg.model.variant, run_tags.TASK: store.task,
-                run_tags.PRESET: cfg.preset, run_tags.DATASET: store.manifest.dataset,
-                run_tags.F1_PROTOCOL: cfg.f1_protocol}
-
-    def dataset(self, cfg: MultTrainConfig, store) -> dict[str, Any]:
+        cfg = with_store_dims(cfg, store)
         m = store.manifest
-        return {"name": f"{m.dataset} ({Path(store.path).name})", "rows": dict(m.rows),
-                "dims": {**m.dims, **{f"max_len_{k}": v for k, v in m.max_len.items()}}}
+        dataset = {"name": f"{m.dataset} ({Path(store.path).name})", "rows": dict(m.rows),
+                   "dims": {**m.dims, **{f"max_len_{k}": v for k, v in m.max_len.items()}}}
+        # The F1 protocol beside the metrics, to compare with published tables (docs/papers.md).
+        tags = {run_tags.MODEL: "mult", run_tags.VARIANT: cfg.model.variant, run_tags.TASK: store.task,
+                run_tags.PRESET: cfg.preset, run_tags.DATASET: m.dataset, run_tags.F1_PROTOCOL: cfg.f1_protocol}
+        return Prepared(cfg, store, str(store.path), train_examples=m.rows["train"], units=store.units("train"),
+                        dataset=dataset, tags=tags)
 
-    # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
         from xmodal.data.mult.store import open_store
 
         return open_store(path)
 
+    # ------------------------------------------------ model
     def build_objective(self, cfg: MultTrainConfig, store) -> MultObjective:
         return MultObjective(Mult(cfg.model), store.task, cfg.regression_loss)
 

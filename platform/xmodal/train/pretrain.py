@@ -1,4 +1,4 @@
-"""The LXMERT pretraining job (`jobs/pretrain.py`): one spec for the engine (`xmodal.train.engine`).
+"""The LXMERT pretraining job (`jobs/pretrain.py`): one job spec (`xmodal.train.job`).
 
 Data: an LXMERT store (or the embedded synthetic one, built on first use); the model's vocabulary,
 feature and label sizes come from its manifest. Workers read their own row groups of the train split
@@ -20,7 +20,7 @@ from xmodal import run_tags
 from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective
-from xmodal.train.engine import JobSpec, configured_or_embedded, dealt_epoch_steps
+from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
 from xmodal.train.loop import evaluate_sums, ratios
 from xmodal.train.worker import Worker
 
@@ -30,66 +30,33 @@ DEFAULT_STORE = "data/synthetic_lxmert"
 class PretrainJob(JobSpec):
     name = "pretrain"
     config_class = PretrainConfig
+    run_name = "pretrain-{cfg.preset}"
 
-    # ------------------------------------------------ driver
-    def resolve_data(self, cfg: PretrainConfig):
+    # ------------------------------------------------ data
+    def prepare(self, cfg: PretrainConfig, inputs: Inputs) -> Prepared:
         from xmodal.data.lxmert.store import open_store
         from xmodal.data.lxmert.synthetic import ensure_synthetic_store
 
-        return configured_or_embedded(
-            cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
+        store = open_configured(
+            inputs, cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
             open_store, "python jobs/ingest.py lxmert|synthetic {path}")
+        cfg = with_store_dims(cfg, store)
+        batch_builder(cfg, store)  # the masking options against this store's vocabulary and labels
+        return Prepared(
+            cfg, store, str(store.path), train_examples=store.manifest.sentences("train"), units=store.units("train"),
+            dataset=dataset_record(store), tags={run_tags.MODEL: "lxmert", run_tags.PRESET: cfg.preset},
+            baselines=baselines(cfg, store), metric_order=pretraining_eval_metrics(cfg.tasks),
+            # QA joining later leaves its head unused for a while: DDP must not wait for its gradients.
+            train_options={"find_unused_parameters": cfg.tasks.qa and cfg.schedule.qa_from_fraction > 0})
 
-    def fit_to_data(self, cfg: PretrainConfig, store, pretrained) -> PretrainConfig:
-        return with_store_dims(cfg, store)
-
-    def train_examples(self, cfg, store) -> int:
-        return store.manifest.sentences("train")
-
-    def epoch_steps(self, cfg, store, micro: int, workers: int, epoch: int) -> int:
-        return dealt_epoch_steps(store.units("train"), cfg, micro, workers, epoch)
-
-    def run_name(self, cfg: PretrainConfig) -> str:
-        return f"pretrain-{cfg.preset}"
-
-    def tags(self, cfg: PretrainConfig, store, start) -> dict[str, str]:
-        return {run_tags.MODEL: "lxmert", run_tags.PRESET: cfg.preset}
-
-    def baselines(self, cfg: PretrainConfig, store) -> dict[str, list]:
-        """The chance level or image-blind prior of each minival metric these tasks report."""
-        from xmodal.data.lxmert.priors import PRIOR_NAMES, pretraining_priors
-
-        measured = set(pretraining_eval_metrics(cfg.tasks))
-        priors = pretraining_priors(store, cfg.data.masking.mismatch_prob)
-        return {k: [v, PRIOR_NAMES[k]] for k, v in priors.items() if k in measured and v == v}  # v == v: no NaN
-
-    def dataset(self, cfg: PretrainConfig, store) -> dict[str, Any]:
-        m = store.manifest
-        rows = {f"{split}_{what}": n for split in m.shards
-                for what, n in (("images", m.images(split)), ("sentences", m.sentences(split)))}
-        dims = {"feat_dim": m.feat_dim, "num_objects": m.num_objects, "vocab_size": m.vocab_size,
-                "max_seq_len": m.max_seq_len, "num_object_labels": m.num_object_labels,
-                "num_attr_labels": m.num_attr_labels, "num_answers": m.num_answers}
-        return {"name": Path(store.path).name, "rows": rows, "dims": dims}
-
-    def metric_order(self, cfg: PretrainConfig) -> list[str]:
-        return pretraining_eval_metrics(cfg.tasks)
-
-    def check_batches(self, cfg: PretrainConfig, store) -> None:
-        batch_builder(cfg, store)
-
-    # ------------------------------------------------ driver and worker
     def open_data(self, path: str):
         from xmodal.data.lxmert.store import open_store
 
         return open_store(path)
 
+    # ------------------------------------------------ model
     def build_objective(self, cfg: PretrainConfig, store) -> PretrainingObjective:
         return PretrainingObjective(LxmertForPretraining(cfg.model), cfg.tasks)
-
-    def prepare_options(self, cfg: PretrainConfig) -> dict[str, Any]:
-        # QA joining later leaves its head unused for a while: DDP must not wait for its gradients.
-        return {"find_unused_parameters": cfg.tasks.qa and cfg.schedule.qa_from_fraction > 0}
 
     def step_kwargs(self, cfg: PretrainConfig) -> Callable[[int], dict[str, Any]]:
         return task_schedule(cfg)
@@ -123,6 +90,25 @@ class PretrainJob(JobSpec):
                                      seed=w.cfg.train.seed + 1, rank=w.rank, world_size=w.world, shuffle=False,
                                      drop_last=False, mix_units=w.cfg.data.mix_units)
         return ratios(evaluate_sums(w.model, batches, w.to_device, w.cfg.data.eval_batches))
+
+
+def baselines(cfg: PretrainConfig, store) -> dict[str, list]:
+    """The chance level or image-blind prior of each minival metric these tasks report."""
+    from xmodal.data.lxmert.priors import PRIOR_NAMES, pretraining_priors
+
+    measured = set(pretraining_eval_metrics(cfg.tasks))
+    priors = pretraining_priors(store, cfg.data.masking.mismatch_prob)
+    return {k: [v, PRIOR_NAMES[k]] for k, v in priors.items() if k in measured and v == v}  # v == v: no NaN
+
+
+def dataset_record(store) -> dict[str, Any]:
+    m = store.manifest
+    rows = {f"{split}_{what}": n for split in m.shards
+            for what, n in (("images", m.images(split)), ("sentences", m.sentences(split)))}
+    dims = {"feat_dim": m.feat_dim, "num_objects": m.num_objects, "vocab_size": m.vocab_size,
+            "max_seq_len": m.max_seq_len, "num_object_labels": m.num_object_labels,
+            "num_attr_labels": m.num_attr_labels, "num_answers": m.num_answers}
+    return {"name": Path(store.path).name, "rows": rows, "dims": dims}
 
 
 def batch_builder(cfg: PretrainConfig, store):

@@ -25,7 +25,7 @@ from xmodal.train import recovery
 from xmodal.train.hooks import ValidationSelection, say
 
 if TYPE_CHECKING:  # the engine imports this module; its types only annotate here
-    from xmodal.train.engine import JobSpec, RunPlan
+    from xmodal.train.job import JobSpec, Prepared, RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +74,17 @@ def resume_note(storage: str, run_name: str) -> str:
     return f": from step {found.step}, {found.path.rsplit('/', 1)[-1]}"
 
 
-def log_dataset(spec: JobSpec, cfg, data, uri: str, run_id: str) -> None:
+def log_dataset(job: str, prepared: Prepared, uri: str, run_id: str) -> None:
     """The run's data as its MLflow dataset input (context "train"): the job's name, rows and dims,
     the path, and the manifest's fingerprint as the digest (the `xmodal.repro` tag's too)."""
-    path = spec.data_path(data)
-    d = spec.dataset(cfg, data)
-    digest = manifest_digest(path)
-    tracking.log_dataset(uri, run_id, d["name"], path, digest,
-                         {"job": spec.name, "fingerprint": digest, "rows": d["rows"], "dims": d["dims"]})
+    d = prepared.dataset
+    digest = manifest_digest(prepared.path)
+    tracking.log_dataset(uri, run_id, d["name"], prepared.path, digest,
+                         {"job": job, "fingerprint": digest, "rows": d["rows"], "dims": d["dims"]})
 
 
 def final_model(spec: JobSpec, cfg, data, folder: Path) -> tuple[nn.Module, str]:
-    """The bare model (`spec.exported_model`) with a checkpoint's weights, in eval mode: those selected
+    """The bare model (`exported_model`) with a checkpoint's weights, in eval mode: those selected
     on validation when the job selects (what its test metrics are of), else the last. Returns (model,
     which weights)."""
     objective = spec.build_objective(cfg, data)
@@ -95,7 +94,13 @@ def final_model(spec: JobSpec, cfg, data, folder: Path) -> tuple[nn.Module, str]
     else:
         state, which = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
     objective.load_state_dict(state)
-    return spec.exported_model(objective).eval(), which
+    return exported_model(objective).eval(), which
+
+
+def exported_model(objective: nn.Module) -> nn.Module:
+    """What the run's MLflow model holds: the bare model under the objective (no losses or metrics),
+    the one a user runs on new inputs."""
+    return getattr(objective, "model", objective)
 
 
 def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from xmodal.config import ConfigError
 from xmodal.train.chain import ChainJob
-from xmodal.train.engine import JobSpec
 from xmodal.train.finetune import FinetuneJob
+from xmodal.train.job import JobSpec
 from xmodal.train.mult import MultJob
 from xmodal.train.pretrain import PretrainJob
 

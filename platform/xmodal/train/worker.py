@@ -1,7 +1,7 @@
 """The worker side of every training job: what a job's worker hooks see (`Worker`), the worker built
 from a job's spec (`make_worker`), and the Ray Train worker (`worker`): start-up, resume point, seed,
 objective, starting weights, restore, then `fit` with `RunHooks`. The driver's side is
-`xmodal.train.engine`, which hands each worker its `RunPlan`.
+`xmodal.train.engine`, which hands each worker its `RunPlan` (`xmodal.train.job`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from xmodal import console, tracking
 from xmodal.train import checkpoint as ckpt
 from xmodal.train import recovery
 from xmodal.train.cost import CostMeter
-from xmodal.train.engine import JobSpec, RunPlan
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.interrupt import StopWatch
+from xmodal.train.job import JobSpec, RunPlan
 from xmodal.train.loop import fit
 from xmodal.train.runtime import prepare
 
@@ -52,11 +52,11 @@ class Worker:
 
 
 def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
-                micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True
-                ) -> Worker:
+                micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True,
+                train_options: dict[str, Any] | None = None) -> Worker:
     """The seeded objective (identical initial weights on every worker) with its starting weights
-    (fresh runs only), its training state, the model selection of a selecting job, and the job's
-    per-worker parts."""
+    (fresh runs only), its training state (`train_options`: the job's DDP options), the model
+    selection of a selecting job, and the job's per-worker parts."""
     torch.manual_seed(cfg.train.seed)
     objective = spec.build_objective(cfg, data)
     if fresh:
@@ -64,7 +64,7 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
         if loaded and rank == 0:
             say(f"[xmodal] {spec.name}: {loaded}")
     state = prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
-                    **spec.prepare_options(cfg))
+                    **(train_options or {}))
     model = ckpt.unwrap(state.model)
     selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
                  if spec.selects_on_validation else None)
@@ -98,7 +98,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
 
     w = make_worker(spec, cfg, spec.open_data(plan.data), plan.start, ray.train.torch.get_device(),
                     plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), ray_data=True,
-                    fresh=resume is None)
+                    fresh=resume is None, train_options=plan.train_options)
     if resume is not None:
         with resume.as_directory() as d:
             meta = ckpt.restore(d, w.state, verified=True)

@@ -121,8 +121,8 @@ def _rows(batches):
 
 
 def test_train_batches_are_disjoint_equal_in_number_resumable_and_planned(sets):
-    from xmodal.train.engine import epoch_plan
     from xmodal.train.finetune import FinetuneJob
+    from xmodal.train.job import Inputs, epoch_plan
 
     data = sets["nlvr2"]
     layout = data.layout("train")
@@ -147,7 +147,7 @@ def test_train_batches_are_disjoint_equal_in_number_resumable_and_planned(sets):
     # The driver plans the count every rank yields (grad_accum 2: micro-batch 8 of a batch of 32 on 2 workers).
     cfg = load_config(FinetuneConfig, overrides=["task=nlvr2", "train.batch_size=32", "train.grad_accum=2",
                                                  "scale.num_workers=2", "train.epochs=3", "train.seed=4"])
-    plan = epoch_plan(FinetuneJob(), cfg, data, micro=8, workers=2)
+    plan = epoch_plan(FinetuneJob().prepare(cfg, Inputs("", Path("."), data)), micro=8, workers=2)
     assert plan == [stream.common_batches(layout, 8, seed=4, epoch=e, world=2) // 2 for e in range(3)]
 
 

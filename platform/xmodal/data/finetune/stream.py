@@ -22,7 +22,7 @@ one short: every example of the split is predicted exactly once over the ranks.
 Training (`iter_train_batches`): each epoch the units are shuffled from (seed, epoch) and dealt to
 ranks (`epoch_units`), the examples of a block shuffled from (seed, epoch, rank, block). Ranks hold
 different numbers of examples; every rank yields only the common count, min over ranks of
-examples // batch_size (`engine.dealt_epoch_steps` plans the same), so DDP ranks take the same number
+examples // batch_size (`job.epoch_plan` plans the same), so DDP ranks take the same number
 of steps and the rest of a longer rank's examples are dropped for that epoch. `start_batch` skips
 batches without reading the blocks before them, and the order depends on (seed, epoch, rank, world)
 only, so a resumed epoch yields exactly the batches the interrupted run had left.
@@ -179,7 +179,7 @@ def _rank_units(layout: SplitLayout, *, rank: int, world: int, seed: int, epoch:
 
 def common_batches(layout: SplitLayout, batch_size: int, *, seed: int, epoch: int, world: int) -> int:
     """Batches every rank can yield in a training epoch: the fewest examples of any rank // batch_size
-    (the same figure as `engine.dealt_epoch_steps` before grad_accum)."""
+    (the same figure as `job.epoch_plan` before grad_accum)."""
     from xmodal.data.common import epoch_samples
 
     return min(epoch_samples(layout.units, seed=seed, epoch=epoch, world=world)) // batch_size
