@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.console import say
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """LXMERT data pipeline: samples/s to one worker vs the reference loader; store open vs TSV decode."""
@@ -331,8 +333,8 @@ def run(args: argparse.Namespace) -> int:
         tsv = work / "features.tsv"
         write_reference_tsv(store, tsv)
         m = store.manifest
-        print(f"store: {m.images('train')} images x {m.num_objects} x {m.feat_dim} float16, "
-              f"{m.sentences('train')} sentences, built in {build_s:.1f} s; TSV {tsv.stat().st_size / 2**20:.0f} MiB")
+        say(f"store: {m.images('train')} images x {m.num_objects} x {m.feat_dim} float16, "
+            f"{m.sentences('train')} sentences, built in {build_s:.1f} s; TSV {tsv.stat().st_size / 2**20:.0f} MiB")
 
         s_open, s_tsv = startup("store", store.path), startup("tsv", tsv)
         if args.ray:  # before pinning: Ray's processes would inherit the one-core affinity
@@ -363,19 +365,19 @@ def run(args: argparse.Namespace) -> int:
         def fmt(r: list[float]) -> str:
             return f"best {max(r):8,.0f}  median {float(np.median(r)):8,.0f} samples/s"
 
-        print(f"\none worker, one CPU core ({pinned}), batch {args.batch}, {args.rounds} interleaved rounds:")
-        print(f"  ours (pyarrow + vectorised numpy -> LxmertBatch)    {fmt(ours)}")
+        say(f"\none worker, one CPU core ({pinned}), batch {args.batch}, {args.rounds} interleaved rounds:")
+        say(f"  ours (pyarrow + vectorised numpy -> LxmertBatch)    {fmt(ours)}")
         if ray_r is not None:
-            print(f"  ours through Ray Data (read tasks on other cores)  {fmt(ray_r)}")
-        print(f"  reference-style loader (Python/sample + collate)   {fmt(base)}")
-        print(f"  ratio ours / baseline: best {max(ours) / max(base):.1f}x, median "
-              f"{np.median(ours) / np.median(base):.1f}x   (targets: >= 5,000 samples/s, >= 3x)")
-        print(f"  batch: visual_feats {tuple(first.visual_feats.shape)} {first.visual_feats.dtype}, "
-              f"input_ids {tuple(first.input_ids.shape)}")
-        print(f"  {negative_mix(work, args.mix_units)}")
-        print(f"\nstart-up for {m.images('train')} images:")
-        print(f"  open the store           {s_open['seconds']:8.3f} s   peak +{s_open['peak_bytes'] / 2**20:8.1f} MiB")
-        print(f"  decode the TSV (ref.)    {s_tsv['seconds']:8.3f} s   peak +{s_tsv['peak_bytes'] / 2**20:8.1f} MiB")
+            say(f"  ours through Ray Data (read tasks on other cores)  {fmt(ray_r)}")
+        say(f"  reference-style loader (Python/sample + collate)   {fmt(base)}")
+        say(f"  ratio ours / baseline: best {max(ours) / max(base):.1f}x, median "
+            f"{np.median(ours) / np.median(base):.1f}x   (targets: >= 5,000 samples/s, >= 3x)")
+        say(f"  batch: visual_feats {tuple(first.visual_feats.shape)} {first.visual_feats.dtype}, "
+            f"input_ids {tuple(first.input_ids.shape)}")
+        say(f"  {negative_mix(work, args.mix_units)}")
+        say(f"\nstart-up for {m.images('train')} images:")
+        say(f"  open the store           {s_open['seconds']:8.3f} s   peak +{s_open['peak_bytes'] / 2**20:8.1f} MiB")
+        say(f"  decode the TSV (ref.)    {s_tsv['seconds']:8.3f} s   peak +{s_tsv['peak_bytes'] / 2**20:8.1f} MiB")
         return 0
     finally:
         if not args.keep and not args.workdir:

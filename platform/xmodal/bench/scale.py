@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from xmodal.console import say
 from xmodal.errors import UserError
 
 WORDS = ("man", "woman", "dog", "horse", "street", "table", "red", "small", "riding", "sitting", "on", "the", "next",
@@ -353,20 +354,19 @@ def measure_lxmert(work: Path, images: int, quick: bool, batch: int, keep: bool)
     num_objects, feat_dim = (10, 64) if quick else (36, 2048)
     inputs = work / f"inputs-{images}"
     store = work / f"lxmert-{images}"
-    print(f"lxmert {images:,} images: writing the reference TSV + JSON ...", flush=True)
+    say(f"lxmert {images:,} images: writing the reference TSV + JSON ...")
     try:
         wrote = _child("write_lxmert_inputs", folder=str(inputs), images=images, num_objects=num_objects,
                        feat_dim=feat_dim)
-        print(f"  TSV {wrote['tsv_bytes'] / 2**30:.2f} GiB, JSON {wrote['json_bytes'] / 2**20:.1f} MiB "
-              f"({wrote['write_s']:.0f} s); ingesting ...", flush=True)
+        say(f"  TSV {wrote['tsv_bytes'] / 2**30:.2f} GiB, JSON {wrote['json_bytes'] / 2**20:.1f} MiB "
+            f"({wrote['write_s']:.0f} s); ingesting ...")
         ing = _child("ingest_lxmert_timed", out=str(store), tsv=wrote["tsv"], json_file=wrote["json"],
                      vocab=wrote["vocab"], num_objects=num_objects)
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
     try:
         size = du(store)
-        print(f"  ingest {ing['ingest_s']:.1f} s; store {size / 2**30:.2f} GiB; opening, pipeline, worker ...",
-              flush=True)
+        say(f"  ingest {ing['ingest_s']:.1f} s; store {size / 2**30:.2f} GiB; opening, pipeline, worker ...")
         opened = startup("store", store)
         pipe = _child("lxmert_pipeline", store=str(store), batch=batch, batches=6 if quick else 30)
         work_ = _child("lxmert_worker", store=str(store), batch=batch)
@@ -393,18 +393,16 @@ def measure_mult(work: Path, size: str, quick: bool, batch: int, steps: int, kee
     key = "quick" if quick else size
     pkl = work / "mosei_senti_data_noalign.pkl"
     store = work / "mult"
-    print(f"mult {key}: writing a {sum(splits):,}-clip reference pickle ...", flush=True)
+    say(f"mult {key}: writing a {sum(splits):,}-clip reference pickle ...")
     try:
         wrote = _child("write_mult_pickle", path=str(pkl), size=key, splits=splits)
-        print(f"  pickle {wrote['pickle_bytes'] / 2**30:.2f} GiB ({wrote['write_s']:.0f} s); ingesting ...",
-              flush=True)
+        say(f"  pickle {wrote['pickle_bytes'] / 2**30:.2f} GiB ({wrote['write_s']:.0f} s); ingesting ...")
         ing = _child("ingest_mult_timed", out=str(store), pkl=str(pkl), dataset="mosi" if size == "small" else "mosei")
     finally:
         pkl.unlink(missing_ok=True)
     try:
         size_b = du(store)
-        print(f"  ingest {ing['ingest_s']:.1f} s; store {size_b / 2**30:.2f} GiB; opening, pipeline, worker ...",
-              flush=True)
+        say(f"  ingest {ing['ingest_s']:.1f} s; store {size_b / 2**30:.2f} GiB; opening, pipeline, worker ...")
         opened = _child("open_mult", store=str(store))
         pipe = _child("mult_pipeline", store=str(store), batch=batch, batches=6 if quick else 30)
         work_ = _child("mult_worker", store=str(store), batch=batch, steps=steps)
@@ -536,8 +534,8 @@ def run(args: argparse.Namespace) -> int:
         "date": now.strftime("%Y-%m-%d %H:%M UTC"), "machine": machine, "python": platform.python_version(),
         "git_commit": _git_commit(), "quick": args.quick, "images": sizes, "mult_size": args.mult_size,
         "batch": batch, "mult_steps": steps, "command": "python jobs/benchmark.py scale " + " ".join(sys.argv[2:])}}
-    print(f"benchmark scale on {machine}: LXMERT {', '.join(f'{n:,}' for n in sizes)} images; MulT "
-          f"{'quick' if args.quick else args.mult_size}; work in {work}", flush=True)
+    say(f"benchmark scale on {machine}: LXMERT {', '.join(f'{n:,}' for n in sizes)} images; MulT "
+        f"{'quick' if args.quick else args.mult_size}; work in {work}")
     t0 = time.perf_counter()
     try:
         rows = [measure_lxmert(work, n, args.quick, batch, args.keep) for n in sizes]
@@ -569,7 +567,7 @@ def run(args: argparse.Namespace) -> int:
     tmp.write_text(json.dumps(res, indent=1, default=str))
     tmp.replace(stem.with_suffix(".json"))
     stem.with_suffix(".md").write_text(text + "\n")
-    print()
-    print(text)
-    print(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
+    say("")
+    say(text)
+    say(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
     return 0

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
+from xmodal.console import say
 from xmodal.errors import UserError
 from xmodal.train.cost import count_flops
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
@@ -182,7 +183,7 @@ def cpu_peak_tensor_bytes(state: TrainState, batch) -> int | None:
             train_step(state, [batch])
         timeline = prof._memory_profile().timeline
     except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the suite
-        print(f"note: no CPU memory figure ({type(err).__name__}: {err})")
+        say(f"note: no CPU memory figure ({type(err).__name__}: {err})")
         return None
     live = peak = 0
     for _, action, (key, _), size in timeline:
@@ -524,8 +525,8 @@ def run(args: argparse.Namespace) -> int:
         "inductor_cache": "warm" if args.warm_cache else "cold",
         "settings": {k: (str(v) if isinstance(v, torch.device) else v) for k, v in asdict(s).items()},
         "targets": TARGETS, "sections": sections}}
-    print(f"benchmark suite on {name} ({s.device.type}); sections {', '.join(sections)}; "
-          f"{'quick, ' if s.quick else ''}compile backend {s.backend}", flush=True)
+    say(f"benchmark suite on {name} ({s.device.type}); sections {', '.join(sections)}; "
+        f"{'quick, ' if s.quick else ''}compile backend {s.backend}")
     t0 = time.perf_counter()
     timings = {}
     for sec in sections:
@@ -539,7 +540,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             res["data"] = data_results(s)
         timings[sec] = time.perf_counter() - ts
-        print(f"  {sec}: done in {timings[sec]:.0f} s", flush=True)
+        say(f"  {sec}: done in {timings[sec]:.0f} s")
     res["ratios"] = ratios(res)
     res["meta"]["section_seconds"] = timings
     res["meta"]["wall_s"] = time.perf_counter() - t0
@@ -552,7 +553,7 @@ def run(args: argparse.Namespace) -> int:
     tmp.write_text(json.dumps(res, indent=1, default=str))
     tmp.replace(stem.with_suffix(".json"))
     stem.with_suffix(".md").write_text(text + "\n")
-    print()
-    print(text)
-    print(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
+    say("")
+    say(text)
+    say(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
     return 0

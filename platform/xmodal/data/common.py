@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
+from xmodal.console import say
 from xmodal.errors import UserError
 
 MANIFEST_FILE = "manifest.json"
@@ -321,7 +322,7 @@ def ensure_derived(path: str | Path, *, kind: str, read: Callable[[Path], Manife
             why = f"its manifest is of an older format ({manifest.older_format})"
         if why is None:
             return open_fn(p)
-        print(f"[xmodal] note: rebuilding {p} ({what}): {why}", flush=True)
+        say(f"[xmodal] note: rebuilding {p} ({what}): {why}")
         return build(p, True)
     raise AssertionError("unreachable")
 
