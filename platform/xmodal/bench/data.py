@@ -7,7 +7,7 @@
    a reference feature TSV.
 2. Ours: `iter_local_batches` (pyarrow read of the shards + vectorised masking + collation), the
    process pinned to one core and every library to one thread, measured after a warm-up batch.
-   With --ray, also through Ray Data (read tasks on the other cores, streaming_split(1)).
+   With --ray, also through Ray Data (read tasks on the other cores, the training path of one worker).
 3. Baseline, the reference loader's work: features already decoded in memory as float32, one
    sample at a time in Python (mismatch draw, per-token 15 % / 80-10-10 masking loop, per-object
    masking loop with replacement from another image, box normalisation, soft-score QA draw), then
@@ -252,15 +252,15 @@ def negative_mix(work: Path, mix_units: int | None) -> str:
 
 
 def ray_batches(store, batch: int) -> Iterator:
-    """Endless LxmertBatches through Ray Data (read tasks run in Ray workers)."""
+    """Endless LxmertBatches through Ray Data (read tasks run in Ray workers): the training path of
+    one worker, `iter_rank_batches`."""
     from xmodal.data.lxmert.masking import LxmertBatchBuilder
-    from xmodal.data.lxmert.pipeline import iter_lxmert_batches, lxmert_dataset
+    from xmodal.data.lxmert.pipeline import iter_rank_batches
 
     builder = LxmertBatchBuilder.from_store(store)
-    (it,) = lxmert_dataset(store, "train").streaming_split(1)
     epoch = 0
     while True:
-        yield from iter_lxmert_batches(it, builder, batch, epoch=epoch, seed=0, rank=0)
+        yield from iter_rank_batches(store, "train", builder, batch, seed=0, epoch=epoch, rank=0, world=1)
         epoch += 1
 
 

@@ -152,10 +152,16 @@ def test_batches_span_blocks():
 
 
 def test_local_ranks_are_disjoint_and_cover(small_store: LxmertStore):
+    """The blocks `iter_local_batches` builds for each of two ranks: disjoint images that cover the split."""
+    from xmodal.data.common import epoch_units, read_unit
+    from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, unit_blocks
+
     seen = []
     for rank in range(2):
-        ids = [i for t in small_store.iter_tables("train", seed=3, epoch=1, rank=rank, world_size=2)
-               for i in t.column("img_id").to_pylist()]
+        units = epoch_units(small_store.units("train"), seed=3, epoch=1, rank=rank, world=2)
+        blocks = unit_blocks((read_unit(u) for u in units), units, images_per_block=64, mix_units=DEFAULT_MIX_UNITS,
+                             seed=3, epoch=1, rank=rank)
+        ids = [i for blk in blocks for i in blk.img_id]
         seen.append(set(ids))
         assert len(ids) == len(set(ids))
     assert not seen[0] & seen[1]

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
@@ -49,13 +48,11 @@ from xmodal.data.lxmert.ingest import (
     tsv_lines,
 )
 from xmodal.data.lxmert.store import (
-    IMAGE_FIELDS,
     LxmertStore,
     image_columns,
     image_schema,
     open_store,
     read_shard,
-    table_to_block,
     write_shard,
 )
 
@@ -121,10 +118,6 @@ class FeatureStore:
                    columns: Sequence[str] | None = None) -> pa.Table:
         """Read one shard (or some of its row groups); errors name the shard."""
         return read_shard(self.path / file, row_groups, columns)
-
-    def read_all(self) -> pa.Table:
-        """Every image (tests, small stores)."""
-        return pa.concat_tables([self.read_table(f) for f in self.image_files()])
 
 
 def open_features(path: str | Path) -> FeatureStore:
@@ -240,21 +233,3 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
         discard_partial(tmp, made)
         raise
     return open_features(out_path)
-
-
-def read_images(store: ImageStore) -> dict[str, np.ndarray]:
-    """Every image of a store as numpy arrays named like `store.IMAGE_FIELDS` (tests, small stores)."""
-    if isinstance(store, LxmertStore):
-        tables = [store.read_table(f) for f in store.image_files()]
-        b = table_to_block(pa.concat_tables(tables))
-        return {name: getattr(b, name) for name in IMAGE_FIELDS}
-    t = store.read_all()
-    out: dict[str, np.ndarray] = {}
-    for name in t.column_names:
-        col = t.column(name)
-        if isinstance(col.type, pa.FixedShapeTensorType):
-            parts = [c.to_numpy_ndarray() for c in col.chunks]
-            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        else:
-            out[name] = col.to_numpy(zero_copy_only=False)
-    return out

@@ -173,14 +173,6 @@ def batches_from_blocks(blocks: Iterable[ImageBlock], builder: LxmertBatchBuilde
         yield builder.materialize(take(available))
 
 
-def batches_from_tables(tables: Iterable[pa.Table], builder: LxmertBatchBuilder, batch_size: int, *,
-                        seed: int, epoch: int, rank: int, min_block_images: int = 16, drop_last: bool = True,
-                        start_batch: int = 0) -> Iterator[LxmertBatch]:
-    yield from batches_from_blocks(blocks_from_tables(tables, min_block_images), builder, batch_size,
-                                   seed=seed, epoch=epoch, rank=rank, drop_last=drop_last,
-                                   start_batch=start_batch)
-
-
 def iter_local_batches(store: LxmertStore, split: str, builder: LxmertBatchBuilder, batch_size: int, *,
                        epoch: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True,
                        drop_last: bool = True, images_per_block: int = 64, mix_units: int = DEFAULT_MIX_UNITS,

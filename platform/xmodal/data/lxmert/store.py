@@ -30,7 +30,7 @@ Imports numpy and pyarrow only.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -48,11 +48,8 @@ from xmodal.data.common import (
     Unit,
     check_target,
     discard_partial,
-    epoch_units,
-    group_tables,
     missing_parents,
     publish_dir,
-    read_unit,
     temp_dir_beside,
 )
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
@@ -512,22 +509,6 @@ class LxmertStore:
         """The split's row groups, the units it is dealt out in (samples = sentences)."""
         return [Unit(str(self.path / s.file), g, rows, sentences) for s in self.manifest.shards.get(split, [])
                 for g, (rows, sentences) in enumerate(self._row_groups[s.file])]
-
-    def iter_tables(self, split: str, *, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                    shuffle: bool = True, images_per_block: int = 64) -> Iterator[pa.Table]:
-        """Blocks of about `images_per_block` images as Arrow tables, without Ray.
-
-        The unit of shuffling is a Parquet row group (`common.epoch_units`): their order is permuted
-        from (seed, epoch), the same permutation on every rank, and rank r takes every world_size-th
-        group, so ranks see disjoint parts that together cover the split. Row groups from different
-        places in the split are concatenated into one block, so the images that share a block (the
-        pool of mismatched sentences and replacement features) change from epoch to epoch. This is
-        the unmixed blocking (`loader.unit_blocks` with mix_units=0); the batch readers mix many
-        units into each block by default.
-        """
-        units = epoch_units(self.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size, shuffle=shuffle)
-        return group_tables((read_unit(u) for u in units), images_per_block)
-
 
 
 def _count_vocab(path: Path) -> int:
