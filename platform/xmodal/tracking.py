@@ -137,8 +137,8 @@ def ui_command(uri: str) -> str:
 
 
 def _client(uri: str):
-    """MLflow's client. Internal: other modules use the functions of this module. (train/mult.py still
-    calls it until the job-layer rewrite; then it becomes `_client`.)"""
+    """MLflow's client, for this module's functions only: other modules call those, so that mlflow is
+    imported here and nowhere else (the import contract in pyproject.toml)."""
     return _mlflow().tracking.MlflowClient(tracking_uri=uri)
 
 
