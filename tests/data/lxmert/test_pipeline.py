@@ -21,7 +21,7 @@ def test_rank_batches_through_ray_data_are_the_local_batches(ray_local, small_st
     for rank in (0, 1):
         via_ray = list(iter_rank_batches(small_store, "train", builder, 16, seed=3, epoch=1, rank=rank, world=2,
                                          mix_units=3))
-        local = list(iter_local_batches(small_store, "train", builder, 16, seed=3, epoch=1, rank=rank, world_size=2,
+        local = list(iter_local_batches(small_store, "train", builder, 16, seed=3, epoch=1, rank=rank, world=2,
                                         mix_units=3))
         assert len(via_ray) == len(local) > 0
         for a, b in zip(via_ray, local, strict=True):

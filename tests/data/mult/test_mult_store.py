@@ -139,10 +139,10 @@ def test_batches_are_deterministic_and_cover_the_split(splits):
     assert sorted(sum(epoch0, [])) == list(range(23))
     assert [len(b) for b in sp.batches(4, drop_last=True)] == [4] * 5
     # Two workers: disjoint, equal shares (the tail is trimmed so that their steps match).
-    shares = [sum((b.index.tolist() for b in sp.batches(4, shuffle=True, rank=r, world_size=2)), [])
+    shares = [sum((b.index.tolist() for b in sp.batches(4, shuffle=True, rank=r, world=2)), [])
               for r in range(2)]
     assert len(shares[0]) == len(shares[1]) == 11 and not set(shares[0]) & set(shares[1])
-    assert sp.num_batches(4, world_size=2) == 3 and sp.num_batches(4, drop_last=True) == 5
+    assert sp.num_batches(4, world=2) == 3 and sp.num_batches(4, drop_last=True) == 5
 
 
 def test_batch_contents_padding_and_static_shapes(splits):

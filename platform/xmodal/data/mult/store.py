@@ -136,19 +136,19 @@ class MultSplit:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def order(self, *, shuffle: bool, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+    def order(self, *, shuffle: bool, seed: int = 0, epoch: int = 0, rank: int = 0, world: int = 1,
               even_shards: bool = True) -> np.ndarray:
         """Row order of one epoch for one worker: a permutation fixed by (seed, epoch), dealt
-        round-robin to `world_size` workers; `even_shards` trims the tail so that every worker
+        round-robin to `world` workers; `even_shards` trims the tail so that every worker
         gets the same number of rows (data-parallel steps must match)."""
         n = len(self)
         order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-        if world_size > 1:
-            if not 0 <= rank < world_size:
-                raise ValueError(f"rank {rank} outside world_size {world_size}")
+        if world > 1:
+            if not 0 <= rank < world:
+                raise ValueError(f"rank {rank} outside world {world}")
             if even_shards:
-                order = order[: (n // world_size) * world_size]
-            order = order[rank::world_size]
+                order = order[: (n // world) * world]
+            order = order[rank::world]
         return order
 
     def pad_lengths(self, rows: np.ndarray, pad_to: PadTo) -> dict[str, int]:
@@ -179,20 +179,20 @@ class MultSplit:
         return make_batch(feats, {m: self.lengths[m][rows] for m in MODALITIES}, self.labels[rows], index)
 
     def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
-                drop_last: bool = False, rank: int = 0, world_size: int = 1, even_shards: bool = True,
+                drop_last: bool = False, rank: int = 0, world: int = 1, even_shards: bool = True,
                 pad_to: PadTo = "batch") -> Iterator[MultBatch]:
-        """Batches of one epoch, deterministic given (seed, epoch, rank, world_size). No Ray needed."""
+        """Batches of one epoch, deterministic given (seed, epoch, rank, world). No Ray needed."""
         if batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}; expected >= 1")
-        order = self.order(shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+        order = self.order(shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world=world,
                            even_shards=even_shards)
         stop = len(order) - (len(order) % batch_size if drop_last else 0)
         for start in range(0, stop, batch_size):
             yield self.batch(order[start:start + batch_size], pad_to)
 
-    def num_batches(self, batch_size: int, *, drop_last: bool = False, world_size: int = 1,
+    def num_batches(self, batch_size: int, *, drop_last: bool = False, world: int = 1,
                     even_shards: bool = True) -> int:
-        n = len(self) // world_size if (world_size > 1 and even_shards) else -(-len(self) // world_size)
+        n = len(self) // world if (world > 1 and even_shards) else -(-len(self) // world)
         return n // batch_size if drop_last else -(-n // batch_size)
 
 
