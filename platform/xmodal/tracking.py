@@ -192,8 +192,9 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def git_commit() -> str:
-    return _git("rev-parse", "HEAD") or "unknown"
+def git_commit(short: bool = False) -> str:
+    """The checkout's commit (`short`: abbreviated, as the benchmarks record it), "unknown" outside git."""
+    return _git("rev-parse", *(("--short",) if short else ()), "HEAD") or "unknown"
 
 
 def git_dirty() -> bool | None:

@@ -422,6 +422,24 @@ def epoch_samples(units: Sequence[Unit], *, seed: int, epoch: int, world: int, s
             for r in range(world)]
 
 
+def open_listed_parquet(path: Path, rows: int, *, what: str = "shard",
+                        error: type[UserError] = StoreError) -> pq.ParquetFile:
+    """A Parquet file a manifest lists, checked against it as every store's `open` does: the file
+    exists, its footer reads, and it holds the `rows` the manifest says. Reads the footer only; the
+    caller checks the schema it expects. `error`: the store's own error class."""
+    if not path.is_file():
+        raise error(f"{path}: {what} listed in {MANIFEST_FILE} is missing")
+    try:
+        pf = pq.ParquetFile(path)
+        got = pf.metadata.num_rows
+    except (OSError, pa.ArrowException) as e:
+        raise error(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); the {what} is corrupted, "
+                    "re-ingest the store") from None
+    if got != rows:
+        raise error(f"{path}: has {got} rows, manifest says {rows}")
+    return pf
+
+
 def read_unit(unit: Unit, columns: Sequence[str] | None = None) -> pa.Table:
     try:
         return pq.ParquetFile(unit.file).read_row_group(unit.group, columns=list(columns) if columns else None)

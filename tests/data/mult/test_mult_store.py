@@ -79,13 +79,13 @@ def test_validation_names_the_problem(tmp_path: Path, splits):
 
     assert "field schema_version = 9" in broken(lambda m: m.update(schema_version=9))
     assert "kind 'lxmert'" in broken(lambda m: m.update(kind="lxmert"))
-    assert "part-00000.parquet: 23 rows, manifest says 22" in broken(
+    assert "part-00000.parquet: has 23 rows, manifest says 22" in broken(
         lambda m: (m["splits"]["train"][0].update(rows=22), m["rows"].update(train=22)))
     assert "field rows.train = 99: expected 23" in broken(lambda m: m["rows"].update(train=99))
     assert "dims" in broken(lambda m: m["dims"].update(text=0))
     mf.write_text(json.dumps(good))
     (path / "test" / "part-00000.parquet").unlink()
-    with pytest.raises(StoreError, match="shard test/part-00000.parquet of split 'test' is missing"):
+    with pytest.raises(StoreError, match=r"test/part-00000\.parquet: shard listed in manifest\.json is missing"):
         MultStore.open(path)
     with pytest.raises(StoreError, match="no manifest.json"):
         MultStore.open(tmp_path)

@@ -52,12 +52,12 @@ import pydantic
 
 from xmodal.data.answers import AnswerError, AnswerTable
 from xmodal.data.common import (
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     check_target,
     discard_partial,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -449,23 +449,14 @@ def open_finetune(path: str | Path, store: str | Path | None = None) -> Finetune
     that every image store and the tokenizer store (the recorded path, or `store` if it moved) is
     still the one the set was made from, and that the stores agree on objects per image and width."""
     root = Path(path).expanduser().resolve()
-    mpath = root / MANIFEST_FILE
     m = FinetuneManifest.read(root)  # names the path and the kind expected when it is not a fine-tuning set
     for split, rows in m.splits.items():
         p = root / f"{split}.parquet"
-        if not p.is_file():
-            raise FinetuneError(f"{p}: split file listed in {mpath.name} is missing")
-        try:
-            pf = pq.ParquetFile(p)
-            schema, got = pf.schema_arrow, pf.metadata.num_rows
-        except (OSError, pa.ArrowException) as e:
-            raise FinetuneError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+        schema = open_listed_parquet(p, rows, what="split file", error=FinetuneError).schema_arrow
         want = split_schema(m.task, m.max_seq_len)
         if not schema.equals(want):
             raise FinetuneError(f"{p}: schema {schema.types} differs from the {m.task} schema {want.types} "
                                 f"(max_seq_len {m.max_seq_len})")
-        if got != rows:
-            raise FinetuneError(f"{p}: has {got} rows, manifest says {rows}")
     answers = None
     if m.task != "nlvr2":
         try:

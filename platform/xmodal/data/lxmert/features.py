@@ -24,18 +24,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.common import (
     KINDS,
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     check_target,
     discard_partial,
     kind_at,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -128,16 +127,7 @@ def open_features(path: str | Path) -> FeatureStore:
     expected = image_schema(m.num_objects, m.feat_dim)
     for s in m.shards:
         p = root / s.file
-        if not p.is_file():
-            raise StoreError(f"{p}: shard listed in {MANIFEST_FILE} is missing")
-        try:
-            pf = pq.ParquetFile(p)
-            schema, rows = pf.schema_arrow, pf.metadata.num_rows
-        except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e}); the shard is "
-                             "corrupted, re-ingest the store") from None
-        if rows != s.rows:
-            raise StoreError(f"{p}: has {rows} rows, manifest says {s.rows}")
+        schema = open_listed_parquet(p, s.rows).schema_arrow
         if not schema.equals(expected):
             raise StoreError(f"{p}: columns {schema.names} of types {schema.types} differ from the image columns "
                              f"{expected.types} (manifest: num_objects={m.num_objects}, feat_dim={m.feat_dim})")

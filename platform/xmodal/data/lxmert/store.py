@@ -42,13 +42,13 @@ import pydantic
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import (
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     Unit,
     check_target,
     discard_partial,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -521,7 +521,6 @@ def open_store(path: str | Path) -> LxmertStore:
     have the row counts, sentence counts and schema (incl. num_objects, feat_dim, max_seq_len) the
     manifest says; vocab.txt and answers.json match vocab_size and num_answers. Reads no feature data."""
     root = Path(path).expanduser().resolve()
-    mpath = root / MANIFEST_FILE
     if not root.is_dir():
         raise StoreError(f"{root}: feature store does not exist (build it with `python jobs/ingest.py "
                          "lxmert|synthetic`)")
@@ -531,17 +530,8 @@ def open_store(path: str | Path) -> LxmertStore:
     for shards in m.shards.values():
         for s in shards:
             p = root / s.file
-            if not p.is_file():
-                raise StoreError(f"{p}: shard listed in {mpath.name} is missing")
-            try:
-                pf = pq.ParquetFile(p)
-                schema = pf.schema_arrow
-                md = pf.metadata
-            except (OSError, pa.ArrowException) as e:
-                raise StoreError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e}); the shard is "
-                                 "corrupted, re-ingest the store") from None
-            if md.num_rows != s.rows:
-                raise StoreError(f"{p}: has {md.num_rows} rows, manifest says {s.rows}")
+            pf = open_listed_parquet(p, s.rows)
+            schema, md = pf.schema_arrow, pf.metadata
             for want in expected:
                 if want.name not in schema.names:
                     raise StoreError(f"{p}: column {want.name!r} is missing (expected {want.type})")

@@ -73,7 +73,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
         raise MultIngestError(f"{self.where}: refused to unpickle global {module}.{name}: only numpy arrays, "
-                          "dtypes and plain containers are allowed (a pickle can run code when loaded)")
+                              "dtypes and plain containers are allowed (a pickle can run code when loaded)")
 
     def persistent_load(self, pid):
         raise MultIngestError(f"{self.where}: refused a persistent id in the pickle; expected plain data")
@@ -130,7 +130,7 @@ def _labels(labels: np.ndarray, key: str, where: str) -> np.ndarray:
     if len(bad):
         row = int(bad[0])
         raise MultIngestError(f"{where}[{key!r}][{row}] = {labels[row].ravel().tolist()}: row {row} has a non-finite "
-                          f"label; expected finite labels ({len(bad)} row(s) of the split are not)")
+                              f"label; expected finite labels ({len(bad)} row(s) of the split are not)")
     return labels
 
 
@@ -201,7 +201,7 @@ def _check_splits(data: Any, where: str) -> None:
     missing = [s for s in SPLITS if s not in data]
     if missing:
         raise MultIngestError(f"{where}: no split {missing[0]!r}; the pickle has {sorted(map(str, data))}, "
-                          f"expected {list(SPLITS)}")
+                              f"expected {list(SPLITS)}")
 
 
 def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
@@ -221,7 +221,7 @@ def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]
             labels = labels.argmax(-1).astype(np.int64)  # one-hot -> class per emotion (reference dataset.py)
         else:
             raise MultIngestError(f"{w}['labels']: shape {labels.shape}; expected [N, 1, 1] (sentiment) or "
-                              "[N, 4, 2] (IEMOCAP one-hot)")
+                                  "[N, 4, 2] (IEMOCAP one-hot)")
         values, lengths = {}, {}
         for m in MODALITIES:
             x = _clean(raw[m], m, stats, w)
@@ -264,7 +264,7 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
                 if wrong.any():
                     i = int(np.flatnonzero(wrong)[0])
                     raise MultIngestError(f"{w}[{key!r}][{i}] = {lens[i].item()!r}; expected an integer in "
-                                      f"[0, {x.shape[1]}]")
+                                          f"[0, {x.shape[1]}]")
                 lens = lens.astype(np.int64)
             values[m], lengths[m] = _pack(x, lens, False, m, stats)
         out[split] = MultSplit(split, _ids(d, n, split), labels.reshape(n).astype(np.float32), values, lengths)

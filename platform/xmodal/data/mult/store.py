@@ -45,13 +45,13 @@ import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.common import (
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     Unit,
     check_target,
     discard_partial,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -376,21 +376,12 @@ class MultStore:
     def open(cls, path: str | Path) -> MultStore:
         """Read manifest.json and check it against every shard's footer (rows) and schema."""
         path = Path(path).expanduser().resolve()
-        mf = path / MANIFEST_FILE
         manifest = MultManifest.read(path)  # names the path and the kind expected when it is not a MulT store
         expected = arrow_schema(manifest.task)
-        for split, shards in manifest.splits.items():
+        for shards in manifest.splits.values():
             for sh in shards:
                 f = path / sh.file
-                if not f.is_file():
-                    raise StoreError(f"{mf}: shard {sh.file} of split {split!r} is missing")
-                try:
-                    meta = pq.read_metadata(f)
-                    schema = pq.read_schema(f)
-                except (OSError, pa.ArrowException) as e:
-                    raise StoreError(f"{f}: unreadable Parquet ({e})") from e
-                if meta.num_rows != sh.rows:
-                    raise StoreError(f"{f}: {meta.num_rows} rows, manifest says {sh.rows}")
+                schema = open_listed_parquet(f, sh.rows).schema_arrow
                 if not schema.remove_metadata().equals(expected):
                     raise StoreError(f"{f}: schema {schema.remove_metadata()} differs from the expected "
                                      f"{expected} for task {manifest.task!r}")
