@@ -135,3 +135,42 @@ def test_worker_lines_without_a_console_are_printed(capfd):
     assert out[0] == "[xmodal] a worker's message"
     assert out[1].startswith(EVENT) and json.loads(out[1][len(EVENT):]) == {"kind": "progress", "step": 3,
                                                                             "loss": 0.5}
+
+
+def test_say_shows_the_text_as_given_on_a_driver_and_through_an_active_console(capsys, active):
+    active.active = False
+    console.say("plain table row")
+    console.say("[xmodal] note: a note")
+    console.say("a failure", err=True)
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["plain table row", "[xmodal] note: a note"]
+    assert captured.err == "a failure\n"
+    active.active = True
+    console.say("plain table row")
+    console.say("[xmodal] note: a note")
+    assert capsys.readouterr().out.splitlines() == ["plain table row", "[xmodal] note: a note"]
+
+
+# Only the command-line edge prints itself; every other line for the user goes through `console.say`.
+PRINT_ALLOWED = {"cli.py", "console.py"}
+
+
+def _bare_prints(path) -> list[int]:
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name) and node.func.id == "print"]
+
+
+def test_no_bare_print_outside_the_command_line_edge(tmp_path):
+    from xmodal_testing import REPO
+
+    package = REPO / "platform" / "xmodal"
+    found = {str(p.relative_to(package)): lines for p in sorted(package.rglob("*.py"))
+             if str(p.relative_to(package)) not in PRINT_ALLOWED and (lines := _bare_prints(p))}
+    assert found == {}, f"bare print() calls (use xmodal.console.say): {found}"
+    # the check itself: a call is found, a print in a string or a comment is not
+    probe = tmp_path / "probe.py"
+    probe.write_text('# print("no")\ns = "print(1)"\nif s:\n    print(s)\n')
+    assert _bare_prints(probe) == [4]

@@ -24,8 +24,9 @@ from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.models.mult import PRESETS as MULT_PRESETS
 from xmodal.models.mult import MultConfig
-from xmodal.objectives.pretraining import PretrainTasks
-from xmodal.objectives.sentiment import F1Protocol
+from xmodal.objectives.finetune import finetune_metrics
+from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metrics
+from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
 from xmodal.robustness import FINETUNE_CONDITIONS, MULT_CONDITIONS, FinetuneCondition, MultCondition
 
 
@@ -237,23 +238,6 @@ class PretrainConfig(_Job):
         return self
 
 
-# task -> the minival metrics it produces (objectives.pretraining names them)
-PRETRAIN_TASK_METRICS: dict[str, tuple[str, ...]] = {
-    "mlm": ("mlm_acc",),
-    "obj_feat": ("feat_mse",),
-    "obj_label": ("obj_acc", "attr_acc"),
-    "matching": ("match_acc",),
-    "qa": ("qa_acc",),
-}
-
-
-def pretraining_eval_metrics(tasks: PretrainTasks) -> list[str]:
-    names = ["eval/loss"]
-    for t in tasks.enabled():
-        names += [f"eval/loss/{t}"] + [f"eval/{m}" for m in PRETRAIN_TASK_METRICS[t]]
-    return names
-
-
 def _check_batch(train: TrainConfig, scale: ScaleConfig) -> None:
     """The global batch splits evenly into workers x accumulation steps (the jobs' micro-batches)."""
     per_step = scale.num_workers * train.grad_accum
@@ -344,19 +328,6 @@ class MultTrainConfig(_Job):
         return self
 
 
-# MulT's validation metrics by the store's task (objectives.sentiment.compute_metrics names them)
-MULT_METRICS: dict[str, tuple[str, ...]] = {
-    "sentiment": ("mae", "corr", "acc7", "acc5", "acc2", "f1", "acc2_has0", "f1_has0"),
-    "emotions": tuple(f"{e}_{m}" for e in ("neutral", "happy", "sad", "angry") for m in ("acc", "f1"))
-    + ("mean_acc", "mean_f1"),
-}
-
-
-def mult_valid_metrics(*tasks: str) -> list[str]:
-    """The `valid/*` metrics MulT logs on stores of these tasks."""
-    return [f"valid/{m}" for t in tasks for m in MULT_METRICS[t]] + ["valid/loss"]
-
-
 class FinetuneInit(Section):
     """Where the encoder's weights come from (`jobs/finetune.py --init ...`)."""
 
@@ -443,11 +414,6 @@ class FinetuneConfig(_Job):
             raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured on {self.task}; "
                              f"valid: {', '.join(valid)}")
         return self
-
-
-def finetune_metrics(task: str) -> list[str]:
-    """The validation metrics a fine-tuning task logs (VQA accuracy is the soft score of the answer)."""
-    return ["valid/accuracy", "valid/loss"] + (["valid/consistency"] if task == "nlvr2" else [])
 
 
 class PretrainFinetuneConfig(_Job):

@@ -46,6 +46,9 @@ PLAIN_EVERY = 0.1  # without a terminal: a progress line every tenth of the run'
 PLAIN_EVERY_S = 300.0  # ...or every 5 minutes, whichever comes first
 
 
+_on_worker = False  # set by `quiet_worker`: `say` then writes to the stdout that Ray forwards
+
+
 def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
@@ -113,7 +116,10 @@ def quiet_libraries() -> None:
 
 def quiet_worker() -> None:
     """In a Train worker: Ray Train's per-report INFO lines (`Reporting training result N:
-    TrainingReport(...)`, logged on a logger named after its file) go through the root logger."""
+    TrainingReport(...)`, logged on a logger named after its file) go through the root logger. Every
+    worker calls it first, which is also how `say` knows it runs on one."""
+    global _on_worker
+    _on_worker = True
     if verbose():
         return
     logging.getLogger().setLevel(logging.WARNING)
@@ -147,15 +153,24 @@ class _DropProgressNotice(logging.Filter):
 # ---------------------------------------------------------------- worker side
 
 
-def say(message: str) -> None:
-    """A line for the user from code that runs on Train workers (and sometimes on the driver). Ray
-    Train patches `print` into its logger and, when another library has wrapped sys.stdout (MLflow
-    does), also tees it: so the process's own stdout, which Ray forwards to the driver. In a process
-    whose console is active (the driver) it is logged."""
-    if CONSOLE.active:
-        log.info(message.removeprefix(PREFIX))
+def say(message: str, *, err: bool = False) -> None:
+    """The one way a line for the user leaves the package; only the command-line edge (`xmodal.cli`)
+    prints itself. The text is shown as given. In a process whose console is active (a job's driver)
+    it goes through the console, so that it never lands in the middle of the progress bar: a line that
+    starts with `PREFIX` is logged (the log handler puts the prefix back), any other written as is.
+    On a Train worker (after `quiet_worker`) it goes to the process's own stdout, which Ray forwards
+    to the driver: Ray Train patches `print` into its logger and, when another library has wrapped
+    sys.stdout (MLflow does), also tees it. Anywhere else (benchmarks, ingest, library use) it goes to
+    sys.stdout. `err`: a failure's line, on stderr wherever it is said."""
+    if err:
+        print(message, file=sys.stderr, flush=True)
+    elif CONSOLE.active:
+        if message.startswith(PREFIX):
+            log.info(message.removeprefix(PREFIX))
+        else:
+            CONSOLE.write(message)
     else:
-        print(message, file=sys.__stdout__, flush=True)
+        print(message, file=sys.__stdout__ if _on_worker else sys.stdout, flush=True)
 
 
 def emit(kind: str, **data: Any) -> None:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 
 from xmodal.cli import user_errors
+from xmodal.console import say
 from xmodal.errors import UserError
 
 # ============================================================================ lxmert
@@ -68,16 +69,16 @@ def _lxmert(args: argparse.Namespace) -> None:
                           allow_missing_labelf=args.allow_missing_labelf, overwrite=args.overwrite,
                           order_seed=None if args.source_order else args.order_seed, progress=not args.no_progress)
     m = store.manifest
-    print(store)
-    print(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "
-          f"questions without a known answer {m.unanswerable_questions}, truncated sentences "
-          f"{m.truncated_sentences}, images without sentences {m.dropped_images}, records without labelf "
-          f"{m.missing_labelf}")
+    say(str(store))
+    say(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "
+        f"questions without a known answer {m.unanswerable_questions}, truncated sentences "
+        f"{m.truncated_sentences}, images without sentences {m.dropped_images}, records without labelf "
+        f"{m.missing_labelf}")
     how = m.minival_split
     if how is not None and how.method == "reference":
-        print(f"minival: the reference split, {m.images('minival')} images of {', '.join(how.files)}")
+        say(f"minival: the reference split, {m.images('minival')} images of {', '.join(how.files)}")
     elif how is not None:
-        print(f"minival: {m.images('minival')} images, {how.fraction:g} of all by a hash of img_id")
+        say(f"minival: {m.images('minival')} images, {how.fraction:g} of all by a hash of img_id")
 
 
 # ============================================================================ features
@@ -99,10 +100,10 @@ def _features_arguments(p: argparse.ArgumentParser) -> None:
 def _features(args: argparse.Namespace) -> None:
     from xmodal.data.lxmert.features import ingest_features
 
-    print(ingest_features(args.out, args.tsv, num_objects=args.num_objects, feat_dim=args.feat_dim,
-                          num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
-                          images_per_shard=args.images_per_shard, overwrite=args.overwrite,
-                          progress=not args.no_progress))
+    say(str(ingest_features(args.out, args.tsv, num_objects=args.num_objects, feat_dim=args.feat_dim,
+                            num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
+                            images_per_shard=args.images_per_shard, overwrite=args.overwrite,
+                            progress=not args.no_progress)))
 
 
 # ============================================================================ synthetic (LXMERT)
@@ -134,7 +135,7 @@ def _synthetic(args: argparse.Namespace) -> None:
     from xmodal.data.options import SyntheticLxmertOptions
 
     o = SyntheticLxmertOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SyntheticLxmertOptions)})
-    print(build_synthetic_store(args.out, o, overwrite=args.overwrite, progress=not args.no_progress))
+    say(str(build_synthetic_store(args.out, o, overwrite=args.overwrite, progress=not args.no_progress)))
 
 
 # ============================================================================ mult
@@ -159,9 +160,9 @@ def _mult(args: argparse.Namespace) -> None:
     store = ingest(args.out, args.pickle, args.format, args.dataset, overwrite=args.overwrite,
                    shard_rows=args.shard_rows)
     m = store.manifest
-    print(f"wrote {store.path}: {m.dataset} ({m.task}), rows {m.rows}, dims {m.dims}, max lengths {m.max_len}")
+    say(f"wrote {store.path}: {m.dataset} ({m.task}), rows {m.rows}, dims {m.dims}, max lengths {m.max_len}")
     if any(v for d in m.stats.values() for v in d.values()):
-        print(f"  cleaned: {m.stats}")
+        say(f"  cleaned: {m.stats}")
 
 
 # ============================================================================ mult-synthetic
@@ -193,7 +194,7 @@ def _mult_synthetic(args: argparse.Namespace) -> None:
         vision_dim=args.vision_dim, text_len=tuple(args.text_len), audio_rate=args.audio_rate,
         vision_rate=args.vision_rate, label_noise=args.label_noise)
     store = build_synthetic_store(args.out, options, overwrite=args.overwrite)
-    print(f"wrote {store.path}: rows {store.manifest.rows}, dims {store.dims}, max lengths {store.manifest.max_len}")
+    say(f"wrote {store.path}: rows {store.manifest.rows}, dims {store.dims}, max lengths {store.manifest.max_len}")
 
 
 # ============================================================================ vqa / gqa / nlvr2
@@ -228,11 +229,11 @@ def _finetune(args: argparse.Namespace) -> None:
                            overwrite=args.overwrite, num_answers=args.num_answers,
                            allow_missing_images=args.allow_missing_images)
     m = data.manifest
-    print(data)
-    print(f"answers {m.num_answers}, ignored {m.ignored}, {m.stats}")
+    say(str(data))
+    say(f"answers {m.num_answers}, ignored {m.ignored}, {m.stats}")
     if m.missing_image_examples:
-        print("examples of missing images: " + ", ".join(f"{x['id']} ({x['img_id']})"
-                                                          for x in m.missing_image_examples))
+        say("examples of missing images: " + ", ".join(f"{x['id']} ({x['img_id']})"
+                                                        for x in m.missing_image_examples))
 
 
 # ============================================================================ synthetic-vqa / -gqa / -nlvr2
@@ -266,7 +267,7 @@ def _synthetic_finetune(args: argparse.Namespace) -> None:
         data = build_synthetic_vqa(args.store, args.out, task=task, seed=args.seed, overwrite=args.overwrite, **opts)
     else:
         data = build_synthetic_nlvr2(args.store, args.out, seed=args.seed, overwrite=args.overwrite, **opts)
-    print(data)
+    say(str(data))
 
 
 # ============================================================================ the table

@@ -137,8 +137,8 @@ def ui_command(uri: str) -> str:
 
 
 def _client(uri: str):
-    """MLflow's client. Internal: other modules use the functions of this module. (train/mult.py still
-    calls it until the job-layer rewrite; then it becomes `_client`.)"""
+    """MLflow's client, for this module's functions only: other modules call those, so that mlflow is
+    imported here and nowhere else (the import contract in pyproject.toml)."""
     return _mlflow().tracking.MlflowClient(tracking_uri=uri)
 
 
@@ -192,8 +192,9 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def git_commit() -> str:
-    return _git("rev-parse", "HEAD") or "unknown"
+def git_commit(short: bool = False) -> str:
+    """The checkout's commit (`short`: abbreviated, as the benchmarks record it), "unknown" outside git."""
+    return _git("rev-parse", *(("--short",) if short else ()), "HEAD") or "unknown"
 
 
 def git_dirty() -> bool | None:

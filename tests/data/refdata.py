@@ -107,3 +107,25 @@ def write_reference(directory: Path, num_images: int = 24, seed: int = 0, feat_d
 SMALL = SyntheticLxmertOptions(num_images=400, num_objects=12, feat_dim=16, num_object_labels=40,
                                num_attr_labels=8, num_answers=60, sentences_per_image=6, images_per_shard=64,
                                question_fraction=0.5)
+
+
+def read_images(store) -> dict[str, np.ndarray]:
+    """Every image of an LXMERT or feature-only store as numpy arrays (what a test wrote, read back):
+    an LXMERT store's named like `store.IMAGE_FIELDS`, a feature store's by column."""
+    import pyarrow as pa
+
+    from xmodal.data.lxmert.store import IMAGE_FIELDS, LxmertStore, table_to_block
+
+    t = pa.concat_tables([store.read_table(f) for f in store.image_files()])
+    if isinstance(store, LxmertStore):
+        b = table_to_block(t)
+        return {name: getattr(b, name) for name in IMAGE_FIELDS}
+    out: dict[str, np.ndarray] = {}
+    for name in t.column_names:
+        col = t.column(name)
+        if isinstance(col.type, pa.FixedShapeTensorType):
+            parts = [c.to_numpy_ndarray() for c in col.chunks]
+            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out

@@ -15,6 +15,7 @@ from xmodal.objectives.pretraining import (
     TASKS,
     PretrainingObjective,
     PretrainTasks,
+    pretraining_eval_metrics,
     pretraining_losses,
 )
 from xmodal.train.step import TrainState, adamw, linear_warmup_decay, train_step
@@ -109,6 +110,14 @@ def test_mlm_qa_matching_equal_full_logit_references():
     torch.testing.assert_close(res["loss/mlm"], mlm)
     torch.testing.assert_close(res["loss/qa"], qa)
     torch.testing.assert_close(res["loss/matching"], F.cross_entropy(logits["match"], batch.is_matched))
+
+
+@pytest.mark.parametrize("off", [None, "obj_label", "qa"])
+def test_the_metric_table_names_what_the_objective_measures(off):
+    tasks = PretrainTasks() if off is None else PretrainTasks().replace(**{off: False})
+    res = pretraining_losses(make_model(), make_batch(4, seed=3), tasks, with_metrics=True)
+    measured = {"eval/" + (k if k.startswith("loss") else k.split("/")[0]) for k in res}
+    assert measured == set(pretraining_eval_metrics(tasks))
 
 
 def test_metrics_are_sums_with_counts():

@@ -10,9 +10,11 @@ import torch.nn.functional as F
 from xmodal.batches import MultBatch
 from xmodal.models.mult import Mult, preset
 from xmodal.objectives.sentiment import (
+    MULT_METRICS,
     MultObjective,
     compute_metrics,
     emotion_metrics,
+    mult_valid_metrics,
     sentiment_metrics,
     weighted_f1,
 )
@@ -113,6 +115,13 @@ def test_f1_protocols_against_sklearn():
     assert sentiment_metrics(p, t, "sklearn")["f1"] == pytest.approx(
         sk.f1_score(t[nz] > 0, p[nz] > 0, average="weighted"))
     assert sentiment_metrics(p, t, "reference")["f1"] != pytest.approx(sentiment_metrics(p, t, "sklearn")["f1"])
+
+
+def test_the_metric_table_names_what_compute_metrics_returns():
+    assert tuple(compute_metrics("sentiment", PREDS[:, None], TRUTHS)) == MULT_METRICS["sentiment"]
+    emotions = compute_metrics("emotions", np.zeros((2, 8)), np.zeros((2, 4), dtype=int))
+    assert tuple(emotions) == MULT_METRICS["emotions"]
+    assert mult_valid_metrics("sentiment")[-1] == "valid/loss" and "valid/mae" in mult_valid_metrics("sentiment")
 
 
 def test_emotion_metrics_by_hand():

@@ -8,9 +8,11 @@ or written. The helpers below are the checks every benchmark shares.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from xmodal.cli import dispatch
+from xmodal.console import say
 from xmodal.errors import UserError
 
 # name -> (module implementing it, one-line help); imported only when chosen, so `lxmert` needs no
@@ -55,6 +57,21 @@ def cuda_arg(device: str | None) -> None:
 
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda, but torch.cuda.is_available() is False; pass --device cpu")
+
+
+def write_results(out: str, name: str, res: dict, text: str) -> None:
+    """A benchmark's results as `out/name.json` (written whole or not at all) and its Markdown table
+    `text` as `out/name.md`, then the table and where both went on the console."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / name
+    tmp = stem.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    tmp.replace(stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(text + "\n")
+    say("")
+    say(text)
+    say(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
 
 
 def main(argv: list[str]) -> int:

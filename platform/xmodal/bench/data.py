@@ -7,7 +7,7 @@
    a reference feature TSV.
 2. Ours: `iter_local_batches` (pyarrow read of the shards + vectorised masking + collation), the
    process pinned to one core and every library to one thread, measured after a warm-up batch.
-   With --ray, also through Ray Data (read tasks on the other cores, streaming_split(1)).
+   With --ray, also through Ray Data (read tasks on the other cores, the training path of one worker).
 3. Baseline, the reference loader's work: features already decoded in memory as float32, one
    sample at a time in Python (mismatch draw, per-token 15 % / 80-10-10 masking loop, per-object
    masking loop with replacement from another image, box normalisation, soft-score QA draw), then
@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from xmodal.console import say
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -250,15 +252,15 @@ def negative_mix(work: Path, mix_units: int | None) -> str:
 
 
 def ray_batches(store, batch: int) -> Iterator:
-    """Endless LxmertBatches through Ray Data (read tasks run in Ray workers)."""
+    """Endless LxmertBatches through Ray Data (read tasks run in Ray workers): the training path of
+    one worker, `iter_rank_batches`."""
     from xmodal.data.lxmert.masking import LxmertBatchBuilder
-    from xmodal.data.lxmert.pipeline import iter_lxmert_batches, lxmert_dataset
+    from xmodal.data.lxmert.pipeline import iter_rank_batches
 
     builder = LxmertBatchBuilder.from_store(store)
-    (it,) = lxmert_dataset(store, "train").streaming_split(1)
     epoch = 0
     while True:
-        yield from iter_lxmert_batches(it, builder, batch, epoch=epoch, seed=0, rank=0)
+        yield from iter_rank_batches(store, "train", builder, batch, seed=0, epoch=epoch, rank=0, world=1)
         epoch += 1
 
 
@@ -331,8 +333,8 @@ def run(args: argparse.Namespace) -> int:
         tsv = work / "features.tsv"
         write_reference_tsv(store, tsv)
         m = store.manifest
-        print(f"store: {m.images('train')} images x {m.num_objects} x {m.feat_dim} float16, "
-              f"{m.sentences('train')} sentences, built in {build_s:.1f} s; TSV {tsv.stat().st_size / 2**20:.0f} MiB")
+        say(f"store: {m.images('train')} images x {m.num_objects} x {m.feat_dim} float16, "
+            f"{m.sentences('train')} sentences, built in {build_s:.1f} s; TSV {tsv.stat().st_size / 2**20:.0f} MiB")
 
         s_open, s_tsv = startup("store", store.path), startup("tsv", tsv)
         if args.ray:  # before pinning: Ray's processes would inherit the one-core affinity
@@ -363,19 +365,19 @@ def run(args: argparse.Namespace) -> int:
         def fmt(r: list[float]) -> str:
             return f"best {max(r):8,.0f}  median {float(np.median(r)):8,.0f} samples/s"
 
-        print(f"\none worker, one CPU core ({pinned}), batch {args.batch}, {args.rounds} interleaved rounds:")
-        print(f"  ours (pyarrow + vectorised numpy -> LxmertBatch)    {fmt(ours)}")
+        say(f"\none worker, one CPU core ({pinned}), batch {args.batch}, {args.rounds} interleaved rounds:")
+        say(f"  ours (pyarrow + vectorised numpy -> LxmertBatch)    {fmt(ours)}")
         if ray_r is not None:
-            print(f"  ours through Ray Data (read tasks on other cores)  {fmt(ray_r)}")
-        print(f"  reference-style loader (Python/sample + collate)   {fmt(base)}")
-        print(f"  ratio ours / baseline: best {max(ours) / max(base):.1f}x, median "
-              f"{np.median(ours) / np.median(base):.1f}x   (targets: >= 5,000 samples/s, >= 3x)")
-        print(f"  batch: visual_feats {tuple(first.visual_feats.shape)} {first.visual_feats.dtype}, "
-              f"input_ids {tuple(first.input_ids.shape)}")
-        print(f"  {negative_mix(work, args.mix_units)}")
-        print(f"\nstart-up for {m.images('train')} images:")
-        print(f"  open the store           {s_open['seconds']:8.3f} s   peak +{s_open['peak_bytes'] / 2**20:8.1f} MiB")
-        print(f"  decode the TSV (ref.)    {s_tsv['seconds']:8.3f} s   peak +{s_tsv['peak_bytes'] / 2**20:8.1f} MiB")
+            say(f"  ours through Ray Data (read tasks on other cores)  {fmt(ray_r)}")
+        say(f"  reference-style loader (Python/sample + collate)   {fmt(base)}")
+        say(f"  ratio ours / baseline: best {max(ours) / max(base):.1f}x, median "
+            f"{np.median(ours) / np.median(base):.1f}x   (targets: >= 5,000 samples/s, >= 3x)")
+        say(f"  batch: visual_feats {tuple(first.visual_feats.shape)} {first.visual_feats.dtype}, "
+            f"input_ids {tuple(first.input_ids.shape)}")
+        say(f"  {negative_mix(work, args.mix_units)}")
+        say(f"\nstart-up for {m.images('train')} images:")
+        say(f"  open the store           {s_open['seconds']:8.3f} s   peak +{s_open['peak_bytes'] / 2**20:8.1f} MiB")
+        say(f"  decode the TSV (ref.)    {s_tsv['seconds']:8.3f} s   peak +{s_tsv['peak_bytes'] / 2**20:8.1f} MiB")
         return 0
     finally:
         if not args.keep and not args.workdir:

@@ -28,6 +28,7 @@ from torch import nn
 from xmodal.batches import LxmertBatch
 from xmodal.bench import at_least, cuda_arg
 from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
+from xmodal.console import say
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 from xmodal.train.cost import count_flops
@@ -198,8 +199,8 @@ def print_table(cs: list[Contender], args, device: torch.device) -> None:
     mfu_on = device.type == "cuda" and args.flops
     head = f"{'model':<14}{'params':>10}{'samples/s':>12}{'median ms':>11}{'peak memory':>14}{'GFLOP/sample':>14}"
     head += f"{'MFU':>8}" if mfu_on else ""
-    print(head)
-    print("-" * len(head))
+    say(head)
+    say("-" * len(head))
     for c in cs:
         sps = c.samples_per_s(args.batch)
         gflop = "n/a" if c.flops_per_step is None else f"{c.flops_per_step / args.batch / 1e9:,.3f}"
@@ -208,13 +209,13 @@ def print_table(cs: list[Contender], args, device: torch.device) -> None:
         if mfu_on:
             mfu = c.flops_per_step * sps / args.batch / (args.peak_tflops * 1e12)
             line += f"{100 * mfu:>7.1f}%"
-        print(line + f"   final loss {c.final_loss:.3f}")
+        say(line + f"   final loss {c.final_loss:.3f}")
     if len(cs) == 2:
         ours, theirs = cs
         line = f"ratio xmodal/transformers: {ours.samples_per_s(args.batch) / theirs.samples_per_s(args.batch):.2f}x samples/s"
         if ours.peak_mem_bytes and theirs.peak_mem_bytes:
             line += f", {ours.peak_mem_bytes / theirs.peak_mem_bytes:.2f}x peak memory"
-        print(line)
+        say(line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -247,14 +248,14 @@ def run(args: argparse.Namespace) -> int:
 
     where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
     compiled = f"on ({args.compile_mode})" if args.compile else "off"
-    print(f"LXMERT train step: preset={args.preset} batch={args.batch} T={SEQ_LEN} N={NUM_OBJECTS} "
-          f"precision={args.precision} device={device.type} ({where}) compile={compiled} "
-          f"steps={args.steps} warmup={args.warmup}")
+    say(f"LXMERT train step: preset={args.preset} batch={args.batch} T={SEQ_LEN} N={NUM_OBJECTS} "
+        f"precision={args.precision} device={device.type} ({where}) compile={compiled} "
+        f"steps={args.steps} warmup={args.warmup}")
     memory = ("torch.cuda.max_memory_allocated, models run one after the other" if device.type == "cuda" else
               "peak live CPU tensor bytes in one step (torch.profiler memory timeline); "
               "timing interleaved in rounds")
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}; our losses: {args.losses}; "
-          f"peer optimizer: {args.peer_optimizer} AdamW; memory: {memory}")
+    say(f"torch {torch.__version__}, transformers {transformers.__version__}; our losses: {args.losses}; "
+        f"peer optimizer: {args.peer_optimizer} AdamW; memory: {memory}")
 
     cs = []
     if args.only in ("both", "ours"):
@@ -285,8 +286,8 @@ def run(args: argparse.Namespace) -> int:
         for c in cs:
             teardown(c, device)
 
-    print()
+    say("")
     print_table(cs, args, device)
     if device.type == "cuda" and args.flops:
-        print(f"MFU = counted FLOPs (forward + backward, FlopCounterMode) x steps/s / {args.peak_tflops:g} TFLOP/s")
+        say(f"MFU = counted FLOPs (forward + backward, FlopCounterMode) x steps/s / {args.peak_tflops:g} TFLOP/s")
     return 0

@@ -20,7 +20,6 @@ import argparse
 import copy
 import dataclasses
 import math
-import sys
 import time
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 from xmodal.batches import MultBatch
 from xmodal.bench import at_least, cuda_arg, preset_arg
+from xmodal.console import say
 from xmodal.errors import UserError
 from xmodal.models.mult import (
     DIRECTIONS,
@@ -237,7 +237,7 @@ def check_against_plain(config: MultConfig, device: torch.device, batch: int = 4
         for name, a, r in (("vs plain", ours, ref), ("padding", masked, alone)):
             err = (a - r).abs().max().item()
             status = "ok" if err <= tol * max(1.0, r.abs().max().item()) else "MISMATCH"
-            print(f"check {prec:<4} {name:<9} max |diff| {err:.2e} ({status})", flush=True)
+            say(f"check {prec:<4} {name:<9} max |diff| {err:.2e} ({status})")
             if status != "ok":
                 failures.append(f"{prec} {name}: {err:.3e}")
     return failures
@@ -289,18 +289,18 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows use TF32 matmuls, as any PyTorch fp32 peer
         torch.backends.cudnn.allow_tf32 = True
-    print(f"MulT train step, preset {args.preset!r} (d={config.dim}, {config.layers} layers, {config.num_heads} heads,"
-          f" causal={config.causal}{', ' + ', '.join(args.overrides) if args.overrides else ''}), shapes text 50x300 audio 500x74 vision 500x35, lengths {args.lengths},"
-          f" device {device}, {steps} timed steps", flush=True)
+    say(f"MulT train step, preset {args.preset!r} (d={config.dim}, {config.layers} layers, {config.num_heads} heads,"
+        f" causal={config.causal}{', ' + ', '.join(args.overrides) if args.overrides else ''}), shapes text 50x300 audio 500x74 vision 500x35, lengths {args.lengths},"
+        f" device {device}, {steps} timed steps")
     if args.check:
         failures = check_against_plain(config, device)
         if failures:
-            print(f"benchmark mult: the model differs from the plain implementation on {device}: {failures}",
-                  file=sys.stderr)
+            say(f"benchmark mult: the model differs from the plain implementation on {device}: {failures}",
+                err=True)
             return 1
     header = f"{'impl':<8} {'batch':>5} {'prec':>5} {'samples/s':>10} {'ms/step':>9} {'peak GiB':>9} {'vs plain':>8}"
-    print(header)
-    print("-" * len(header), flush=True)
+    say(header)
+    say("-" * len(header))
     variable = args.lengths == "variable"
     for bs in args.batch:
         # MOSEI's lengths; the feature dims are the preset's (the reference preset's are MOSEI's).
@@ -317,11 +317,11 @@ def run(args: argparse.Namespace) -> int:
                 torch.manual_seed(0)
                 plain = time_steps(_PlainObjective(PlainMult(config)), batch, device, prec, steps, warmup)
             ratio = f"{ours['samples_s'] / plain['samples_s']:7.2f}x" if plain else ""
-            print(f"{'xmodal':<8} {bs:>5} {prec:>5} {ours['samples_s']:>10.1f} {ours['ms_step']:>9.1f}"
-                  f" {ours['peak_gib']:>9.2f} {ratio:>8}", flush=True)
+            say(f"{'xmodal':<8} {bs:>5} {prec:>5} {ours['samples_s']:>10.1f} {ours['ms_step']:>9.1f}"
+                f" {ours['peak_gib']:>9.2f} {ratio:>8}")
             if plain:
-                print(f"{'plain':<8} {bs:>5} {prec:>5} {plain['samples_s']:>10.1f} {plain['ms_step']:>9.1f}"
-                      f" {plain['peak_gib']:>9.2f}", flush=True)
+                say(f"{'plain':<8} {bs:>5} {prec:>5} {plain['samples_s']:>10.1f} {plain['ms_step']:>9.1f}"
+                    f" {plain['peak_gib']:>9.2f}")
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return 0

@@ -47,7 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from xmodal.console import say
 from xmodal.errors import UserError
+from xmodal.tracking import git_commit
 
 WORDS = ("man", "woman", "dog", "horse", "street", "table", "red", "small", "riding", "sitting", "on", "the", "next",
          "to", "with", "umbrella", "pizza", "plate", "green", "field", "a", "is", "what", "color", "how", "many",
@@ -219,14 +221,28 @@ def lxmert_pipeline(store: str, batch: int, batches: int) -> dict[str, Any]:
     return {"samples_s": 3 / sum(1 / r for r in rates), "best_samples_s": max(rates)}
 
 
+def _worker_run(job, cfg, store, batch: int) -> dict[str, Any]:
+    """Train `job` on the opened `store` in this process (the worker of a one-worker run): its steps,
+    time and peak RSS, and the RSS it started from."""
+    import torch
+
+    from xmodal.train.cost import peak_memory_gib
+    from xmodal.train.inprocess import run_in_process
+
+    before = _rss()["VmRSS"]
+    t = time.perf_counter()
+    w, _ = run_in_process(job, cfg, store)
+    return {"worker_peak_rss_bytes": int(peak_memory_gib(torch.device("cpu")) * 2**30),
+            "worker_rss_before_bytes": before, "worker_steps": w.state.step, "worker_s": time.perf_counter() - t,
+            "worker_samples": w.state.step * batch}
+
+
 def lxmert_worker(store: str, batch: int) -> dict[str, Any]:
     """One epoch of the pretraining job's worker (tiny preset, CPU, in this process): peak RSS."""
     import torch
 
     from xmodal.config import PretrainConfig, load_config
     from xmodal.data.lxmert.store import open_store
-    from xmodal.train.cost import peak_memory_gib
-    from xmodal.train.inprocess import run_in_process
     from xmodal.train.pretrain import PretrainJob
 
     torch.set_num_threads(1)
@@ -234,12 +250,7 @@ def lxmert_worker(store: str, batch: int) -> dict[str, Any]:
     cfg = load_config(PretrainConfig, overrides=[
         f"data.store={store}", "preset=tiny", "train.epochs=1", f"train.batch_size={batch}",
         "train.eval_every=1000000000", "data.eval_batches=2"])
-    before = _rss()["VmRSS"]
-    t = time.perf_counter()
-    w, _ = run_in_process(PretrainJob(), cfg, s)
-    return {"worker_peak_rss_bytes": int(peak_memory_gib(torch.device("cpu")) * 2**30),
-            "worker_rss_before_bytes": before, "worker_steps": w.state.step, "worker_s": time.perf_counter() - t,
-            "worker_samples": w.state.step * batch}
+    return _worker_run(PretrainJob(), cfg, s, batch)
 
 
 def open_mult(store: str) -> dict[str, Any]:
@@ -327,8 +338,6 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
 
     from xmodal.config import MultTrainConfig, load_config
     from xmodal.data.mult.store import open_store
-    from xmodal.train.cost import peak_memory_gib
-    from xmodal.train.inprocess import run_in_process
     from xmodal.train.mult import MultJob
 
     torch.set_num_threads(1)
@@ -336,12 +345,7 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={store}", "preset=tiny", "train.epochs=1", f"train.batch_size={batch}",
         f"train.max_steps={steps}", f"train.eval_every={steps}"])
-    before = _rss()["VmRSS"]
-    t = time.perf_counter()
-    w, _ = run_in_process(MultJob(), cfg, s)
-    return {"worker_peak_rss_bytes": int(peak_memory_gib(torch.device("cpu")) * 2**30),
-            "worker_rss_before_bytes": before, "worker_steps": w.state.step, "worker_s": time.perf_counter() - t,
-            "worker_samples": w.state.step * batch}
+    return _worker_run(MultJob(), cfg, s, batch)
 
 
 # ============================================================================ the rehearsal
@@ -353,20 +357,19 @@ def measure_lxmert(work: Path, images: int, quick: bool, batch: int, keep: bool)
     num_objects, feat_dim = (10, 64) if quick else (36, 2048)
     inputs = work / f"inputs-{images}"
     store = work / f"lxmert-{images}"
-    print(f"lxmert {images:,} images: writing the reference TSV + JSON ...", flush=True)
+    say(f"lxmert {images:,} images: writing the reference TSV + JSON ...")
     try:
         wrote = _child("write_lxmert_inputs", folder=str(inputs), images=images, num_objects=num_objects,
                        feat_dim=feat_dim)
-        print(f"  TSV {wrote['tsv_bytes'] / 2**30:.2f} GiB, JSON {wrote['json_bytes'] / 2**20:.1f} MiB "
-              f"({wrote['write_s']:.0f} s); ingesting ...", flush=True)
+        say(f"  TSV {wrote['tsv_bytes'] / 2**30:.2f} GiB, JSON {wrote['json_bytes'] / 2**20:.1f} MiB "
+            f"({wrote['write_s']:.0f} s); ingesting ...")
         ing = _child("ingest_lxmert_timed", out=str(store), tsv=wrote["tsv"], json_file=wrote["json"],
                      vocab=wrote["vocab"], num_objects=num_objects)
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
     try:
         size = du(store)
-        print(f"  ingest {ing['ingest_s']:.1f} s; store {size / 2**30:.2f} GiB; opening, pipeline, worker ...",
-              flush=True)
+        say(f"  ingest {ing['ingest_s']:.1f} s; store {size / 2**30:.2f} GiB; opening, pipeline, worker ...")
         opened = startup("store", store)
         pipe = _child("lxmert_pipeline", store=str(store), batch=batch, batches=6 if quick else 30)
         work_ = _child("lxmert_worker", store=str(store), batch=batch)
@@ -393,18 +396,16 @@ def measure_mult(work: Path, size: str, quick: bool, batch: int, steps: int, kee
     key = "quick" if quick else size
     pkl = work / "mosei_senti_data_noalign.pkl"
     store = work / "mult"
-    print(f"mult {key}: writing a {sum(splits):,}-clip reference pickle ...", flush=True)
+    say(f"mult {key}: writing a {sum(splits):,}-clip reference pickle ...")
     try:
         wrote = _child("write_mult_pickle", path=str(pkl), size=key, splits=splits)
-        print(f"  pickle {wrote['pickle_bytes'] / 2**30:.2f} GiB ({wrote['write_s']:.0f} s); ingesting ...",
-              flush=True)
+        say(f"  pickle {wrote['pickle_bytes'] / 2**30:.2f} GiB ({wrote['write_s']:.0f} s); ingesting ...")
         ing = _child("ingest_mult_timed", out=str(store), pkl=str(pkl), dataset="mosi" if size == "small" else "mosei")
     finally:
         pkl.unlink(missing_ok=True)
     try:
         size_b = du(store)
-        print(f"  ingest {ing['ingest_s']:.1f} s; store {size_b / 2**30:.2f} GiB; opening, pipeline, worker ...",
-              flush=True)
+        say(f"  ingest {ing['ingest_s']:.1f} s; store {size_b / 2**30:.2f} GiB; opening, pipeline, worker ...")
         opened = _child("open_mult", store=str(store))
         pipe = _child("mult_pipeline", store=str(store), batch=batch, batches=6 if quick else 30)
         work_ = _child("mult_worker", store=str(store), batch=batch, steps=steps)
@@ -502,17 +503,8 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
-    from xmodal.bench import at_least, folder_arg
+    from xmodal.bench import at_least, folder_arg, write_results
 
     try:
         sizes = [int(x) for x in (args.images or ("100,1000" if args.quick else "2000,20000")).split(",") if x]
@@ -534,10 +526,10 @@ def run(args: argparse.Namespace) -> int:
               f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM"
     res: dict[str, Any] = {"meta": {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"), "machine": machine, "python": platform.python_version(),
-        "git_commit": _git_commit(), "quick": args.quick, "images": sizes, "mult_size": args.mult_size,
+        "git_commit": git_commit(short=True), "quick": args.quick, "images": sizes, "mult_size": args.mult_size,
         "batch": batch, "mult_steps": steps, "command": "python jobs/benchmark.py scale " + " ".join(sys.argv[2:])}}
-    print(f"benchmark scale on {machine}: LXMERT {', '.join(f'{n:,}' for n in sizes)} images; MulT "
-          f"{'quick' if args.quick else args.mult_size}; work in {work}", flush=True)
+    say(f"benchmark scale on {machine}: LXMERT {', '.join(f'{n:,}' for n in sizes)} images; MulT "
+        f"{'quick' if args.quick else args.mult_size}; work in {work}")
     t0 = time.perf_counter()
     try:
         rows = [measure_lxmert(work, n, args.quick, batch, args.keep) for n in sizes]
@@ -561,15 +553,5 @@ def run(args: argparse.Namespace) -> int:
                          "worker_rss_ratio": b["worker_peak_rss_bytes"] / a["worker_peak_rss_bytes"]}
     res["extrapolation"] = extrapolate(rows)
     res["meta"]["wall_s"] = time.perf_counter() - t0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / ("scale-" + now.strftime("%Y%m%dT%H%M%SZ"))
-    text = markdown(res)
-    tmp = stem.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(stem.with_suffix(".json"))
-    stem.with_suffix(".md").write_text(text + "\n")
-    print()
-    print(text)
-    print(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
+    write_results(args.out, "scale-" + now.strftime("%Y%m%dT%H%M%SZ"), res, markdown(res))
     return 0

@@ -42,14 +42,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
+from xmodal.console import say
 from xmodal.errors import UserError
+from xmodal.tracking import git_commit
 from xmodal.train.cost import count_flops
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.train.step import TrainState, train_step
@@ -182,7 +183,7 @@ def cpu_peak_tensor_bytes(state: TrainState, batch) -> int | None:
             train_step(state, [batch])
         timeline = prof._memory_profile().timeline
     except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the suite
-        print(f"note: no CPU memory figure ({type(err).__name__}: {err})")
+        say(f"note: no CPU memory figure ({type(err).__name__}: {err})")
         return None
     live = peak = 0
     for _, action, (key, _), size in timeline:
@@ -474,19 +475,10 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
     import transformers
 
-    from xmodal.bench import at_least, cuda_arg, folder_arg, preset_arg
+    from xmodal.bench import at_least, cuda_arg, folder_arg, preset_arg, write_results
     from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
     from xmodal.models.mult import PRESETS as MULT_PRESETS
 
@@ -520,12 +512,12 @@ def run(args: argparse.Namespace) -> int:
     res: dict[str, Any] = {"meta": {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"), "device": s.device.type, "device_name": name,
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-        "git_commit": _git_commit(), "quick": s.quick, "compile_backend": s.backend,
+        "git_commit": git_commit(short=True), "quick": s.quick, "compile_backend": s.backend,
         "inductor_cache": "warm" if args.warm_cache else "cold",
         "settings": {k: (str(v) if isinstance(v, torch.device) else v) for k, v in asdict(s).items()},
         "targets": TARGETS, "sections": sections}}
-    print(f"benchmark suite on {name} ({s.device.type}); sections {', '.join(sections)}; "
-          f"{'quick, ' if s.quick else ''}compile backend {s.backend}", flush=True)
+    say(f"benchmark suite on {name} ({s.device.type}); sections {', '.join(sections)}; "
+        f"{'quick, ' if s.quick else ''}compile backend {s.backend}")
     t0 = time.perf_counter()
     timings = {}
     for sec in sections:
@@ -539,20 +531,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             res["data"] = data_results(s)
         timings[sec] = time.perf_counter() - ts
-        print(f"  {sec}: done in {timings[sec]:.0f} s", flush=True)
+        say(f"  {sec}: done in {timings[sec]:.0f} s")
     res["ratios"] = ratios(res)
     res["meta"]["section_seconds"] = timings
     res["meta"]["wall_s"] = time.perf_counter() - t0
     res["meta"]["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / now.strftime("%Y%m%dT%H%M%SZ")
-    text = markdown(res)
-    tmp = stem.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(stem.with_suffix(".json"))
-    stem.with_suffix(".md").write_text(text + "\n")
-    print()
-    print(text)
-    print(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
+    write_results(args.out, now.strftime("%Y%m%dT%H%M%SZ"), res, markdown(res))
     return 0

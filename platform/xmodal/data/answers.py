@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from xmodal.data.jsonfile import read_json_file
 from xmodal.errors import UserError
 
 # Whole-answer rewrites (reference ANS_CONVERT; plus "zero", which docs/papers.md's "number words to digits" covers).
@@ -77,16 +78,7 @@ class AnswerTable:
         p = Path(path)
         if limit is not None and limit < 1:
             raise AnswerError(f"--num-answers {limit}: expected an answer table size >= 1")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise AnswerError(f"{p}: answer file does not exist") from None
-        except json.JSONDecodeError as e:
-            raise AnswerError(f"{p}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        except UnicodeDecodeError as e:
-            raise AnswerError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}); expected a JSON answer list") from None
-        except OSError as e:  # a directory, unreadable
-            raise AnswerError(f"{p}: cannot be read ({e.strerror}); expected a JSON answer file") from None
+        data = read_json_file(p, AnswerError, what="answer file", expected="a JSON answer file")
         if not isinstance(data, list):
             raise AnswerError(f"{p}: expected a JSON list of {{\"ans\": ..., \"dsets\": [...]}}, "
                               f"got {type(data).__name__}")

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
+from xmodal.console import say
 from xmodal.errors import UserError
 
 MANIFEST_FILE = "manifest.json"
@@ -321,7 +322,7 @@ def ensure_derived(path: str | Path, *, kind: str, read: Callable[[Path], Manife
             why = f"its manifest is of an older format ({manifest.older_format})"
         if why is None:
             return open_fn(p)
-        print(f"[xmodal] note: rebuilding {p} ({what}): {why}", flush=True)
+        say(f"[xmodal] note: rebuilding {p} ({what}): {why}")
         return build(p, True)
     raise AssertionError("unreachable")
 
@@ -419,6 +420,24 @@ def epoch_samples(units: Sequence[Unit], *, seed: int, epoch: int, world: int, s
     """Samples per rank in an epoch (what the driver needs to count the steps every rank can take)."""
     return [sum(u.samples for u in epoch_units(units, seed=seed, epoch=epoch, rank=r, world=world, shuffle=shuffle))
             for r in range(world)]
+
+
+def open_listed_parquet(path: Path, rows: int, *, what: str = "shard",
+                        error: type[UserError] = StoreError) -> pq.ParquetFile:
+    """A Parquet file a manifest lists, checked against it as every store's `open` does: the file
+    exists, its footer reads, and it holds the `rows` the manifest says. Reads the footer only; the
+    caller checks the schema it expects. `error`: the store's own error class."""
+    if not path.is_file():
+        raise error(f"{path}: {what} listed in {MANIFEST_FILE} is missing")
+    try:
+        pf = pq.ParquetFile(path)
+        got = pf.metadata.num_rows
+    except (OSError, pa.ArrowException) as e:
+        raise error(f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); the {what} is corrupted, "
+                    "re-ingest the store") from None
+    if got != rows:
+        raise error(f"{path}: has {got} rows, manifest says {rows}")
+    return pf
 
 
 def read_unit(unit: Unit, columns: Sequence[str] | None = None) -> pa.Table:

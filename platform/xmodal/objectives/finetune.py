@@ -39,6 +39,11 @@ TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
 METRIC: dict[str, str] = {"vqa": "vqa_score", "gqa": "accuracy", "nlvr2": "accuracy"}
 
 
+def finetune_metrics(task: str) -> list[str]:
+    """The validation metrics a fine-tuning task logs (VQA accuracy is the soft score of the answer)."""
+    return ["valid/accuracy", "valid/loss"] + (["valid/consistency"] if task == "nlvr2" else [])
+
+
 # -- metrics (pure) ----------------------------------------------------------------------------
 
 

@@ -60,6 +60,24 @@ class PretrainTasks:
         return dataclasses.replace(self, **changes)
 
 
+# task -> the minival metrics `PretrainingObjective` reports for it (config checks train.best_metric against them)
+PRETRAIN_TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "mlm": ("mlm_acc",),
+    "obj_feat": ("feat_mse",),
+    "obj_label": ("obj_acc", "attr_acc"),
+    "matching": ("match_acc",),
+    "qa": ("qa_acc",),
+}
+
+
+def pretraining_eval_metrics(tasks: PretrainTasks) -> list[str]:
+    """The `eval/*` metrics a pretraining run logs with these tasks on."""
+    names = ["eval/loss"]
+    for t in tasks.enabled():
+        names += [f"eval/loss/{t}"] + [f"eval/{m}" for m in PRETRAIN_TASK_METRICS[t]]
+    return names
+
+
 def _masked_mean(x: Tensor, keep: Tensor, weight: Tensor | None = None) -> Tensor:
     """Mean of `x` over the kept entries (0, with a graph, when none is kept). Static shapes: every
     entry is computed and the unkept ones are zeroed, so a compiled graph never breaks on a boolean

@@ -51,6 +51,19 @@ F1Protocol = Literal["sklearn", "reference"]
 F1_PROTOCOLS: tuple[str, ...] = typing.get_args(F1Protocol)
 
 
+# the store's task -> the metrics `compute_metrics` returns for it (config checks train.best_metric against them)
+MULT_METRICS: dict[str, tuple[str, ...]] = {
+    "sentiment": ("mae", "corr", "acc7", "acc5", "acc2", "f1", "acc2_has0", "f1_has0"),
+    "emotions": tuple(f"{e}_{m}" for e in EMOTIONS for m in ("acc", "f1"))
+    + ("mean_acc", "mean_f1"),
+}
+
+
+def mult_valid_metrics(*tasks: str) -> list[str]:
+    """The `valid/*` metrics MulT logs on stores of these tasks."""
+    return [f"valid/{m}" for t in tasks for m in MULT_METRICS[t]] + ["valid/loss"]
+
+
 # -- metrics (numpy) ---------------------------------------------------------------------------
 
 

@@ -135,7 +135,7 @@ def evaluate_split(w: Worker, split: str, perturb: Callable[[MultBatch], MultBat
     objective.eval()
     outs, labels, index, loss_sum = [], [], [], 0.0
     loaded = loaded if loaded is not None else w.data.split(split)
-    for batch in loaded.batches(w.micro_batch, rank=w.rank, world_size=w.world, even_shards=False):
+    for batch in loaded.batches(w.micro_batch, rank=w.rank, world=w.world, even_shards=False):
         batch = w.to_device(batch)
         if perturb is not None:
             batch = perturb(batch)

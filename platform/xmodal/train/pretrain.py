@@ -77,7 +77,7 @@ class PretrainJob(JobSpec):
         else:
             from xmodal.data.lxmert.loader import iter_local_batches
 
-            batches = iter_local_batches(w.data, "train", w.parts["builder"], w.micro_batch, world_size=w.world,
+            batches = iter_local_batches(w.data, "train", w.parts["builder"], w.micro_batch, world=w.world,
                                          **args)
         return map(w.to_device, batches)
 
@@ -87,7 +87,7 @@ class PretrainJob(JobSpec):
         from xmodal.data.lxmert.loader import iter_local_batches
 
         batches = iter_local_batches(w.data, "minival", w.parts["builder"], w.micro_batch, epoch=0,
-                                     seed=w.cfg.train.seed + 1, rank=w.rank, world_size=w.world, shuffle=False,
+                                     seed=w.cfg.train.seed + 1, rank=w.rank, world=w.world, shuffle=False,
                                      drop_last=False, mix_units=w.cfg.data.mix_units)
         return ratios(evaluate_sums(w.model, batches, w.to_device, w.cfg.data.eval_batches))
 

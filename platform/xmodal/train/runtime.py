@@ -71,7 +71,7 @@ class TrainSettings(Protocol):
     def compile(self) -> bool: ...
 
     @property
-    def precision(self) -> str: ...  # "auto" | "fp32" | "bf16" (step.resolve_precision)
+    def precision(self) -> str: ...  # "auto" | "fp32" | "bf16" (resolve_precision)
 
 
 class OptimSettings(Protocol):

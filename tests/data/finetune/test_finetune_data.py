@@ -456,19 +456,19 @@ def test_batches_are_deterministic_and_ranks_take_equal_disjoint_shares(syn_vqa)
     def index(**kw) -> list[int]:
         return [i for b in iter_finetune_batches(syn_vqa, "train", 16, **kw) for i in b.index.tolist()]
 
-    shares = [index(seed=1, epoch=2, rank=r, world_size=world, drop_last=False) for r in range(world)]
+    shares = [index(seed=1, epoch=2, rank=r, world=world, drop_last=False) for r in range(world)]
     assert [len(s) for s in shares] == [e // world] * world
     assert len(set().union(*shares)) == (e // world) * world
     assert sorted(set().union(*shares)) == sorted(epoch_order(e, seed=1, epoch=2)[: (e // world) * world].tolist())
-    counts = {syn_vqa.num_batches("train", 16, world_size=world, drop_last=d) for d in (True, False)}
+    counts = {syn_vqa.num_batches("train", 16, world=world, drop_last=d) for d in (True, False)}
     assert counts == {(e // world) // 16, -(-(e // world) // 16)}
-    assert index(seed=1, epoch=2, rank=1, world_size=world, drop_last=False) == shares[1]
+    assert index(seed=1, epoch=2, rank=1, world=world, drop_last=False) == shares[1]
     assert index(seed=1, epoch=3) != index(seed=1, epoch=2) != index(seed=2, epoch=2)
     full = index(seed=1, epoch=2)
     assert index(seed=1, epoch=2, start_batch=3) == full[3 * 16:]
     assert index(seed=0, epoch=0, shuffle=False, drop_last=False) == list(range(e))
     with pytest.raises(ValueError, match="rank"):
-        index(seed=0, epoch=0, rank=3, world_size=3)
+        index(seed=0, epoch=0, rank=3, world=3)
     with pytest.raises(FinetuneError, match="no split 'test'"):
         list(iter_finetune_batches(syn_vqa, "test", 4, seed=0, epoch=0))
 

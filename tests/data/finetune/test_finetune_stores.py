@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from refdata import RefImage, ref_image
+from refdata import RefImage, read_images, ref_image
 
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import FinetuneError, iter_finetune_batches, open_finetune
-from xmodal.data.lxmert.features import FeatureStore, ingest_features, read_images
+from xmodal.data.lxmert.features import FeatureStore, ingest_features
 from xmodal.data.lxmert.store import LxmertStore
 from xmodal.ingest_cli import main as ingest_main
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from refdata import RefCorpus
+from refdata import RefCorpus, read_images
 
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.features import (
@@ -17,7 +17,6 @@ from xmodal.data.lxmert.features import (
     ingest_features,
     open_features,
     open_image_store,
-    read_images,
 )
 from xmodal.data.lxmert.ingest import IngestError
 from xmodal.data.lxmert.store import LxmertStore, image_schema

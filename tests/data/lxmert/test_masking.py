@@ -69,20 +69,20 @@ def test_mismatches_and_replacements_come_from_other_images(small_store: LxmertS
     block = small_store.read_split("train")
     sent_img = np.repeat(np.arange(block.num_images), block.sentences_per_image)
     for seed in range(3):
-        plan = builder.plan(block, block_rng(seed, 0, 0))
-        mis = plan.is_matched == 0
+        drawn = builder.draw(block, block_rng(seed, 0, 0))
+        mis = drawn.is_matched == 0
         assert abs(mis.mean() - 0.5) < 0.03
-        assert (sent_img[plan.sentence[mis]] != plan.img[mis]).all(), "mismatched sentence from the same image"
-        assert (sent_img[plan.sentence[~mis]] == plan.img[~mis]).all()
-        assert len(np.unique(plan.sentence[~mis])) == int((~mis).sum()), "a matched sentence used twice"
-        assert len(plan.repl_sample) > 0
-        assert (plan.donor_img != plan.img[plan.repl_sample]).all(), "replacement feature from the same image"
+        assert (sent_img[drawn.sentence[mis]] != drawn.img[mis]).all(), "mismatched sentence from the same image"
+        assert (sent_img[drawn.sentence[~mis]] == drawn.img[~mis]).all()
+        assert len(np.unique(drawn.sentence[~mis])) == int((~mis).sum()), "a matched sentence used twice"
+        assert len(drawn.repl_sample) > 0
+        assert (drawn.donor_img != drawn.img[drawn.repl_sample]).all(), "replacement feature from the same image"
         # The replacement feature is the donor's object feature, in the materialised batch too.
-        batch = builder.materialize([(plan, 0, plan.size)])
-        got = batch.visual_feats[plan.repl_sample, plan.repl_obj].numpy()
-        np.testing.assert_array_equal(got, block.features[plan.donor_img, plan.donor_obj])
+        batch = builder.materialize([(drawn, 0, drawn.size)])
+        got = batch.visual_feats[drawn.repl_sample, drawn.repl_obj].numpy()
+        np.testing.assert_array_equal(got, block.features[drawn.donor_img, drawn.donor_obj])
         # Every image yields one sample per sentence: the block is a permutation of its sentences.
-        np.testing.assert_array_equal(np.bincount(plan.img, minlength=block.num_images), block.sentences_per_image)
+        np.testing.assert_array_equal(np.bincount(drawn.img, minlength=block.num_images), block.sentences_per_image)
 
 
 def _qa_block() -> ImageBlock:
@@ -107,8 +107,8 @@ def test_qa_target_from_soft_scores(mode: str):
     rng = np.random.default_rng(0)
     picks = {3: 0, 5: 0, 7: 0}
     for _ in range(2000):
-        plan = builder.plan(block, rng)
-        for img, qa in zip(plan.img, plan.qa_labels, strict=True):
+        drawn = builder.draw(block, rng)
+        for img, qa in zip(drawn.img, drawn.qa_labels, strict=True):
             picks[int(qa)] += 1
             assert (img == 0 and qa in (3, 5)) or (img == 1 and qa == 7)
     assert picks[7] == 2000
@@ -152,10 +152,16 @@ def test_batches_span_blocks():
 
 
 def test_local_ranks_are_disjoint_and_cover(small_store: LxmertStore):
+    """The blocks `iter_local_batches` builds for each of two ranks: disjoint images that cover the split."""
+    from xmodal.data.common import epoch_units, read_unit
+    from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, unit_blocks
+
     seen = []
     for rank in range(2):
-        ids = [i for t in small_store.iter_tables("train", seed=3, epoch=1, rank=rank, world_size=2)
-               for i in t.column("img_id").to_pylist()]
+        units = epoch_units(small_store.units("train"), seed=3, epoch=1, rank=rank, world=2)
+        blocks = unit_blocks((read_unit(u) for u in units), units, images_per_block=64, mix_units=DEFAULT_MIX_UNITS,
+                             seed=3, epoch=1, rank=rank)
+        ids = [i for blk in blocks for i in blk.img_id]
         seen.append(set(ids))
         assert len(ids) == len(set(ids))
     assert not seen[0] & seen[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmodal.data.mult.ingest import IngestError, ingest, safe_load
+from xmodal.data.mult.ingest import MultIngestError, ingest, safe_load
 from xmodal.data.mult.store import MODALITIES, MultStore
 from xmodal.ingest_cli import main as ingest_main
 
@@ -110,7 +110,7 @@ def test_reference_iemocap_labels(tmp_path: Path):
     store = ingest(tmp_path / "store", pkl, "reference")
     assert (store.manifest.dataset, store.task) == ("iemocap", "emotions")
     _check(store, truth)
-    with pytest.raises(IngestError, match="--dataset mosi but the labels are IEMOCAP emotions"):
+    with pytest.raises(MultIngestError, match="--dataset mosi but the labels are IEMOCAP emotions"):
         ingest(tmp_path / "other", pkl, "reference", "mosi")
 
 
@@ -148,7 +148,7 @@ def test_malicious_pickle_is_refused_and_nothing_is_written(tmp_path: Path, caps
     assert str(pkl) in err and "refused to unpickle global" in err and "system" in err
     assert not marker.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.pkl"]  # no store, no temp dir, no parent
-    with pytest.raises(IngestError, match=r"refused to unpickle global builtins\.eval"):
+    with pytest.raises(MultIngestError, match=r"refused to unpickle global builtins\.eval"):
         pkl.write_bytes(pickle.dumps(eval))
         safe_load(pkl)
 
@@ -156,21 +156,21 @@ def test_malicious_pickle_is_refused_and_nothing_is_written(tmp_path: Path, caps
 def test_bad_inputs_name_file_and_key(tmp_path: Path):
     pkl = tmp_path / "x.pkl"
     pkl.write_bytes(pickle.dumps({"train": {}, "valid": {}, "test": {}}))
-    with pytest.raises(IngestError, match=r"x.pkl\['train'\]: no key 'text'"):
+    with pytest.raises(MultIngestError, match=r"x.pkl\['train'\]: no key 'text'"):
         ingest(tmp_path / "s", pkl, "reference")
     pkl.write_bytes(pickle.dumps({"train": {}}))
-    with pytest.raises(IngestError, match="no split 'valid'"):
+    with pytest.raises(MultIngestError, match="no split 'valid'"):
         ingest(tmp_path / "s", pkl, "mmsa")
     pkl.write_bytes(b"not a pickle")
-    with pytest.raises(IngestError, match="not a readable pickle"):
+    with pytest.raises(MultIngestError, match="not a readable pickle"):
         ingest(tmp_path / "s", pkl, "reference")
-    with pytest.raises(IngestError, match="no such file"):
+    with pytest.raises(MultIngestError, match="no such file"):
         ingest(tmp_path / "s", tmp_path / "missing.pkl", "reference")
     mmsa = tmp_path / "m.pkl"
     _mmsa_pickle(mmsa)
     data = safe_load(mmsa)
     data["valid"]["audio_lengths"][1] = 99
     mmsa.write_bytes(pickle.dumps(data))
-    with pytest.raises(IngestError, match=r"\['valid'\]\['audio_lengths'\]\[1\] = 99; expected an integer in \[0, 11\]"):
+    with pytest.raises(MultIngestError, match=r"\['valid'\]\['audio_lengths'\]\[1\] = 99; expected an integer in \[0, 11\]"):
         ingest(tmp_path / "s", mmsa, "mmsa")
     assert not (tmp_path / "s").exists()

@@ -79,13 +79,13 @@ def test_validation_names_the_problem(tmp_path: Path, splits):
 
     assert "field schema_version = 9" in broken(lambda m: m.update(schema_version=9))
     assert "kind 'lxmert'" in broken(lambda m: m.update(kind="lxmert"))
-    assert "part-00000.parquet: 23 rows, manifest says 22" in broken(
+    assert "part-00000.parquet: has 23 rows, manifest says 22" in broken(
         lambda m: (m["splits"]["train"][0].update(rows=22), m["rows"].update(train=22)))
     assert "field rows.train = 99: expected 23" in broken(lambda m: m["rows"].update(train=99))
     assert "dims" in broken(lambda m: m["dims"].update(text=0))
     mf.write_text(json.dumps(good))
     (path / "test" / "part-00000.parquet").unlink()
-    with pytest.raises(StoreError, match="shard test/part-00000.parquet of split 'test' is missing"):
+    with pytest.raises(StoreError, match=r"test/part-00000\.parquet: shard listed in manifest\.json is missing"):
         MultStore.open(path)
     with pytest.raises(StoreError, match="no manifest.json"):
         MultStore.open(tmp_path)
@@ -139,10 +139,10 @@ def test_batches_are_deterministic_and_cover_the_split(splits):
     assert sorted(sum(epoch0, [])) == list(range(23))
     assert [len(b) for b in sp.batches(4, drop_last=True)] == [4] * 5
     # Two workers: disjoint, equal shares (the tail is trimmed so that their steps match).
-    shares = [sum((b.index.tolist() for b in sp.batches(4, shuffle=True, rank=r, world_size=2)), [])
+    shares = [sum((b.index.tolist() for b in sp.batches(4, shuffle=True, rank=r, world=2)), [])
               for r in range(2)]
     assert len(shares[0]) == len(shares[1]) == 11 and not set(shares[0]) & set(shares[1])
-    assert sp.num_batches(4, world_size=2) == 3 and sp.num_batches(4, drop_last=True) == 5
+    assert sp.num_batches(4, world=2) == 3 and sp.num_batches(4, drop_last=True) == 5
 
 
 def test_batch_contents_padding_and_static_shapes(splits):

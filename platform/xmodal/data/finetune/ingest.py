@@ -33,7 +33,6 @@ all_ans.json) or the most frequent answers of the train split (3,129 vqa / 1,842
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ from xmodal.data.finetune.sets import (
     image_index,
     write_finetune,
 )
+from xmodal.data.jsonfile import read_json_file
 from xmodal.data.lxmert.features import ImageStore, open_image_store
 from xmodal.data.lxmert.store import LxmertStore
 
@@ -80,17 +80,7 @@ class _Records:
 
 
 def _load_list(path: Path) -> list:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FinetuneError(f"{path}: file does not exist") from None
-    except json.JSONDecodeError as e:
-        raise FinetuneError(f"{path}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise FinetuneError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a JSON list of "
-                            "records") from None
-    except OSError as e:  # a directory, unreadable
-        raise FinetuneError(f"{path}: cannot be read ({e.strerror}); expected a JSON file") from None
+    data = read_json_file(path, FinetuneError, expected="a JSON list of records")
     if not isinstance(data, list):
         raise FinetuneError(f"{path}: expected a JSON list of records, got {_show(data)[:60]}")
     if not data:

@@ -52,12 +52,12 @@ import pydantic
 
 from xmodal.data.answers import AnswerError, AnswerTable
 from xmodal.data.common import (
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     check_target,
     discard_partial,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -353,10 +353,10 @@ class FinetuneData:
         """question_id (vqa/gqa) or identifier (nlvr2) of each row of the split."""
         return self.split(split).ids.tolist()
 
-    def num_batches(self, split: str, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
+    def num_batches(self, split: str, batch_size: int, world: int = 1, drop_last: bool = True) -> int:
         """Batches per rank per epoch of `iter_finetune_batches` with these arguments."""
         self._check_split(split)
-        return num_batches(self.manifest.splits[split], batch_size, world_size, drop_last)
+        return num_batches(self.manifest.splits[split], batch_size, world, drop_last)
 
     # ----------------------------------------------------------------- images
 
@@ -449,23 +449,14 @@ def open_finetune(path: str | Path, store: str | Path | None = None) -> Finetune
     that every image store and the tokenizer store (the recorded path, or `store` if it moved) is
     still the one the set was made from, and that the stores agree on objects per image and width."""
     root = Path(path).expanduser().resolve()
-    mpath = root / MANIFEST_FILE
     m = FinetuneManifest.read(root)  # names the path and the kind expected when it is not a fine-tuning set
     for split, rows in m.splits.items():
         p = root / f"{split}.parquet"
-        if not p.is_file():
-            raise FinetuneError(f"{p}: split file listed in {mpath.name} is missing")
-        try:
-            pf = pq.ParquetFile(p)
-            schema, got = pf.schema_arrow, pf.metadata.num_rows
-        except (OSError, pa.ArrowException) as e:
-            raise FinetuneError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+        schema = open_listed_parquet(p, rows, what="split file", error=FinetuneError).schema_arrow
         want = split_schema(m.task, m.max_seq_len)
         if not schema.equals(want):
             raise FinetuneError(f"{p}: schema {schema.types} differs from the {m.task} schema {want.types} "
                                 f"(max_seq_len {m.max_seq_len})")
-        if got != rows:
-            raise FinetuneError(f"{p}: has {got} rows, manifest says {rows}")
     answers = None
     if m.task != "nlvr2":
         try:
@@ -564,43 +555,43 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
 # ============================================================================ batches
 
 
-def num_batches(num_examples: int, batch_size: int, world_size: int = 1, drop_last: bool = True) -> int:
-    """Batches per rank: each rank gets num_examples // world_size examples."""
-    if batch_size < 1 or world_size < 1:
-        raise ValueError(f"batch_size={batch_size}, world_size={world_size}: expected >= 1")
-    per_rank = num_examples // world_size
+def num_batches(num_examples: int, batch_size: int, world: int = 1, drop_last: bool = True) -> int:
+    """Batches per rank: each rank gets num_examples // world examples."""
+    if batch_size < 1 or world < 1:
+        raise ValueError(f"batch_size={batch_size}, world={world}: expected >= 1")
+    per_rank = num_examples // world
     return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
 
 
-def epoch_order(num_examples: int, *, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
+def epoch_order(num_examples: int, *, seed: int, epoch: int, rank: int = 0, world: int = 1,
                 shuffle: bool = True) -> np.ndarray:
     """The rows rank `rank` visits in epoch `epoch`: a permutation fixed by (seed, epoch), the same on
-    every rank, cut to a multiple of world_size and dealt round-robin (disjoint, equal shares)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank}, world_size={world_size}: expected 0 <= rank < world_size")
+    every rank, cut to a multiple of world and dealt round-robin (disjoint, equal shares)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank={rank}, world={world}: expected 0 <= rank < world")
     if shuffle:
         order = np.random.default_rng([seed & 0xFFFFFFFF, epoch, 0xF17E]).permutation(num_examples)
     else:
         order = np.arange(num_examples)
-    return order[: (num_examples // world_size) * world_size][rank::world_size]
+    return order[: (num_examples // world) * world][rank::world]
 
 
 def iter_finetune_batches(data: FinetuneData, split: str, batch_size: int, *, seed: int, epoch: int,
-                          rank: int = 0, world_size: int = 1, shuffle: bool = True, drop_last: bool = True,
+                          rank: int = 0, world: int = 1, shuffle: bool = True, drop_last: bool = True,
                           start_batch: int = 0) -> Iterator[VqaBatch | Nlvr2Batch]:
-    """One epoch of one rank's batches, deterministic given (seed, epoch, rank, world_size).
+    """One epoch of one rank's batches, deterministic given (seed, epoch, rank, world).
 
-    `start_batch` skips batches (resume within an epoch) without building them. With world_size > 1
-    the last len(split) % world_size examples of the permutation are skipped, also with
-    drop_last=False: evaluate a whole split with world_size=1.
+    `start_batch` skips batches (resume within an epoch) without building them. With world > 1
+    the last len(split) % world examples of the permutation are skipped, also with
+    drop_last=False: evaluate a whole split with world=1.
     """
     import torch
 
     from xmodal.batches import Nlvr2Batch, VqaBatch
 
     sp = data.split(split)
-    nb = num_batches(len(sp), batch_size, world_size, drop_last)
-    order = epoch_order(len(sp), seed=seed, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle)
+    nb = num_batches(len(sp), batch_size, world, drop_last)
+    order = epoch_order(len(sp), seed=seed, epoch=epoch, rank=rank, world=world, shuffle=shuffle)
     im = data.images(split)
     for b in range(max(0, start_batch), nb):
         rows = order[b * batch_size:(b + 1) * batch_size]  # (B,)

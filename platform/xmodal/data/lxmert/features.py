@@ -23,20 +23,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.common import (
     KINDS,
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     check_target,
     discard_partial,
     kind_at,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -49,13 +47,11 @@ from xmodal.data.lxmert.ingest import (
     tsv_lines,
 )
 from xmodal.data.lxmert.store import (
-    IMAGE_FIELDS,
     LxmertStore,
     image_columns,
     image_schema,
     open_store,
     read_shard,
-    table_to_block,
     write_shard,
 )
 
@@ -122,10 +118,6 @@ class FeatureStore:
         """Read one shard (or some of its row groups); errors name the shard."""
         return read_shard(self.path / file, row_groups, columns)
 
-    def read_all(self) -> pa.Table:
-        """Every image (tests, small stores)."""
-        return pa.concat_tables([self.read_table(f) for f in self.image_files()])
-
 
 def open_features(path: str | Path) -> FeatureStore:
     """Open a feature-only store and check its manifest against the shards' footers (files exist,
@@ -135,16 +127,7 @@ def open_features(path: str | Path) -> FeatureStore:
     expected = image_schema(m.num_objects, m.feat_dim)
     for s in m.shards:
         p = root / s.file
-        if not p.is_file():
-            raise StoreError(f"{p}: shard listed in {MANIFEST_FILE} is missing")
-        try:
-            pf = pq.ParquetFile(p)
-            schema, rows = pf.schema_arrow, pf.metadata.num_rows
-        except (OSError, pa.ArrowException) as e:
-            raise StoreError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e}); the shard is "
-                             "corrupted, re-ingest the store") from None
-        if rows != s.rows:
-            raise StoreError(f"{p}: has {rows} rows, manifest says {s.rows}")
+        schema = open_listed_parquet(p, s.rows).schema_arrow
         if not schema.equals(expected):
             raise StoreError(f"{p}: columns {schema.names} of types {schema.types} differ from the image columns "
                              f"{expected.types} (manifest: num_objects={m.num_objects}, feat_dim={m.feat_dim})")
@@ -240,21 +223,3 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
         discard_partial(tmp, made)
         raise
     return open_features(out_path)
-
-
-def read_images(store: ImageStore) -> dict[str, np.ndarray]:
-    """Every image of a store as numpy arrays named like `store.IMAGE_FIELDS` (tests, small stores)."""
-    if isinstance(store, LxmertStore):
-        tables = [store.read_table(f) for f in store.image_files()]
-        b = table_to_block(pa.concat_tables(tables))
-        return {name: getattr(b, name) for name in IMAGE_FIELDS}
-    t = store.read_all()
-    out: dict[str, np.ndarray] = {}
-    for name in t.column_names:
-        col = t.column(name)
-        if isinstance(col.type, pa.FixedShapeTensorType):
-            parts = [c.to_numpy_ndarray() for c in col.chunks]
-            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        else:
-            out[name] = col.to_numpy(zero_copy_only=False)
-    return out

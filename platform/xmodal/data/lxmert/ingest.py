@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.console import say
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import check_target
 from xmodal.data.lxmert.store import (
@@ -597,7 +598,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
             raise IngestError(f"--{name.replace('_', '-')} {value}: expected >= 1")
     how, note = choose_minival(split, json_paths, minival_paths, minival_fraction)
     if note:
-        print(f"[xmodal] note: {note}", flush=True)
+        say(f"[xmodal] note: {note}")
 
     # 1. sentences, answers, tokens
     corpus = Corpus()

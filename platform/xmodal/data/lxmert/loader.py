@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from xmodal.batches import LxmertBatch
 from xmodal.data.common import StoreError, Unit, epoch_units, group_tables, prefetch_iter, read_unit
-from xmodal.data.lxmert.masking import BlockPlan, LxmertBatchBuilder
+from xmodal.data.lxmert.masking import BlockSamples, LxmertBatchBuilder
 from xmodal.data.lxmert.store import ImageBlock, LxmertStore, table_to_block
 
 # Units (row groups, 32 images by default) mixed into the blocks at a time: with 64-image blocks,
@@ -42,7 +42,7 @@ def block_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
 
 
 def mix_rng(seed: int, epoch: int, rank: int) -> np.random.Generator:
-    """The generator that deals a window's images into blocks (its own stream: the plans' draws do not
+    """The generator that deals a window's images into blocks (its own stream: the samples' draws do not
     depend on how many images were permuted)."""
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, epoch, rank, 0x313C]))
 
@@ -132,27 +132,27 @@ def blocks_from_tables(tables: Iterable[pa.Table], min_images: int = 16) -> Iter
 def batches_from_blocks(blocks: Iterable[ImageBlock], builder: LxmertBatchBuilder, batch_size: int, *,
                         seed: int, epoch: int, rank: int, drop_last: bool = True,
                         start_batch: int = 0) -> Iterator[LxmertBatch]:
-    """Plan each block, then cut the stream of samples into batches of exactly `batch_size`; samples
-    left over at the end of a block are carried into the next batch. The final partial batch is
-    dropped unless `drop_last=False`. Batches before `start_batch` (resume within an epoch) are
-    planned but not materialised: cheap, and the later batches are unchanged."""
+    """Draw the samples of each block, then cut their stream into batches of exactly `batch_size`;
+    samples left over at the end of a block are carried into the next batch. The final partial
+    batch is dropped unless `drop_last=False`. Batches before `start_batch` (resume within an epoch)
+    are drawn but not materialised: cheap, and the later batches are unchanged."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected >= 1")
     rng = block_rng(seed, epoch, rank)
-    pending: deque[list[Any]] = deque()  # [plan, next sample]
+    pending: deque[list[Any]] = deque()  # [drawn, next sample]
     available = 0
     index = 0
 
-    def take(n: int) -> list[tuple[BlockPlan, int, int]]:
+    def take(n: int) -> list[tuple[BlockSamples, int, int]]:
         nonlocal available
         segments = []
         while n > 0:
-            plan, pos = pending[0]
-            k = min(n, plan.size - pos)
-            segments.append((plan, pos, pos + k))
+            drawn, pos = pending[0]
+            k = min(n, drawn.size - pos)
+            segments.append((drawn, pos, pos + k))
             n -= k
             available -= k
-            if pos + k == plan.size:
+            if pos + k == drawn.size:
                 pending.popleft()
             else:
                 pending[0][1] = pos + k
@@ -161,9 +161,9 @@ def batches_from_blocks(blocks: Iterable[ImageBlock], builder: LxmertBatchBuilde
     for block in blocks:
         if block.num_sentences == 0:
             continue
-        plan = builder.plan(block, rng)
-        pending.append([plan, 0])
-        available += plan.size
+        drawn = builder.draw(block, rng)
+        pending.append([drawn, 0])
+        available += drawn.size
         while available >= batch_size:
             segments = take(batch_size)
             if index >= start_batch:
@@ -173,26 +173,18 @@ def batches_from_blocks(blocks: Iterable[ImageBlock], builder: LxmertBatchBuilde
         yield builder.materialize(take(available))
 
 
-def batches_from_tables(tables: Iterable[pa.Table], builder: LxmertBatchBuilder, batch_size: int, *,
-                        seed: int, epoch: int, rank: int, min_block_images: int = 16, drop_last: bool = True,
-                        start_batch: int = 0) -> Iterator[LxmertBatch]:
-    yield from batches_from_blocks(blocks_from_tables(tables, min_block_images), builder, batch_size,
-                                   seed=seed, epoch=epoch, rank=rank, drop_last=drop_last,
-                                   start_batch=start_batch)
-
-
 def iter_local_batches(store: LxmertStore, split: str, builder: LxmertBatchBuilder, batch_size: int, *,
-                       epoch: int = 0, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True,
+                       epoch: int = 0, seed: int = 0, rank: int = 0, world: int = 1, shuffle: bool = True,
                        drop_last: bool = True, images_per_block: int = 64, mix_units: int = DEFAULT_MIX_UNITS,
                        prefetch: int = 2, start_batch: int = 0, pin_memory: bool = False) -> Iterator[LxmertBatch]:
-    """Ray-free batches over a store split, fully deterministic given (seed, epoch, rank, world_size).
+    """Ray-free batches over a store split, fully deterministic given (seed, epoch, rank, world).
 
     Ranks read disjoint row groups (`common.epoch_units`), mixed into blocks `mix_units` at a time
     (`unit_blocks`); their batch counts can differ by one or two, so for DDP training use
     `pipeline.iter_rank_batches` (the same batches, with the engine's common step count). For a
     fixed evaluation set: shuffle=False, a fixed seed and epoch, drop_last=False.
     """
-    units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size, shuffle=shuffle)
+    units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world, shuffle=shuffle)
     blocks = unit_blocks((read_unit(u) for u in units), units, images_per_block=images_per_block,
                          mix_units=mix_units, seed=seed, epoch=epoch, rank=rank)
     batches = batches_from_blocks(blocks, builder, batch_size, seed=seed, epoch=epoch, rank=rank,
@@ -207,7 +199,7 @@ def iter_local_batches(store: LxmertStore, split: str, builder: LxmertBatchBuild
 class NegativeMix:
     """Matching negatives of one rank's epoch: how many pair two images of the same shard."""
 
-    negatives: int  # mismatched samples planned
+    negatives: int  # mismatched samples drawn
     same_shard: int  # of those, the sample's image and its sentence's image share a shard
     uniform: float  # what sampling over the whole split gives: sum over shards of (sentences_s / S)^2
     shards: int
@@ -218,15 +210,15 @@ class NegativeMix:
 
 
 def negative_shard_mix(store: LxmertStore, split: str, builder: LxmertBatchBuilder, *, seed: int = 0,
-                       epoch: int = 0, rank: int = 0, world_size: int = 1, images_per_block: int = 64,
+                       epoch: int = 0, rank: int = 0, world: int = 1, images_per_block: int = 64,
                        mix_units: int = DEFAULT_MIX_UNITS) -> NegativeMix:
-    """Plan one epoch of a rank's samples exactly as `iter_local_batches` does (same blocks, same
+    """Draw one epoch of a rank's samples exactly as `iter_local_batches` does (same blocks, same
     generator; nothing materialised) and count the mismatched samples whose sentence comes from an
     image of the same shard. A store written in source order (COCO then VG) has shards of one source,
     so this bounds how often a negative comes from the sample's own source."""
     shard_files = store.shard_paths(split)
     shard_of = {img: k for k, f in enumerate(shard_files) for img in read_shard_ids(f)}
-    units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size)
+    units = epoch_units(store.units(split), seed=seed, epoch=epoch, rank=rank, world=world)
     blocks = unit_blocks((read_unit(u) for u in units), units, images_per_block=images_per_block,
                          mix_units=mix_units, seed=seed, epoch=epoch, rank=rank)
     rng = block_rng(seed, epoch, rank)
@@ -234,12 +226,12 @@ def negative_shard_mix(store: LxmertStore, split: str, builder: LxmertBatchBuild
     for block in blocks:
         if block.num_sentences == 0:
             continue
-        plan = builder.plan(block, rng)
+        drawn = builder.draw(block, rng)
         shard = np.array([shard_of[i] for i in block.img_id], dtype=np.int64)
         sent_img = np.repeat(np.arange(block.num_images), block.sentences_per_image)
-        mis = plan.is_matched == 0
+        mis = drawn.is_matched == 0
         negatives += int(mis.sum())
-        same += int((shard[plan.img[mis]] == shard[sent_img[plan.sentence[mis]]]).sum())
+        same += int((shard[drawn.img[mis]] == shard[sent_img[drawn.sentence[mis]]]).sum())
     counts = np.array([s.sentences for s in store.manifest.shards.get(split, [])], dtype=np.float64)
     uniform = float(((counts / counts.sum()) ** 2).sum()) if counts.sum() else float("nan")
     return NegativeMix(negatives=negatives, same_shard=same, uniform=uniform, shards=len(shard_files))

@@ -5,7 +5,7 @@ or per-sample Python.
 Two stages per block of images (the block is the "buffer" that mismatched sentences and
 replacement features come from):
 
-1. `plan(block, rng)`: every random decision for every sample of the block (which sentence, which
+1. `draw(block, rng)`: every random decision for every sample of the block (which sentence, which
    words and objects are masked and how, which donor object replaces which), as small index arrays.
    All randomness is consumed here, one block at a time, from one generator seeded by
    (seed, epoch, rank): the same blocks give the same batches.
@@ -42,7 +42,7 @@ IGNORE = -100
 
 
 @dataclass
-class BlockPlan:
+class BlockSamples:
     """Every random choice for the S samples of one block (sample i uses image `img[i]`)."""
 
     block: ImageBlock
@@ -109,7 +109,7 @@ class LxmertBatchBuilder:
             r += r >= s
         return r
 
-    def plan(self, block: ImageBlock, rng: np.random.Generator) -> BlockPlan:
+    def draw(self, block: ImageBlock, rng: np.random.Generator) -> BlockSamples:
         m = self.masking
         k = block.num_images
         n_sent = block.sentences_per_image  # (K,)
@@ -180,33 +180,33 @@ class LxmertBatchBuilder:
             pick = np.minimum(pick, block.ans_ids.shape[0] - 1)
             qa_labels = np.where(has_answer, block.ans_ids[pick].astype(np.int64), IGNORE)
 
-        return BlockPlan(block=block, img=img, sentence=sent, input_ids=input_ids, attention_mask=attention_mask,
+        return BlockSamples(block=block, img=img, sentence=sent, input_ids=input_ids, attention_mask=attention_mask,
                          mlm_labels=mlm_labels, is_matched=is_matched, qa_labels=qa_labels,
                          obj_masked=obj_masked, obj_zeroed=zeroed, repl_sample=rs.astype(np.int64),
                          repl_obj=rn.astype(np.int64), donor_img=donor_img, donor_obj=donor_obj)
 
     # ----------------------------------------------------------------- stage 2: tensors
 
-    def materialize(self, segments: list[tuple[BlockPlan, int, int]]) -> LxmertBatch:
-        """One batch from samples [a, b) of each plan, in order. Features stay float16."""
+    def materialize(self, segments: list[tuple[BlockSamples, int, int]]) -> LxmertBatch:
+        """One batch from samples [a, b) of each block's draw, in order. Features stay float16."""
         total = sum(b - a for _, a, b in segments)
         n, f = self.num_objects, self.feat_dim
         feat_targets = self._buffers.get((total, n, f), np.float16)  # (B, N, F)
         visual_feats = self._buffers.get((total, n, f), np.float16)  # (B, N, F)
         o = 0
-        for plan, a, b in segments:
+        for drawn, a, b in segments:
             # mode="clip" avoids numpy's buffered take; indices are in range by construction.
-            np.take(plan.block.features, plan.img[a:b], axis=0, out=feat_targets[o:o + b - a], mode="clip")
+            np.take(drawn.block.features, drawn.img[a:b], axis=0, out=feat_targets[o:o + b - a], mode="clip")
             o += b - a
         np.copyto(visual_feats, feat_targets)
         zeroed = _cat([p.obj_zeroed[a:b] for p, a, b in segments])  # (B, N)
         visual_feats[zeroed] = 0
         o = 0
-        for plan, a, b in segments:
-            lo, hi = np.searchsorted(plan.repl_sample, [a, b])
+        for drawn, a, b in segments:
+            lo, hi = np.searchsorted(drawn.repl_sample, [a, b])
             if hi > lo:
-                src = plan.block.features[plan.donor_img[lo:hi], plan.donor_obj[lo:hi]]  # (R, F)
-                visual_feats[o + plan.repl_sample[lo:hi] - a, plan.repl_obj[lo:hi]] = src
+                src = drawn.block.features[drawn.donor_img[lo:hi], drawn.donor_obj[lo:hi]]  # (R, F)
+                visual_feats[o + drawn.repl_sample[lo:hi] - a, drawn.repl_obj[lo:hi]] = src
             o += b - a
 
         def per_image(name: str) -> np.ndarray:

@@ -30,7 +30,7 @@ Imports numpy and pyarrow only.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -42,17 +42,14 @@ import pydantic
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import (
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     Unit,
     check_target,
     discard_partial,
-    epoch_units,
-    group_tables,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
-    read_unit,
     temp_dir_beside,
 )
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
@@ -513,22 +510,6 @@ class LxmertStore:
         return [Unit(str(self.path / s.file), g, rows, sentences) for s in self.manifest.shards.get(split, [])
                 for g, (rows, sentences) in enumerate(self._row_groups[s.file])]
 
-    def iter_tables(self, split: str, *, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                    shuffle: bool = True, images_per_block: int = 64) -> Iterator[pa.Table]:
-        """Blocks of about `images_per_block` images as Arrow tables, without Ray.
-
-        The unit of shuffling is a Parquet row group (`common.epoch_units`): their order is permuted
-        from (seed, epoch), the same permutation on every rank, and rank r takes every world_size-th
-        group, so ranks see disjoint parts that together cover the split. Row groups from different
-        places in the split are concatenated into one block, so the images that share a block (the
-        pool of mismatched sentences and replacement features) change from epoch to epoch. This is
-        the unmixed blocking (`loader.unit_blocks` with mix_units=0); the batch readers mix many
-        units into each block by default.
-        """
-        units = epoch_units(self.units(split), seed=seed, epoch=epoch, rank=rank, world=world_size, shuffle=shuffle)
-        return group_tables((read_unit(u) for u in units), images_per_block)
-
-
 
 def _count_vocab(path: Path) -> int:
     with open(path, "rb") as f:
@@ -540,7 +521,6 @@ def open_store(path: str | Path) -> LxmertStore:
     have the row counts, sentence counts and schema (incl. num_objects, feat_dim, max_seq_len) the
     manifest says; vocab.txt and answers.json match vocab_size and num_answers. Reads no feature data."""
     root = Path(path).expanduser().resolve()
-    mpath = root / MANIFEST_FILE
     if not root.is_dir():
         raise StoreError(f"{root}: feature store does not exist (build it with `python jobs/ingest.py "
                          "lxmert|synthetic`)")
@@ -550,17 +530,8 @@ def open_store(path: str | Path) -> LxmertStore:
     for shards in m.shards.values():
         for s in shards:
             p = root / s.file
-            if not p.is_file():
-                raise StoreError(f"{p}: shard listed in {mpath.name} is missing")
-            try:
-                pf = pq.ParquetFile(p)
-                schema = pf.schema_arrow
-                md = pf.metadata
-            except (OSError, pa.ArrowException) as e:
-                raise StoreError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e}); the shard is "
-                                 "corrupted, re-ingest the store") from None
-            if md.num_rows != s.rows:
-                raise StoreError(f"{p}: has {md.num_rows} rows, manifest says {s.rows}")
+            pf = open_listed_parquet(p, s.rows)
+            schema, md = pf.schema_arrow, pf.metadata
             for want in expected:
                 if want.name not in schema.names:
                     raise StoreError(f"{p}: column {want.name!r} is missing (expected {want.type})")

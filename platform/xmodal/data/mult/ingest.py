@@ -42,8 +42,9 @@ DATASETS = ("mosi", "mosei", "iemocap")
 F16_MAX = float(np.finfo(np.float16).max)
 
 
-class IngestError(UserError):
-    """Bad input: the message names the file, the key and what was expected."""
+class MultIngestError(UserError):
+    """Bad MulT input: the message names the file, the key and what was expected (the LXMERT
+    ingest's is `lxmert.ingest.IngestError`)."""
 
 
 # ============================================================================ safe unpickling
@@ -71,26 +72,26 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
-        raise IngestError(f"{self.where}: refused to unpickle global {module}.{name}: only numpy arrays, "
-                          "dtypes and plain containers are allowed (a pickle can run code when loaded)")
+        raise MultIngestError(f"{self.where}: refused to unpickle global {module}.{name}: only numpy arrays, "
+                              "dtypes and plain containers are allowed (a pickle can run code when loaded)")
 
     def persistent_load(self, pid):
-        raise IngestError(f"{self.where}: refused a persistent id in the pickle; expected plain data")
+        raise MultIngestError(f"{self.where}: refused a persistent id in the pickle; expected plain data")
 
 
 def safe_load(path: str | Path) -> Any:
     path = Path(path)
     if path.is_dir():
-        raise IngestError(f"{path}: is a directory; expected the dataset pickle file (--pickle)")
+        raise MultIngestError(f"{path}: is a directory; expected the dataset pickle file (--pickle)")
     if not path.is_file():
-        raise IngestError(f"{path}: no such file (--pickle)")
+        raise MultIngestError(f"{path}: no such file (--pickle)")
     with open(path, "rb") as f:
         try:
             return RestrictedUnpickler(f, str(path)).load()
-        except IngestError:
+        except MultIngestError:
             raise
         except Exception as e:  # truncated or not a pickle at all
-            raise IngestError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from e
+            raise MultIngestError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from e
 
 
 # ============================================================================ conversion
@@ -109,12 +110,12 @@ class _Stats:
 
 def _array(d: dict, key: str, where: str, ndim: int | None = None, n: int | None = None) -> np.ndarray:
     if key not in d:
-        raise IngestError(f"{where}: no key {key!r}; the split has {sorted(map(str, d))}")
+        raise MultIngestError(f"{where}: no key {key!r}; the split has {sorted(map(str, d))}")
     a = np.asarray(d[key])
     if ndim is not None and a.ndim != ndim:
-        raise IngestError(f"{where}[{key!r}]: shape {a.shape}; expected {ndim} dimensions")
+        raise MultIngestError(f"{where}[{key!r}]: shape {a.shape}; expected {ndim} dimensions")
     if n is not None and a.shape[0] != n:
-        raise IngestError(f"{where}[{key!r}]: {a.shape[0]} rows; expected {n} like 'text'")
+        raise MultIngestError(f"{where}[{key!r}]: {a.shape[0]} rows; expected {n} like 'text'")
     return a
 
 
@@ -124,18 +125,18 @@ def _labels(labels: np.ndarray, key: str, where: str) -> np.ndarray:
     try:
         labels = labels.astype(np.float32)
     except (TypeError, ValueError):
-        raise IngestError(f"{where}[{key!r}]: dtype {labels.dtype}, not numbers; expected finite labels") from None
+        raise MultIngestError(f"{where}[{key!r}]: dtype {labels.dtype}, not numbers; expected finite labels") from None
     bad = np.flatnonzero(~np.isfinite(labels.reshape(len(labels), -1)).all(axis=1))
     if len(bad):
         row = int(bad[0])
-        raise IngestError(f"{where}[{key!r}][{row}] = {labels[row].ravel().tolist()}: row {row} has a non-finite "
-                          f"label; expected finite labels ({len(bad)} row(s) of the split are not)")
+        raise MultIngestError(f"{where}[{key!r}][{row}] = {labels[row].ravel().tolist()}: row {row} has a non-finite "
+                              f"label; expected finite labels ({len(bad)} row(s) of the split are not)")
     return labels
 
 
 def _clean(x: np.ndarray, modality: str, stats: _Stats, where: str) -> np.ndarray:
     if x.dtype.kind not in "fiu":
-        raise IngestError(f"{where}[{modality!r}]: dtype {x.dtype}; expected numbers")
+        raise MultIngestError(f"{where}[{modality!r}]: dtype {x.dtype}; expected numbers")
     x = x.astype(np.float32, copy=True)
     bad = ~np.isfinite(x)
     if bad.any():
@@ -190,17 +191,17 @@ def _ids(d: dict, n: int, split: str) -> np.ndarray:
 
     ids = [text(v) for v in (raw if not isinstance(raw, np.ndarray) or raw.ndim else [raw.item()])]
     if len(ids) != n:
-        raise IngestError(f"split {split!r}: {len(ids)} ids for {n} clips")
+        raise MultIngestError(f"split {split!r}: {len(ids)} ids for {n} clips")
     return np.array(ids, dtype=object)
 
 
 def _check_splits(data: Any, where: str) -> None:
     if not isinstance(data, dict):
-        raise IngestError(f"{where}: top level is {type(data).__name__}; expected a dict of splits {list(SPLITS)}")
+        raise MultIngestError(f"{where}: top level is {type(data).__name__}; expected a dict of splits {list(SPLITS)}")
     missing = [s for s in SPLITS if s not in data]
     if missing:
-        raise IngestError(f"{where}: no split {missing[0]!r}; the pickle has {sorted(map(str, data))}, "
-                          f"expected {list(SPLITS)}")
+        raise MultIngestError(f"{where}: no split {missing[0]!r}; the pickle has {sorted(map(str, data))}, "
+                              f"expected {list(SPLITS)}")
 
 
 def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
@@ -209,7 +210,7 @@ def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]
     for split in SPLITS:
         d, w = data[split], f"{where}[{split!r}]"
         if not isinstance(d, dict):
-            raise IngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, labels")
+            raise MultIngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, labels")
         text = _array(d, "text", w, 3)
         n = text.shape[0]
         raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
@@ -219,8 +220,8 @@ def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]
         elif labels.shape[1:] == (4, 2):
             labels = labels.argmax(-1).astype(np.int64)  # one-hot -> class per emotion (reference dataset.py)
         else:
-            raise IngestError(f"{w}['labels']: shape {labels.shape}; expected [N, 1, 1] (sentiment) or "
-                              "[N, 4, 2] (IEMOCAP one-hot)")
+            raise MultIngestError(f"{w}['labels']: shape {labels.shape}; expected [N, 1, 1] (sentiment) or "
+                                  "[N, 4, 2] (IEMOCAP one-hot)")
         values, lengths = {}, {}
         for m in MODALITIES:
             x = _clean(raw[m], m, stats, w)
@@ -235,15 +236,15 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
     for split in SPLITS:
         d, w = data[split], f"{where}[{split!r}]"
         if not isinstance(d, dict):
-            raise IngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, ...")
+            raise MultIngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, ...")
         if "text" not in d and "text_bert" in d:
-            raise IngestError(f"{w}: only 'text_bert' (BERT token ids); this ingest needs 'text' features")
+            raise MultIngestError(f"{w}: only 'text_bert' (BERT token ids); this ingest needs 'text' features")
         text = _array(d, "text", w, 3)
         n = text.shape[0]
         raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
         labels = _labels(_array(d, "regression_labels", w, None, n), "regression_labels", w)
         if labels.size != n:
-            raise IngestError(f"{w}['regression_labels']: shape {labels.shape}; expected one score per clip")
+            raise MultIngestError(f"{w}['regression_labels']: shape {labels.shape}; expected one score per clip")
         values, lengths = {}, {}
         for m in MODALITIES:
             x = _clean(raw[m], m, stats, w)
@@ -253,17 +254,17 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
                 key = f"{m}_lengths"
                 lens = _array(d, key, w, None, n)
                 if lens.size != n:
-                    raise IngestError(f"{w}[{key!r}]: shape {lens.shape}; expected one length per clip ({n})")
+                    raise MultIngestError(f"{w}[{key!r}]: shape {lens.shape}; expected one length per clip ({n})")
                 lens = lens.reshape(n)
                 if lens.dtype.kind not in "iuf":
-                    raise IngestError(f"{w}[{key!r}]: dtype {lens.dtype}; expected integers in [0, {x.shape[1]}]")
+                    raise MultIngestError(f"{w}[{key!r}]: dtype {lens.dtype}; expected integers in [0, {x.shape[1]}]")
                 with np.errstate(invalid="ignore"):
                     wrong = ~np.isfinite(lens) | (lens != np.round(lens)) | (lens < 0) | (lens > x.shape[1]) \
                         if lens.dtype.kind == "f" else (lens < 0) | (lens > x.shape[1])
                 if wrong.any():
                     i = int(np.flatnonzero(wrong)[0])
-                    raise IngestError(f"{w}[{key!r}][{i}] = {lens[i].item()!r}; expected an integer in "
-                                      f"[0, {x.shape[1]}]")
+                    raise MultIngestError(f"{w}[{key!r}][{i}] = {lens[i].item()!r}; expected an integer in "
+                                          f"[0, {x.shape[1]}]")
                 lens = lens.astype(np.int64)
             values[m], lengths[m] = _pack(x, lens, False, m, stats)
         out[split] = MultSplit(split, _ids(d, n, split), labels.reshape(n).astype(np.float32), values, lengths)
@@ -293,19 +294,19 @@ def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | No
     """Convert one pickle into a store at `out`; returns the opened MultStore."""
     out, pickle_path = Path(out).expanduser().resolve(), Path(pickle_path).expanduser()
     if fmt not in FORMATS:
-        raise IngestError(f"--format {fmt!r}; expected one of {list(FORMATS)}")
+        raise MultIngestError(f"--format {fmt!r}; expected one of {list(FORMATS)}")
     if dataset is not None and dataset not in DATASETS:
-        raise IngestError(f"--dataset {dataset!r}; expected one of {list(DATASETS)}")
+        raise MultIngestError(f"--dataset {dataset!r}; expected one of {list(DATASETS)}")
     if shard_rows < 1:
-        raise IngestError(f"--shard-rows {shard_rows}: expected >= 1 clips per shard")
+        raise MultIngestError(f"--shard-rows {shard_rows}: expected >= 1 clips per shard")
     check_target(out, overwrite, KIND)  # before the (possibly long) load
     data = safe_load(pickle_path)
     splits, stats = (from_reference if fmt == "reference" else from_mmsa)(data, str(pickle_path))
     task = splits["train"].task
     if dataset == "iemocap" and task != "emotions":
-        raise IngestError(f"{pickle_path}: --dataset iemocap but the labels are sentiment scores; expected [N, 4, 2]")
+        raise MultIngestError(f"{pickle_path}: --dataset iemocap but the labels are sentiment scores; expected [N, 4, 2]")
     if dataset in ("mosi", "mosei") and task != "sentiment":
-        raise IngestError(f"{pickle_path}: --dataset {dataset} but the labels are IEMOCAP emotions")
+        raise MultIngestError(f"{pickle_path}: --dataset {dataset} but the labels are IEMOCAP emotions")
     dataset = dataset or _infer_dataset(pickle_path, splits)
     source = {"format": fmt, "path": str(pickle_path.resolve()), "bytes": pickle_path.stat().st_size,
               "sha256": _sha256(pickle_path)}

@@ -45,13 +45,13 @@ import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.common import (
-    MANIFEST_FILE,
     Manifest,
     StoreError,
     Unit,
     check_target,
     discard_partial,
     missing_parents,
+    open_listed_parquet,
     publish_dir,
     temp_dir_beside,
 )
@@ -136,19 +136,19 @@ class MultSplit:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def order(self, *, shuffle: bool, seed: int = 0, epoch: int = 0, rank: int = 0, world_size: int = 1,
+    def order(self, *, shuffle: bool, seed: int = 0, epoch: int = 0, rank: int = 0, world: int = 1,
               even_shards: bool = True) -> np.ndarray:
         """Row order of one epoch for one worker: a permutation fixed by (seed, epoch), dealt
-        round-robin to `world_size` workers; `even_shards` trims the tail so that every worker
+        round-robin to `world` workers; `even_shards` trims the tail so that every worker
         gets the same number of rows (data-parallel steps must match)."""
         n = len(self)
         order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-        if world_size > 1:
-            if not 0 <= rank < world_size:
-                raise ValueError(f"rank {rank} outside world_size {world_size}")
+        if world > 1:
+            if not 0 <= rank < world:
+                raise ValueError(f"rank {rank} outside world {world}")
             if even_shards:
-                order = order[: (n // world_size) * world_size]
-            order = order[rank::world_size]
+                order = order[: (n // world) * world]
+            order = order[rank::world]
         return order
 
     def pad_lengths(self, rows: np.ndarray, pad_to: PadTo) -> dict[str, int]:
@@ -179,20 +179,20 @@ class MultSplit:
         return make_batch(feats, {m: self.lengths[m][rows] for m in MODALITIES}, self.labels[rows], index)
 
     def batches(self, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
-                drop_last: bool = False, rank: int = 0, world_size: int = 1, even_shards: bool = True,
+                drop_last: bool = False, rank: int = 0, world: int = 1, even_shards: bool = True,
                 pad_to: PadTo = "batch") -> Iterator[MultBatch]:
-        """Batches of one epoch, deterministic given (seed, epoch, rank, world_size). No Ray needed."""
+        """Batches of one epoch, deterministic given (seed, epoch, rank, world). No Ray needed."""
         if batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}; expected >= 1")
-        order = self.order(shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+        order = self.order(shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world=world,
                            even_shards=even_shards)
         stop = len(order) - (len(order) % batch_size if drop_last else 0)
         for start in range(0, stop, batch_size):
             yield self.batch(order[start:start + batch_size], pad_to)
 
-    def num_batches(self, batch_size: int, *, drop_last: bool = False, world_size: int = 1,
+    def num_batches(self, batch_size: int, *, drop_last: bool = False, world: int = 1,
                     even_shards: bool = True) -> int:
-        n = len(self) // world_size if (world_size > 1 and even_shards) else -(-len(self) // world_size)
+        n = len(self) // world if (world > 1 and even_shards) else -(-len(self) // world)
         return n // batch_size if drop_last else -(-n // batch_size)
 
 
@@ -376,21 +376,12 @@ class MultStore:
     def open(cls, path: str | Path) -> MultStore:
         """Read manifest.json and check it against every shard's footer (rows) and schema."""
         path = Path(path).expanduser().resolve()
-        mf = path / MANIFEST_FILE
         manifest = MultManifest.read(path)  # names the path and the kind expected when it is not a MulT store
         expected = arrow_schema(manifest.task)
-        for split, shards in manifest.splits.items():
+        for shards in manifest.splits.values():
             for sh in shards:
                 f = path / sh.file
-                if not f.is_file():
-                    raise StoreError(f"{mf}: shard {sh.file} of split {split!r} is missing")
-                try:
-                    meta = pq.read_metadata(f)
-                    schema = pq.read_schema(f)
-                except (OSError, pa.ArrowException) as e:
-                    raise StoreError(f"{f}: unreadable Parquet ({e})") from e
-                if meta.num_rows != sh.rows:
-                    raise StoreError(f"{f}: {meta.num_rows} rows, manifest says {sh.rows}")
+                schema = open_listed_parquet(f, sh.rows).schema_arrow
                 if not schema.remove_metadata().equals(expected):
                     raise StoreError(f"{f}: schema {schema.remove_metadata()} differs from the expected "
                                      f"{expected} for task {manifest.task!r}")
