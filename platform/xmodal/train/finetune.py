@@ -33,6 +33,7 @@ from xmodal import run_tags, tracking
 from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
+from xmodal.objectives.finetune import finetune_metrics
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.hooks import say
 from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
@@ -328,8 +329,7 @@ def with_data_dims(cfg: FinetuneConfig, data, pretrained: LxmertConfig | None) -
     if problems:
         what = "the pretrained model" if pretrained is not None else "model"
         raise ConfigError(f"{what} does not fit the fine-tuning set {data.path}: " + "; ".join(problems))
-    metrics = [f"valid/{m}" for m in (("accuracy", "loss", "consistency") if cfg.task == "nlvr2"
-                                      else ("accuracy", "loss"))]
+    metrics = finetune_metrics(cfg.task)
     if cfg.train.best_metric not in metrics:
         raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not measured on {cfg.task}; "
                           f"valid: {', '.join(metrics)}")

@@ -20,10 +20,10 @@ import torch
 
 from xmodal import run_tags
 from xmodal.batches import MultBatch
-from xmodal.config import MULT_METRICS, ConfigError, MultTrainConfig, mult_valid_metrics
+from xmodal.config import ConfigError, MultTrainConfig
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
-from xmodal.objectives.sentiment import MultObjective, compute_metrics
+from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
 from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
 from xmodal.train.loop import gather_rows
 from xmodal.train.worker import Worker

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from xmodal import run_tags
-from xmodal.config import ConfigError, PretrainConfig, pretraining_eval_metrics
+from xmodal.config import ConfigError, PretrainConfig
 from xmodal.models.lxmert import LxmertForPretraining
-from xmodal.objectives.pretraining import PretrainingObjective
+from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
 from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
 from xmodal.train.loop import evaluate_sums, ratios
 from xmodal.train.worker import Worker
