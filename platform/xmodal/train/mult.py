@@ -36,10 +36,9 @@ EMOTION_METRICS = MULT_METRICS["emotions"]
 class MultJob(JobSpec):
     name = "mult"
     config_class = MultTrainConfig
+    run_name = "mult-{cfg.model.variant}"
     optimizer = "adam"
     selects_on_validation = True
-
-    run_name = "mult-{cfg.model.variant}"
 
     # ------------------------------------------------ data
     def prepare(self, cfg: MultTrainConfig, inputs: Inputs) -> Prepared:
