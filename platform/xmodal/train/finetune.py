@@ -56,9 +56,8 @@ class Init:
 class FinetuneJob(JobSpec):
     name = "finetune"
     config_class = FinetuneConfig
-    selects_on_validation = True
-
     run_name = "finetune-{cfg.task}"
+    selects_on_validation = True
 
     # ------------------------------------------------ data
     def prepare(self, cfg: FinetuneConfig, inputs: Inputs) -> Prepared:
