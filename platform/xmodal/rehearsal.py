@@ -1,8 +1,9 @@
 """Several "hosts" on one Linux machine, to rehearse a multi-host Ray cluster without a cloud. Needs root.
 
 Each host is a network namespace with an address of its own on a private bridge, plus PID, mount, UTS
-and IPC namespaces with a private /tmp, /root, /run and /dev/shm (Ray's session folders, its token
-file and `ray stop` stay per host) and a hostname of its own. Its /etc/hosts maps every host name to
+and IPC namespaces with a private /tmp, /run and /dev/shm (empty at first: Ray's session folders and
+`ray stop` stay per host), a /root whose writes stay in the host (it reads the machine's /root through,
+where interpreters may be installed) and a hostname of its own. Its /etc/hosts maps every host name to
 that host's bridge address: Ray and gloo look their own host name up, and a name that resolves to
 127.0.0.1 makes the other hosts dial their own loopback.
 
@@ -43,7 +44,7 @@ BRIDGE_ADDRESS = f"{SUBNET}.254"
 DEFAULT_PREFIX = "xm"
 MAX_HOSTS = 50  # keeps every name within the kernel's 15 characters with a 4-character prefix
 _COMMANDS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "mount": "util-linux",
-             "sh": "a POSIX shell", "sleep": "coreutils"}
+             "sh": "a POSIX shell", "sleep": "coreutils", "stat": "coreutils"}
 _NAMESPACES = ("net", "pid", "mnt", "uts", "ipc")
 _HOLDER_MARK = "XMODAL_REHEARSAL_HOLDER"  # in each holder's environment (value: the prefix), to find it by
 _STARTUP_TIMEOUT_S = 15.0
@@ -51,7 +52,9 @@ _KILL_TIMEOUT_S = 10.0
 
 # Run by each holder inside its fresh namespaces ($1: the hosts file, $2: the host name). The mounts are
 # private to the host (unshare makes the new mount namespace's propagation private), so nothing here
-# shows on the machine. IPv6 goes off before any link comes up, so no host sends router solicitations
+# shows on the machine. /tmp, /run and /dev/shm start empty. /root is an overlay: the machine's /root
+# read through (interpreters often live there, e.g. pyenv's), with the host's writes (~/.ray, caches)
+# kept in the host's /run. IPv6 goes off before any link comes up, so no host sends router solicitations
 # or multicast reports anywhere.
 _HOLDER_SCRIPT = """set -e
 for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do
@@ -59,9 +62,11 @@ for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/defaul
 done
 mount --bind "$1" /etc/hosts
 mount -t tmpfs -o mode=1777 tmpfs /tmp
-mount -t tmpfs -o mode=0700 tmpfs /root
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+mkdir -p /run/.rehearsal-root/upper /run/.rehearsal-root/work
+chmod "$(stat -c %a /root)" /run/.rehearsal-root/upper
+mount -t overlay overlay -o lowerdir=/root,upperdir=/run/.rehearsal-root/upper,workdir=/run/.rehearsal-root/work /root
 echo "$2" > /proc/sys/kernel/hostname
 echo ready
 exec sleep infinity
