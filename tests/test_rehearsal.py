@@ -22,7 +22,7 @@ from xmodal import rehearsal
 from xmodal.rehearsal import Hosts, RehearsalError
 
 REASON = rehearsal.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")
+needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")
 
 # Not the command line's prefix: a test never removes a rehearsal someone is running by hand.
 PREFIX = "xmt"
@@ -75,6 +75,24 @@ def py(hosts: Hosts, host: str, code: str, **kwargs) -> str:
     return hosts.run(host, [PYTHON, "-c", textwrap.dedent(code)], timeout=60, **kwargs).stdout.strip()
 
 
+def test_what_is_missing_is_named(monkeypatch):
+    """Runs anywhere: the one error says what the machine lacks (root, commands), before anything is made."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(rehearsal.shutil, "which", lambda cmd: None if cmd in ("nsenter", "ip") else "/bin/" + cmd)
+    monkeypatch.setattr(rehearsal.sys, "platform", "linux")
+    with pytest.raises(RehearsalError) as err:
+        Hosts(2, PREFIX).create()
+    assert str(err.value) == ("the rehearsal needs root (it makes network namespaces, a bridge and mounts; run "
+                              "it with sudo); the commands ip (iproute2), nsenter (util-linux) on PATH")
+    with pytest.raises(RehearsalError, match="removing the rehearsal needs root"):
+        rehearsal.teardown_leftovers(PREFIX)
+    with pytest.raises(RehearsalError, match="prefix 'xm-long'"):
+        Hosts(2, "xm-long")
+    with pytest.raises(RehearsalError, match="hosts: 0; expected 1 to 50"):
+        Hosts(0, PREFIX)
+
+
+@needs_hosts
 def test_each_host_has_its_own_address_and_name(hosts):
     for name, address in (("head", "10.231.0.1"), ("worker1", "10.231.0.2")):
         assert hosts.run(name, ["hostname"]).stdout.strip() == name
@@ -87,6 +105,7 @@ def test_each_host_has_its_own_address_and_name(hosts):
         assert str(os.getpid()) not in ps.split()
 
 
+@needs_hosts
 def test_host_names_resolve_to_bridge_addresses(hosts):
     for name in hosts.names:
         seen = json.loads(py(hosts, name, """
@@ -97,6 +116,7 @@ def test_host_names_resolve_to_bridge_addresses(hosts):
         assert hosts.run(name, ["getent", "hosts", "worker1"]).stdout.split() == ["10.231.0.2", "worker1"]
 
 
+@needs_hosts
 def test_one_host_reaches_another_over_tcp(hosts):
     server = hosts.popen("worker1", [PYTHON, "-c", textwrap.dedent("""
         import socket
@@ -124,6 +144,7 @@ def test_one_host_reaches_another_over_tcp(hosts):
             server.wait()
 
 
+@needs_hosts
 def test_tmp_run_shm_and_home_are_private_to_each_host(hosts):
     for folder in ("/tmp", "/run", "/dev/shm", "/root"):
         marker = f"{folder}/{PREFIX}-marker-{uuid.uuid4().hex}"
@@ -137,6 +158,7 @@ def test_tmp_run_shm_and_home_are_private_to_each_host(hosts):
     assert hosts.run("worker1", ["test", "-x", PYTHON], check=False).returncode == 0
 
 
+@needs_hosts
 def test_a_host_reaches_nothing_outside(hosts):
     for name in hosts.names:
         routes = hosts.run(name, ["ip", "-4", "route", "show"]).stdout.splitlines()
@@ -156,6 +178,7 @@ def test_a_host_reaches_nothing_outside(hosts):
     assert err[1] < 1.0
 
 
+@needs_hosts
 def test_teardown_removes_every_process_namespace_and_link():
     rehearsal.teardown_leftovers(PREFIX)
     made = Hosts(3, PREFIX)
@@ -173,6 +196,7 @@ def test_teardown_removes_every_process_namespace_and_link():
     assert made.teardown() == []  # again: nothing to do
 
 
+@needs_hosts
 def test_a_failed_create_leaves_nothing(monkeypatch):
     rehearsal.teardown_leftovers(PREFIX)
     real = Hosts._create_host
@@ -188,6 +212,7 @@ def test_a_failed_create_leaves_nothing(monkeypatch):
     nothing_left()
 
 
+@needs_hosts
 def test_a_crashed_run_is_found_and_removed():
     """The hosts outlive the process that made them (the command line's `up`): `attach` runs commands in
     them, a second create is refused with what is there, and `teardown_leftovers` removes it all."""
@@ -213,6 +238,27 @@ def test_a_crashed_run_is_found_and_removed():
         if maker.poll() is None:
             maker.kill()
             maker.wait()
+        rehearsal.teardown_leftovers(PREFIX)
+    nothing_left()
+
+
+@needs_hosts
+def test_the_command_line_makes_enters_and_removes_hosts():
+    rehearsal.teardown_leftovers(PREFIX)
+    script = [PYTHON, str(REPO / "scripts" / "rehearsal_cluster.py"), "--prefix", PREFIX]
+    try:
+        up = subprocess.run([*script, "up", "--hosts", "2"], capture_output=True, text=True, timeout=60)
+        assert up.returncode == 0, up.stderr
+        assert "head       10.231.0.1" in up.stdout and "worker1    10.231.0.2" in up.stdout
+        assert "run head -- hostname" in up.stdout
+        inside = subprocess.run([*script, "run", "worker1", "--", "sh", "-c", "hostname; exit 3"],
+                                capture_output=True, text=True, timeout=60)
+        assert (inside.returncode, inside.stdout) == (3, "worker1\n")
+        again = subprocess.run([*script, "up"], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "is already there" in again.stderr and "Traceback" not in again.stderr
+        down = subprocess.run([*script, "down"], capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0 and f"removed network namespace {PREFIX}-head" in down.stdout
+    finally:
         rehearsal.teardown_leftovers(PREFIX)
     nothing_left()
 
@@ -247,6 +293,7 @@ print(json.dumps({"ips": sorted(n["NodeManagerAddress"] for n in nodes), "ran": 
 
 
 @pytest.mark.slow
+@needs_hosts
 def test_a_ray_cluster_across_two_hosts(tmp_path_factory):
     """A Ray head in `head`, a worker node in `worker1` joining it over the bridge, a driver in `head`
     whose task pinned to the worker node runs there. Token authentication is on, as on the real cluster:

@@ -122,10 +122,10 @@ def missing() -> list[str]:
     if not sys.platform.startswith("linux"):
         return [f"Linux (this is {sys.platform}): hosts are Linux namespaces"]
     if os.geteuid() != 0:
-        found.append("root: making network namespaces, bridges and mounts needs root (run it with sudo)")
-    for command, package in _COMMANDS.items():
-        if shutil.which(command) is None:
-            found.append(f"the command {command!r} (package {package}) on PATH")
+        found.append("root (it makes network namespaces, a bridge and mounts; run it with sudo)")
+    absent = [f"{command} ({package})" for command, package in _COMMANDS.items() if shutil.which(command) is None]
+    if absent:
+        found.append(f"the command{'s' if len(absent) > 1 else ''} {', '.join(absent)} on PATH")
     lacking = [ns for ns in _NAMESPACES if not os.path.exists(f"/proc/self/ns/{ns}")]
     if lacking:
         found.append(f"kernel support for {', '.join(lacking)} namespaces (no /proc/self/ns/{lacking[0]})")
@@ -259,6 +259,10 @@ def teardown_leftovers(prefix: str = DEFAULT_PREFIX) -> list[str]:
     process in its hosts, delete the links, bridge and namespaces and its folder. Returns what it removed;
     safe to call when nothing is there."""
     prefix = _check_prefix(prefix)
+    lacking = missing()
+    if lacking:
+        # Without root the namespaces may be there but neither fully seen nor removable.
+        raise RehearsalError("removing the rehearsal needs " + "; ".join(lacking))
     removed = []
     namespaces = _netns_list(prefix)
     for ns in namespaces:
@@ -427,7 +431,7 @@ class Hosts:
             argv.append(f"--wdns={cwd}")
         return [*argv, "--"]
 
-    def _env(self, name: str, env: Mapping[str, str] | None) -> dict[str, str]:
+    def environment(self, name: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The caller's environment with `env` on top. TMPDIR goes: the machine's is not the host's."""
         merged = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
         merged["HOSTNAME"] = name
@@ -441,7 +445,7 @@ class Hosts:
         environment. `check`: raise RehearsalError (with the output) when it exits non-zero."""
         full = [*self.enter_argv(name, cwd), *argv]
         try:
-            out = subprocess.run(full, env=self._env(name, env), capture_output=True, text=True,
+            out = subprocess.run(full, env=self.environment(name, env), capture_output=True, text=True,
                                  timeout=timeout, input=input, stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired as e:
             raise RehearsalError(f"host {name}: `{' '.join(argv)}` still running after {timeout} s; "
@@ -456,7 +460,7 @@ class Hosts:
         """Start `argv` inside host `name` (a long-running process, e.g. `ray start --block`) and return at
         once; `kwargs` go to subprocess.Popen (stdout, stderr, ...). `teardown()` kills it with the host."""
         kwargs.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.Popen([*self.enter_argv(name, cwd), *argv], env=self._env(name, env),
+        proc = subprocess.Popen([*self.enter_argv(name, cwd), *argv], env=self.environment(name, env),
                                 start_new_session=True, **kwargs)
         self._started.append(proc)
         return proc
