@@ -1,0 +1,333 @@
+"""Hosts of a one-machine cluster rehearsal (xmodal/rehearsal.py): real namespaces, a real bridge and real
+sockets, so root only. Every test removes what it made, even when it fails, and first removes what a
+crashed earlier run left."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from xmodal import rehearsal
+from xmodal.rehearsal import Hosts, RehearsalError
+
+REASON = rehearsal.unavailable_reason()
+needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")
+
+# Not the command line's prefix: a test never removes a rehearsal someone is running by hand.
+PREFIX = "xmt"
+PYTHON = sys.executable
+RAY = str(Path(sys.executable).parent / "ray")
+REPO = Path(__file__).resolve().parents[1]
+# TEST-NET-2 (RFC 5737): documentation only, never routed; the hosts have no route to it anyway.
+OUTSIDE = "198.51.100.1"
+
+
+def nothing_left() -> None:
+    """No namespace, link, process or folder of the prefix on the machine, seen with the system's tools."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in netns.splitlines() if line.startswith(f"{PREFIX}-")], netns
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in links.splitlines() if f" {PREFIX}v-" in line or f" {PREFIX}br0" in line], links
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    assert f"/run/{PREFIX}-rehearsal" not in ps, ps
+    assert rehearsal.leftovers(PREFIX) == []
+    assert not Path(f"/run/{PREFIX}-rehearsal").exists()
+
+
+def netns_pids() -> list[int]:
+    pids = []
+    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith(f"{PREFIX}-"):
+            out = subprocess.run(["ip", "netns", "pids", line.split()[0]], capture_output=True, text=True)
+            pids += [int(p) for p in out.stdout.split()]
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def hosts():
+    rehearsal.teardown_leftovers(PREFIX)
+    made = Hosts(2, PREFIX)
+    try:
+        yield made.create()
+    finally:
+        made.teardown()
+
+
+def py(hosts: Hosts, host: str, code: str, **kwargs) -> str:
+    return hosts.run(host, [PYTHON, "-c", textwrap.dedent(code)], timeout=60, **kwargs).stdout.strip()
+
+
+def test_what_is_missing_is_named(monkeypatch):
+    """Runs anywhere: the one error says what the machine lacks (root, commands), before anything is made."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(rehearsal.shutil, "which", lambda cmd: None if cmd in ("nsenter", "ip") else "/bin/" + cmd)
+    monkeypatch.setattr(rehearsal.sys, "platform", "linux")
+    with pytest.raises(RehearsalError) as err:
+        Hosts(2, PREFIX).create()
+    assert str(err.value) == ("the rehearsal needs root (it makes network namespaces, a bridge and mounts; run "
+                              "it with sudo); the commands ip (iproute2), nsenter (util-linux) on PATH")
+    with pytest.raises(RehearsalError, match="removing the rehearsal needs root"):
+        rehearsal.teardown_leftovers(PREFIX)
+    with pytest.raises(RehearsalError, match="prefix 'xm-long'"):
+        Hosts(2, "xm-long")
+    with pytest.raises(RehearsalError, match="hosts: 0; expected 1 to 50"):
+        Hosts(0, PREFIX)
+
+
+@needs_hosts
+def test_each_host_has_its_own_address_and_name(hosts):
+    for name, address in (("head", "10.231.0.1"), ("worker1", "10.231.0.2")):
+        assert hosts.run(name, ["hostname"]).stdout.strip() == name
+        addrs = hosts.run(name, ["ip", "-4", "-o", "addr", "show"]).stdout
+        found = sorted(line.split()[3] for line in addrs.splitlines())
+        assert found == sorted(["127.0.0.1/8", f"{address}/24"]), addrs
+        # Its own PID namespace: the holder is PID 1 and the machine's processes are not seen.
+        ps = hosts.run(name, ["ps", "-eo", "pid,args"]).stdout
+        assert ps.splitlines()[1].split()[:2] == ["1", "sleep"], ps
+        assert str(os.getpid()) not in ps.split()
+
+
+@needs_hosts
+def test_host_names_resolve_to_bridge_addresses(hosts):
+    for name in hosts.names:
+        seen = json.loads(py(hosts, name, """
+            import json, socket
+            print(json.dumps({n: socket.gethostbyname(n) for n in ("head", "worker1", socket.gethostname())}))
+        """))
+        assert seen == {"head": "10.231.0.1", "worker1": "10.231.0.2", name: hosts.addresses[name]}
+        assert hosts.run(name, ["getent", "hosts", "worker1"]).stdout.split() == ["10.231.0.2", "worker1"]
+
+
+@needs_hosts
+def test_one_host_reaches_another_over_tcp(hosts):
+    server = hosts.popen("worker1", [PYTHON, "-c", textwrap.dedent("""
+        import socket
+        s = socket.create_server(("10.231.0.2", 7001))
+        conn, peer = s.accept()
+        conn.sendall(f"{socket.gethostname()} saw {peer[0]}".encode())
+        conn.close()
+    """)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        reply = py(hosts, "head", """
+            import socket, time
+            for _ in range(100):  # until the server listens
+                try:
+                    c = socket.create_connection(("worker1", 7001), timeout=5)
+                    break
+                except ConnectionRefusedError:
+                    time.sleep(0.05)
+            print(c.recv(100).decode())
+        """)
+        assert reply == "worker1 saw 10.231.0.1"
+        assert server.wait(timeout=10) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+@needs_hosts
+def test_tmp_run_shm_and_home_are_private_to_each_host(hosts):
+    for folder in ("/tmp", "/run", "/dev/shm", "/root"):
+        marker = f"{folder}/{PREFIX}-marker-{uuid.uuid4().hex}"
+        hosts.run("head", ["sh", "-c", f"echo here > {marker}"])
+        assert hosts.run("head", ["cat", marker]).stdout == "here\n"
+        assert hosts.run("worker1", ["test", "-e", marker], check=False).returncode == 1, marker
+        assert not Path(marker).exists(), marker
+    # /tmp starts empty (a fresh Ray session folder); /root reads the machine's through.
+    assert hosts.run("worker1", ["ls", "-A", "/tmp"]).stdout == ""
+    assert hosts.run("worker1", ["stat", "-f", "-c", "%T", "/root"]).stdout.strip() == "overlayfs"
+    assert hosts.run("worker1", ["test", "-x", PYTHON], check=False).returncode == 0
+
+
+@needs_hosts
+def test_a_host_reaches_nothing_outside(hosts):
+    for name in hosts.names:
+        routes = hosts.run(name, ["ip", "-4", "route", "show"]).stdout.splitlines()
+        assert [r.split()[:3] for r in routes] == [["10.231.0.0/24", "dev", "eth0"]], routes
+        assert hosts.run(name, ["ip", "-6", "route", "show"]).stdout.strip() == ""
+    # Refused by the kernel at once (no route): nothing is sent, there is nothing to time out.
+    err = json.loads(py(hosts, "head", f"""
+        import json, socket, time
+        t = time.monotonic()
+        try:
+            socket.create_connection(("{OUTSIDE}", 80), timeout=3)
+            print(json.dumps([0, time.monotonic() - t]))
+        except OSError as e:
+            print(json.dumps([e.errno, time.monotonic() - t]))
+    """))
+    assert err[0] == errno.ENETUNREACH, f"expected 'network unreachable', got {errno.errorcode.get(err[0])}"
+    assert err[1] < 1.0
+
+
+@needs_hosts
+def test_teardown_removes_every_process_namespace_and_link():
+    rehearsal.teardown_leftovers(PREFIX)
+    made = Hosts(3, PREFIX)
+    try:
+        made.create()
+        sleeper = made.popen("worker2", ["sleep", "300"])
+        made.run("head", ["sh", "-c", "sleep 300 > /dev/null 2>&1 &"])
+        pids = netns_pids()
+        assert len(pids) >= 7  # a holder and its unshare parent per host, and the two sleeps
+    finally:
+        made.teardown()
+    nothing_left()
+    assert not [pid for pid in pids if alive(pid)]
+    assert sleeper.poll() is not None
+    assert made.teardown() == []  # again: nothing to do
+
+
+@needs_hosts
+def test_a_failed_create_leaves_nothing(monkeypatch):
+    rehearsal.teardown_leftovers(PREFIX)
+    real = Hosts._create_host
+
+    def second_fails(self, name, address, hosts_file):
+        if name == "worker1":
+            raise RehearsalError("the second host fails")
+        return real(self, name, address, hosts_file)
+
+    monkeypatch.setattr(Hosts, "_create_host", second_fails)
+    with pytest.raises(RehearsalError, match="the second host fails"):
+        Hosts(3, PREFIX).create()
+    nothing_left()
+
+
+@needs_hosts
+def test_a_crashed_run_is_found_and_removed():
+    """The hosts outlive the process that made them (the command line's `up`): `attach` runs commands in
+    them, a second create is refused with what is there, and `teardown_leftovers` removes it all."""
+    rehearsal.teardown_leftovers(PREFIX)
+    maker = subprocess.Popen([PYTHON, "-c", textwrap.dedent(f"""
+        import time
+        from xmodal.rehearsal import Hosts
+        Hosts(2, {PREFIX!r}).create()
+        print("up", flush=True)
+        time.sleep(300)
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "platform")})
+    try:
+        assert maker.stdout.readline().strip() == "up"
+        maker.send_signal(signal.SIGKILL)  # no teardown
+        maker.wait()
+        found = Hosts.attach(PREFIX)
+        assert found.run("worker1", ["hostname"]).stdout.strip() == "worker1"
+        with pytest.raises(RehearsalError, match=f"prefix '{PREFIX}' is already there .*network namespace {PREFIX}-head"):
+            Hosts(2, PREFIX).create()
+        removed = rehearsal.teardown_leftovers(PREFIX)
+        assert f"network namespace {PREFIX}-worker1" in removed and f"link {PREFIX}br0" in removed
+    finally:
+        if maker.poll() is None:
+            maker.kill()
+            maker.wait()
+        rehearsal.teardown_leftovers(PREFIX)
+    nothing_left()
+
+
+@needs_hosts
+def test_the_command_line_makes_enters_and_removes_hosts():
+    rehearsal.teardown_leftovers(PREFIX)
+    script = [PYTHON, str(REPO / "scripts" / "rehearsal_cluster.py"), "--prefix", PREFIX]
+    try:
+        up = subprocess.run([*script, "up", "--hosts", "2"], capture_output=True, text=True, timeout=60)
+        assert up.returncode == 0, up.stderr
+        assert "head       10.231.0.1" in up.stdout and "worker1    10.231.0.2" in up.stdout
+        assert "run head -- hostname" in up.stdout
+        inside = subprocess.run([*script, "run", "worker1", "--", "sh", "-c", "hostname; exit 3"],
+                                capture_output=True, text=True, timeout=60)
+        assert (inside.returncode, inside.stdout) == (3, "worker1\n")
+        again = subprocess.run([*script, "up"], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "is already there" in again.stderr and "Traceback" not in again.stderr
+        down = subprocess.run([*script, "down"], capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0 and f"removed network namespace {PREFIX}-head" in down.stdout
+    finally:
+        rehearsal.teardown_leftovers(PREFIX)
+    nothing_left()
+
+
+# --- Ray across two hosts --------------------------------------------------------------------------------
+
+DRIVER = """
+import json, socket, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ray.init(address="10.231.0.1:6379", log_to_driver=False)
+deadline = time.monotonic() + 45
+while True:
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) == 2 or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
+worker = next((n for n in nodes if n["NodeManagerAddress"] == "10.231.0.2"), None)
+
+@ray.remote(num_cpus=1)
+def where():
+    return socket.gethostname(), ray.util.get_node_ip_address()
+
+ran = None
+if worker is not None:
+    ran = ray.get(where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(worker["NodeID"], soft=False))
+                  .remote(), timeout=60)
+print(json.dumps({"ips": sorted(n["NodeManagerAddress"] for n in nodes), "ran": ran,
+                  "driver": socket.gethostname()}))
+"""
+
+
+@pytest.mark.slow
+@needs_hosts
+def test_a_ray_cluster_across_two_hosts(tmp_path_factory):
+    """A Ray head in `head`, a worker node in `worker1` joining it over the bridge, a driver in `head`
+    whose task pinned to the worker node runs there. Token authentication is on, as on the real cluster:
+    every process gets the token in its environment (each host's ~/.ray is private, so a token file
+    would have to be copied into every host)."""
+    rehearsal.teardown_leftovers(PREFIX)
+    # Not tmp_path: that would make this slow test copy the MLflow template database it does not use.
+    tmp_path = tmp_path_factory.mktemp("rehearsal")
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONUNBUFFERED": "1"}
+    common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
+    made = Hosts(2, PREFIX)
+    logs = {}
+    began = time.monotonic()
+    try:
+        made.create()
+        # Not --block: `ray start` returns once the head answers, and its nodes stay in the host.
+        made.run("head", [RAY, "start", "--head", "--node-ip-address=10.231.0.1", "--port=6379",
+                   "--include-dashboard=false", *common], env=env, timeout=90)
+        head_up = time.monotonic()
+        logs["worker1"] = open(tmp_path / "worker1.log", "w")  # noqa: SIM115 - closed in finally
+        node = made.popen("worker1", [RAY, "start", "--block", "--address=10.231.0.1:6379",
+                                      "--node-ip-address=10.231.0.2", *common],
+                          env=env, stdout=logs["worker1"], stderr=subprocess.STDOUT)
+        out = made.run("head", [PYTHON, "-c", DRIVER], env=env, timeout=90)
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        assert node.poll() is None, (tmp_path / "worker1.log").read_text()
+        assert seen["ips"] == ["10.231.0.1", "10.231.0.2"], seen
+        assert seen["ran"] == ["worker1", "10.231.0.2"], seen
+        assert seen["driver"] == "head"
+        print(f"head up in {head_up - began:.1f} s, worker joined and task ran in "
+              f"{time.monotonic() - head_up:.1f} s")
+    finally:
+        made.teardown()
+        for log in logs.values():
+            log.close()
+    nothing_left()
