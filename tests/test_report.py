@@ -13,6 +13,7 @@ import pytest
 from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.report import ReportError, make_report
+from xmodal.scores import better, selected_key
 from xmodal_testing import PYTHON, REPO
 
 KEYS = ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss", "train.seed"]
@@ -25,14 +26,18 @@ def sweep(uri: str, exp: str, name: str, metric: str = "eval/match_acc", mode: s
 
 def trial(uri: str, exp: str, parent: str, name: str, params: dict, history: list[float], status="FINISHED",
           extra_tags: dict | None = None) -> str:
-    """A child run like a sweep trial's: ablation tags, per-report eval metrics, a final status."""
+    """A child run like a sweep trial's (selecting on eval/match_acc, mode max): ablation tags, per-report
+    eval metrics with the selected score beside them as the worker logs it (the running best), a final
+    status."""
     tags = {T.KIND: "trial", T.SWEEP: "s", T.TRIAL_ID: name, T.ABLATION_KEYS: json.dumps(KEYS),
             T.SEED: str(params.get("train.seed", 0)), **{T.ABLATION + k: str(v) for k, v in params.items()},
-            **(extra_tags or {})}
+            T.METRIC: "eval/match_acc", **(extra_tags or {})}
     run_id = tracking.create_run(uri, exp, name, {}, tags, parent)
+    best = None
     for i, v in enumerate(history):
-        tracking.log_metrics(uri, run_id, {"eval/match_acc": v, "eval/loss": 1 - v, "eval/loss/mlm": 2 - v},
-                             step=10 * (i + 1))
+        best = v if better(v, best, "max") else best
+        tracking.log_metrics(uri, run_id, {"eval/match_acc": v, "eval/loss": 1 - v, "eval/loss/mlm": 2 - v,
+                                           selected_key("eval/match_acc"): best}, step=10 * (i + 1))
     tracking.set_terminated(uri, run_id, status)
     return run_id
 
@@ -162,15 +167,16 @@ def test_a_job_that_logs_its_selected_model_and_test_metrics(tmp_path, monkeypat
                                                   ("f1", "full", 1, [0.8, 0.6, 0.65], 0.6, 0.66),
                                                   ("e0", "early_fusion", 0, [0.9, 0.85], 0.85, 0.88)]:
         tags = {T.KIND: "trial", T.ABLATION_KEYS: json.dumps(["model.variant"]), T.SEED: str(seed),
-                T.ABLATION + "model.variant": variant}
+                T.ABLATION + "model.variant": variant, T.METRIC: "valid/mae"}
         run_id = tracking.create_run(uri, exp, name, {}, tags, parent)
         for i, v in enumerate(hist):
-            tracking.log_metrics(uri, run_id, {"valid/mae": v, "valid/corr": 1 - v}, step=i + 1)
+            tracking.log_metrics(uri, run_id, {"valid/mae": v, "valid/corr": 1 - v,
+                                               selected_key("valid/mae"): min(hist[:i + 1])}, step=i + 1)
         tracking.log_metrics(uri, run_id, {"best_valid/mae": best, "best_valid/corr": 1 - best, "test/mae": test},
                              step=len(hist))
         tracking.set_terminated(uri, run_id)
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o")
-    assert rep.columns == ["valid/mae", "valid/corr", "test/mae"]
+    assert rep.columns == ["valid/mae", "valid/corr", "test/mae"]  # no selected/* column
     full, early = rep.rows
     assert full.params == {"model.variant": "full"} and len(full.runs) == 2
     assert full.stats["valid/mae"][0] == pytest.approx(0.65) and full.stats["test/mae"][0] == pytest.approx(0.69)
@@ -311,3 +317,39 @@ def test_a_report_never_creates_or_migrates_a_database(tmp_path):
     assert (tmp_path / "empty.db").read_bytes() == b""
     with sqlite3.connect(tmp_path / "other.db") as db:
         assert [r[0] for r in db.execute("select name from sqlite_master")] == ["notes"]
+
+
+def test_the_score_column_is_the_selected_score_each_run_logged(tmp_path, monkeypatch):
+    """The sweep metric's cell is the run's logged selected score, never recomputed from its history
+    (here the two differ on purpose); a run that selects on the metric but logged no selected score
+    (stopped before its first evaluation) shows n/a rather than another value."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    exp = tracking.ensure_experiment(uri, "xmodal-sweep-selected")
+    parent = sweep(uri, exp, "sel-1")
+    logged = trial(uri, exp, parent, "a", {"model.x_layers": 1}, [])
+    for step, (acc, kept) in enumerate([(0.5, 0.5), (0.9, 0.7)], 1):
+        tracking.log_metrics(uri, logged, {"eval/match_acc": acc, selected_key("eval/match_acc"): kept}, step=step)
+    unscored = trial(uri, exp, parent, "b", {"model.x_layers": 2}, [])
+    tracking.log_metrics(uri, unscored, {"eval/loss": 0.4}, step=1)
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", log=False)
+    by_layers = {r.params["model.x_layers"]: r for r in rep.rows}
+    assert by_layers[1].stats["eval/match_acc"] == (0.7, 0.0, 1)
+    assert by_layers[2].stats["eval/match_acc"][2] == 0
+    assert "| 2 | 1 | n/a | 0.4000 |" in (tmp_path / "o" / "table.md").read_text()
+
+
+def test_a_run_stopped_early_scores_what_the_sweep_ranked(tmp_path, monkeypatch):
+    """Its workers evaluated once more after the report the scheduler stopped it on (step 20): the
+    cell is the selected score at that step, the one the sweep ranked, not the later one."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'r.db'}"
+    exp = tracking.ensure_experiment(uri, "xmodal-sweep-ranked")
+    parent = sweep(uri, exp, "ranked-1")
+    trial(uri, exp, parent, "s0", {"model.x_layers": 1}, [0.5, 0.7, 0.8], "KILLED",
+          {T.EARLY_STOPPED: "true", T.RANKED_STEP: "20"})
+    trial(uri, exp, parent, "f0", {"model.x_layers": 2}, [0.6, 0.65, 0.7])
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", log=False)
+    by_layers = {r.params["model.x_layers"]: r for r in rep.rows}
+    assert by_layers[1].partial and by_layers[1].stats["eval/match_acc"] == (0.7, 0.0, 1)
+    assert by_layers[2].stats["eval/match_acc"] == (0.7, 0.0, 1)

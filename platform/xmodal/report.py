@@ -6,10 +6,14 @@ One row per configuration: runs whose ablation parameters are equal and that dif
 seed (`train.seed`, or separate sweeps of the same space with other seeds) are grouped, and their
 metrics shown as mean ± std. Columns: the ablation parameters (a conditional parameter whose
 condition did not hold shows as "-"), the number of runs, then the sweep metric, the other summary
-metrics of its split (eval/* or valid/*) and test/* where the job logs them. Values are those of
-each run's validation-selected model: the sweep metric's best evaluation (the run keeps its best
-checkpoint by it), and `best_<metric>` where the job logs the selected model's values (MulT), else
-the last evaluation. Statistics use the runs that trained to the end; a configuration whose runs
+metrics of its split (eval/* or valid/*) and test/* where the job logs them. The sweep metric's value
+of a run is its selected score, as the run logged it (`scores.selected_key`: the best evaluation,
+the checkpoint the run keeps, the value the sweep ranked it by and the parent's `best/<metric>`
+holds for the best trial), never recomputed here: a run stopped early counts with its selected
+score at the step the sweep ranked it (tag `xmodal.ranked_step`: its workers may have evaluated
+again before they stopped); a run that logged none shows n/a. Other columns:
+the selected model's value where the job logs one (`best_<metric>`: MulT, fine-tuning), else the
+last evaluation. Statistics use the runs that trained to the end; a configuration whose runs
 were all stopped early by the scheduler shows their values, marked †.
 Significance: each row's runs are compared with the baseline row's on the sweep metric by Welch's
 two-sided t-test (unequal variances, scipy.stats.ttest_ind); a difference with p >= 0.05 is marked
@@ -37,6 +41,7 @@ from typing import Any
 from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.errors import UserError
+from xmodal.scores import SELECTED_PREFIX, selected_key
 
 MISSING = "-"  # a conditional parameter that did not apply to a run
 CURVES_TOP = 3  # configurations shown in the learning-curve plot
@@ -66,15 +71,24 @@ class TrialRun:
     seed: str | None
     state: str  # finished | early-stopped | failed | running | killed
     metrics: dict[str, float]  # last value of each metric
-    selected: dict[str, float] = field(default_factory=dict)  # metric -> its best value over the run
+    selects_on: str | None = None  # the sweep metric the run kept its checkpoints by (its tag)
+    ranked_step: int | None = None  # stopped early: the step of the last report the sweep ranked it by
+    ranked: float | None = None  # stopped early: its selected score at `ranked_step`
 
     def value(self, key: str) -> float | None:
-        """The value of the run's validation-selected model: the job's `best_<key>` where it logs one,
-        else the best value over the run's evaluations (for the sweep metric, which is the metric the
-        run keeps its best checkpoint by), else the last value."""
+        """For the metric the run selects on: its selected score as logged (`selected_key(key)`, the
+        last value of a running best, or for a run stopped early its value at the last report the
+        sweep ranked; None if it logged none, e.g. stopped before evaluating). For any other metric:
+        the selected model's `best_<key>` where the job logs one, else the last value."""
+        if key == self.selects_on and self.ranked_step is not None:
+            return self.ranked
+        if selected_key(key) in self.metrics:
+            return self.metrics[selected_key(key)]
+        if key == self.selects_on:
+            return None
         if f"best_{key}" in self.metrics:
             return self.metrics[f"best_{key}"]
-        return self.selected.get(key, self.metrics.get(key))
+        return self.metrics.get(key)
 
 
 @dataclass
@@ -143,8 +157,19 @@ def _trial(run: tracking.RunRecord) -> TrialRun:
     tags = run.tags
     keys = json.loads(tags.get(T.ABLATION_KEYS, "[]"))
     params = {k: parse_value(tags[T.ABLATION + k]) for k in keys if T.ABLATION + k in tags}
+    step = tags.get(T.RANKED_STEP)
     return TrialRun(run_id=run.run_id, name=run.name, parent_run_id=run.parent_run_id, params=params,
-                    seed=tags.get(T.SEED), state=_state(run), metrics=dict(run.metrics))
+                    seed=tags.get(T.SEED), state=_state(run), metrics=dict(run.metrics),
+                    selects_on=tags.get(T.METRIC), ranked_step=int(step) if step is not None else None)
+
+
+def _read_ranked(uri: str, t: TrialRun) -> None:
+    """A run stopped early: its workers may have evaluated (and logged) once or twice more after the
+    report the sweep ranked it by; its score is the selected score logged at that report's step."""
+    if t.ranked_step is None or t.selects_on is None:
+        return
+    at = [v for s, v in tracking.metric_history(uri, t.run_id, selected_key(t.selects_on)) if s <= t.ranked_step]
+    t.ranked = at[-1] if at else None
 
 
 def collect(uri: str, experiment: str | None = None,
@@ -185,7 +210,10 @@ def collect(uri: str, experiment: str | None = None,
             raise ReportError(f"experiment {experiment!r} in {uri} holds no sweep: no run is tagged {T.KIND} = "
                               "'sweep' or 'trial' (a report compares the trials of sweeps)")
     runs = [r for r in runs if r.tags.get(T.ORPHANED) != "true"]
-    return [_trial(r) for r in runs], parents
+    trials = [_trial(r) for r in runs]
+    for t in trials:
+        _read_ranked(uri, t)
+    return trials, parents
 
 
 def _default_columns(metric: str, trials: list[TrialRun]) -> list[str]:
@@ -193,7 +221,8 @@ def _default_columns(metric: str, trials: list[TrialRun]) -> list[str]:
     per-task losses), then the test metrics where the job logs them (MulT: of the selected model), then
     the sweep metric's name under each robustness condition (robust/<condition>/<name>)."""
     split = metric.split("/")[0] + "/" if "/" in metric else None
-    keys = {k for t in trials for k in t.metrics if k.count("/") == 1 and k != metric}
+    keys = {k for t in trials for k in t.metrics if k.count("/") == 1 and k != metric
+            and not k.startswith(SELECTED_PREFIX)}
     same = sorted(k for k in keys if split and k.startswith(split) and split != "test/")
     test = sorted(k for k in keys if k.startswith("test/"))
     name = metric.rsplit("/", 1)[-1]
@@ -412,9 +441,9 @@ def to_markdown(rep: Report) -> str:
     best = "highest" if rep.mode == "max" else "lowest"
     lines = [f"# {rep.title}", "",
              f"Sorted by `{rep.metric}` ({best} first). Values: mean ± std over the runs of a configuration "
-             f"(seeds). `{rep.metric}`: each run's best evaluation (the checkpoint it keeps, selected on "
-             "validation); other columns: the selected model's values where the job logs them "
-             "(`best_<metric>`), else the last evaluation.", ""]
+             f"(seeds). `{rep.metric}`: each run's selected score (`{selected_key(rep.metric)}`, its best "
+             "evaluation: the checkpoint it keeps, the value the sweep ranked it by); other columns: the "
+             "selected model's values where the job logs them (`best_<metric>`), else the last evaluation.", ""]
     tested = any(r.baseline for r in rep.rows)
     pareto = PARETO_COST in rep.cost_columns
     head = [*rep.keys, "runs", *rep.columns] + ([f"vs baseline ({rep.metric})"] if tested else []) \
@@ -626,7 +655,7 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
 
 def _check_metric(metric: str, trials: list[TrialRun]) -> None:
     """A metric asked for by name must be one the runs logged: else every cell would be n/a."""
-    logged = sorted({k.removeprefix("best_") for t in trials for k in t.metrics})
+    logged = sorted({k.removeprefix("best_").removeprefix(SELECTED_PREFIX) for t in trials for k in t.metrics})
     if metric not in logged:
         shown = ", ".join(logged[:40]) + (f", ... ({len(logged)} in all)" if len(logged) > 40 else "")
         raise ReportError(f"--metric {metric!r}: no trial run logged it; the runs have: {shown or 'no metric'}")
@@ -658,11 +687,6 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
     mode = _sweep_mode(parents)
     out = Path(out_dir or Path("reports") / _slug(title.split(" ", 1)[1])).resolve()
     _check_out(out)
-    for t in trials:
-        hist = [v for _, v in tracking.metric_history(uri, t.run_id, metric)] if metric else []
-        hist = [v for v in hist if math.isfinite(v)]
-        if hist:
-            t.selected[metric] = max(hist) if mode == "max" else min(hist)
     rep = build_report(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(to_markdown(rep))

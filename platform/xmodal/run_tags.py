@@ -47,6 +47,9 @@ ABLATION = "xmodal.ablation."  # + parameter name -> the value this trial took (
 SEED = "xmodal.seed"  # the trial's train.seed (runs that differ only in it are replicates)
 EARLY_STOPPED = "xmodal.early_stopped"  # "true" on trials the scheduler stopped before their end
 STOPPED_AT = "xmodal.stopped_at_report"
+# On an early-stopped trial: the step of the last report Tune ranked it by (its workers may have
+# evaluated once or twice more before they were stopped); the report reads its score at that step.
+RANKED_STEP = "xmodal.ranked_step"
 ORPHANED = "xmodal.orphaned"  # a trial the driver had started but Tune's saved state had not recorded
 ERROR = "xmodal.error"
 METRIC = "xmodal.sweep.metric"

@@ -17,6 +17,7 @@ import pytest
 
 from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.scores import better, selected_key
 from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")
@@ -92,7 +93,7 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     assert parent.status == "FINISHED" and parent.tags[T.KIND] == "sweep"
     assert parent.params["num_samples"] == "4" and parent.params["scheduler.max_t"] == "4"
     assert parent.tags[T.BEST + "optim.lr"] == "0.01"
-    assert parent.metrics["best/eval/loss/mlm"] == pytest.approx(result["best"]["eval/loss/mlm"])
+    assert parent.metrics["best/eval/loss/mlm"] == result["best"]["eval/loss/mlm"]
     assert {"space/space.yaml", "space/sweep.yaml"} <= set(tracking.list_artifacts(uri, parent_id, "space"))
     # the report's baseline: the first try_first configuration; the best trial's cost beside its score
     assert json.loads(parent.tags[T.BASELINE]) == {"optim.lr": 0.01, "tasks.obj_feat": True,
@@ -135,7 +136,32 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     assert stopped and all(r in stopped for r in runs if r.params["optim.lr"] == "1e-09")
     assert any(r.status == "FINISHED" and r.params["optim.lr"] == "0.01" for r in runs)
 
-    # the report written at the end: one row per configuration, values = the runs' final metrics
+    # One score per trial: the value Tune ranked it by (its last result's selected score, from Tune's
+    # saved state) is what its run logged at that step, what the report's table shows and, for the
+    # best trial, the parent's best/<metric>. The worker logs it at each evaluation: the running best
+    # (mode min). A stopped trial's workers may evaluate once more before they stop: its run is
+    # tagged with the step Tune ranked.
+    from ray.tune import ExperimentAnalysis
+
+    score = selected_key("eval/loss/mlm")
+    last = {t.trial_id: t.last_result for t in ExperimentAnalysis(result["path"]).trials}
+    ranked = {trial: res[score] for trial, res in last.items()}
+    assert ranked.keys() == {r.tags[T.TRIAL_ID] for r in runs}
+    for r in runs:
+        evals = tracking.metric_history(uri, r.run_id, "eval/loss/mlm")
+        kept = tracking.metric_history(uri, r.run_id, score)
+        assert kept == [(s, min(v for _, v in evals[:i + 1])) for i, (s, _) in enumerate(evals)], r.name
+        step = last[r.tags[T.TRIAL_ID]]["step"]
+        assert dict(kept)[step] == ranked[r.tags[T.TRIAL_ID]], r.name
+        if r.tags.get(T.EARLY_STOPPED) == "true":
+            assert r.tags[T.RANKED_STEP] == str(step)
+        else:
+            assert r.metrics[score] == ranked[r.tags[T.TRIAL_ID]] and step == 6, r.name
+    best_trial = parent.tags[T.BEST + "trial_id"]
+    assert not any(better(v, ranked[best_trial], "min") for v in ranked.values())
+    assert parent.metrics["best/eval/loss/mlm"] == ranked[best_trial]
+
+    # the report written at the end: one row per configuration, its cell the mean of those scores
     out = Path(result["report"])
     with open(out / "table.csv") as f:
         rows = list(csv.DictReader(f))
@@ -147,10 +173,11 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     for row in rows:
         group = configs[(row["optim.lr"], row["tasks.obj_feat"], row["tasks.feat_loss"])]
         used = [r for r in group if r.status == "FINISHED"] or group
-        # each run counts with its best evaluation (mode min): the checkpoint it keeps
-        best = [min(v for _, v in tracking.metric_history(uri, r.run_id, "eval/loss/mlm")) for r in used]
-        mean = sum(best) / len(best)
-        assert float(row["eval/loss/mlm mean"]) == pytest.approx(mean)
+        scores = [ranked[r.tags[T.TRIAL_ID]] for r in used]
+        if len(scores) == 1:
+            assert float(row["eval/loss/mlm mean"]) == scores[0]
+        else:
+            assert float(row["eval/loss/mlm mean"]) == pytest.approx(sum(scores) / len(scores), rel=1e-12)
         assert int(row["runs"]) == len(group)
     assert rows[0]["optim.lr"] == "0.01" and rows[0]["finished"] == "1"  # sorted best first
     assert [(r["optim.lr"], r["tasks.feat_loss"]) for r in rows if r["baseline"] == "True"] == [("0.01", "smooth_l1")]

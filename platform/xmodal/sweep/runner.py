@@ -7,6 +7,10 @@ run, and per trial one Ray Train run logged as a child run. The only module that
 Trials (`run_trial`) run the job's spec through the engine (`xmodal.train.engine`); the job never
 imports this package. What the trial function cannot do, the driver does through `SweepCallback`: code after
 `trainer.fit()` never runs for a trial the scheduler stops, so the driver marks its child run.
+
+A trial's score is the one its worker reports under `scores.selected_key(metric)` (the best evaluation
+of the sweep's metric, the checkpoint the trial keeps): Optuna, ASHA, Tune's best trial, the trial's
+line, the parent run's `best/<metric>` and the report all read that value, never a recomputation.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
 from xmodal.config_paths import config_has
 from xmodal.errors import RunInterrupted
-from xmodal.scores import better
+from xmodal.scores import selected_key
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -160,8 +164,8 @@ def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
     run = tracking.find_run(setup["tracking_uri"], setup["experiment_id"], run_name)
     if run is None or run.status != "FINISHED" or run.tags.get(T.EARLY_STOPPED) == "true":
         return False
-    metrics: dict[str, Any] = {k: v for k, v in run.metrics.items()
-                               if not k.startswith(("train/", "system/"))}  # eval/, valid/, test/, best_*
+    metrics: dict[str, Any] = {k: v for k, v in run.metrics.items()  # eval/, valid/, test/, best_*, selected/
+                               if not k.startswith(("train/", "system/"))}
     if T.TOTAL_STEPS in run.tags:
         metrics["step"] = int(run.tags[T.TOTAL_STEPS])
     console.say(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics "
@@ -185,33 +189,27 @@ class SweepCallback(tune.Callback):
     """Marks child runs from the driver: early-stopped trials (KILLED, xmodal.early_stopped=true), errored
     trials (FAILED), and at the end trials the driver started but Tune's saved state forgot (a driver
     killed between two state saves): those are KILLED and tagged xmodal.orphaned. Says one line when a
-    trial starts and one when it ends (Tune's own status tables are off unless --verbose)."""
+    trial starts and one when it ends (Tune's own status tables are off unless --verbose), with the
+    trial's score: its last report's selected score (`scores.selected_key(metric)`)."""
 
-    def __init__(self, uri: str, experiment_id: str, sweep: str, parent_run_id: str, metric: str = "",
-                 mode: str = "max"):
+    def __init__(self, uri: str, experiment_id: str, sweep: str, parent_run_id: str, metric: str = ""):
         self.uri, self.experiment_id, self.sweep, self.parent_run_id = uri, experiment_id, sweep, parent_run_id
-        self.metric, self.mode = metric, mode
+        self.metric = metric
         self._stopped: dict[str, int] = {}
-        self._best: dict[str, float] = {}  # trial id -> its best reported score
 
-    def __setstate__(self, state):  # restored sweeps: callbacks saved before these lines existed
-        self.__dict__.update({"metric": "", "mode": "max", "_best": {}, **state})
+    def __setstate__(self, state):
+        # `--resume` unpickles the callback Tune saved with the sweep: one pickled without `metric` still
+        # restores (its trial lines show no score).
+        self.__dict__.update({"metric": "", **state})
 
     def on_trial_start(self, iteration, trials, trial, **info):
         log.info(f"trial {trial.trial_id} started: {_values(trial.config or {})}")
 
-    def _score(self, trial_id: str, result: dict[str, Any]) -> None:
-        value = result.get(self.metric)
-        # NaN is no score (`better` takes any first one): such a trial ends with "no <metric>".
-        if not isinstance(value, (int, float)) or value != value:
-            return
-        if better(value, self._best.get(trial_id), self.mode):
-            self._best[trial_id] = float(value)
-
     def _ended(self, trial, how: str) -> None:
-        score = self._best.get(trial.trial_id)
-        if score is None and self.metric:  # a trial resumed by a restarted driver: its results came before
-            score = (trial.metric_analysis or {}).get(self.metric, {}).get(self.mode)
+        # The last result: Tune keeps it in its saved state, so a trial resumed by a restarted driver has it.
+        score = (trial.last_result or {}).get(selected_key(self.metric)) if self.metric else None
+        if not isinstance(score, (int, float)) or score != score:  # NaN: no evaluation gave a number
+            score = None
         shown = f"{self.metric} {score:.4f}" if score is not None else f"no {self.metric or 'score'}"
         log.info(f"trial {trial.trial_id} {how}: {shown} ({_values(trial.config or {})})")
 
@@ -219,7 +217,6 @@ class SweepCallback(tune.Callback):
         return tracking.find_run(self.uri, self.experiment_id, trial_run_name(self.sweep, trial_id))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._score(trial.trial_id, result)
         # Tune sets done=True on the result that the scheduler answered with STOP (a trial that ends on
         # its own reports done=False and then returns).
         if result.get("done"):
@@ -234,7 +231,8 @@ class SweepCallback(tune.Callback):
             tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "false"})
             return
         reports = self._stopped.pop(trial.trial_id)
-        # The job marks its last report `final`; older runs only had the total-steps tag to compare with.
+        # Every job marks its last report `final`; a trial replayed from MLflow (`_replay_finished`)
+        # reports its logged metrics, without `final`, and its total steps.
         step, total = trial.last_result.get("step"), run.tags.get(T.TOTAL_STEPS)
         trained_out = trial.last_result.get("final") == 1 or (
             step is not None and total is not None and int(step) >= int(total))
@@ -244,7 +242,10 @@ class SweepCallback(tune.Callback):
             tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "false", T.STOPPED_AT: str(reports)})
             tracking.set_terminated(self.uri, run.run_id, "FINISHED")
         else:
-            tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "true", T.STOPPED_AT: str(reports)})
+            tags = {T.EARLY_STOPPED: "true", T.STOPPED_AT: str(reports)}
+            if step is not None:
+                tags[T.RANKED_STEP] = str(int(step))
+            tracking.set_tags(self.uri, run.run_id, tags)
             tracking.set_terminated(self.uri, run.run_id, "KILLED")
             log.info(f"trial {trial.trial_id} stopped early after {reports} reports "
                      f"(MLflow run {run.run_id} marked KILLED)")
@@ -276,7 +277,8 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
         # runs, named by trial id, resume from their latest checkpoints).
         return tune.Tuner.restore(plan.path, trainable, resume_unfinished=True, resume_errored=True)
     s = plan.space
-    search = OptunaSearch(space=DefineByRun(s.parameters), metric=s.metric, mode=s.mode, seed=s.seed,
+    score = selected_key(s.metric)
+    search = OptunaSearch(space=DefineByRun(s.parameters), metric=score, mode=s.mode, seed=s.seed,
                           points_to_evaluate=s.first_points() or None)
     if isinstance(s.scheduler, AshaSpec):
         a = s.scheduler
@@ -290,7 +292,7 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=search, scheduler=scheduler, metric=s.metric, mode=s.mode, num_samples=s.num_samples,
+            search_alg=search, scheduler=scheduler, metric=score, mode=s.mode, num_samples=s.num_samples,
             max_concurrent_trials=s.max_concurrent, trial_name_creator=_trial_name,
             trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(
@@ -298,8 +300,7 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
             # Tune's status tables and per-result lines only with --verbose: SweepCallback says one line
             # per trial start and end
             verbose=None if console.verbose() else 0,
-            callbacks=[SweepCallback(plan.tracking_uri, experiment_id, plan.name, parent_run_id, s.metric,
-                                     s.mode)]),
+            callbacks=[SweepCallback(plan.tracking_uri, experiment_id, plan.name, parent_run_id, s.metric)]),
     )
 
 
@@ -324,10 +325,11 @@ def _sweep_setup(plan: SweepPlan, parent_run_id: str, experiment_id: str) -> dic
 
 
 def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) -> dict[str, Any]:
-    """The best trial as tags and a metric on the parent run. Each trial counts with its best report
-    (scope "all"): the score of the checkpoint it selects on validation (train.best_metric is the
-    sweep's metric)."""
-    s, uri = plan.space, plan.tracking_uri
+    """The best trial as tags and a metric on the parent run. Each trial counts with its selected score
+    (`scores.selected_key(metric)`) in its last report, the value Tune ranked it by: the score of the
+    checkpoint it keeps (train.best_metric is the sweep's metric). The parent's `best/<metric>` is that
+    value of the best trial."""
+    s, uri, key = plan.space, plan.tracking_uri, selected_key(plan.space.metric)
     errors = [r for r in results if r.error is not None]
     # Tune ends fit() early on Ctrl-C: trials never started, or stopped midway, have no done=True result.
     # A trial is finished when Tune saw it return (done) or its last report was the job's final one: a
@@ -339,22 +341,19 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
     summary: dict[str, Any] = {"trials": len(results), "errors": len(errors), "unfinished": unfinished,
                                "best": None}
     try:
-        best = results.get_best_result(metric=s.metric, mode=s.mode, scope="all", filter_nan_and_inf=True)
+        best = results.get_best_result(metric=key, mode=s.mode, scope="last", filter_nan_and_inf=True)
     except (RuntimeError, KeyError, ValueError):
         best = None
     metrics = {"sweep/trials": len(results), "sweep/errors": len(errors)}
     _log_searched_values(uri, parent_run_id)
-    if best is not None and best.metrics and s.metric in best.metrics:
+    if best is not None and best.metrics and key in best.metrics:
         trial_id = best.metrics.get("trial_id", "")
         chosen = dict(best.config or {})
         child = tracking.find_run(uri, experiment_id, trial_run_name(plan.name, trial_id))
         tags = {T.BEST + "trial_id": trial_id, T.BEST + "run_id": child.run_id if child else ""}
         tags.update({T.BEST + k: str(v) for k, v in chosen.items()})
         tracking.set_tags(uri, parent_run_id, tags)
-        df = best.metrics_dataframe
-        values = df[s.metric].dropna() if df is not None and s.metric in df else None
-        score = float(values.max() if s.mode == "max" else values.min()) if values is not None and len(values) \
-            else float(best.metrics[s.metric])
+        score = float(best.metrics[key])
         metrics[f"best/{s.metric}"] = score
         if child is not None:  # what the best configuration cost, beside its score
             metrics.update({f"best/{k}": v for k, v in child.metrics.items() if k.startswith("cost/")})

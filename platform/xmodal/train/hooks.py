@@ -1,6 +1,10 @@
 """What runs on every Train worker besides the loop: logging, evaluation, checkpoints, model
 selection on a validation split and fault injection (a testing aid, `xmodal.train.faults`). Rank 0
-shows progress and evaluations through the driver's console (`xmodal.console.emit`)."""
+shows progress and evaluations through the driver's console (`xmodal.console.emit`).
+
+The run's score is decided here and nowhere else: the best `train.best_metric` over its evaluations
+(`scores.better`), the score of the checkpoint it keeps. It is logged to MLflow and sent with every
+report to Ray Train under `scores.selected_key(train.best_metric)`; a sweep reads only that."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import torch
 from xmodal import tracking
 from xmodal.config import TrainConfig
 from xmodal.console import emit, say
-from xmodal.scores import better
+from xmodal.scores import better, selected_key
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.cost import CostMeter
 from xmodal.train.faults import Injector
@@ -90,7 +94,8 @@ class RunHooks:
         self.faults = Injector(plan.faults, plan.fault_dir, rank)
         self.last_eval_step = meta.get("step", -1)
         self.checkpointed_step = meta.get("step", -1)  # the same on every rank (each evaluation checkpoints)
-        self.best = meta.get("best")
+        self.best = meta.get("best")  # the selected score so far (a resumed run keeps its selection)
+        self.selected_key = selected_key(train.best_metric)
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
         self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics,
                                           spool=tracking.spool_path(plan.storage, plan.run_name),
@@ -141,16 +146,26 @@ class RunHooks:
             self.cost.step_end()
         return stopping
 
+    def selected(self) -> dict[str, float]:
+        """The selected score as a metric: {selected_key: the best evaluation so far}; empty before the
+        first evaluation."""
+        return {} if self.best is None else {self.selected_key: self.best}
+
+    def _worst(self) -> float:
+        return -sys.float_info.max if self.train.best_mode == "max" else sys.float_info.max
+
     def _stop_here(self, state: TrainState, epoch: int, pos: int) -> None:
         """The driver asked the run to stop: a checkpoint of this step (unless its evaluation just
         wrote one) registered with Ray Train, and every metric logged so far sent to MLflow. No
-        evaluation: its score is the worst finite one, so it ranks below every evaluated checkpoint
-        (NaN would not survive Ray Train's JSON snapshot, and a missing score is logged as an error)."""
+        evaluation: this checkpoint's own `best_metric` is the worst finite value, so Ray Train ranks
+        it below every evaluated checkpoint (NaN would not survive Ray Train's JSON snapshot, and a
+        missing score is logged as an error). The run's selected score stays what its evaluations
+        made it; before the first one it is the worst finite value too (Tune needs a number)."""
         import ray.train
 
         if self.checkpointed_step != state.step:
-            worst = -sys.float_info.max if self.train.best_mode == "max" else sys.float_info.max
-            report = {self.train.best_metric: worst, "step": state.step, "epoch": epoch, "stopped": 1}
+            report = {self.train.best_metric: self._worst(), self.selected_key: self._worst(), **self.selected(),
+                      "step": state.step, "epoch": epoch, "stopped": 1}
             if self.rank == 0:
                 self.logger.flush()
                 self._report_checkpoint(state, epoch, pos, False, False, report)
@@ -170,7 +185,8 @@ class RunHooks:
             final = self.on_end(state)
             if self.rank == 0:  # shown by the driver's end summary
                 self.logger.log(final, state.step, force=True)
-            ray.train.report({**self.last_metrics, **final, "step": state.step, "epoch": epoch, "final": 1})
+            ray.train.report({**self.last_metrics, **final, **self.selected(), "step": state.step, "epoch": epoch,
+                              "final": 1})
         if self.logger is not None:
             self.logger.close()
 
@@ -185,12 +201,12 @@ class RunHooks:
             self.best = score
         if self.rank == 0 and rerun_eval:
             emit("eval", step=state.step, epoch=epoch, metrics=metrics)
-            self.logger.log(metrics, state.step)
+            self.logger.log({**metrics, **self.selected()}, state.step)
         if self.rank == 0 and self.cost is not None:
             self.logger.log(self.cost.metrics(), state.step, force=finished)
         if self.rank == 0 and rerun_eval:
             self.logger.flush()  # the checkpoint's steps are in MLflow before it (unless the server is away)
-        report = {**metrics, "step": state.step, "epoch": epoch}
+        report = {**metrics, **self.selected(), "step": state.step, "epoch": epoch}
         if finished and self.on_end is None:
             report["final"] = 1  # the run's last report (with on_end, that report comes after)
         if self.rank == 0:
