@@ -29,6 +29,7 @@ import yaml
 
 from xmodal import console, errors, run_tags, tracking
 from xmodal.config import ConfigError, flatten
+from xmodal.scores import SELECTED_PREFIX
 from xmodal.train import checkpoint as ckpt
 from xmodal.train import record, recovery
 from xmodal.train.cluster import check_cluster, connect, storage_path
@@ -296,8 +297,9 @@ def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None =
     started = time.monotonic()
     out = spec.run(cfg, source, parent_run_id=parent_run_id)
     c = console.CONSOLE
+    shown = {k: v for k, v in out.metrics.items() if not k.startswith(SELECTED_PREFIX)}  # the best column has it
     c.show(console.end_summary(
-        run_name=out.run_name, wall_s=time.monotonic() - started, metrics=out.metrics, history=c.history,
+        run_name=out.run_name, wall_s=time.monotonic() - started, metrics=shown, history=c.history,
         baselines=out.baselines, order=c.order, checkpoint=out.checkpoint.path if out.checkpoint is not None else None,
         run_id=out.run_id, view=tracking.ui_command(out.tracking_uri)))
     return out
