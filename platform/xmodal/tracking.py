@@ -2,12 +2,16 @@
 
 The only module that talks to MLflow, and the only one that sees MLflow's objects: runs come back as
 `RunRecord`s, metric values as `MetricPoint`s or (step, value) pairs, artifacts as paths. The driver
-creates the database, the experiment and the run (several processes creating a new SQLite database
-at once fail); rank 0 of the training workers logs into that run by id.
+creates the experiment and the run; rank 0 of the training workers logs into that run by id.
+
+Under load: a process's first contact with a SQLite database is serialised across processes by a file
+lock beside it (MLflow creates and migrates the schema without one), and every call waits out a busy
+database or an unreachable server through one retry policy (`_retried`), bounded in time.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -138,48 +142,91 @@ def ui_command(uri: str) -> str:
 
 def _client(uri: str):
     """MLflow's client, for this module's functions only: other modules call those, so that mlflow is
-    imported here and nowhere else (the import contract in pyproject.toml)."""
+    imported here and nowhere else (the import contract in pyproject.toml). Building one opens the
+    store (for SQLite: creates or migrates the schema), so callers build it inside the retry policy."""
+    if uri.startswith("sqlite:///") and uri not in _opened:
+        return _first_contact(uri)
     return _mlflow().tracking.MlflowClient(tracking_uri=uri)
+
+
+# The SQLite URIs whose store this process has opened: MLflow keeps it (schema checked) for the process.
+_opened: set[str] = set()
+_opening = threading.Lock()
+
+
+def sqlite_lock_path(uri: str) -> Path:
+    """The file lock beside a SQLite database (`<db>.lock`) that serialises first contacts."""
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0] + ".lock")
+
+
+def _first_contact(uri: str):
+    """The client of a SQLite store this process has not opened yet, built under an exclusive `flock`
+    on `<db>.lock`: MLflow creates a new database's tables and runs its migrations with no lock of its
+    own, and processes doing so at once break each other ("duplicate column name", "table
+    _alembic_tmp_... already exists"), sometimes leaving the file unusable. One attempt under the lock;
+    a failure (the database locked by someone else) releases it and goes back to the caller's retry
+    policy. Later clients of the process reuse MLflow's cached store and need no lock."""
+    with _opening:  # threads of one process (a worker's sender and its main thread) take turns too
+        if uri in _opened:
+            return _mlflow().tracking.MlflowClient(tracking_uri=uri)
+        lock = sqlite_lock_path(uri)
+        lock.parent.mkdir(parents=True, exist_ok=True)  # as MLflow does for the database itself
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a folder we may not write in: nobody can create the database there either
+            fd = None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held for one store opening: seconds at most
+            client = _mlflow().tracking.MlflowClient(tracking_uri=uri)
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the lock
+        _opened.add(uri)
+        return client
 
 
 def ensure_experiment(uri: str, name: str) -> str:
     """The experiment's id (created if new), marked as a model-training experiment unless it is
     marked otherwise: MLflow 3's UI then opens the training view (runs, charts), not the GenAI one."""
-    c = _client(uri)
-    exp = c.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return c.create_experiment(name, tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT})
-        except Exception:  # created concurrently by another driver
-            exp = c.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    if T.EXPERIMENT_KIND not in exp.tags:  # made before the kind was set, or by MLflow itself
-        c.set_experiment_tag(exp.experiment_id, T.EXPERIMENT_KIND, T.TRAINING_EXPERIMENT)
-    return exp.experiment_id
+
+    def ensure() -> str:
+        c = _client(uri)
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            try:
+                return c.create_experiment(name, tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT})
+            except Exception:  # created concurrently by another driver
+                exp = c.get_experiment_by_name(name)
+                if exp is None:
+                    raise
+        if T.EXPERIMENT_KIND not in exp.tags:  # made before the kind was set, or by MLflow itself
+            c.set_experiment_tag(exp.experiment_id, T.EXPERIMENT_KIND, T.TRAINING_EXPERIMENT)
+        return exp.experiment_id
+
+    return _waited(uri, f"opening experiment {name!r}", ensure)
 
 
 def find_run(uri: str, experiment_id: str, run_name: str) -> RunRecord | None:
     """The run created earlier under `run_name` (tagged), for resuming into the same run."""
-    runs = _client(uri).search_runs(
+    runs = _waited(uri, f"looking up run {run_name!r}", lambda: _client(uri).search_runs(
         [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'",
-        order_by=["attributes.start_time DESC"], max_results=1)
+        order_by=["attributes.start_time DESC"], max_results=1))
     return _record(runs[0]) if runs else None
 
 
 def create_run(uri: str, experiment_id: str, run_name: str, params: dict[str, Any], tags: dict[str, str],
                parent_run_id: str | None = None) -> str:
-    """A new RUNNING run with params and tags logged in batches (MLflow caps a batch at 100 params)."""
-    mlflow = _mlflow()
-    c = _client(uri)
+    """A new RUNNING run with params and tags logged in batches (MLflow caps a batch at 100 params).
+    Each call is retried on its own: the run is created once, and a params batch sent again after a
+    lost reply is accepted (the same values)."""
     all_tags = {RUN_NAME_TAG: run_name, **tags}
     if parent_run_id:
         all_tags[PARENT_TAG] = parent_run_id
-    run = c.create_run(experiment_id, run_name=run_name, tags=all_tags)
-    items = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        c.log_batch(run.info.run_id, params=items[i:i + 100])
-    return run.info.run_id
+    run_id = _waited(uri, f"creating run {run_name!r}", lambda: _client(uri).create_run(
+        experiment_id, run_name=run_name, tags=all_tags).info.run_id)
+    log_params(uri, run_id, params)
+    return run_id
 
 
 def _git(*args: str) -> str | None:
@@ -260,7 +307,8 @@ def log_dataset(uri: str, run_id: str, name: str, path: str, digest: str, profil
             return {**super().to_dict(), "profile": json.dumps(profile)}
 
     entity = StoreDataset(source, name=name, digest=digest)._to_mlflow_entity()
-    _client(uri).log_inputs(run_id, [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, context)])])
+    inputs = [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, context)])]
+    _waited(uri, f"logging dataset {name!r}", lambda: _client(uri).log_inputs(run_id, inputs))
 
 
 # What a logged model's environment lists: the versions it was trained with, named rather than
@@ -288,13 +336,17 @@ def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, co
     from mlflow.models import Model
 
     mlflow = _mlflow()
-    c = _client(uri)
-    run = c.get_run(run_id)
+    doing = f"logging model {name!r}"
+
+    def call(method: str, *args, **kwargs):  # each MLflow call retried on its own (none is repeated)
+        return _waited(uri, doing, lambda: getattr(_client(uri), method)(*args, **kwargs))
+
+    run = call("get_run", run_id)
     params = {k: str(v)[:6000] for k, v in _flat(config or {}).items()}
     # The run's source tags on the model too: the UI's model list shows them as "Logged from".
     tags = {k: v for k, v in run.data.tags.items() if k.startswith(T.SOURCE)}
     tags[T.MODEL_CLASS] = f"{type(model).__module__}.{type(model).__qualname__}"
-    logged = c.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id, params=params or None,
+    logged = call("create_logged_model", run.info.experiment_id, name=name, source_run_id=run_id, params=params or None,
                                    tags=tags)
     requirements = []
     for package in MODEL_REQUIREMENTS:
@@ -322,9 +374,9 @@ def log_pytorch_model(uri: str, run_id: str, model, name: str = LOGGED_MODEL, co
                                           serialization_format="pickle", extra_files=extra or None)
         finally:
             pytorch_log.setLevel(level)
-        c.log_model_artifacts(logged.model_id, str(local))
-    c.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=step)])
-    c.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+        call("log_model_artifacts", logged.model_id, str(local))
+    call("log_outputs", run_id, [LoggedModelOutput(logged.model_id, step=step)])
+    call("finalize_logged_model", logged.model_id, LoggedModelStatus.READY)
     return logged.model_id
 
 
@@ -366,23 +418,86 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
+# MLflow's answers about the request itself (a bad value, an unknown run, a name taken, no permission):
+# asking again cannot change them, so they are raised at once rather than retried.
+_PERMANENT_CODES = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
+                              "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED", "UNAUTHENTICATED",
+                              "ENDPOINT_NOT_FOUND", "FEATURE_DISABLED", "NOT_FOUND"})
+# SQLite's errors that no wait mends (everything else from SQLite, "database is locked" first, is retried).
+_PERMANENT_SQLITE = ("file is not a database", "database disk image is malformed", "unable to open database file",
+                     "out-of-date database schema")
+
+
+def _permanent(e: Exception) -> bool:
+    """Whether `e` says the call itself is wrong (raised) rather than the store busy or away (retried)."""
+    if getattr(e, "error_code", None) in _PERMANENT_CODES:
+        return True
+    text = str(e)
+    return any(m in text for m in _PERMANENT_SQLITE)
+
+
 def _retried(uri: str, what: Callable[[], Any], pause: Callable[[float], bool]) -> tuple[bool, Any]:
-    """The retry policy of the calls that wait out a tracking server outage (`RunLogger`, `Outbox`):
-    `what()` once the server at `uri` answers (`reachable`). While it does not, or `what()` raises,
-    `pause(seconds)` is called with the backoff (1, 2, 4, 8, 10, 10, ... s): it waits, that long or
-    less, and says whether to try again. The callers differ only in how they wait and when they give
-    up; their fallbacks are their own. Returns (True, what's result), or (False, None) once `pause`
-    gave up."""
+    """The one retry policy of every MLflow call: `what()` once the server at `uri` answers
+    (`reachable`). While it does not, or `what()` raises because the store is busy or away (a SQLite
+    database locked by another process, a server down), `pause(seconds)` is called with the backoff (1,
+    2, 4, 8, 10, 10, ... s): it waits, that long or less, and says whether to try again. An error that
+    no wait mends (`_permanent`) is raised at once. The callers differ only in how they wait and when
+    they give up (`RunLogger`: until abandoned; `Outbox`: a deadline shared by a run's last calls;
+    `_waited`, every other call: a bounded wait, then a UserError); their fallbacks are their own.
+    Returns (True, what's result), or (False, the last error, None if the server never answered) once
+    `pause` gave up."""
     attempt = 0
+    last: Exception | None = None
     while True:
         try:
             if reachable(uri):
                 return True, what()
-        except Exception:  # any failure of the server or the network: tried again
-            pass
+        except Exception as e:
+            if _permanent(e):
+                raise
+            last = e
         if not pause(min(10.0, float(2 ** attempt))):
-            return False, None
+            return False, last
         attempt += 1
+
+
+# How long a call outside a run's sender and end (creating the experiment and the run, tags, resuming,
+# reports) waits for a busy SQLite database or an unreachable server before it fails: the default of
+# the config's `mlflow.outage_wait_s`, which those calls cannot see (they take only the URI).
+WAIT_S = 300.0
+# A wait is said (once per process and store) when it lasts longer than this: short lock waits are
+# ordinary when many trials share one SQLite file.
+_SAY_AFTER_S = 3.0
+_said_waiting: set[str] = set()
+
+
+def _waited(uri: str, doing: str, what: Callable[[], Any], wait_s: float | None = None) -> Any:
+    """`what()` (which builds its client with `_client`) through `_retried`, retried for up to `wait_s`
+    (default `WAIT_S`) from the call; then a UserError naming the store, what was being done,
+    the last error and what to do."""
+    wait = WAIT_S if wait_s is None else wait_s
+    start = time.monotonic()
+
+    def pause(seconds: float) -> bool:
+        waited = time.monotonic() - start
+        if waited >= wait:
+            return False
+        if waited + seconds > _SAY_AFTER_S and uri not in _said_waiting:
+            _said_waiting.add(uri)
+            _say(f"[xmodal] MLflow at {uri} is busy or unreachable ({doing}): retrying for up to {wait:.0f} s")
+        time.sleep(min(seconds, wait - waited))
+        return True
+
+    done, out = _retried(uri, what, pause)
+    if done:
+        return out
+    error = _first_line(out) if out is not None else "no answer"
+    if uri.startswith("sqlite:///"):
+        todo = ("another process holds the database locked (an `mlflow ui`, a sweep's trials, another job, a "
+                "backup): let it finish or stop it, then rerun")
+    else:
+        todo = "start the tracking server (or fix mlflow.tracking_uri), then rerun"
+    raise UserError(f"MLflow at {uri}: {doing} failed for {wait:.0f} s ({error}); {todo}")
 
 
 def _append_spool(path: Path, records: list[dict[str, Any]]) -> None:
@@ -398,9 +513,17 @@ def _append_spool(path: Path, records: list[dict[str, Any]]) -> None:
         os.close(fd)
 
 
-def _unlogged_message(uri: str, what: str, path: Path) -> str:
-    return (f"[xmodal] MLflow at {uri} unreachable: {what} not logged, saved to {path}; "
+def _unlogged_message(uri: str, what: str, path: Path, why: str | None = None) -> str:
+    if why is None:  # a SQLite file is always there: what kept the values out is another process's lock
+        why = "busy (locked by another process)" if uri.startswith("sqlite:") else "unreachable"
+    return (f"[xmodal] MLflow at {uri} {why}: {what} not logged, saved to {path}; "
             f"replay them with {REPLAY_COMMAND} {path}")
+
+
+def _first_line(e: Exception) -> str:
+    """An error as one short line: MLflow's messages can carry a whole SQL statement."""
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
 
 
 def _say(message: str) -> None:
@@ -451,6 +574,7 @@ class RunLogger:
         self._cond = threading.Condition()
         self._closing = False
         self._abandoned = False
+        self._error: Exception | None = None  # what stopped the thread, if anything did
         self._failing = False  # the last attempt failed: the server is away
         self._thread = threading.Thread(target=self._run, name="xmodal-mlflow-logger", daemon=True)
         self._thread.start()
@@ -481,7 +605,7 @@ class RunLogger:
             self._cond.notify()
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        set_tags(self.uri, self.run_id, {key: value})
 
     @property
     def client(self):
@@ -502,12 +626,27 @@ class RunLogger:
         if self._abandoned:
             return None
         done, out = _retried(self.uri, what, pause)
-        if done:
-            self._failing = False
+        if not done:
+            return None
+        self._failing = False
         return out
 
     def _run(self) -> None:
-        client = self.client
+        """The thread: never ends silently. An error no retry mends (`_permanent`: the run deleted, say)
+        stops the sending; `close` then writes everything unsent to the spool file and says why."""
+        try:
+            self._sending()
+        except Exception as e:
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _sending(self) -> None:
+        # The client too is made inside the retry: opening the store is the call most likely to meet a
+        # locked database (a new worker's first contact) or an unreachable server.
+        client = self._retrying(lambda: _client(self.uri))
+        if client is None:
+            return
 
         def read_history() -> int:
             return max((m.step for m in client.get_metric_history(self.run_id, self.watch_key)), default=-1)
@@ -590,8 +729,8 @@ class RunLogger:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(wait)
-        if not self._thread.is_alive():
-            return None
+        # Whatever the thread left, whether it is still retrying (abandoned now) or was stopped by an
+        # error, goes to the spool file; a thread that ended normally left nothing.
         with self._cond:
             self._abandoned = True
             self._cond.notify_all()
@@ -604,7 +743,8 @@ class RunLogger:
             return None
         _append_spool(self.spool, [{"op": "metrics", "uri": self.uri, "run_id": self.run_id,
                                     "items": items[i:i + 1000]} for i in range(0, len(items), 1000)])
-        _say(_unlogged_message(self.uri, f"{len(items)} metric values", self.spool))
+        why = None if self._error is None else f"failed ({_first_line(self._error)})"
+        _say(_unlogged_message(self.uri, f"{len(items)} metric values", self.spool, why))
         return self.spool
 
 
@@ -644,13 +784,13 @@ class Outbox:
             shutil.copy2(local_path, keep)
             return {"op": "artifact", "path": str(keep), "artifact_path": artifact_path}
 
-        self._call(lambda: log_artifact(self.uri, self.run_id, local_path, artifact_path), record)
+        self._call(lambda: _log_artifact(self.uri, self.run_id, local_path, artifact_path), record)
 
     def tags(self, tags: dict[str, str]) -> None:
-        self._call(lambda: set_tags(self.uri, self.run_id, tags), lambda: {"op": "tags", "tags": dict(tags)})
+        self._call(lambda: _set_tags(self.uri, self.run_id, tags), lambda: {"op": "tags", "tags": dict(tags)})
 
     def terminated(self, status: str) -> None:
-        self._call(lambda: set_terminated(self.uri, self.run_id, status),
+        self._call(lambda: _set_terminated(self.uri, self.run_id, status),
                    lambda: {"op": "terminated", "status": status})
 
     def report(self) -> None:
@@ -755,13 +895,13 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
     for rec in records:
         uri, run_id = uri_of[rec["uri"]], rec["run_id"]
         if rec["op"] == "metrics":
-            client = _client(uri)
             unique = {(k, int(step)): mlflow.entities.Metric(k, float(v), int(ts), int(step))
                       for k, v, ts, step in reversed(rec["items"])}  # a repeated (key, step): the first wins
             items = sorted(unique.values(), key=lambda m: (m.step, m.timestamp))
-            todo = _drop_logged(client, run_id, items)
+            todo = _waited(uri, f"reading the metrics of run {run_id}",
+                           lambda u=uri, r=run_id, i=items: _drop_logged(_client(u), r, i))
             for i in range(0, len(todo), RunLogger.BATCH):
-                client.log_batch(run_id, metrics=todo[i:i + RunLogger.BATCH])
+                _log_batch_once(uri, run_id, todo[i:i + RunLogger.BATCH], f"replaying metrics into run {run_id}")
             logged, skipped = logged + len(todo), skipped + len(rec["items"]) - len(todo)
         elif rec["op"] == "artifact":
             log_artifact(uri, run_id, rec["path"], rec.get("artifact_path"))
@@ -775,27 +915,43 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
     return ReplaySummary(done, tuple(r for _, r in runs), logged, skipped, artifacts, terminated)
 
 
-def log_artifacts(uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
-    _client(uri).log_artifacts(run_id, str(local_dir), artifact_path)
+# The calls below, as `Outbox` makes them: one attempt each, inside its own retry (`_retried`).
 
 
-def log_artifact(uri: str, run_id: str, local_path: str | Path, artifact_path: str | None = None) -> None:
+def _log_artifact(uri: str, run_id: str, local_path: str | Path, artifact_path: str | None = None) -> None:
     _client(uri).log_artifact(run_id, str(local_path), artifact_path)
 
 
-def set_terminated(uri: str, run_id: str, status: str = "FINISHED") -> None:
+def _set_terminated(uri: str, run_id: str, status: str) -> None:
     _client(uri).set_terminated(run_id, status=status)
 
 
-def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
+def _set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
     c = _client(uri)
-    for k, v in tags.items():
+    for k, v in tags.items():  # setting a tag again to the same value is harmless: retried whole
         c.set_tag(run_id, k, str(v))
+
+
+def log_artifacts(uri: str, run_id: str, local_dir: str | Path, artifact_path: str | None = None) -> None:
+    _waited(uri, f"logging artifacts from {local_dir}",
+            lambda: _client(uri).log_artifacts(run_id, str(local_dir), artifact_path))
+
+
+def log_artifact(uri: str, run_id: str, local_path: str | Path, artifact_path: str | None = None) -> None:
+    _waited(uri, f"logging artifact {local_path}", lambda: _log_artifact(uri, run_id, local_path, artifact_path))
+
+
+def set_terminated(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    _waited(uri, f"marking run {run_id} {status}", lambda: _set_terminated(uri, run_id, status))
+
+
+def set_tags(uri: str, run_id: str, tags: dict[str, str]) -> None:
+    _waited(uri, f"setting tags of run {run_id}", lambda: _set_tags(uri, run_id, tags))
 
 
 def mark_running(uri: str, run_id: str) -> None:
     """Re-open a run that a dead driver left FAILED/KILLED, when it is resumed."""
-    _client(uri).update_run(run_id, status="RUNNING")
+    _waited(uri, f"resuming run {run_id}", lambda: _client(uri).update_run(run_id, status="RUNNING"))
 
 
 # ---------------------------------------------------------------- sweeps and reports (xmodal.sweep, xmodal.report)
@@ -803,13 +959,13 @@ def mark_running(uri: str, run_id: str) -> None:
 
 def get_experiment_id(uri: str, name: str) -> str | None:
     """The id of an existing experiment, or None (reports must not create experiments)."""
-    exp = _client(uri).get_experiment_by_name(name)
+    exp = _waited(uri, f"looking up experiment {name!r}", lambda: _client(uri).get_experiment_by_name(name))
     return exp.experiment_id if exp is not None else None
 
 
 def experiment_names(uri: str) -> list[str]:
     """The names of the store's (active) experiments."""
-    return [e.name for e in _client(uri).search_experiments()]
+    return [e.name for e in _waited(uri, "listing experiments", lambda: _client(uri).search_experiments())]
 
 
 def get_run(uri: str, run_id: str) -> RunRecord:
@@ -817,19 +973,19 @@ def get_run(uri: str, run_id: str) -> RunRecord:
     from mlflow.exceptions import MlflowException
 
     try:
-        return _record(_client(uri).get_run(run_id))
+        return _record(_waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id)))
     except MlflowException as e:
         raise RunNotFound(f"no MLflow run {run_id!r} in {uri}: {e.message}") from None
 
 
 def search_runs(uri: str, experiment_ids: list[str], filter_string: str = "") -> list[RunRecord]:
     """Every matching run (all pages), oldest first."""
-    c = _client(uri)
     runs: list[RunRecord] = []
     token = None
     while True:
-        page = c.search_runs(experiment_ids, filter_string=filter_string, max_results=1000,
-                             order_by=["attributes.start_time ASC"], page_token=token)
+        page = _waited(uri, "searching runs", lambda t=token: _client(uri).search_runs(
+            experiment_ids, filter_string=filter_string, max_results=1000, order_by=["attributes.start_time ASC"],
+            page_token=t))
         runs.extend(_record(r) for r in page)
         token = page.token
         if not token:
@@ -844,7 +1000,8 @@ def child_runs(uri: str, parent_run_id: str) -> list[RunRecord]:
 
 def metric_points(uri: str, run_id: str, key: str) -> list[MetricPoint]:
     """Every value logged for one metric, as MLflow stores them (a repeated step appears twice)."""
-    return [MetricPoint(m.step, m.value, m.timestamp) for m in _client(uri).get_metric_history(run_id, key)]
+    history = _waited(uri, f"reading {key} of run {run_id}", lambda: _client(uri).get_metric_history(run_id, key))
+    return [MetricPoint(m.step, m.value, m.timestamp) for m in history]
 
 
 def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -858,15 +1015,33 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 def list_artifacts(uri: str, run_id: str, path: str | None = None) -> list[str]:
     """The paths (relative to the run's artifact root) of the files and folders directly under `path`."""
-    return [a.path for a in _client(uri).list_artifacts(run_id, path)]
+    return [a.path for a in _waited(uri, f"listing artifacts of run {run_id}",
+                                    lambda: _client(uri).list_artifacts(run_id, path))]
 
 
 def log_metrics(uri: str, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+    """Metrics of an existing run at one step. A batch retried after a failure first drops what its
+    lost reply may have logged all the same, so no value appears twice."""
     mlflow = _mlflow()
     ts = int(time.time() * 1000)
     items = [mlflow.entities.Metric(k, float(v), ts, step) for k, v in metrics.items()]
-    for i in range(0, len(items), 500):
-        _client(uri).log_batch(run_id, metrics=items[i:i + 500])
+    for i in range(0, len(items), RunLogger.BATCH):
+        _log_batch_once(uri, run_id, items[i:i + RunLogger.BATCH], f"logging metrics of run {run_id}")
+
+
+def _log_batch_once(uri: str, run_id: str, batch: list, doing: str) -> None:
+    """`batch` (mlflow Metric) logged through `_waited`, each value once however many tries it took."""
+    tried = False
+
+    def send() -> None:
+        nonlocal tried
+        c = _client(uri)
+        todo = _drop_logged(c, run_id, batch) if tried else batch
+        tried = True
+        if todo:
+            c.log_batch(run_id, metrics=todo)
+
+    _waited(uri, doing, send)
 
 
 def log_params(uri: str, run_id: str, params: dict[str, Any]) -> None:
@@ -874,13 +1049,15 @@ def log_params(uri: str, run_id: str, params: dict[str, Any]) -> None:
     mlflow = _mlflow()
     items = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):
-        _client(uri).log_batch(run_id, params=items[i:i + 100])
+        _waited(uri, f"logging params of run {run_id}",
+                lambda batch=items[i:i + 100]: _client(uri).log_batch(run_id, params=batch))
 
 
 def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str | Path) -> Path:
     """Copy a run's artifact (file or folder) into `dst_dir`; returns the local path."""
     Path(dst_dir).mkdir(parents=True, exist_ok=True)
-    return Path(_client(uri).download_artifacts(run_id, artifact_path, str(dst_dir)))
+    return Path(_waited(uri, f"downloading {artifact_path} of run {run_id}",
+                        lambda: _client(uri).download_artifacts(run_id, artifact_path, str(dst_dir))))
 
 
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
