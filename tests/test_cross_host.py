@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -51,6 +51,7 @@ RUN = "xhost"
 STEPS = 40
 EVAL_EVERY = 10
 # The GCS notices a dead node after about period x threshold (3 s) instead of the defaults' 30 s or more.
+START_TIMEOUT_S = 10.0  # Ray Train's wait for a worker group's placement (default 60 s)
 HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
           "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
 
@@ -87,11 +88,28 @@ def wait_port(host: str, port: int, timeout: float) -> None:
             time.sleep(0.1)
 
 
-def checkpoints_on_s3(client) -> list[str]:
-    """The run's checkpoint folders on S3 with their meta file written."""
+def checkpoint_steps_on_s3(client) -> list[int]:
+    """The steps of the run's checkpoints on S3 (their meta files)."""
     out = client.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/")
-    return sorted({o["Key"].split("/")[2] for o in out.get("Contents", [])
-                   if o["Key"].endswith("/meta.json") and o["Key"].split("/")[2].startswith("checkpoint_")})
+    metas = [o["Key"] for o in out.get("Contents", [])
+             if o["Key"].endswith("/meta.json") and o["Key"].split("/")[2].startswith("checkpoint_")]
+    return sorted(json.loads(client.get_object(Bucket=BUCKET, Key=k)["Body"].read())["step"] for k in metas)
+
+
+def printed_losses(log: str) -> dict[int, float]:
+    """The console's progress lines: {step: train loss, 4 decimals}."""
+    return {int(m.group(1)): float(m.group(2))
+            for m in re.finditer(r"^\[xmodal\] step (\d+)/\d+ .* loss ([0-9.]+) ", log, re.MULTILINE)}
+
+
+TRAIN_WORKERS = """
+import json
+import ray
+from ray._private import state
+ray.init(address="auto", log_to_driver=False)
+actors = [a for a in state.actors().values() if a["ActorClassName"] == "RayTrainWorker"]
+print(json.dumps(sorted((a["StartTime"], a["Address"]["IPAddress"]) for a in actors)))
+"""
 
 
 @pytest.mark.slow
@@ -114,11 +132,14 @@ def test_a_run_loses_a_worker_host_and_finishes_on_the_other(mlflow_template):
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "platform"), "RAY_DEDUP_LOGS": "0",
            "AWS_ENDPOINT_URL": ENDPOINT, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-           "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": uri}
+           "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": uri,
+           # read by Ray Train's controller, which runs on the head (the driver's node)
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(START_TIMEOUT_S)}
     common = ["--object-store-memory=100000000", "--disable-usage-stats"]
     hosts = Hosts(3, PREFIX)
     logs = {}
     times = {}
+    passed = False
 
     def log(name: str):
         logs[name] = open(shared / f"{name}.log", "w")  # noqa: SIM115 - closed in finally
@@ -141,35 +162,54 @@ def test_a_run_loses_a_worker_host_and_finishes_on_the_other(mlflow_template):
         s3().create_bucket(Bucket=BUCKET)
         nodes = hosts.run("head", [PYTHON, "-c", WAIT_FOR_NODES], env=env, timeout=90).stdout.split()
         assert nodes == [HEAD, WORKER1, WORKER2], f"{nodes}\n{tail('worker1')}\n{tail('worker2')}"
+        # From now on every host name resolves to 127.0.0.1 (as in many a machine's /etc/hosts; Ray's
+        # nodes, which joined already, cannot start with that): gloo's own choice of
+        # address would then be loopback, and the workers on two hosts would dial themselves.
+        # xmodal.train.gloo sets GLOO_SOCKET_IFNAME from the node IP instead. (The file is bind-mounted
+        # into every host; rewritten in place, they all see it.)
+        hosts_file = Path(f"/run/{PREFIX}-rehearsal/hosts")
+        with open(hosts_file, "r+") as f:
+            f.truncate(0)
+            f.write("127.0.0.1\tlocalhost " + " ".join(hosts.names) + "\n")
+        assert hosts.run("worker1", ["getent", "hosts", "worker1"]).stdout.split()[0] == "127.0.0.1"
         times["cluster up"] = time.monotonic() - began
 
-        cmd = [PYTHON, str(REPO / "jobs" / "pretrain.py"), "--store", str(store),
-               "--storage-path", f"s3://{BUCKET}/runs", "--run-name", RUN,
-               "--set", "preset=tiny", "--set", "train.epochs=4", "--set", "train.batch_size=16",
-               "--set", f"train.max_steps={STEPS}", "--set", f"train.eval_every={EVAL_EVERY}",
-               "--set", "train.log_every=1", "--set", "train.keep_best=10", "--set", "data.eval_batches=2",
-               "--set", "scale.num_workers=2", "--set", "scale.placement_strategy=SPREAD",
-               "--set", "scale.cpus_per_worker=0.5", "--set", "scale.max_failures=2",
-               "--set", "mlflow.system_metrics=false", "--set", f"mlflow.tracking_uri={uri}"]
+        def job(name: str, *extra: str) -> list[str]:
+            return [PYTHON, str(REPO / "jobs" / "pretrain.py"), "--store", str(store),
+                    "--storage-path", f"s3://{BUCKET}/runs", "--run-name", name,
+                    "--set", "preset=tiny", "--set", "train.epochs=4", "--set", "train.batch_size=16",
+                    "--set", f"train.max_steps={STEPS}", "--set", f"train.eval_every={EVAL_EVERY}",
+                    "--set", "train.log_every=1", "--set", "train.keep_best=10", "--set", "data.eval_batches=2",
+                    "--set", "scale.num_workers=2", "--set", "scale.cpus_per_worker=0.5",
+                    "--set", "mlflow.system_metrics=false", "--set", f"mlflow.tracking_uri={uri}", *extra]
+
+        cmd = job(RUN, "--set", "scale.placement_strategy=SPREAD", "--set", "scale.max_failures=2")
         job_began = time.monotonic()
         driver = hosts.popen("head", cmd, env={**env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(shared),
                              **log("driver"))
         client = s3()
         deadline = time.monotonic() + 240
-        while not checkpoints_on_s3(client):
+        while True:  # until a step after the newest checkpoint on S3 is shown
             assert driver.poll() is None, tail("driver")
             assert time.monotonic() < deadline, "no checkpoint on S3 after 240 s:\n" + tail("driver")
-            time.sleep(0.2)
+            on_s3 = checkpoint_steps_on_s3(client)
+            shown = printed_losses((shared / "driver.log").read_text())
+            if on_s3 and shown and max(shown) > on_s3[-1]:
+                break
+            time.sleep(0.1)
         times["job to first checkpoint"] = time.monotonic() - job_began
-        before = checkpoints_on_s3(client)
         # worker2 loses power: its host's PID 1 dies, and every process in it with it.
         os.kill(hosts.hosts["worker2"].holder, signal.SIGKILL)
         killed_at = time.monotonic()
+        while driver.poll() is None and "[xmodal] resumed from checkpoint" not in (shared / "driver.log").read_text():
+            assert time.monotonic() < killed_at + 300, "not resumed 300 s after losing worker2:\n" + tail("driver")
+            time.sleep(0.2)
+        times["loss to resumed"] = time.monotonic() - killed_at
         try:
             rc = driver.wait(timeout=300)
         except subprocess.TimeoutExpired:
             pytest.fail("the job did not end within 300 s of losing worker2:\n" + tail("driver"))
-        times["after the loss to the job's end"] = time.monotonic() - killed_at
+        times["resumed to the job's end"] = time.monotonic() - killed_at - times["loss to resumed"]
         out = (shared / "driver.log").read_text()
         assert rc == 0, out[-6000:]
 
@@ -181,15 +221,45 @@ def test_a_run_loses_a_worker_host_and_finishes_on_the_other(mlflow_template):
         resumed = tracking.metric_points(uri, run.run_id, "train/resumed_from_step")
         assert len(resumed) == 1, resumed
         resumed_from = int(resumed[0].value)
-        assert resumed_from >= EVAL_EVERY and resumed_from % EVAL_EVERY == 0, (resumed_from, before)
+        assert resumed_from >= on_s3[-1], (resumed_from, on_s3)  # the newest checkpoint on S3 at the loss
         history = tracking.metric_history(uri, run.run_id, "train/loss")
         steps = [s for s, _ in history]
         assert sorted(steps) == list(range(1, STEPS + 1)), steps  # every step once, none lost, none twice
         assert all(math.isfinite(v) for _, v in history)
+        # The steps trained twice (after the checkpoint, before the loss: shown by the first attempt,
+        # on two hosts) have the same loss in the resumed attempt (both workers on worker1): the
+        # resumed run continues the uninterrupted one exactly, to the console's 4 decimals.
+        again = {s: v for s, v in shown.items() if s > resumed_from}
+        assert again, (shown, resumed_from)
+        logged = dict(history)
+        assert {s: round(logged[s], 4) for s in again} == pytest.approx(again, abs=1.5e-4), (again, logged)
+        # Where the Train workers ran: one per worker host, then both on worker1.
+        placed = json.loads(hosts.run("head", [PYTHON, "-c", TRAIN_WORKERS], env=env, timeout=60).stdout
+                            .strip().splitlines()[-1])
+        ips = [ip for _, ip in placed]
+        assert sorted(ips[:2]) == [WORKER1, WORKER2] and ips[2:] == [WORKER1, WORKER1], placed
+
+        # STRICT_SPREAD cannot place 2 workers on the one worker host left: each try to start the worker
+        # group times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), and after scale.max_failures retries
+        # the job fails with Ray Train's error, instead of trying every minute without end (Ray's default).
+        strict_began = time.monotonic()
+        strict = hosts.run("head", job("xhost-strict", "--set", "scale.placement_strategy=STRICT_SPREAD",
+                                       "--set", "scale.max_failures=1"),
+                           env={**env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(shared), check=False, timeout=240)
+        times["strict placement's error"] = time.monotonic() - strict_began
+        said = strict.stdout + strict.stderr
+        assert strict.returncode != 0, said[-4000:]
+        assert f"The worker group startup timed out after {START_TIMEOUT_S}" in said, said[-4000:]
+        (strict_run,) = tracking.search_runs(uri, [exp], f"tags.`{tracking.RUN_NAME_TAG}` = 'xhost-strict'")
+        assert strict_run.status == "FAILED"
         print("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items())
               + f"; resumed from step {resumed_from}")
+        passed = True
     finally:
         hosts.teardown()
         for f in logs.values():
             f.close()
-        print(f"logs in {shared}")
+        if passed:
+            shutil.rmtree(shared)
+        else:
+            print(f"the hosts' logs, store and MLflow database: {shared}")
