@@ -121,6 +121,7 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from xmodal.train.gloo import NodeInterfaceTorchConfig
     from xmodal.train.worker import worker
 
     cfg = spec.config_class.model_validate(plan.config)
@@ -131,6 +132,7 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     return TorchTrainer(
         functools.partial(worker, spec, stop_flag=stop_flag),
         train_loop_config=dataclasses.asdict(plan),
+        torch_config=NodeInterfaceTorchConfig(),  # gloo on the node IP's interface, never loopback by mistake
         scaling_config=ray.train.ScalingConfig(
             num_workers=scale.num_workers, use_gpu=scale.gpus_per_worker > 0, resources_per_worker=resources,
             placement_strategy=scale.placement_strategy),
@@ -138,7 +140,11 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
             name=plan.run_name, storage_path=plan.storage, callbacks=trial.callbacks if trial is not None else None,
             # Ray Train's INFO lines (worker group start, every report and checkpoint) unless --verbose
             logging_config=ray.train.LoggingConfig(log_level="INFO" if plan.verbose else "WARNING"),
-            failure_config=ray.train.FailureConfig(max_failures=scale.max_failures),
+            # A worker group that cannot start (its placement never fits, e.g. STRICT_SPREAD after a host
+            # died) is retried every RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s); Ray's default is
+            # without end. Those tries count against the same scale.max_failures.
+            failure_config=ray.train.FailureConfig(max_failures=scale.max_failures,
+                                                   controller_failure_limit=scale.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=train.keep_best, checkpoint_score_attribute=train.best_metric,
                 checkpoint_score_order=train.best_mode)),
