@@ -5,13 +5,14 @@ The only module that talks to MLflow, and the only one that sees MLflow's object
 creates the experiment and the run; rank 0 of the training workers logs into that run by id.
 
 Under load: a process's first contact with a SQLite database is serialised across processes by a file
-lock beside it (MLflow creates and migrates the schema without one), and every call waits out a busy
+lock (`sqlite_lock_path`; MLflow creates and migrates the schema without one), and every call waits out a busy
 database or an unreachable server through one retry policy (`_retried`), bounded in time.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -155,13 +156,19 @@ _opening = threading.Lock()
 
 
 def sqlite_lock_path(uri: str) -> Path:
-    """The file lock beside a SQLite database (`<db>.lock`) that serialises first contacts."""
-    return Path(uri[len("sqlite:///"):].split("?", 1)[0] + ".lock")
+    """The file lock that serialises first contacts with a SQLite database: one per database file (a
+    digest of its real path) in this machine's temporary folder, not beside the database, so that its
+    folder gains no file (a job that stops at a check leaves the working directory as it was)."""
+    db = os.path.realpath(uri[len("sqlite:///"):].split("?", 1)[0])
+    return LOCK_DIR / f"sqlite-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock"
+
+
+LOCK_DIR = Path(tempfile.gettempdir()) / "xmodal-locks"
 
 
 def _first_contact(uri: str):
     """The client of a SQLite store this process has not opened yet, built under an exclusive `flock`
-    on `<db>.lock`: MLflow creates a new database's tables and runs its migrations with no lock of its
+    on its lock file (`sqlite_lock_path`): MLflow creates a new database's tables and runs its migrations with no lock of its
     own, and processes doing so at once break each other ("duplicate column name", "table
     _alembic_tmp_... already exists"), sometimes leaving the file unusable. One attempt under the lock;
     a failure (the database locked by someone else) releases it and goes back to the caller's retry
@@ -170,10 +177,12 @@ def _first_contact(uri: str):
         if uri in _opened:
             return _mlflow().tracking.MlflowClient(tracking_uri=uri)
         lock = sqlite_lock_path(uri)
-        lock.parent.mkdir(parents=True, exist_ok=True)  # as MLflow does for the database itself
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:  # a folder we may not write in: nobody can create the database there either
+            if not LOCK_DIR.is_dir():
+                LOCK_DIR.mkdir(exist_ok=True)
+                LOCK_DIR.chmod(0o1777)  # like /tmp: every user's jobs lock here
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:  # no lock to be had (another user's file, a read-only folder): open without one
             fd = None
         try:
             if fd is not None:
