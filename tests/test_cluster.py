@@ -4,11 +4,11 @@ Offline: both configs validate against the installed Ray's autoscaler schema, th
 (and the node scripts under scripts/cluster/ that those call) name files, entry points and flags that
 exist, nothing listens on a public interface, the node environment their setup writes is what the
 jobs read, and the on-premises config runs the same scripts as the AWS one. The node scripts' start
-and stop steps run here against stand-ins for `ray` and `ssh`. (tests/test_ray_up.py runs
-cluster.onprem.yaml for real, with `ray up` on rehearsal hosts.) The rehearsal: the cluster on this machine, two
-Ray nodes with token authentication, the head's MLflow server started by cluster.yaml's own command,
-shared storage both nodes see, and a pretraining job and a sweep submitted with `ray job submit
---working-dir`, whose Train workers must land one per node.
+and stop steps run here against stand-ins for `ray` and `ssh` (tests/test_ray_up.py runs
+cluster.onprem.yaml for real, with `ray up` on rehearsal hosts). The rehearsal: the cluster on this
+machine, two Ray nodes with token authentication, the head's MLflow server started by cluster.yaml's
+own command, shared storage both nodes see, and a pretraining job and a sweep submitted with `ray job
+submit --working-dir`, whose Train workers must land one per node.
 """
 
 from __future__ import annotations

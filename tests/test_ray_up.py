@@ -55,9 +55,10 @@ RAY = str(Path(PYTHON).parent / "ray")
 VENV = Path(sys.prefix)  # the environment every host's nodes run in (node_env.sh --venv)
 HEAD, WORKER1, WORKER2 = "10.231.0.1", "10.231.0.2", "10.231.0.3"
 STEPS = 10
-# Ray processes by name or command line, and MLflow's server; zombies (state Z) hold nothing.
-RAY_OR_MLFLOW = re.compile(r"raylet|gcs_server|site-packages/ray/|ray::|default_worker|dashboard|log_monitor"
-                           r"|monitor\.py|runtime_env|mlflow|gunicorn")
+# Ray's processes (raylet, gcs_server, ray::IDLE, python .../site-packages/ray/..., python -m ray.util...,
+# ray_client_server) and MLflow's server with its gunicorn. Not the launcher's SSH connections (their
+# control sockets are /tmp/ray_ssh_*), and not zombies (state Z), which hold nothing.
+RAY_OR_MLFLOW = re.compile(r"\bray\b|raylet|gcs_server|ray_client_server|mlflow|gunicorn")
 
 NODES = """
 import json, sys, time
@@ -122,8 +123,9 @@ def keep_logs(hosts: Hosts, into: Path) -> None:
 
 
 def ray_processes(hosts: Hosts, name: str) -> list[str]:
-    ps = hosts.run(name, ["ps", "-eo", "pid=,stat=,args="]).stdout.splitlines()
-    return [line for line in ps if RAY_OR_MLFLOW.search(line) and line.split()[1][0] != "Z"]
+    ps = hosts.run(name, ["ps", "-eo", "pid=,stat=,comm=,args="]).stdout.splitlines()
+    return [line for line in ps
+            if RAY_OR_MLFLOW.search(line) and line.split()[1][0] != "Z" and line.split()[2] not in ("ssh", "sshd")]
 
 
 @pytest.mark.slow

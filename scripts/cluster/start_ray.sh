@@ -24,7 +24,7 @@ if [ "${1:-}" = --autoscaler-v1 ]; then
     shift
 fi
 if [ "${1:-}" != ray ] || [ "${2:-}" != start ]; then
-    echo "start_ray.sh: expected [--autoscaler-v1] ray start ..., got: $*" >&2
+    echo "start_ray.sh: expected [--autoscaler-v1], then the node's Ray start command (ray, start, flags); got: $*" >&2
     exit 2
 fi
 shift 2
