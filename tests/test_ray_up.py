@@ -105,7 +105,10 @@ def rehearsal_config(shared: Path, token: Path, key: Path, name: str) -> dict:
 
 
 def text(out: str | bytes | None) -> str:
-    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+    """A command's output as plain text: the launcher runs remote commands on a terminal (ssh -tt), so
+    Ray's messages may come colored."""
+    out = out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out)
 
 
 def keep_logs(hosts: Hosts, into: Path) -> None:
@@ -162,7 +165,7 @@ def test_ray_up_runs_a_job_on_every_worker_and_ray_down_leaves_nothing():
                 log.write(f"$ ray {' '.join(argv)}\n{said}\n(still running after {timeout:.0f} s)\n")
             pytest.fail(f"`ray {' '.join(argv)}` still running after {timeout:.0f} s:\n{said[-8000:]}")
         times[what] = times.get(what, 0.0) + time.monotonic() - began
-        said = out.stdout + out.stderr
+        said = text(out.stdout) + text(out.stderr)
         with open(shared / "launcher.log", "a") as log:
             log.write(f"$ ray {' '.join(argv)}\n{said}\n")
         assert out.returncode == 0, f"`ray {' '.join(argv)}` exited {out.returncode}:\n{said[-8000:]}"

@@ -27,14 +27,12 @@ done
 cd "$HOME/xmodal"
 if [ -z "${XMODAL_VENV:-}" ]; then
     # python3-venv is missing from some Ubuntu images; apt waits for the boot-time upgrades' lock.
-    if ! python3 -c "import ensurepip, venv" 2>/dev/null; then
-        if ! command -v apt-get >/dev/null; then
-            echo "setup_node.sh: python3 on $(hostname) cannot make virtual environments (no ensurepip);" \
-                 "install its venv package, or give node_env.sh --venv" >&2
-            exit 1
-        fi
-        sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
-        sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv
+    # (Elsewhere `python3 -m venv` in scripts/setup.sh says what is missing.)
+    if command -v dpkg >/dev/null && command -v apt-get >/dev/null && ! dpkg -s python3-venv >/dev/null 2>&1; then
+        root=(sudo)
+        [ "$(id -u)" = 0 ] && root=()  # a root login (own machines) may have no sudo
+        "${root[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq
+        "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv
     fi
     bash "$HOME/xmodal/scripts/setup.sh"
 elif ! python -c "import ray, torch, mlflow" 2>/dev/null; then
