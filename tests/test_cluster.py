@@ -306,7 +306,7 @@ def test_open_files_limit_is_raised_to_what_the_hard_limit_allows():
     lib = REPO / "scripts" / "cluster" / "lib.sh"
 
     def soft_after(hard: int, soft: int) -> int:
-        out = subprocess.run(["bash", "-c", f"ulimit -Hn {hard}; ulimit -Sn {soft}; . {shlex.quote(str(lib))}; "
+        out = subprocess.run(["bash", "-c", f"set -e; ulimit -Sn {soft}; ulimit -Hn {hard}; . {shlex.quote(str(lib))}; "
                               "xm_raise_open_files; ulimit -Sn"], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         return int(out.stdout)
