@@ -354,7 +354,7 @@ def test_start_ray_stops_first_and_the_onprem_head_refuses_autoscaler_v2(onprem,
 
 
 def test_stop_cluster_stops_the_head_then_every_worker_over_ssh(tmp_path):
-    home, env = stand_in_node(tmp_path, {"ray": 'echo "Stopped all 3 Ray processes."', "ssh": "exit 0"})
+    home, env = stand_in_node(tmp_path, {"ray": 'echo "Did not find any active Ray processes."', "ssh": "exit 0"})
     # The head's copy of the config, as the launcher writes it (JSON), with the key it copied there.
     (home / "ray_bootstrap_config.yaml").write_text(
         '{"provider": {"type": "local", "head_ip": "10.9.8.7", "worker_ips": ["10.9.8.8", "10.9.8.9"]}, '
@@ -363,16 +363,23 @@ def test_stop_cluster_stops_the_head_then_every_worker_over_ssh(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     calls = (home / "calls.log").read_text().splitlines()
-    assert calls[0].startswith("ray stop "), calls  # the head (and its autoscaler) first
+    # The head (and its autoscaler) first, then a second `ray stop` that must find nothing left.
+    assert [c.split(" (")[0] for c in calls[:2]] == ["ray stop", "ray stop"], calls
     ssh = sorted(c for c in calls if c.startswith("ssh "))
-    assert len(ssh) == 2 and len(calls) == 3, calls
+    assert len(ssh) == 2 and len(calls) == 4, calls
     for call, ip in zip(ssh, ("10.9.8.8", "10.9.8.9"), strict=True):
-        assert f"-i {home}/ray_bootstrap_key.pem" in call and f"xm@{ip} . ~/xmodal.env && ray stop" in call, call
+        assert f"-i {home}/ray_bootstrap_key.pem" in call and f"xm@{ip} . ~/xmodal.env && ray stop && ray stop" in call
+    assert "10.9.8.8: no Ray process left" in out.stdout, out.stdout
     # A worker that cannot be reached is named, and the exit status says so.
     (home / "xmodal" / ".venv" / "bin" / "ssh").write_text('#!/usr/bin/env bash\necho "no route" >&2; exit 255\n')
     out = subprocess.run(["bash", str(REPO / "scripts" / "cluster" / "stop_cluster.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "Ray may still run on 10.9.8.8 10.9.8.9" in out.stderr, out.stderr
+    # Ray left on the head: said, and the workers are not tried.
+    (home / "xmodal" / ".venv" / "bin" / "ray").write_text('#!/usr/bin/env bash\necho "Stopped all 3 Ray processes."\n')
+    out = subprocess.run(["bash", str(REPO / "scripts" / "cluster" / "stop_cluster.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "still running on the head" in out.stderr, out.stderr
 
 
 def scale_out_docs() -> list[str]:

@@ -208,7 +208,7 @@ def test_ray_up_runs_a_job_on_every_worker_and_ray_down_leaves_nothing():
 
         # The teardown docs/cluster.md gives: Ray off on the head, then on every worker; then `ray down`.
         said = on_head("bash ~/xmodal/scripts/cluster/stop_cluster.sh", timeout=300, what="teardown")
-        assert f"{WORKER1}: Stopped" in said and f"{WORKER2}: Stopped" in said, said[-4000:]
+        assert f"{WORKER1}: no Ray process left" in said and f"{WORKER2}: no Ray process left" in said, said[-4000:]
         launcher("down", "-y", str(config), timeout=300, what="teardown")
         # `ray stop` waits for what it signalled; a worker process of a raylet may take a moment more.
         down = time.monotonic()

@@ -11,8 +11,10 @@
 #
 # The head first: its autoscaler restarts a worker whose Ray it sees stop. Then, in parallel, every
 # worker in worker_ips of the head's copy of the config (~/ray_bootstrap_config.yaml), over SSH with
-# the key the launcher copied to the head, as the launcher does (host keys not checked). Exits non-zero
-# naming each worker that could not be stopped.
+# the key the launcher copied to the head, as the launcher does (host keys not checked). With the head
+# gone, a worker's raylet may not finish within `ray stop`'s grace period; `ray stop` then kills it.
+# On each machine a second `ray stop` must find nothing left. Exits non-zero naming each machine where
+# Ray may still run.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -43,7 +45,13 @@ if [ "${#lines[@]}" -lt 2 ]; then
 fi
 user=${lines[0]} key=${lines[1]} workers=("${lines[@]:2}")
 
-ray stop
+# `ray stop` stops what it finds (killing what outlives its grace period) and exits 0 either way: the
+# second one tells whether anything is left.
+gone='ray stop && ray stop 2>&1 | grep -q "Did not find any active Ray processes"'
+if ! eval "$gone"; then
+    echo "stop_cluster.sh: Ray processes are still running on the head ($(hostname)) after \`ray stop\`" >&2
+    exit 1
+fi
 xm_stop_mlflow
 
 ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes
@@ -54,15 +62,14 @@ fi
 logs=$(mktemp -d)
 pids=()
 for ip in "${workers[@]}"; do
-    ssh "${ssh_opts[@]}" "$user@$ip" '. ~/xmodal.env && ray stop' > "$logs/$ip" 2>&1 < /dev/null &
+    ssh "${ssh_opts[@]}" "$user@$ip" ". ~/xmodal.env && $gone" > "$logs/$ip" 2>&1 < /dev/null &
     pids+=($!)
 done
 failed=()
 for i in "${!workers[@]}"; do
     ip=${workers[$i]}
     if wait "${pids[$i]}"; then
-        said=$(grep -E 'Stopped|Did not find' "$logs/$ip" | tail -n 1)
-        echo "$ip: ${said:-ray stop done}"
+        echo "$ip: no Ray process left"
     else
         failed+=("$ip")
         echo "stop_cluster.sh: stopping Ray on $ip failed:" >&2
