@@ -1,6 +1,7 @@
 """Hosts on this machine to rehearse a multi-host Ray cluster (xmodal/rehearsal.py). Run it as root.
 
     sudo python3 scripts/rehearsal_cluster.py up --hosts 3     # head, worker1, worker2 at 10.231.0.1, .2, .3
+    sudo python3 scripts/rehearsal_cluster.py up --sshd        # and an SSH server in each (root, key login)
     sudo python3 scripts/rehearsal_cluster.py run head -- hostname
     sudo python3 scripts/rehearsal_cluster.py run worker1      # a shell inside worker1
     sudo python3 scripts/rehearsal_cluster.py down             # everything, also what a crashed run left
@@ -32,7 +33,7 @@ SCRIPT = "scripts/rehearsal_cluster.py"
 
 
 def up(args: argparse.Namespace) -> int:
-    hosts = Hosts(args.hosts, args.prefix).create()
+    hosts = Hosts(args.hosts, args.prefix, sshd=args.sshd).create()
     print(f"{len(hosts.names)} hosts on bridge {hosts.bridge} ({BRIDGE_ADDRESS} is this machine):")
     for name, host in hosts.hosts.items():
         print(f"  {name:<10} {host.address:<12} network namespace {host.netns}, holder pid {host.holder}")
@@ -41,6 +42,10 @@ def up(args: argparse.Namespace) -> int:
     print(f"  sudo python3 {SCRIPT} run {first}")
     print(f"  sudo python3 {SCRIPT} run {first} -- hostname")
     print(f"  sudo {' '.join(hosts.enter_argv(first))} bash")
+    if hosts.sshd:
+        print(f"\nSSH servers on each host's address, port 22; root logs in with {hosts.ssh_key} (inside a host:")
+        print("~/.ssh/id_ed25519, with every host's key in ~/.ssh/known_hosts):")
+        print(f"  sudo {' '.join(hosts.ssh_argv(hosts.names[-1]))} hostname")
     print(f"\nRemove them all: sudo python3 {SCRIPT} down")
     return 0
 
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("up", help="make the hosts and print their addresses")
     p.add_argument("--hosts", type=int, default=3, help="how many (head, worker1, ...; default %(default)s)")
+    p.add_argument("--sshd", action="store_true",
+                   help="an SSH server in each host, on its address only; root logs in with a key made for the hosts")
     p.set_defaults(func=up)
     p = sub.add_parser("run", help="run a command (default: a shell) inside a host: run HOST -- CMD...")
     p.add_argument("host")

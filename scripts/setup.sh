@@ -3,6 +3,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+# The SSH server and rsync that tests/test_ray_up.py runs in its rehearsal hosts (the cluster launcher
+# works over SSH and rsync): installed where this runs as root with apt and they are missing (CI, a
+# container). Elsewhere nothing is installed, and the tests that need them skip, saying why.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    need=()
+    [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+    command -v ssh >/dev/null || need+=(openssh-client)
+    command -v rsync >/dev/null || need+=(rsync)
+    if [ "${#need[@]}" -gt 0 ]; then
+        # openssh-server's install would start a machine-wide sshd on every interface; a policy-rc.d
+        # that answers 101 forbids starting services during the install (the rehearsal starts its own).
+        policy=/usr/sbin/policy-rc.d
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\nexit 101\n' > "$policy"
+            chmod 755 "$policy"
+            trap 'rm -f "$policy"' EXIT
+        fi
+        if ! { apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+               DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+                   --no-install-recommends "${need[@]}"; }; then
+            echo "setup.sh: could not install ${need[*]} with apt: tests/test_ray_up.py will skip" >&2
+        fi
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi

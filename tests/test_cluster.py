@@ -1,11 +1,14 @@
-"""cluster.yaml and running on a multi-node Ray cluster.
+"""cluster.yaml, cluster.onprem.yaml and running on a multi-node Ray cluster.
 
-Offline: cluster.yaml validates against the installed Ray's autoscaler schema, the commands it runs
-name files, entry points and flags that exist, nothing listens on a public interface, and the node
-environment its setup writes is what the jobs read. The rehearsal: the cluster on this machine, two
-Ray nodes with token authentication, the head's MLflow server started by cluster.yaml's own command,
-shared storage both nodes see, and a pretraining job and a sweep submitted with `ray job submit
---working-dir`, whose Train workers must land one per node.
+Offline: both configs validate against the installed Ray's autoscaler schema, the commands they run
+(and the node scripts under scripts/cluster/ that those call) name files, entry points and flags that
+exist, nothing listens on a public interface, the node environment their setup writes is what the
+jobs read, and the on-premises config runs the same scripts as the AWS one. The node scripts' start
+and stop steps run here against stand-ins for `ray` and `ssh` (tests/test_ray_up.py runs
+cluster.onprem.yaml for real, with `ray up` on rehearsal hosts). The rehearsal: the cluster on this
+machine, two Ray nodes with token authentication, the head's MLflow server started by cluster.yaml's
+own command, shared storage both nodes see, and a pretraining job and a sweep submitted with `ray job
+submit --working-dir`, whose Train workers must land one per node.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from xmodal import tracking
 from xmodal_testing import PYTHON, RAY, REPO, RayHead, free_port, kill_tree, wait_job
 
 CLUSTER_YAML = REPO / "cluster.yaml"
+ONPREM_YAML = REPO / "cluster.onprem.yaml"
 CLUSTER_DOC = REPO / "docs" / "cluster.md"  # how to run on the cluster, for a user
 VENV_BIN = Path(PYTHON).parent  # the environment scripts/setup.sh builds, as it does on every node
 COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
@@ -40,11 +44,31 @@ def cfg() -> dict:
     return yaml.safe_load(CLUSTER_YAML.read_text())
 
 
+# A node script a command runs; the scripts source lib.sh next to them.
+SCRIPT_REF = re.compile(r"~/xmodal/(scripts/cluster/[\w.-]+\.sh)")
+
+
+def with_scripts(cmds: list[str]) -> list[str]:
+    """The commands, then the text of every node script they run (and of lib.sh, which those source)."""
+    out, seen = list(cmds), set()
+    queue = [ref for c in cmds for ref in SCRIPT_REF.findall(c)]
+    while queue:
+        path = queue.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        assert (REPO / path).exists(), f"the cluster config runs {path}, which the repository does not have"
+        text = (REPO / path).read_text()
+        out.append(text)
+        queue += SCRIPT_REF.findall(text) + (["scripts/cluster/lib.sh"] if '/lib.sh"' in text else [])
+    return out
+
+
 def all_commands(cfg: dict) -> list[str]:
     cmds = [c for key in COMMAND_KEYS for c in cfg.get(key) or []]
-    for node_type in cfg["available_node_types"].values():
+    for node_type in (cfg.get("available_node_types") or {}).values():
         cmds += [c for key in ("initialization_commands", "worker_setup_commands") for c in node_type.get(key) or []]
-    return cmds
+    return with_scripts(cmds)
 
 
 def command_with(cfg: dict, key: str, needle: str) -> str:
@@ -130,7 +154,8 @@ def test_commands_name_files_entry_points_and_flags_that_exist(cfg):
     cmds = all_commands(cfg)
     text = "\n".join(cmds)
 
-    # Paths in the synced tree: ~/xmodal/X or $HOME/xmodal/X, and repo-relative paths after `cd ~/xmodal`.
+    # Paths in the synced tree: ~/xmodal/X or $HOME/xmodal/X, and repo-relative paths after `cd ~/xmodal`,
+    # in the config's commands and the node scripts they run.
     # .venv/... is what scripts/setup.sh builds on each node, as it built .venv here.
     named = set(re.findall(r"(?:~|\$HOME)/xmodal/([\w./-]+)", text))
     for cmd in cmds:
@@ -177,7 +202,7 @@ def test_nothing_listens_on_a_public_interface_and_every_node_uses_the_token(cfg
     heads = [a for a in invocations(cfg["head_start_ray_commands"], "ray", "start") if "--head" in a]
     assert len(heads) == 1
     assert option_value(heads[0], "--dashboard-host") == "127.0.0.1"
-    (mlflow,) = invocations(cfg["head_start_ray_commands"], "mlflow", "server")
+    (mlflow,) = invocations(with_scripts(cfg["head_start_ray_commands"]), "mlflow", "server")
     # MLflow: the head's private address (what the nodes use) and the loopback (the SSH tunnel's end).
     assert option_value(mlflow, "--host") == "$XMODAL_HEAD_IP"
     binds = [option_value(shlex.split(option_value(mlflow, "--gunicorn-opts")), "--bind")]
@@ -187,17 +212,20 @@ def test_nothing_listens_on_a_public_interface_and_every_node_uses_the_token(cfg
     for name, t in cfg["available_node_types"].items():
         assert "SecurityGroupIds" not in t["node_config"] and "NetworkInterfaces" not in t["node_config"], name
     # Token authentication: the token file reaches every node, and every node's environment turns it on
-    # (setup_commands run on all nodes).
+    # (setup_commands run on all nodes; the environment's RAY_AUTH_MODE: test_node_environment_written_by_setup).
     assert cfg["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
-    assert any("RAY_AUTH_MODE=token" in c for c in cfg["setup_commands"])
+    assert any("scripts/cluster/node_env.sh" in c for c in cfg["setup_commands"])
 
 
-def run_env_setup(cfg: dict, home: Path, **env: str) -> dict[str, str]:
-    """Run cluster.yaml's environment setup command in a stand-in HOME and return what a login shell on
-    that node sees after sourcing ~/.bashrc (which is what Ray's commands do)."""
-    script = command_with(cfg, "setup_commands", "xmodal.env")
+def run_env_setup(cfg: dict, home: Path, *args: str, **env: str) -> dict[str, str]:
+    """Run cluster.yaml's environment setup command in a stand-in HOME (its ~/xmodal: this repository,
+    unless there already), `args` appended, and return what a login shell on that node sees after
+    sourcing ~/.bashrc (which is what Ray's commands do)."""
+    script = command_with(cfg, "setup_commands", "node_env.sh")
+    if not (home / "xmodal").exists():
+        (home / "xmodal").symlink_to(REPO)
     base = {"HOME": str(home), "PATH": os.environ["PATH"], **env}
-    subprocess.run(["bash", "-c", script], env=base, check=True, timeout=60)
+    subprocess.run(["bash", "-c", " ".join([script, *map(shlex.quote, args)])], env=base, check=True, timeout=60)
     out = subprocess.run(["bash", "-c", "source ~/.bashrc >/dev/null 2>&1; env -0"], env={**base, "PS1": "$ "},
                          check=True, timeout=60, capture_output=True, text=True).stdout
     return dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
@@ -212,14 +240,146 @@ def test_node_environment_written_by_setup(cfg, tmp_path):
     assert worker["MLFLOW_TRACKING_URI"] == f"http://10.1.2.3:{worker['XMODAL_MLFLOW_PORT']}"
     assert worker["RAY_AUTH_MODE"] == "token"
     assert worker["PATH"].split(":")[0] == str(tmp_path / "w" / "xmodal" / ".venv" / "bin")
-    # Idempotent: `ray up` reruns setup; ~/.bashrc loads the environment once.
+    # Idempotent: `ray up` reruns setup; ~/.bashrc loads the environment first and last, once each.
     run_env_setup(cfg, tmp_path / "w", RAY_HEAD_IP="10.1.2.3")
-    assert sum("xmodal.env" in line for line in (tmp_path / "w" / ".bashrc").read_text().splitlines()) == 1
+    lines = (tmp_path / "w" / ".bashrc").read_text().splitlines()
+    assert [line for line in lines if "xmodal.env" in line] == [lines[0], lines[-1]] and lines[0] == lines[-1]
+    # A PATH that ~/.bashrc sets between the two (pyenv, conda) does not hide the project's environment.
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / ".bashrc").write_text('export PATH="/opt/conda/bin:$PATH"\n')
+    conda = run_env_setup(cfg, tmp_path / "c", RAY_HEAD_IP="10.1.2.3")
+    assert conda["PATH"].split(":")[0] == str(tmp_path / "c" / "xmodal" / ".venv" / "bin")
+    # Another environment (machines without internet): its bin first, the synced tree's code on PYTHONPATH.
+    venv = Path(PYTHON).parent.parent
+    other = run_env_setup(cfg, tmp_path / "w", f"--venv={venv}", RAY_HEAD_IP="10.1.2.3")
+    assert other["PATH"].split(":")[0] == str(venv / "bin")
+    assert other["PYTHONPATH"] == str(tmp_path / "w" / "xmodal" / "platform")
     # The head: no RAY_HEAD_IP, its own first address.
     (tmp_path / "h").mkdir()
     head = run_env_setup(cfg, tmp_path / "h")
     own = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
     assert head["XMODAL_HEAD_IP"] == own and head["MLFLOW_TRACKING_URI"].startswith(f"http://{own}:")
+
+
+# ---------------------------------------------------------------- cluster.onprem.yaml and the node scripts
+
+
+@pytest.fixture(scope="module")
+def onprem() -> dict:
+    return yaml.safe_load(ONPREM_YAML.read_text())
+
+
+def scripts_run(cmds: list[str]) -> list[list[str]]:
+    return [SCRIPT_REF.findall(c) for c in cmds]
+
+
+def test_onprem_config_validates_and_runs_the_same_node_scripts(cfg, onprem):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(copy.deepcopy(onprem)))
+    provider = onprem["provider"]
+    assert provider["type"] == "local" and provider["head_ip"] and provider["worker_ips"]
+    assert onprem["auth"]["ssh_user"] and onprem["auth"]["ssh_private_key"]
+    # The same scripts, in the same order, for setup and for starting each kind of node; both configs
+    # sync the same tree, token and exclusions.
+    for key in ("setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
+        assert scripts_run(onprem[key]) == scripts_run(cfg[key]), key
+        assert all(refs for refs in scripts_run(onprem[key])), f"{key}: every command runs a node script"
+    for key in ("file_mounts", "rsync_exclude", "rsync_filter"):
+        assert onprem[key] == cfg[key], key
+    # The same `ray start` flags; the head keeps no CPUs or GPUs for Ray (cluster.yaml's head node type
+    # says so with its resources instead).
+    def starts(c: dict, key: str) -> list[list[str]]:
+        return [sorted(flags_of(a)) for a in invocations(c[key], "ray", "start")]
+
+    assert starts(onprem, "worker_start_ray_commands") == starts(cfg, "worker_start_ray_commands")
+    (head,) = starts(onprem, "head_start_ray_commands")
+    assert head == sorted(starts(cfg, "head_start_ray_commands")[0] + ["--num-cpus", "--num-gpus"])
+    assert "--autoscaler-v1" in command_with(onprem, "head_start_ray_commands", "ray start")
+    # Only the head's loopback for the dashboard, as on AWS; every command's files and flags exist.
+    (head_args,) = [a for a in invocations(onprem["head_start_ray_commands"], "ray", "start") if "--head" in a]
+    assert option_value(head_args, "--dashboard-host") == "127.0.0.1"
+    assert "0.0.0.0" not in "\n".join(all_commands(onprem))
+
+
+def test_open_files_limit_is_raised_to_what_the_hard_limit_allows():
+    lib = REPO / "scripts" / "cluster" / "lib.sh"
+
+    def soft_after(hard: int, soft: int) -> int:
+        out = subprocess.run(["bash", "-c", f"set -e; ulimit -Sn {soft}; ulimit -Hn {hard}; . {shlex.quote(str(lib))}; "
+                              "xm_raise_open_files; ulimit -Sn"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout)
+
+    hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
+    top = 1 << 20 if hard == "unlimited" else int(hard)
+    assert soft_after(min(4096, top), 256) == min(4096, top)  # a hard limit under 65536: up to it, no error
+    if top >= 65536:
+        assert soft_after(top, 256) == 65536
+        assert soft_after(top, top) == top  # a higher soft limit is kept
+
+
+def stand_in_node(tmp_path: Path, programs: dict[str, str]) -> tuple[Path, dict[str, str]]:
+    """A HOME whose node environment (written by node_env.sh) puts stand-in programs first on PATH: each
+    appends its name and arguments (and, for `ray`, the soft open files limit) to calls.log."""
+    home = tmp_path / "home"
+    bin_dir = home / "xmodal" / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, body in programs.items():
+        (bin_dir / name).write_text(f'#!/usr/bin/env bash\necho "{name} $* (nofile $(ulimit -Sn))" >> '
+                                    f'{shlex.quote(str(home / "calls.log"))}\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    subprocess.run(["bash", str(REPO / "scripts" / "cluster" / "node_env.sh"), "--storage-path=/shared/runs",
+                    "--mlflow-artifacts=/shared/mlflow", "--head-ip=10.9.8.7"], env=env, check=True, timeout=60)
+    return home, env
+
+
+def test_start_ray_stops_first_and_the_onprem_head_refuses_autoscaler_v2(onprem, tmp_path):
+    home, env = stand_in_node(tmp_path, {"ray": "exit 0"})
+    head_cmd = command_with(onprem, "head_start_ray_commands", "ray start")
+    argv = shlex.split(head_cmd.replace("~/xmodal/", str(REPO) + "/"))
+    # What `ray up` runs with autoscaler v2 (its default): refused before anything is stopped.
+    refused = subprocess.run(argv, env={**env, "RAY_enable_autoscaler_v2": "1"}, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "RAY_UP_enable_autoscaler_v2=0 ray up" in refused.stderr, refused.stderr
+    assert not (home / "calls.log").exists()
+    started = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    stop, start = (home / "calls.log").read_text().splitlines()
+    assert stop.startswith("ray stop ")
+    assert start.startswith("ray start --node-ip-address=10.9.8.7 --head ") and "--num-cpus=0" in start
+    hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
+    assert f"(nofile {65536 if hard == 'unlimited' else min(65536, int(hard))})" in start
+
+
+def test_stop_cluster_stops_the_head_then_every_worker_over_ssh(tmp_path):
+    home, env = stand_in_node(tmp_path, {"ray": 'echo "Did not find any active Ray processes."', "ssh": "exit 0"})
+    # The head's copy of the config, as the launcher writes it (JSON), with the key it copied there.
+    (home / "ray_bootstrap_config.yaml").write_text(
+        '{"provider": {"type": "local", "head_ip": "10.9.8.7", "worker_ips": ["10.9.8.8", "10.9.8.9"]}, '
+        '"auth": {"ssh_user": "xm", "ssh_private_key": "~/ray_bootstrap_key.pem"}}')
+    out = subprocess.run(["bash", str(REPO / "scripts" / "cluster" / "stop_cluster.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    calls = (home / "calls.log").read_text().splitlines()
+    # The head (and its autoscaler) first, then a second `ray stop` that must find nothing left.
+    assert [c.split(" (")[0] for c in calls[:2]] == ["ray stop", "ray stop"], calls
+    ssh = sorted(c for c in calls if c.startswith("ssh "))
+    assert len(ssh) == 2 and len(calls) == 4, calls
+    for call, ip in zip(ssh, ("10.9.8.8", "10.9.8.9"), strict=True):
+        assert f"-i {home}/ray_bootstrap_key.pem" in call and f"xm@{ip} . ~/xmodal.env && ray stop && ray stop" in call
+    assert "10.9.8.8: no Ray process left" in out.stdout, out.stdout
+    # A worker that cannot be reached is named, and the exit status says so.
+    (home / "xmodal" / ".venv" / "bin" / "ssh").write_text('#!/usr/bin/env bash\necho "no route" >&2; exit 255\n')
+    out = subprocess.run(["bash", str(REPO / "scripts" / "cluster" / "stop_cluster.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Ray may still run on 10.9.8.8 10.9.8.9" in out.stderr, out.stderr
+    # Ray left on the head: said, and the workers are not tried.
+    (home / "xmodal" / ".venv" / "bin" / "ray").write_text('#!/usr/bin/env bash\necho "Stopped all 3 Ray processes."\n')
+    out = subprocess.run(["bash", str(REPO / "scripts" / "cluster" / "stop_cluster.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "still running on the head" in out.stderr, out.stderr
 
 
 def scale_out_docs() -> list[str]:
@@ -344,12 +504,10 @@ def rehearsal(cfg, tmp_path_factory):
     # server, started by cluster.yaml's own command (it waits until the server answers).
     home = tmp / "home"
     home.mkdir()
-    (home / "xmodal").symlink_to(REPO)
-    env = run_env_setup(cfg, home, RAY_HEAD_IP="127.0.0.2")
     shared, artifacts, port = tmp / "shared", tmp / "artifacts", free_port()
-    env.update(XMODAL_STORAGE_PATH=str(shared), XMODAL_MLFLOW_ARTIFACTS=str(artifacts),
-               XMODAL_MLFLOW_PORT=str(port))
-    mlflow_start = subprocess.Popen(["bash", "-c", command_with(cfg, "head_start_ray_commands", "mlflow server")],
+    env = run_env_setup(cfg, home, f"--storage-path={shared}", f"--mlflow-artifacts={artifacts}",
+                        f"--mlflow-port={port}", RAY_HEAD_IP="127.0.0.2")
+    mlflow_start = subprocess.Popen(["bash", "-c", command_with(cfg, "head_start_ray_commands", "start_mlflow.sh")],
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # The second node's own session folder: a short path, as Ray's socket paths live under it.
     node_temp = tempfile.mkdtemp(prefix="xr", dir="/tmp")

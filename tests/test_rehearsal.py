@@ -101,7 +101,7 @@ def test_each_host_has_its_own_address_and_name(hosts):
         assert found == sorted(["127.0.0.1/8", f"{address}/24"]), addrs
         # Its own PID namespace: the holder is PID 1 and the machine's processes are not seen.
         ps = hosts.run(name, ["ps", "-eo", "pid,args"]).stdout
-        assert ps.splitlines()[1].split()[:2] == ["1", "sleep"], ps
+        assert ps.splitlines()[1].split()[:3] == ["1", "sh", "-c"], ps
         assert str(os.getpid()) not in ps.split()
 
 
@@ -176,6 +176,59 @@ def test_a_host_reaches_nothing_outside(hosts):
     """))
     assert err[0] == errno.ENETUNREACH, f"expected 'network unreachable', got {errno.errorcode.get(err[0])}"
     assert err[1] < 1.0
+
+
+@needs_hosts
+def test_the_holder_reaps_orphans_as_an_init_does(hosts):
+    # A daemon's parent exits (as `ray start` does): the host's PID 1 adopts it, and reaps it once it
+    # exits, instead of leaving a zombie that `ray stop` would wait out as if alive.
+    hosts.run("worker1", ["sh", "-c", "sleep 0.3 > /dev/null 2>&1 &"])
+    deadline = time.monotonic() + 10
+    while True:
+        ps = hosts.run("worker1", ["ps", "-eo", "pid=,ppid=,stat=,args="]).stdout
+        if not [line for line in ps.splitlines() if "sleep 0.3" in line or line.split()[2].startswith("Z")]:
+            break
+        assert time.monotonic() < deadline, ps
+        time.sleep(0.2)
+
+
+SSHD_REASON = rehearsal.unavailable_reason(sshd=True)
+
+
+@pytest.mark.skipif(SSHD_REASON is not None, reason=f"host rehearsal with sshd unavailable: {SSHD_REASON}")
+def test_sshd_lets_root_log_into_every_host_on_its_bridge_address_only():
+    rehearsal.teardown_leftovers(PREFIX)
+    made = Hosts(2, PREFIX, sshd=True)
+    try:
+        made.create()
+        # From the machine, host key checked against the rehearsal's known_hosts.
+        out = subprocess.run([*made.ssh_argv("worker1"), "hostname"], capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout.strip()) == (0, "worker1"), out.stderr
+        # From the head, as the cluster launcher's head does: its ~/.ssh has the key and the hosts' keys.
+        for target in ("worker1", "10.231.0.2"):
+            out = made.run("head", ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", target,
+                                    "hostname"], timeout=60)
+            assert out.stdout.strip() == "worker1", out.stderr
+        for name, address in made.addresses.items():
+            listening = made.run(name, ["ss", "-ltnH"]).stdout.split("\n")
+            assert [line.split()[3] for line in listening if line.strip()] == [f"{address}:22"], listening
+        refused = py(made, "worker1", """
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", 22), timeout=3)
+                print("connected")
+            except ConnectionRefusedError:
+                print("refused")
+        """)
+        assert refused == "refused"
+        # No password logins, and the key is needed: without it the server turns root away.
+        out = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={made.known_hosts}",
+                              "-o", "IdentitiesOnly=yes", "-o", "IdentityFile=/dev/null", "root@10.231.0.2", "true"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 255 and "Permission denied (publickey)" in out.stderr, out.stderr
+    finally:
+        made.teardown()
+    nothing_left()
 
 
 @needs_hosts

@@ -16,10 +16,18 @@ address outside loopback and 10.231.0.0/24 fails at once with "network unreachab
 sent), no NAT and no forwarding are set up, and IPv6 is off on every interface made here. The bridge
 holds 10.231.0.254 so that the machine itself can reach the hosts.
 
-A host is kept alive by one holder process (PID 1 of the host's PID namespace, a `sleep`); killing it
-kills everything started in the host. Every namespace, link and folder is named with `prefix` (default
-"xm"), so that `teardown_leftovers` finds what a crashed run left, and `Hosts.attach` finds hosts made
-by another process (the command line's `up`, then `run`).
+With `sshd=True`, every host also runs an SSH server on its bridge address only (port 22; not on its
+loopback), as a machine reached by the Ray cluster launcher would. One key pair made for the rehearsal
+logs in as root on every host: root inside any host has it as ~/.ssh/id_ed25519 and the hosts' keys
+in ~/.ssh/known_hosts, and the machine has both under /run/PREFIX-rehearsal/ssh/ (`Hosts.ssh_key`,
+`Hosts.known_hosts`, `Hosts.ssh_argv`). Needs `sshd` (openssh-server) and `ssh-keygen`.
+
+A host is kept alive by one holder process (PID 1 of the host's PID namespace, a shell); killing it
+kills everything started in the host. Like a machine's init, it reaps the orphans it adopts (Ray's
+daemons, once `ray start` has returned): left as zombies, `ray stop` would wait them out as if alive.
+Every namespace, link and folder is named with `prefix` (default "xm"), so that `teardown_leftovers`
+finds what a crashed run left, and `Hosts.attach` finds hosts made by another process (the command
+line's `up`, then `run`).
 
 Standard library only, and no Ray: the caller decides what runs in the hosts.
 """
@@ -32,6 +40,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +54,9 @@ DEFAULT_PREFIX = "xm"
 MAX_HOSTS = 50  # keeps every name within the kernel's 15 characters with a 4-character prefix
 _COMMANDS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "mount": "util-linux",
              "sh": "a POSIX shell", "sleep": "coreutils", "stat": "coreutils"}
+_SSH_COMMANDS = {"ssh-keygen": "openssh-client", "ssh": "openssh-client"}
+SSH_PORT = 22
+_SSHD_DIR = "/run/rehearsal-sshd"  # inside each host (its own /run): the server's config, key, log
 _NAMESPACES = ("net", "pid", "mnt", "uts", "ipc")
 _HOLDER_MARK = "XMODAL_REHEARSAL_HOLDER"  # in each holder's environment (value: the prefix), to find it by
 _STARTUP_TIMEOUT_S = 15.0
@@ -55,7 +67,8 @@ _KILL_TIMEOUT_S = 10.0
 # shows on the machine. /tmp, /run and /dev/shm start empty. /root is an overlay: the machine's /root
 # read through (interpreters often live there, e.g. pyenv's), with the host's writes (~/.ray, caches)
 # kept in the host's /run. IPv6 goes off before any link comes up, so no host sends router solicitations
-# or multicast reports anywhere.
+# or multicast reports anywhere. Then the shell stays as PID 1: each `wait` reaps every child that exits
+# meanwhile, the adopted orphans too (a `sleep` as PID 1 would reap none).
 _HOLDER_SCRIPT = """set -e
 for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do
     if [ -e "$f" ]; then echo 1 > "$f"; fi
@@ -69,7 +82,8 @@ chmod "$(stat -c %a /root)" /run/.rehearsal-root/upper
 mount -t overlay overlay -o lowerdir=/root,upperdir=/run/.rehearsal-root/upper,workdir=/run/.rehearsal-root/work /root
 echo "$2" > /proc/sys/kernel/hostname
 echo ready
-exec sleep infinity
+set +e
+while :; do sleep 3600 & wait; done
 """
 
 
@@ -116,14 +130,28 @@ def _state_dir(prefix: str) -> Path:
     return Path("/run") / f"{prefix}-rehearsal"
 
 
-def missing() -> list[str]:
-    """What this machine lacks for the rehearsal, one line each; empty when it can run."""
+def sshd_path() -> str | None:
+    """The SSH server's program, by absolute path (sshd re-executes itself by it): on PATH or in the
+    sbin folders, which a non-root PATH often lacks."""
+    found = shutil.which("sshd")
+    if found is None:
+        found = next((p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd") if os.access(p, os.X_OK)),
+                     None)
+    return os.path.abspath(found) if found else None
+
+
+def missing(sshd: bool = False) -> list[str]:
+    """What this machine lacks for the rehearsal (with an SSH server per host if `sshd`), one line
+    each; empty when it can run."""
     found = []
     if not sys.platform.startswith("linux"):
         return [f"Linux (this is {sys.platform}): hosts are Linux namespaces"]
     if os.geteuid() != 0:
         found.append("root (it makes network namespaces, a bridge and mounts; run it with sudo)")
-    absent = [f"{command} ({package})" for command, package in _COMMANDS.items() if shutil.which(command) is None]
+    commands = {**_COMMANDS, **(_SSH_COMMANDS if sshd else {})}
+    absent = [f"{command} ({package})" for command, package in commands.items() if shutil.which(command) is None]
+    if sshd and sshd_path() is None:
+        absent.append("sshd (openssh-server; scripts/setup.sh installs it when run as root)")
     if absent:
         found.append(f"the command{'s' if len(absent) > 1 else ''} {', '.join(absent)} on PATH")
     lacking = [ns for ns in _NAMESPACES if not os.path.exists(f"/proc/self/ns/{ns}")]
@@ -132,10 +160,11 @@ def missing() -> list[str]:
     return found
 
 
-def unavailable_reason() -> str | None:
-    """Why the rehearsal cannot run here (None when it can), after trying to make the namespaces once:
-    a container may lack the capability even as root. Leaves nothing behind."""
-    lacking = missing()
+def unavailable_reason(sshd: bool = False) -> str | None:
+    """Why the rehearsal (with an SSH server per host if `sshd`) cannot run here (None when it can),
+    after trying to make the namespaces once: a container may lack the capability even as root. Leaves
+    nothing behind."""
+    lacking = missing(sshd)
     if lacking:
         return "the rehearsal needs " + "; ".join(lacking)
     probe = subprocess.run(["unshare", "--net", "--pid", "--mount", "--uts", "--ipc", "--fork", "true"],
@@ -146,8 +175,8 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def check_can_run() -> None:
-    reason = unavailable_reason()
+def check_can_run(sshd: bool = False) -> None:
+    reason = unavailable_reason(sshd)
     if reason:
         raise RehearsalError(reason)
 
@@ -186,7 +215,7 @@ def _netns_pids(netns: str) -> list[int]:
 
 
 def _is_holder(pid: int) -> bool:
-    """PID 1 of a PID namespace other than ours: the `sleep` a holder became (its `unshare` parent, and
+    """PID 1 of a PID namespace other than ours: the shell a holder runs as (its `unshare` parent, and
     processes joined with nsenter, have other pids in there)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -291,11 +320,13 @@ def teardown_leftovers(prefix: str = DEFAULT_PREFIX) -> list[str]:
 
 class Hosts:
     """`n` hosts, `head`, `worker1`, ...: made by `create()` (or entering `with`), removed by `teardown()`
-    (or leaving it). `run` and `popen` start commands inside a host."""
+    (or leaving it). `run` and `popen` start commands inside a host. `sshd`: every host runs an SSH
+    server on its bridge address, root logging in with the rehearsal's key (`ssh_argv`)."""
 
-    def __init__(self, n: int, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, n: int, prefix: str = DEFAULT_PREFIX, sshd: bool = False):
         self.prefix = _check_prefix(prefix)
         self.names = host_names(n)
+        self.sshd = sshd
         self.hosts: dict[str, Host] = {}
         self._holders: list[subprocess.Popen] = []
         self._started: list[subprocess.Popen] = []
@@ -308,6 +339,26 @@ class Hosts:
     def bridge(self) -> str:
         return _bridge_name(self.prefix)
 
+    @property
+    def ssh_key(self) -> Path:
+        """The private key that logs in as root on every host (on the machine; inside a host it is
+        ~/.ssh/id_ed25519)."""
+        return _state_dir(self.prefix) / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        """Every host's key, by name and address (on the machine; inside a host, in ~/.ssh/known_hosts)."""
+        return _state_dir(self.prefix) / "ssh" / "known_hosts"
+
+    def ssh_argv(self, name: str, user: str = "root") -> list[str]:
+        """`ssh` from the machine to host `name` (over the bridge, host key checked); append a command."""
+        if not self.sshd:
+            raise RehearsalError("these hosts run no SSH server: make them with sshd=True (`up --sshd`)")
+        address = self.addresses[self._host(name).name]
+        return ["ssh", "-i", str(self.ssh_key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                "-o", "ConnectTimeout=10", f"{user}@{address}"]
+
     @classmethod
     def attach(cls, prefix: str = DEFAULT_PREFIX) -> Hosts:
         """The hosts another process made with this prefix (read from the machine), to run commands in.
@@ -317,8 +368,9 @@ class Hosts:
         if not state.exists():
             raise RehearsalError(f"no rehearsal hosts with prefix {prefix!r} ({state} does not exist): "
                                  "make them first (`up`)")
-        names = json.loads(state.read_text())["hosts"]
-        hosts = cls(len(names), prefix)
+        saved = json.loads(state.read_text())
+        names = saved["hosts"]
+        hosts = cls(len(names), prefix, sshd=saved.get("sshd", False))
         for name, address in hosts.addresses.items():
             netns = _netns_name(prefix, name)
             holder = _holder_of(netns)
@@ -329,8 +381,9 @@ class Hosts:
         return hosts
 
     def create(self) -> Hosts:
-        """Make the bridge and every host. On any failure, removes whatever it made, then raises."""
-        check_can_run()
+        """Make the bridge and every host (and their SSH servers). On any failure, removes whatever it
+        made, then raises."""
+        check_can_run(self.sshd)
         there = leftovers(self.prefix)
         if there:
             raise RehearsalError(f"a rehearsal with prefix {self.prefix!r} is already there ({', '.join(there)}); "
@@ -359,7 +412,8 @@ class Hosts:
         state = _state_dir(self.prefix)
         state.mkdir(mode=0o755, parents=True)
         # Written first: `attach` and `teardown_leftovers` key on the folder, even after a partial create.
-        (state / "hosts.json").write_text(json.dumps({"hosts": self.names, "addresses": self.addresses}))
+        (state / "hosts.json").write_text(json.dumps({"hosts": self.names, "addresses": self.addresses,
+                                                      "sshd": self.sshd}))
         hosts_file = state / "hosts"
         hosts_file.write_text("127.0.0.1\tlocalhost\n"
                               + "".join(f"{addr}\t{name}\n" for name, addr in self.addresses.items()))
@@ -370,6 +424,8 @@ class Hosts:
         _sh(["ip", "link", "set", bridge, "up"], f"bringing the bridge {bridge} up")
         for name, address in self.addresses.items():
             self.hosts[name] = self._create_host(name, address, hosts_file)
+        if self.sshd:
+            self._start_sshds()
 
     def _create_host(self, name: str, address: str, hosts_file: Path) -> Host:
         netns, veth = _netns_name(self.prefix, name), _veth_name(self.prefix, name)
@@ -409,6 +465,88 @@ class Hosts:
         if holder is None:
             raise RehearsalError(f"host {name}: its holder said ready but no PID 1 is in {netns}")
         return holder
+
+    # --- SSH servers -----------------------------------------------------------------------------------
+
+    def _start_sshds(self) -> None:
+        """One key pair for root on every host, one host key per host, then one sshd per host, each
+        listening on its bridge address only. Returns once every server accepts connections."""
+        keys = self.ssh_key.parent
+        keys.mkdir(mode=0o700)
+        _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.prefix}-rehearsal root",
+             "-f", str(self.ssh_key)], "making the rehearsal's SSH key pair")
+        for name in self.names:
+            _sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.prefix}-rehearsal {name}",
+                 "-f", str(keys / f"{name}_host_key")], f"host {name}: making its SSH host key")
+        self.known_hosts.write_text("".join(
+            f"{name},{address} {' '.join((keys / f'{name}_host_key.pub').read_text().split()[:2])}\n"
+            for name, address in self.addresses.items()))
+        sshd = sshd_path()
+        servers = {name: self._start_sshd(name, sshd) for name in self.names}
+        for name, proc in servers.items():
+            self._wait_sshd(name, proc)
+
+    def _start_sshd(self, name: str, sshd: str) -> subprocess.Popen:
+        address = self.addresses[name]
+        keys = self.ssh_key.parent
+        config = "\n".join([
+            f"ListenAddress {address}:{SSH_PORT}",
+            f"HostKey {_SSHD_DIR}/host_key",
+            f"AuthorizedKeysFile {_SSHD_DIR}/authorized_keys",
+            f"PidFile {_SSHD_DIR}/sshd.pid",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            # No PAM: nothing of the machine's login configuration runs, and root's key is all it takes.
+            "UsePAM no",
+            "X11Forwarding no",
+            "PrintMotd no",
+            # The launcher multiplexes its commands and file syncs over one connection per host.
+            "MaxSessions 64",
+            "Subsystem sftp internal-sftp",
+        ]) + "\n"
+        files = {"XM_CONFIG": config,
+                 "XM_HOST_KEY": (keys / f"{name}_host_key").read_text(),
+                 "XM_AUTHORIZED": self.ssh_key.with_suffix(".pub").read_text(),
+                 "XM_CLIENT_KEY": self.ssh_key.read_text(),
+                 "XM_CLIENT_PUB": self.ssh_key.with_suffix(".pub").read_text(),
+                 "XM_KNOWN_HOSTS": self.known_hosts.read_text()}
+        # Written inside the host: its /run and /root are its own, so the files go with it. /run/sshd is
+        # the server's privilege separation folder (Debian's sshd refuses to start without it).
+        self.run(name, ["sh", "-c", f"""set -e
+umask 077
+mkdir -p /run/sshd {_SSHD_DIR} /root/.ssh
+chmod 755 /run/sshd
+printf %s "$XM_CONFIG" > {_SSHD_DIR}/sshd_config
+printf %s "$XM_HOST_KEY" > {_SSHD_DIR}/host_key
+printf %s "$XM_AUTHORIZED" > {_SSHD_DIR}/authorized_keys
+printf %s "$XM_CLIENT_KEY" > /root/.ssh/id_ed25519
+printf %s "$XM_CLIENT_PUB" > /root/.ssh/id_ed25519.pub
+printf %s "$XM_KNOWN_HOSTS" >> /root/.ssh/known_hosts
+"""], env=files, timeout=30)
+        self.run(name, [sshd, "-t", "-f", f"{_SSHD_DIR}/sshd_config"], timeout=30)
+        log = _state_dir(self.prefix) / f"{name}.sshd.log"
+        with open(log, "w") as out:
+            # -D: stays in the foreground (dies with the host); -e: its log to the file above.
+            return self.popen(name, [sshd, "-D", "-e", "-f", f"{_SSHD_DIR}/sshd_config"], stdout=out,
+                              stderr=subprocess.STDOUT)
+
+    def _wait_sshd(self, name: str, proc: subprocess.Popen) -> None:
+        address = self.addresses[name]
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection((address, SSH_PORT), timeout=1).close()
+                return
+            except OSError as e:
+                log = _state_dir(self.prefix) / f"{name}.sshd.log"
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    said = log.read_text().strip() if log.exists() else ""
+                    raise RehearsalError(f"host {name}: its sshd does not accept connections on {address}:"
+                                         f"{SSH_PORT} ({'exited ' + str(proc.returncode) if proc.poll() is not None else e}): "
+                                         f"{said or 'no output'}") from e
+                time.sleep(0.05)
 
     # --- inside a host ---------------------------------------------------------------------------------
 

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The environment of every process on this node: writes ~/xmodal.env and loads it from ~/.bashrc. The
+# cluster launcher's commands source ~/.bashrc, so `ray start`, and every job, Train worker and trial
+# it starts, inherit it. The first setup command of cluster.yaml and cluster.onprem.yaml; every
+# `ray up` runs it again and the file is rewritten from the arguments alone (never from the variables
+# an earlier ~/xmodal.env left in this shell).
+#
+#   bash ~/xmodal/scripts/cluster/node_env.sh --storage-path=URI --mlflow-artifacts=URI [options]
+#
+#   --storage-path=URI       XMODAL_STORAGE_PATH: checkpoints, Ray Train and Tune state. s3://..., or a
+#                            folder every node mounts at the same path (NFS)
+#   --mlflow-artifacts=URI   where the head's MLflow server keeps artifacts: s3://..., or a folder on the head
+#   --stores=URI             XMODAL_STORES: feature stores that setup_node.sh copies to ~/stores:
+#                            s3://..., or a folder on each node; empty (the default): none
+#   --mlflow-backend=URI     the MLflow database (default sqlite:///$HOME/mlflow/mlflow.db, on the head)
+#   --mlflow-port=N          the MLflow server's port on the head (default 5000)
+#   --head-ip=IP             the head's address. Default: RAY_HEAD_IP, which the launcher gives the
+#                            workers' commands; on the head, head_ip of a local provider's config, else
+#                            the head's first address (`hostname -I`)
+#   --venv=DIR               an existing environment with the project's dependencies (prepared machines,
+#                            no internet): used instead of building ~/xmodal/.venv, and the synced
+#                            tree's platform/ goes on PYTHONPATH so that its code is the one that runs
+#   --export=NAME=VALUE      one more variable, e.g. AWS_ENDPOINT_URL for an S3-compatible store (repeatable)
+set -euo pipefail
+
+usage() { sed -n '8,23p' "$0" | cut -c3- >&2; exit 2; }
+
+storage= artifacts= stores= backend= port=5000 head_ip= venv=
+extra=()
+for arg in "$@"; do
+    case "$arg" in
+        --storage-path=*) storage=${arg#*=} ;;
+        --mlflow-artifacts=*) artifacts=${arg#*=} ;;
+        --stores=*) stores=${arg#*=} ;;
+        --mlflow-backend=*) backend=${arg#*=} ;;
+        --mlflow-port=*) port=${arg#*=} ;;
+        --head-ip=*) head_ip=${arg#*=} ;;
+        --venv=*) venv=${arg#*=} ;;
+        --export=*=*) extra+=("${arg#--export=}") ;;
+        *) echo "node_env.sh: unknown argument ${arg@Q}" >&2; usage ;;
+    esac
+done
+if [ -z "$storage" ] || [ -z "$artifacts" ]; then
+    echo "node_env.sh: --storage-path and --mlflow-artifacts are required" >&2
+    usage
+fi
+# On the head, the launcher has synced its copy of the config (JSON) before the setup commands run.
+bootstrap_head_ip() {
+    python3 - "$HOME/ray_bootstrap_config.yaml" <<'PY' 2>/dev/null
+import json, socket, sys
+provider = json.load(open(sys.argv[1]))["provider"]
+if provider.get("type") == "local" and provider.get("head_ip"):
+    print(socket.gethostbyname(provider["head_ip"]))
+PY
+}
+head_ip=${head_ip:-${RAY_HEAD_IP:-$(bootstrap_head_ip || true)}}
+head_ip=${head_ip:-$(hostname -I | awk '{print $1}')}
+backend=${backend:-sqlite:///$HOME/mlflow/mlflow.db}
+if [ -n "$venv" ] && [ ! -x "$venv/bin/python" ]; then
+    echo "node_env.sh: --venv=$venv: no $venv/bin/python on $(hostname)" >&2
+    exit 1
+fi
+
+var() { printf 'export %s=%q\n' "$1" "$2"; }
+{
+    echo "# Written by scripts/cluster/node_env.sh at every \`ray up\`; edits here do not last."
+    var XMODAL_STORAGE_PATH "$storage"
+    var XMODAL_MLFLOW_ARTIFACTS "$artifacts"
+    var XMODAL_STORES "$stores"
+    var XMODAL_MLFLOW_BACKEND "$backend"
+    var XMODAL_HEAD_IP "$head_ip"
+    var XMODAL_MLFLOW_PORT "$port"
+    var MLFLOW_TRACKING_URI "http://$head_ip:$port"
+    var RAY_AUTH_MODE token
+    if [ -n "$venv" ]; then
+        var XMODAL_VENV "$venv"
+        var PYTHONPATH "$HOME/xmodal/platform"
+        echo "export PATH=$(printf %q "$venv/bin"):\$PATH"
+    else
+        echo "export PATH=$(printf %q "$HOME/xmodal/.venv/bin"):\$PATH"
+    fi
+    for kv in "${extra[@]}"; do
+        var "${kv%%=*}" "${kv#*=}"
+    done
+} > "$HOME/xmodal.env.new"
+mv "$HOME/xmodal.env.new" "$HOME/xmodal.env"
+
+# Loaded first in ~/.bashrc, because Ubuntu's returns early for non-interactive shells, and again last,
+# so that a PATH set in between (pyenv, conda) does not hide the project's `ray` and `python`.
+hook='[ -f ~/xmodal.env ] && . ~/xmodal.env  # xmodal: the node environment'
+touch "$HOME/.bashrc"
+if [ "$(grep -cxF "$hook" "$HOME/.bashrc")" != 2 ] || [ "$(head -n 1 "$HOME/.bashrc")" != "$hook" ] \
+        || [ "$(tail -n 1 "$HOME/.bashrc")" != "$hook" ]; then
+    # Also replaces the one-line hook that earlier versions wrote first.
+    { echo "$hook"; grep -vF "xmodal.env" "$HOME/.bashrc" || true; echo "$hook"; } > "$HOME/.bashrc.new"
+    mv "$HOME/.bashrc.new" "$HOME/.bashrc"
+fi

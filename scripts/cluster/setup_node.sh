@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs the project on this node and fetches the feature stores: the second setup command of
+# cluster.yaml and cluster.onprem.yaml, after node_env.sh. Idempotent; every `ray up` runs it again.
+#
+#   bash ~/xmodal/scripts/cluster/setup_node.sh [--no-synthetic-store]
+#
+# 1. The project: scripts/setup.sh builds ~/xmodal/.venv (the head starts Ray from it, so a job's
+#    `python` is this one). With --venv given to node_env.sh, that environment is used as it is and
+#    nothing is installed.
+# 2. Feature stores at the same path on every node (Ray Data reads them wherever its tasks run):
+#    everything under XMODAL_STORES is copied to ~/stores, and the embedded synthetic store is built
+#    as ~/stores/synthetic_lxmert for a first run (--no-synthetic-store: not built).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+xm_load_env
+
+synthetic=1
+for arg in "$@"; do
+    case "$arg" in
+        --no-synthetic-store) synthetic=0 ;;
+        *) echo "setup_node.sh: unknown argument ${arg@Q}; expected --no-synthetic-store" >&2; exit 2 ;;
+    esac
+done
+
+cd "$HOME/xmodal"
+if [ -z "${XMODAL_VENV:-}" ]; then
+    # python3-venv is missing from some Ubuntu images; apt waits for the boot-time upgrades' lock.
+    # (Elsewhere `python3 -m venv` in scripts/setup.sh says what is missing.)
+    if command -v dpkg >/dev/null && command -v apt-get >/dev/null && ! dpkg -s python3-venv >/dev/null 2>&1; then
+        root=(sudo)
+        [ "$(id -u)" = 0 ] && root=()  # a root login (own machines) may have no sudo
+        "${root[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq
+        "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv
+    fi
+    bash "$HOME/xmodal/scripts/setup.sh"
+elif ! python -c "import ray, torch, mlflow" 2>/dev/null; then
+    echo "setup_node.sh: the environment $XMODAL_VENV (node_env.sh --venv) on $(hostname) lacks ray, torch" \
+         "or mlflow: install the project's dependencies into it (pip install -e '.[test]')" >&2
+    exit 1
+fi
+
+mkdir -p "$HOME/stores"
+case "${XMODAL_STORES:-}" in
+    "") ;;
+    s3://*)
+        command -v aws >/dev/null || python -m pip install -q awscli
+        aws s3 sync "$XMODAL_STORES" "$HOME/stores" --only-show-errors
+        ;;
+    *)
+        if [ ! -d "$XMODAL_STORES" ]; then
+            echo "setup_node.sh: XMODAL_STORES=$XMODAL_STORES is not a folder on $(hostname)" >&2
+            exit 1
+        fi
+        rsync -a "$XMODAL_STORES"/ "$HOME/stores"/
+        ;;
+esac
+if [ "$synthetic" = 1 ] && [ ! -f "$HOME/stores/synthetic_lxmert/manifest.json" ]; then
+    python "$HOME/xmodal/jobs/ingest.py" synthetic "$HOME/stores/synthetic_lxmert"
+fi
