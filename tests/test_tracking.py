@@ -312,3 +312,25 @@ def test_experiments_open_in_the_training_view_and_datasets_are_logged_once(tmp_
     assert json.loads(local.profile) == {"rows": {"train": 10}, "dims": {"feat_dim": 16}}
     remote = next(d.dataset for d in inputs if d.dataset.name == "remote")
     assert (remote.source_type, json.loads(remote.source)) == ("s3", {"uri": "s3://bucket/store"})
+
+
+def test_a_sqlite_experiment_keeps_its_artifacts_beside_the_database(tmp_path, monkeypatch):
+    """Not in ./mlruns of whatever folder the job was started from (MLflow's default)."""
+    from mlflow import MlflowClient
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    db = tmp_path / "tracking" / "mlflow.db"
+    db.parent.mkdir()
+    uri = f"sqlite:///{db}"
+    exp = tracking.ensure_experiment(uri, "layers / ablation")
+    run_id = tracking.create_run(uri, exp, "r", {}, {})
+    note = tmp_path / "note.txt"
+    note.write_text("hello")
+    tracking.log_artifact(uri, run_id, note)
+    location = MlflowClient(uri).get_experiment(exp).artifact_location
+    assert location.startswith((db.parent / "mlruns").as_uri() + "/layers_ablation-"), location
+    assert [p.name for p in (db.parent / "mlruns").rglob("note.txt")] == ["note.txt"]
+    assert list(elsewhere.iterdir()) == []
+    assert tracking.artifact_location("http://127.0.0.1:5000", "x") is None

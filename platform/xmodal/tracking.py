@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -195,6 +196,18 @@ def _first_contact(uri: str):
         return client
 
 
+def artifact_location(uri: str, name: str) -> str | None:
+    """Where a new experiment of a SQLite database keeps its artifacts: `mlruns/` beside the database
+    file, one folder per experiment name, whatever the job's working directory (MLflow's own default
+    is `./mlruns` of the process that creates the experiment, so a job started elsewhere scattered
+    them). None (the server's or MLflow's default) for every other tracking URI."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(os.path.realpath(uri[len("sqlite:///"):].split("?", 1)[0]))
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
+    return (db.parent / "mlruns" / f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}").as_uri()
+
+
 def ensure_experiment(uri: str, name: str) -> str:
     """The experiment's id (created if new), marked as a model-training experiment unless it is
     marked otherwise: MLflow 3's UI then opens the training view (runs, charts), not the GenAI one."""
@@ -204,7 +217,8 @@ def ensure_experiment(uri: str, name: str) -> str:
         exp = c.get_experiment_by_name(name)
         if exp is None:
             try:
-                return c.create_experiment(name, tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT})
+                return c.create_experiment(name, artifact_location=artifact_location(uri, name),
+                                           tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT})
             except Exception:  # created concurrently by another driver
                 exp = c.get_experiment_by_name(name)
                 if exp is None:
