@@ -139,12 +139,16 @@ def test_a_bad_manifest_on_s3_names_the_field(s3, small_store: LxmertStore):
         open_store(uri)
 
 
-def test_writers_and_derived_data_refuse_a_uri(tmp_path, monkeypatch):
+def test_writers_and_derived_data_refuse_a_uri(tmp_path, monkeypatch, capsys):
     """Taken for a local path, s3://b/k would be the folder ./s3:/b/k: nothing is made here."""
     from xmodal.data.lxmert.store import StoreWriter
     from xmodal.data.lxmert.synthetic import ensure_synthetic_store
+    from xmodal.ingest_cli import main as ingest_main
 
     monkeypatch.chdir(tmp_path)
+    for source, *options in (("synthetic", "--no-progress"), ("mult-synthetic", "--num-samples", "10")):
+        assert ingest_main([source, f"s3://{S3_BUCKET}/out/{source}", *options]) == 2
+        assert f"s3://{S3_BUCKET}/out/{source}: stores and sets are written to a local folder" in capsys.readouterr().err
     target = f"s3://{S3_BUCKET}/out/store"
     with pytest.raises(StoreError, match=f"{target}: stores and sets are written to a local folder"):
         StoreWriter(target, num_objects=4, feat_dim=8, max_seq_len=8)
