@@ -8,12 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from xmodal_testing import S3, free_port, s3_environment
+
 # Ray Train V2's controller polls its workers every 2 s by default: a run's end, and a worker's death,
 # are seen only at the next poll. Every test Ray (the shared one, and those of jobs started as
 # subprocesses, which inherit this environment) polls 10 times as often. A worker's `ray.train.report`
 # also waits for that poll when the previous report is still queued (the queue holds one): with an
 # evaluation every few steps, most of a tiny run's time was spent there.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
+# S3 for the tests is a moto server on 127.0.0.1 (the `s3` fixture starts it on first use) at a port
+# chosen now: the AWS_* variables are set before any Ray starts, so the shared Ray's workers (and
+# jobs run as subprocesses) read s3:// stores from it as a cluster's nodes read theirs, through the
+# environment. Set, not defaulted: a test never reaches a real S3 of the user's.
+S3_PORT = free_port()
+os.environ.update(s3_environment(S3_PORT))
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +39,16 @@ def ray_local():
              object_store_memory=1_000_000_000)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """The tests' S3 (`xmodal_testing.S3`): one moto server for the session, one bucket."""
+    pytest.importorskip("moto")
+    pytest.importorskip("boto3")
+    server = S3(S3_PORT).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -217,3 +217,66 @@ class MlflowServer:
         from xmodal import tracking
 
         assert not tracking.reachable(self.uri)
+
+
+# ---------------------------------------------------------------- S3: a moto server
+
+S3_BUCKET = "xmodal-test"
+
+
+def s3_environment(port: int) -> dict[str, str]:
+    """The AWS_* variables that point pyarrow, boto3 and Ray's workers at the moto server on `port`
+    (scripts/cluster/node_env.sh writes the same variables for a cluster's real endpoint)."""
+    return {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+class S3:
+    """A moto S3 server on 127.0.0.1 with one bucket (`S3_BUCKET`), reached through the AWS_*
+    variables of this process (`s3_environment`)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> S3:
+        self.proc = subprocess.Popen([str(Path(PYTHON).parent / "moto_server"), "-H", "127.0.0.1", "-p",
+                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start on port {self.port}") from None
+                time.sleep(0.1)
+        self.client().create_bucket(Bucket=S3_BUCKET)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+            self.proc = None
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{self.port}")
+
+    def upload(self, folder: Path, prefix: str) -> str:
+        """Every file under `folder` to `s3://S3_BUCKET/prefix/...`; returns that URI."""
+        client = self.client()
+        for f in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            client.upload_file(str(f), S3_BUCKET, f"{prefix}/{f.relative_to(folder).as_posix()}")
+        return f"s3://{S3_BUCKET}/{prefix}"
+
+    def put(self, key: str, body: bytes) -> None:
+        self.client().put_object(Bucket=S3_BUCKET, Key=key, Body=body)
+
+    def get(self, key: str) -> bytes:
+        return self.client().get_object(Bucket=S3_BUCKET, Key=key)["Body"].read()
+
+    def delete(self, key: str) -> None:
+        self.client().delete_object(Bucket=S3_BUCKET, Key=key)

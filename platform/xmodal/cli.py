@@ -64,7 +64,7 @@ def dispatch(prog: str, doc: str | None, table: dict[str, tuple[str, str]], argv
 
 # flag -> dotted config key: the options every training job takes (docs/configuration.md)
 JOB_FLAGS: dict[str, tuple[str, str]] = {
-    "store": ("data.store", "feature store directory (default: the embedded synthetic store)"),
+    "store": ("data.store", "feature store: a directory or s3://... (default: the embedded synthetic store)"),
     "num_workers": ("scale.num_workers", "Ray Train workers"),
     "gpus_per_worker": ("scale.gpus_per_worker", "GPUs per worker (0 = CPU)"),
     "storage_path": ("scale.storage_path", "checkpoints: a local path, s3://... or a shared mount"),

@@ -10,8 +10,9 @@
 #   --storage-path=URI       XMODAL_STORAGE_PATH: checkpoints, Ray Train and Tune state. s3://..., or a
 #                            folder every node mounts at the same path (NFS)
 #   --mlflow-artifacts=URI   where the head's MLflow server keeps artifacts: s3://..., or a folder on the head
-#   --stores=URI             XMODAL_STORES: feature stores that setup_node.sh copies to ~/stores:
-#                            s3://..., or a folder on each node; empty (the default): none
+#   --stores=URI             XMODAL_STORES: where the feature stores are. s3://...: read there by URI
+#                            (the AWS_* variables below reach them); a folder on each node: copied to
+#                            ~/stores by setup_node.sh; empty (the default): none
 #   --mlflow-backend=URI     the MLflow database (default sqlite:///$HOME/mlflow/mlflow.db, on the head)
 #   --mlflow-port=N          the MLflow server's port on the head (default 5000)
 #   --head-ip=IP             the head's address. Default: RAY_HEAD_IP, which the launcher gives the
@@ -20,10 +21,13 @@
 #   --venv=DIR               an existing environment with the project's dependencies (prepared machines,
 #                            no internet): used instead of building ~/xmodal/.venv, and the synced
 #                            tree's platform/ goes on PYTHONPATH so that its code is the one that runs
-#   --export=NAME=VALUE      one more variable, e.g. AWS_ENDPOINT_URL for an S3-compatible store (repeatable)
+#   --export=NAME=VALUE      one more variable (repeatable), e.g. AWS_ENDPOINT_URL for an S3-compatible
+#                            store, AWS_DEFAULT_REGION, or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+#                            where no instance profile gives credentials: checkpoints and stores on S3
+#                            are read and written with them by every job, worker and Ray Data task
 set -euo pipefail
 
-usage() { sed -n '8,23p' "$0" | cut -c3- >&2; exit 2; }
+usage() { sed -n '8,27p' "$0" | cut -c3- >&2; exit 2; }
 
 storage= artifacts= stores= backend= port=5000 head_ip= venv=
 extra=()

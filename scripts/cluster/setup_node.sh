@@ -7,9 +7,12 @@
 # 1. The project: scripts/setup.sh builds ~/xmodal/.venv (the head starts Ray from it, so a job's
 #    `python` is this one). With --venv given to node_env.sh, that environment is used as it is and
 #    nothing is installed.
-# 2. Feature stores at the same path on every node (Ray Data reads them wherever its tasks run):
-#    everything under XMODAL_STORES is copied to ~/stores, and the embedded synthetic store is built
-#    as ~/stores/synthetic_lxmert for a first run (--no-synthetic-store: not built).
+# 2. Feature stores. On S3 (XMODAL_STORES=s3://...) they stay there and nothing is copied: jobs name
+#    a store by its URI (--store s3://.../stores/lxmert) and Ray Data's tasks read its row groups from
+#    S3 on whichever node they run, with the node's AWS_* environment (node_env.sh). A folder of stores
+#    on each machine (own machines) is copied to ~/stores, so that every store has the same path on
+#    every node. The embedded synthetic store is built as ~/stores/synthetic_lxmert for a first run
+#    (--no-synthetic-store: not built): it is derived data, which lives on a local disk.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -43,11 +46,7 @@ fi
 
 mkdir -p "$HOME/stores"
 case "${XMODAL_STORES:-}" in
-    "") ;;
-    s3://*)
-        command -v aws >/dev/null || python -m pip install -q awscli
-        aws s3 sync "$XMODAL_STORES" "$HOME/stores" --only-show-errors
-        ;;
+    "" | *://*) ;;  # none, or on S3 (any URI): read where they are
     *)
         if [ ! -d "$XMODAL_STORES" ]; then
             echo "setup_node.sh: XMODAL_STORES=$XMODAL_STORES is not a folder on $(hostname)" >&2

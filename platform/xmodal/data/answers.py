@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from xmodal.data.jsonfile import read_json_file
 from xmodal.errors import UserError
@@ -112,14 +113,18 @@ class AnswerTable:
         return p
 
     @classmethod
-    def load(cls, directory: str | Path) -> AnswerTable:
-        p = Path(directory) / cls.FILE
+    def load(cls, directory: str | Path | Any) -> AnswerTable:
+        """From a store folder: a local path, or a store's `data.common.Location` (anything with `/`
+        and `read_text`: a remote store's file is read through its file system)."""
+        p = (Path(directory) if isinstance(directory, str) else directory) / cls.FILE
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
             raise AnswerError(f"{p}: the store has no answer table") from None
         except json.JSONDecodeError as e:
             raise AnswerError(f"{p}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise AnswerError(f"{p}: cannot be read ({type(e).__name__}: {e})") from None
         if not isinstance(data, list) or not all(isinstance(a, str) for a in data):
             raise AnswerError(f"{p}: expected a JSON list of answer strings")
         return cls(data)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from xmodal.errors import UserError
+
+if TYPE_CHECKING:
+    from xmodal.data.common import Location
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 VOCAB_FILE = "vocab.txt"
@@ -70,8 +74,9 @@ class WordPieceTokenizer:
         return tok
 
     @classmethod
-    def from_vocab(cls, vocab_file: str | Path, max_seq_len: int) -> WordPieceTokenizer:
-        p = Path(vocab_file)
+    def from_vocab(cls, vocab_file: str | Path | Location, max_seq_len: int) -> WordPieceTokenizer:
+        """From a vocab.txt: a local path, or a store's `Location` (read through its file system)."""
+        p = Path(vocab_file) if isinstance(vocab_file, str) else vocab_file
         if not p.is_file():
             raise TokenizerError(f"{p}: vocabulary file does not exist")
         try:

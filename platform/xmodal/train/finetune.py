@@ -77,7 +77,7 @@ class FinetuneJob(JobSpec):
         init, pretrained = path_init or self.resolve_start(cfg, data, inputs.tracking_uri, inputs.download_dir)
         cfg = with_data_dims(cfg, data, pretrained)
         m, store = data.manifest, data.store.manifest
-        dataset = {"name": f"{cfg.task} ({Path(data.path).name})", "rows": dict(m.splits),
+        dataset = {"name": f"{cfg.task} ({data.path.name})", "rows": dict(m.splits),
                    "dims": {"feat_dim": store.feat_dim, "num_objects": store.num_objects,
                             "vocab_size": store.vocab_size, "max_seq_len": m.max_seq_len,
                             "num_answers": m.num_answers}}

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import nn
 
 from xmodal.config import ConfigError
-from xmodal.data.common import epoch_samples
+from xmodal.data.common import epoch_samples, locate
 
 if TYPE_CHECKING:  # the worker module imports this one; its Worker only annotates the hooks here
     from xmodal.train.worker import Worker
@@ -176,18 +176,21 @@ def default_run_name(spec: JobSpec, cfg) -> str:
 
 
 def open_configured(inputs: Inputs, configured: str | None, embedded: Callable[[], Any],
-                    open_data: Callable[[Path], Any], build_hint: str) -> Any:
+                    open_data: Callable[[Any], Any], build_hint: str) -> Any:
     """The data already open (`inputs.data`), or `data.store` opened, or with it unset the job's
     embedded default (built on first use, after `inputs.before_build`); a path that does not exist
-    is an error saying how to build one (`build_hint`, a command line)."""
+    is an error saying how to build one (`build_hint`, a command line). `data.store` is a local path
+    or a URI (`s3://bucket/prefix/store`: read where it is, `data.common.Location`)."""
     if inputs.data is not None:
         return inputs.data
     if configured is None:
         inputs.before_build()
         return embedded()
-    path = Path(configured).expanduser().resolve()
+    path = locate(configured)
     if not path.exists():
-        raise ConfigError(f"data.store: {str(path)!r} does not exist; build it with `{build_hint.format(path=path)}` "
+        build = (f"`{build_hint.format(path=path.name)}` and upload it to {path}" if path.remote
+                 else f"`{build_hint.format(path=path)}`")
+        raise ConfigError(f"data.store: {str(path)!r} does not exist; build it with {build} "
                           "or leave data.store unset for the embedded synthetic data")
     return open_data(path)
 

@@ -50,7 +50,7 @@ class MultJob(JobSpec):
             open_store, "python jobs/ingest.py mult|mult-synthetic {path}")
         cfg = with_store_dims(cfg, store)
         m = store.manifest
-        dataset = {"name": f"{m.dataset} ({Path(store.path).name})", "rows": dict(m.rows),
+        dataset = {"name": f"{m.dataset} ({store.path.name})", "rows": dict(m.rows),
                    "dims": {**m.dims, **{f"max_len_{k}": v for k, v in m.max_len.items()}}}
         # The F1 protocol beside the metrics, to compare with published tables (docs/papers.md).
         tags = {run_tags.MODEL: "mult", run_tags.VARIANT: cfg.model.variant, run_tags.TASK: store.task,

@@ -108,7 +108,7 @@ def dataset_record(store) -> dict[str, Any]:
     dims = {"feat_dim": m.feat_dim, "num_objects": m.num_objects, "vocab_size": m.vocab_size,
             "max_seq_len": m.max_seq_len, "num_object_labels": m.num_object_labels,
             "num_attr_labels": m.num_attr_labels, "num_answers": m.num_answers}
-    return {"name": Path(store.path).name, "rows": rows, "dims": dims}
+    return {"name": store.path.name, "rows": rows, "dims": dims}
 
 
 def batch_builder(cfg: PretrainConfig, store):

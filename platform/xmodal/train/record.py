@@ -46,8 +46,11 @@ def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
 
 
 def manifest_digest(data_path: str) -> str:
-    """The data's fingerprint: the first 16 hex digits of its manifest's sha256 ("-" without one)."""
-    manifest = Path(data_path) / "manifest.json"
+    """The data's fingerprint: the first 16 hex digits of its manifest's sha256 ("-" without one);
+    `data_path` is a local path or a URI (`data.common.locate`)."""
+    from xmodal.data.common import locate
+
+    manifest = locate(data_path) / "manifest.json"
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"
 
 

@@ -52,13 +52,18 @@ import pydantic
 
 from xmodal.data.answers import AnswerError, AnswerTable
 from xmodal.data.common import (
+    Location,
     Manifest,
     StoreError,
     check_target,
     discard_partial,
+    local_target,
+    locate,
     missing_parents,
     open_listed_parquet,
+    open_parquet,
     publish_dir,
+    store_path,
     temp_dir_beside,
 )
 from xmodal.data.lxmert.features import FeatureStore, ImageStore, open_image_store
@@ -294,7 +299,7 @@ class FinetuneData:
     up, in order (default: `store` alone). Pickles as (path, manifest, stores, answers): caches are
     rebuilt where it is unpickled."""
 
-    def __init__(self, path: Path, manifest: FinetuneManifest, store: LxmertStore, answers: AnswerTable | None,
+    def __init__(self, path: Path | Location, manifest: FinetuneManifest, store: LxmertStore, answers: AnswerTable | None,
                  image_stores: list[ImageStore] | None = None):
         self.path = path
         self.manifest = manifest
@@ -341,7 +346,7 @@ class FinetuneData:
         if name not in self._splits:
             p = self.path / f"{name}.parquet"
             try:
-                table = pq.read_table(p)
+                table = open_parquet(p).read()
             except (OSError, pa.ArrowException) as e:
                 raise FinetuneError(f"{p}: cannot read ({type(e).__name__}: {e}); re-create the set") from None
             sp = table_to_split(table, self.task)
@@ -430,7 +435,7 @@ def _read_images(stores: list[ImageStore], index: Mapping[str, tuple[int, str, i
         store = stores[i]
         rows = np.array([r for r, _ in wanted], np.int64)
         pos = np.array([p for _, p in wanted], np.int64)
-        md = pq.ParquetFile(store.path / file).metadata
+        md = open_parquet(store.path / file).metadata
         sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         group = np.searchsorted(starts, rows, side="right") - 1  # row group of each wanted row
@@ -444,11 +449,12 @@ def _read_images(stores: list[ImageStore], index: Mapping[str, tuple[int, str, i
     return feats, boxes, nbox
 
 
-def open_finetune(path: str | Path, store: str | Path | None = None) -> FinetuneData:
+def open_finetune(path: str | Path | Location, store: str | Path | Location | None = None) -> FinetuneData:
     """Open a fine-tuning set and check it: manifest, split files (schema, row counts), answer table, and
     that every image store and the tokenizer store (the recorded path, or `store` if it moved) is
-    still the one the set was made from, and that the stores agree on objects per image and width."""
-    root = Path(path).expanduser().resolve()
+    still the one the set was made from, and that the stores agree on objects per image and width.
+    `path` and the stores' recorded paths are local folders or URIs (s3://...: read there)."""
+    root = locate(path)
     m = FinetuneManifest.read(root)  # names the path and the kind expected when it is not a fine-tuning set
     for split, rows in m.splits.items():
         p = root / f"{split}.parquet"
@@ -477,10 +483,10 @@ def open_finetune(path: str | Path, store: str | Path | None = None) -> Finetune
         _check_fingerprint(root, other, ref.fingerprint)
         images.append(other)
     check_same_dims(images, str(root))
-    return FinetuneData(root, m, st, answers, images)
+    return FinetuneData(store_path(root), m, st, answers, images)
 
 
-def _check_fingerprint(root: Path, st: ImageStore, recorded: str) -> None:
+def _check_fingerprint(root: Path | Location, st: ImageStore, recorded: str) -> None:
     if (fp := store_fingerprint(st)) != recorded:
         raise FinetuneError(f"{root}: the store {st.path} is not the one this set was made from (fingerprint "
                             f"{fp}, set has {recorded}): it was rebuilt, so token ids or images may "
@@ -500,7 +506,7 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
     """Write the splits as a fine-tuning set at `path`, atomically (temporary directory + rename).
     `store` made the token ids; `image_stores` (default: `store` alone) hold the images, in lookup order."""
     check_task(task)
-    root = Path(path).expanduser().resolve()
+    root = local_target(path)
     stores = list(image_stores) if image_stores else [store]
     for st in [store, *stores]:
         if root == st.path or st.path in root.parents:

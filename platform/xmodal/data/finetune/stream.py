@@ -36,9 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from xmodal.data.common import Unit, epoch_units, group_tables, prefetch_iter, read_unit
+from xmodal.data.common import Unit, epoch_units, group_tables, open_parquet, prefetch_iter, read_unit
 
 if TYPE_CHECKING:
     from xmodal.batches import Nlvr2Batch, VqaBatch
@@ -85,7 +84,7 @@ def split_layout(data: FinetuneData, split: str) -> SplitLayout:
     for k, img in enumerate(uniq):
         i, file, row = index[img]
         if (i, file) not in groups:
-            md = pq.ParquetFile(stores[i].path / file).metadata
+            md = open_parquet(stores[i].path / file).metadata
             sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], np.int64)
             groups[(i, file)] = (np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
         starts, _ = groups[(i, file)]

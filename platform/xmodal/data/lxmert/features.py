@@ -28,14 +28,18 @@ import pydantic
 
 from xmodal.data.common import (
     KINDS,
+    Location,
     Manifest,
     StoreError,
     check_target,
     discard_partial,
     kind_at,
+    local_target,
+    locate,
     missing_parents,
     open_listed_parquet,
     publish_dir,
+    store_path,
     temp_dir_beside,
 )
 from xmodal.data.lxmert.ingest import (
@@ -100,7 +104,7 @@ class FeatureManifest(Manifest):
 class FeatureStore:
     """An opened, checked feature-only store. Cheap to pickle (path + manifest)."""
 
-    def __init__(self, path: Path, manifest: FeatureManifest):
+    def __init__(self, path: Path | Location, manifest: FeatureManifest):
         self.path = path
         self.manifest = manifest
 
@@ -119,10 +123,10 @@ class FeatureStore:
         return read_shard(self.path / file, row_groups, columns)
 
 
-def open_features(path: str | Path) -> FeatureStore:
+def open_features(path: str | Path | Location) -> FeatureStore:
     """Open a feature-only store and check its manifest against the shards' footers (files exist,
     are Parquet, have the rows and the schema the manifest says). Reads no feature data."""
-    root = Path(path).expanduser().resolve()
+    root = locate(path)
     m = FeatureManifest.read(root)  # names the path and the kind expected when it is not a feature-only store
     expected = image_schema(m.num_objects, m.feat_dim)
     for s in m.shards:
@@ -131,15 +135,15 @@ def open_features(path: str | Path) -> FeatureStore:
         if not schema.equals(expected):
             raise StoreError(f"{p}: columns {schema.names} of types {schema.types} differ from the image columns "
                              f"{expected.types} (manifest: num_objects={m.num_objects}, feat_dim={m.feat_dim})")
-    return FeatureStore(root, m)
+    return FeatureStore(store_path(root), m)
 
 
 ImageStore = LxmertStore | FeatureStore
 
 
-def open_image_store(path: str | Path) -> ImageStore:
-    """An LXMERT store or a feature-only store, by the kind its manifest records."""
-    root = Path(path).expanduser().resolve()
+def open_image_store(path: str | Path | Location) -> ImageStore:
+    """An LXMERT store or a feature-only store (a local folder or a URI), by the kind its manifest records."""
+    root = locate(path)
     kind = kind_at(root) if root.is_dir() else None
     if kind == KIND:
         return open_features(root)
@@ -158,7 +162,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
     """Reference feature TSVs -> a feature-only store at `out`. Every line is pre-scanned first (a line
     cut short, a duplicate img_id or another feature width fails, named by file:line, before any
     decoding), then decoded and checked as the LXMERT ingest does; nothing is left behind on error."""
-    out_path = Path(out).expanduser().resolve()
+    out_path = local_target(out)
     check_target(out_path, overwrite, KIND)  # before reading anything
     paths = [Path(p).expanduser().resolve() for p in tsv]
     if not paths:

@@ -48,7 +48,7 @@ import numpy as np
 
 from xmodal.console import say
 from xmodal.data.answers import AnswerTable
-from xmodal.data.common import check_target
+from xmodal.data.common import check_target, local_target
 from xmodal.data.lxmert.store import (
     KIND,
     ImageBlock,
@@ -578,7 +578,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     order of the TSV files), so every shard and row group mixes the sources (COCO, VG)."""
     if order_seed is not None and not 0 <= order_seed < 2**63:
         raise IngestError(f"--order-seed {order_seed}: expected an integer in [0, 2**63)")
-    out_path = Path(out).expanduser().resolve()
+    out_path = local_target(out)
     check_target(out_path, overwrite, KIND)  # before reading anything
     tsv_paths = [Path(p).expanduser().resolve() for p in tsv]
     json_paths = [Path(p).expanduser().resolve() for p in json_files]

@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from xmodal.batches import LxmertBatch
 from xmodal.data.common import StoreError, Unit, epoch_units, group_tables, prefetch_iter, read_unit
 from xmodal.data.lxmert.masking import BlockSamples, LxmertBatchBuilder
-from xmodal.data.lxmert.store import ImageBlock, LxmertStore, table_to_block
+from xmodal.data.lxmert.store import ImageBlock, LxmertStore, read_shard, table_to_block
 
 # Units (row groups, 32 images by default) mixed into the blocks at a time: with 64-image blocks,
 # a block holds images of ~16 units. Memory: one window of units (paper dims: 16 x 32 images x
@@ -238,4 +237,4 @@ def negative_shard_mix(store: LxmertStore, split: str, builder: LxmertBatchBuild
 
 
 def read_shard_ids(file: str) -> list[str]:
-    return pq.read_table(file, columns=["img_id"]).column("img_id").to_pylist()
+    return read_shard(file, columns=["img_id"]).column("img_id").to_pylist()

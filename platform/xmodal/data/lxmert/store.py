@@ -42,14 +42,19 @@ import pydantic
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import (
+    Location,
     Manifest,
     StoreError,
     Unit,
     check_target,
     discard_partial,
+    local_target,
+    locate,
     missing_parents,
     open_listed_parquet,
+    open_parquet,
     publish_dir,
+    store_path,
     temp_dir_beside,
 )
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
@@ -230,11 +235,11 @@ def write_shard(table: pa.Table, path: Path, row_group_images: int) -> None:
                    write_statistics=False)
 
 
-def read_shard(path: Path, row_groups: Sequence[int] | None = None,
+def read_shard(path: str | Path | Location, row_groups: Sequence[int] | None = None,
                columns: Sequence[str] | None = None) -> pa.Table:
-    """Read one shard (or some of its row groups); errors name the shard."""
+    """Read one shard (or some of its row groups), local or remote; errors name the shard."""
     try:
-        pf = pq.ParquetFile(path)
+        pf = open_parquet(path)
         if row_groups is None:
             return pf.read(columns=columns)
         return pf.read_row_groups(list(row_groups), columns=columns)
@@ -450,9 +455,10 @@ class LxmertManifest(Manifest):
 
 
 class LxmertStore:
-    """An opened, checked store. Cheap to pickle (path + manifest) for Ray workers."""
+    """An opened, checked store. Cheap to pickle (path + manifest) for Ray workers. `path`: a local
+    folder or a URI (`common.Location`); its shards are read where they are, row group by row group."""
 
-    def __init__(self, path: Path, manifest: LxmertManifest, row_groups: dict[str, list[tuple[int, int]]]):
+    def __init__(self, path: Path | Location, manifest: LxmertManifest, row_groups: dict[str, list[tuple[int, int]]]):
         self.path = path
         self.manifest = manifest
         # shard file (relative) -> (images, sentences) per row group, read from the footers at open.
@@ -511,19 +517,22 @@ class LxmertStore:
                 for g, (rows, sentences) in enumerate(self._row_groups[s.file])]
 
 
-def _count_vocab(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
+def _count_vocab(path: Location) -> int:
+    """Lines, as iterating over the file counts them (a last line without a newline counts)."""
+    data = path.read_bytes()
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
-def open_store(path: str | Path) -> LxmertStore:
-    """Open a store and check its manifest against the shards' footers: the files exist, are Parquet,
-    have the row counts, sentence counts and schema (incl. num_objects, feat_dim, max_seq_len) the
-    manifest says; vocab.txt and answers.json match vocab_size and num_answers. Reads no feature data."""
-    root = Path(path).expanduser().resolve()
+def open_store(path: str | Path | Location) -> LxmertStore:
+    """Open a store (a local folder or a URI such as s3://bucket/prefix/store) and check its manifest
+    against the shards' footers: the files exist, are Parquet, have the row counts, sentence counts and
+    schema (incl. num_objects, feat_dim, max_seq_len) the manifest says; vocab.txt and answers.json
+    match vocab_size and num_answers. Reads no feature data (of a remote store: the manifest, vocab,
+    answers and footers only)."""
+    root = locate(path)
     if not root.is_dir():
         raise StoreError(f"{root}: feature store does not exist (build it with `python jobs/ingest.py "
-                         "lxmert|synthetic`)")
+                         "lxmert|synthetic`{', then upload it' if root.remote else ''})")
     m = LxmertManifest.read(root)  # names the path and the kind expected when it is not an LXMERT store
     expected = arrow_schema(m.num_objects, m.feat_dim, m.max_seq_len)
     row_groups: dict[str, list[tuple[int, int]]] = {}  # file -> (images, sentences) per row group
@@ -559,7 +568,7 @@ def open_store(path: str | Path) -> LxmertStore:
     if len(answers) != m.num_answers:
         raise StoreError(f"{root / AnswerTable.FILE}: has {len(answers)} answers, manifest says "
                          f"num_answers={m.num_answers}")
-    return LxmertStore(root, m, row_groups)
+    return LxmertStore(store_path(root), m, row_groups)
 
 
 def _leaf_index(pf: pq.ParquetFile, arrow_col: int) -> int:
@@ -581,7 +590,7 @@ class StoreWriter:
 
     def __init__(self, path: str | Path, *, num_objects: int, feat_dim: int, max_seq_len: int,
                  images_per_shard: int = 256, row_group_images: int = 32, overwrite: bool = False):
-        self.path = Path(path).expanduser().resolve()
+        self.path = local_target(path)
         check_target(self.path, overwrite, KIND)
         self.overwrite = overwrite
         self.num_objects, self.feat_dim, self.max_seq_len = num_objects, feat_dim, max_seq_len

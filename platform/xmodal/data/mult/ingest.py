@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.data.common import check_target
+from xmodal.data.common import check_target, local_target
 from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, KIND, MODALITIES, SPLITS, MultSplit, write_store
 from xmodal.errors import UserError
 
@@ -292,7 +292,7 @@ def _sha256(path: Path) -> str:
 def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | None = None, *,
            overwrite: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS):
     """Convert one pickle into a store at `out`; returns the opened MultStore."""
-    out, pickle_path = Path(out).expanduser().resolve(), Path(pickle_path).expanduser()
+    out, pickle_path = local_target(out), Path(pickle_path).expanduser()
     if fmt not in FORMATS:
         raise MultIngestError(f"--format {fmt!r}; expected one of {list(FORMATS)}")
     if dataset is not None and dataset not in DATASETS:

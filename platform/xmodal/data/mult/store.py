@@ -45,14 +45,19 @@ import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.common import (
+    Location,
     Manifest,
     StoreError,
     Unit,
     check_target,
     discard_partial,
+    local_target,
+    locate,
     missing_parents,
     open_listed_parquet,
+    open_parquet,
     publish_dir,
+    store_path,
     temp_dir_beside,
 )
 
@@ -362,9 +367,10 @@ class MultManifest(Manifest):
 
 class MultStore:
     """An opened MulT store. `open()` validates; `split(name)` loads a split into memory (numpy);
-    `batches(...)` iterates MultBatch without Ray (the Ray Data path is `xmodal.data.mult.pipeline`)."""
+    `batches(...)` iterates MultBatch without Ray (the Ray Data path is `xmodal.data.mult.pipeline`).
+    `path`: a local folder or a URI (`common.Location`); shards are read where they are."""
 
-    def __init__(self, path: Path, manifest: MultManifest):
+    def __init__(self, path: Path | Location, manifest: MultManifest):
         self.path = path
         self.manifest = manifest
         self._units: dict[str, list[Unit]] = {}  # split -> its row groups (footers read on first use)
@@ -374,8 +380,9 @@ class MultStore:
 
     @classmethod
     def open(cls, path: str | Path) -> MultStore:
-        """Read manifest.json and check it against every shard's footer (rows) and schema."""
-        path = Path(path).expanduser().resolve()
+        """Read manifest.json and check it against every shard's footer (rows) and schema; `path` is a
+        local folder or a URI such as s3://bucket/prefix/store (the footers are read, nothing else)."""
+        path = locate(path)
         manifest = MultManifest.read(path)  # names the path and the kind expected when it is not a MulT store
         expected = arrow_schema(manifest.task)
         for shards in manifest.splits.values():
@@ -385,7 +392,7 @@ class MultStore:
                 if not schema.remove_metadata().equals(expected):
                     raise StoreError(f"{f}: schema {schema.remove_metadata()} differs from the expected "
                                      f"{expected} for task {manifest.task!r}")
-        return cls(path, manifest)
+        return cls(store_path(path), manifest)
 
     @property
     def dims(self) -> dict[str, int]:
@@ -411,7 +418,7 @@ class MultStore:
         out = []
         for f in self.shard_paths(split):
             try:
-                md = pq.ParquetFile(f).metadata
+                md = open_parquet(f).metadata
             except (OSError, pa.ArrowException) as e:
                 raise StoreError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e}); re-ingest the "
                                  "store") from None
@@ -428,7 +435,11 @@ class MultStore:
         self._check_split(name)
         tables = []
         for sh in self.manifest.splits[name]:
-            t = pq.read_table(self.path / sh.file)
+            try:
+                t = open_parquet(self.path / sh.file).read()
+            except (OSError, pa.ArrowException) as e:
+                raise StoreError(f"{self.path / sh.file}: cannot be read ({type(e).__name__}: {e}); re-ingest the "
+                                 "store") from None
             if t.num_rows != sh.rows:
                 raise StoreError(f"{self.path / sh.file}: read {t.num_rows} rows, manifest says {sh.rows}")
             tables.append(t)
@@ -447,7 +458,7 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
     """Write `splits` as a store at `path`: into a hidden temporary directory beside it, checked by
     reopening, then renamed into place (an existing store is replaced only with `overwrite`).
     Any failure removes the temporary directory: nothing half-written is left behind."""
-    path = Path(path).expanduser().resolve()
+    path = local_target(path)
     if not splits:
         raise StoreError(f"{path}: no split to write")
     bad = sorted(set(splits) - set(SPLITS))
@@ -494,5 +505,5 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
     return MultStore.open(path)
 
 
-def open_store(path: str | Path) -> MultStore:
+def open_store(path: str | Path | Location) -> MultStore:
     return MultStore.open(path)
