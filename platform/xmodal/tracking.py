@@ -1069,6 +1069,43 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
                         lambda: _client(uri).download_artifacts(run_id, artifact_path, str(dst_dir))))
 
 
+@dataclass(frozen=True)
+class LoggedModel:
+    """A logged model read back (`load_logged_model`): the module, the config logged beside it, and
+    the run that logged it."""
+
+    module: Any  # the nn.Module, unpickled
+    config: dict[str, Any] | None  # extra_files/config.yaml
+    run_id: str | None
+    path: Path  # the downloaded model folder
+
+
+def load_logged_model(uri: str, model_uri: str, dst_dir: str | Path) -> LoggedModel:
+    """Read only: a model `log_pytorch_model` logged (`models:/<model id>` or `runs:/<run id>/final_model`),
+    downloaded into `dst_dir` and unpickled by `mlflow.pytorch` (the pickle refers to xmodal's classes:
+    only load models of your own runs). An unknown URI or a folder that is no pytorch model is a
+    UserError naming it."""
+    import yaml
+
+    mlflow = _mlflow()
+    Path(dst_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        local = Path(_waited(uri, f"downloading model {model_uri}", lambda: mlflow.artifacts.download_artifacts(
+            artifact_uri=model_uri, dst_path=str(dst_dir), tracking_uri=uri)))
+        from mlflow.models import Model
+
+        info = Model.load(str(local))
+        module = mlflow.pytorch.load_model(str(local), map_location="cpu")
+    except UserError:
+        raise
+    except Exception as e:  # MLflow's own errors for an unknown id, a missing MLmodel, another flavour
+        raise UserError(f"logged model {model_uri!r} at {uri}: cannot be read ({_first_line(e)}); expected "
+                        "models:/<model id> or runs:/<run id>/final_model of an xmodal run") from None
+    found = sorted(local.rglob("config.yaml"))
+    config = yaml.safe_load(found[0].read_text()) if found else None
+    return LoggedModel(module, config, info.run_id, local)
+
+
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
     """The most recently started FINISHED run of `experiment` with these tag values, or None. Reads
     only: a SQLite database that does not exist yet is not created (it holds no runs)."""
