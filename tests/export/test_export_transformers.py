@@ -5,6 +5,7 @@ refused with nothing left behind."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -172,6 +173,17 @@ def test_an_existing_output_is_kept_unless_forced(tmp_path):
         export(src, "onnx", tmp_path / "other")
     with pytest.raises(UserError, match="--out: .* the folder it goes in, does not exist"):
         export(src, "transformers", tmp_path / "missing" / "hf")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="--out: .*/file' is a file; expected a folder to create"):
+        export(src, "transformers", tmp_path / "file")
+    (tmp_path / "file").unlink()
     export(src, "transformers", out, force=True)
     assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # the old folder moved aside and removed
+
+
+def test_without_transformers_installed_the_target_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` meets when it is absent
+    with pytest.raises(UserError, match="--to transformers needs the transformers package"):
+        export(from_model(LxmertForPretraining(TINY), "pretrain"), "transformers", tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []

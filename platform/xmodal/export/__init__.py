@@ -83,6 +83,11 @@ def _transformers(source: Source) -> Plan:
     model = source.model
     c = model.config
     _refuse("transformers", source, [f"model.{p}" for p in hf_incompatibilities(c)])
+    try:
+        import transformers  # noqa: F401  (an optional dependency: checked before anything is written)
+    except ImportError:
+        raise ExportError("--to transformers needs the transformers package (pip install 'transformers>=4.40')") \
+            from None
     notes = []
     if not c.token_type_embedding:
         notes.append("the model has no token-type embedding: token_type_embeddings is a zero table (type 0 adds "
