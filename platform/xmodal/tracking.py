@@ -1106,7 +1106,12 @@ def load_logged_model(uri: str, model_uri: str, dst_dir: str | Path) -> LoggedMo
 
     if not model_uri.startswith(("models:/", "runs:/")):
         raise UserError(f"logged model {model_uri!r}: expected models:/<model id> or runs:/<run id>/final_model")
-    logged = _waited(uri, f"looking up model {model_uri}", find)
+    try:
+        logged = _waited(uri, f"looking up model {model_uri}", find)
+    except UserError:
+        raise
+    except Exception as e:  # a permanent MLflow error: a malformed id in the search filter
+        raise UserError(f"logged model {model_uri!r}: cannot be looked up at {uri} ({_first_line(e)})") from None
     if logged is None:
         raise UserError(f"logged model {model_uri!r}: no such model at {uri}; expected models:/<model id> or "
                         "runs:/<run id>/final_model of a finished xmodal run")

@@ -127,6 +127,20 @@ def test_bad_sources_are_refused_and_nothing_is_written(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "foreign"]
 
 
+def test_logged_model_uris_that_name_nothing_are_refused(tmp_path):
+    from xmodal import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.ensure_experiment(uri, "xmodal-pretrain")
+    for model_uri, message in (("models:/m-0123", r"'models:/m-0123': no such model at sqlite:///"),
+                               ("runs:/0123/final_model", r"'runs:/0123/final_model': no such model"),
+                               ("models:/m-a'b", r"cannot be looked up at sqlite:///.*Invalid filter string"),
+                               ("file:///tmp/model", r"expected models:/<model id> or runs:/<run id>/final_model")):
+        with pytest.raises(UserError, match=message):
+            run_export("transformers", str(tmp_path / "out"), logged_model=model_uri, tracking_uri=uri)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
 @pytest.mark.slow
 def test_a_real_pretraining_runs_checkpoint_and_logged_model_export_to_transformers(tmp_path, ray_local, monkeypatch):
     """A tiny pretraining run through the engine (Ray Train, MLflow in SQLite), exported from its MLflow
