@@ -110,17 +110,25 @@ def _transformers(source: Source) -> Plan:
 
         sd = model.state_dict()
         if source.kind == "pretrain":
-            hf = transformers.LxmertForPreTraining(config_to_hf(c, zero_token_type=True))
+            cls, hf_config = transformers.LxmertForPreTraining, config_to_hf(c, zero_token_type=True)
             weights = to_hf_state_dict(c, sd, "pretraining")
         elif source.kind in ("vqa", "gqa"):
-            hf = transformers.LxmertForQuestionAnswering(config_to_hf(c, zero_token_type=True,
-                                                                      num_qa_labels=model.num_answers))
+            cls = transformers.LxmertForQuestionAnswering
+            hf_config = config_to_hf(c, zero_token_type=True, num_qa_labels=model.num_answers)
             weights = to_hf_state_dict(c, sd, "qa")
         else:
-            hf = transformers.LxmertModel(config_to_hf(c, zero_token_type=True))
+            cls, hf_config = transformers.LxmertModel, config_to_hf(c, zero_token_type=True)
             encoder = {k: v for k, v in sd.items() if k.startswith("encoder.")}
             weights = {k.removeprefix("lxmert."): v for k, v in to_hf_state_dict(c, encoder, "encoder").items()}
-        hf.load_state_dict(weights, strict=True)  # every entry both ways: the files hold exactly this model
+        # Built on the meta device and given our tensors (copies: q/k/v are views of one in_proj), so
+        # transformers' random initialisation (most of a paper-size export's time) never runs.
+        with torch.device("meta"):
+            hf = cls(hf_config)
+        hf.load_state_dict({k: v.clone() for k, v in weights.items()}, strict=True, assign=True)  # every entry, both ways
+        hf.tie_weights()  # the MLM decoder is the word embedding again (one tensor)
+        left = [n for n, t in [*hf.named_parameters(), *hf.named_buffers()] if t.is_meta]
+        if left:
+            raise ExportError(f"transformers' {cls.__name__} kept entries our weights do not give: {', '.join(left[:6])}")
         hf.save_pretrained(folder, safe_serialization=True)
         if source.kind == "nlvr2":
             from safetensors.torch import save_file
