@@ -1083,6 +1083,67 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
                         lambda: _client(uri).download_artifacts(run_id, artifact_path, str(dst_dir))))
 
 
+@dataclass(frozen=True)
+class LoggedModel:
+    """A logged model read back (`load_logged_model`): the module, the config logged beside it, and
+    the run that logged it."""
+
+    module: Any  # the nn.Module, unpickled
+    config: dict[str, Any] | None  # extra_files/config.yaml
+    run_id: str | None
+    path: Path  # the downloaded model folder
+
+
+def load_logged_model(uri: str, model_uri: str, dst_dir: str | Path) -> LoggedModel:
+    """Read only: a model `log_pytorch_model` logged (`models:/<model id>` or `runs:/<run id>/<name>`,
+    e.g. `runs:/<run id>/final_model`), found in the store at `uri`, downloaded from its artifact
+    location into `dst_dir` and unpickled by `mlflow.pytorch` (the pickle refers to xmodal's classes:
+    only load models of your own runs). An unknown URI or a folder that is no pytorch model is a
+    UserError naming it. (MLflow's own `runs:/` resolution looks the model up through the process's
+    global tracking URI, so the lookup is made here, in this store.)"""
+    import yaml
+
+    mlflow = _mlflow()
+
+    def find():
+        client = _client(uri)
+        if model_uri.startswith("models:/"):
+            wanted = f"model_id = '{model_uri[len('models:/'):].strip('/')}'"
+        elif model_uri.startswith("runs:/") and model_uri[len("runs:/"):].count("/") == 1:
+            run_id, name = model_uri[len("runs:/"):].split("/")
+            wanted = f"name = '{name}' AND source_run_id = '{run_id}'"
+        else:
+            return None
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        found = client.search_logged_models(experiments, filter_string=wanted) if experiments else []
+        return max(found, key=lambda m: m.creation_timestamp) if found else None
+
+    if not model_uri.startswith(("models:/", "runs:/")):
+        raise UserError(f"logged model {model_uri!r}: expected models:/<model id> or runs:/<run id>/final_model")
+    try:
+        logged = _waited(uri, f"looking up model {model_uri}", find)
+    except UserError:
+        raise
+    except Exception as e:  # a permanent MLflow error: a malformed id in the search filter
+        raise UserError(f"logged model {model_uri!r}: cannot be looked up at {uri} ({_first_line(e)})") from None
+    if logged is None:
+        raise UserError(f"logged model {model_uri!r}: no such model at {uri}; expected models:/<model id> or "
+                        "runs:/<run id>/final_model of a finished xmodal run")
+    Path(dst_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(dst_dir)))
+        from mlflow.models import Model
+
+        Model.load(str(local))
+        module = mlflow.pytorch.load_model(str(local), map_location="cpu")
+    except Exception as e:  # the artifacts gone, a missing MLmodel, another flavour
+        raise UserError(f"logged model {model_uri!r} at {uri}: cannot be read from {logged.artifact_location} "
+                        f"({_first_line(e)}); expected a model of an xmodal run") from None
+    found = sorted(local.rglob("config.yaml"))
+    config = yaml.safe_load(found[0].read_text()) if found else None
+    return LoggedModel(module, config, logged.source_run_id, local)
+
+
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
     """The most recently started FINISHED run of `experiment` with these tag values, or None. Reads
     only: a SQLite database that does not exist yet is not created (it holds no runs)."""

@@ -196,3 +196,23 @@ def test_from_pretrained_dir_reads_safetensors_and_bin(tmp_path, hf_and_ours):
     (tmp_path / "empty" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         from_pretrained_dir(tmp_path / "empty")
+
+
+def test_to_hf_state_dict_inverts_the_mapping_exactly(hf_and_ours):
+    """ours -> transformers' names -> ours is the identity, and gives transformers' own state dict back."""
+    from xmodal.models.lxmert_hf import convert_hf_state_dict, to_hf_state_dict
+
+    hf, ours = hf_and_ours
+    theirs = to_hf_state_dict(ours.config, ours.state_dict())
+    want = hf.state_dict()
+    assert theirs.keys() == want.keys()
+    assert all(torch.equal(theirs[k], want[k]) for k in want)
+    back = convert_hf_state_dict(ours.config, theirs)
+    assert all(torch.equal(back[k], v) for k, v in ours.state_dict().items()) and back.keys() == ours.state_dict().keys()
+
+    with pytest.raises(KeyError, match=r"no place in transformers' pretraining model: extra\.weight"):
+        to_hf_state_dict(ours.config, {**ours.state_dict(), "extra.weight": torch.zeros(1)})
+    split = dict(ours.state_dict())
+    split["encoder.x_layers.0.cross_v.attn.out_proj.weight"] = split["encoder.x_layers.0.cross_v.attn.out_proj.weight"] + 1
+    with pytest.raises(ValueError, match="visual_attention.output.dense.weight gets two different values"):
+        to_hf_state_dict(ours.config, split)

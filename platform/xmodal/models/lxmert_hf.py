@@ -5,6 +5,9 @@
 - `load_hf_state_dict(model, hf_state_dict)`: strict conversion of the weights.
 - `from_pretrained_dir(path)`: a local checkpoint directory (config.json + safetensors or .bin),
   read without network and without importing transformers.
+- `hf_incompatibilities(config)` / `to_hf_state_dict(config, state_dict, model)`: the export direction
+  (`xmodal.export`): what transformers cannot express of a config, and our state dict in transformers'
+  names through the same `key_map` (split where we fuse, written once where we share or tie).
 
 transformers is imported lazily and only by `config_to_hf`: the platform runs without it.
 
@@ -116,22 +119,33 @@ def config_from_hf(hf_config: Any) -> LxmertConfig:
     )
 
 
-def config_to_hf(config: LxmertConfig, **overrides: Any):
+# What transformers' LXMERT hard-codes, as our field -> the value it needs.
+_HF_FIXED: dict[str, Any] = {
+    "shared_cross_attention": True,  # one `visual_attention` module per cross layer
+    "pooler": True,  # tanh pooler on [CLS], always applied
+    "layer_norm_eps": HF_LAYER_NORM_EPS,
+}
+
+
+def hf_incompatibilities(config: LxmertConfig, zero_token_type: bool = True) -> list[str]:
+    """The options of `config` transformers' LXMERT has no equivalent of, one line each (empty: it
+    can hold the model). Without a token-type embedding the model is HF's with a zero token-type
+    table (token type 0 adds row 0), so that is expressible when `zero_token_type`."""
+    fixed = dict(_HF_FIXED) if zero_token_type else {"token_type_embedding": True, **_HF_FIXED}
+    return [f"{name}={getattr(config, name)!r} (transformers' LXMERT needs {need!r})"
+            for name, need in fixed.items() if getattr(config, name) != need]
+
+
+def config_to_hf(config: LxmertConfig, zero_token_type: bool = False, **overrides: Any):
     """transformers' `LxmertConfig` with our architecture (imports transformers).
 
-    Only configs that HF can express are accepted (token-type embedding, shared
-    cross-attention, pooler, eps 1e-12); `overrides` set HF-only fields
-    (e.g. visual_loss_normalizer, task flags).
+    Only configs that HF can express are accepted (shared cross-attention, pooler, eps 1e-12, and a
+    token-type embedding unless `zero_token_type`: the exporter then writes a zero table);
+    `overrides` set HF-only fields (e.g. visual_loss_normalizer, task flags).
     """
-    unsupported = {
-        "token_type_embedding": (config.token_type_embedding, True),
-        "shared_cross_attention": (config.shared_cross_attention, True),
-        "pooler": (config.pooler, True),
-        "layer_norm_eps": (config.layer_norm_eps, HF_LAYER_NORM_EPS),
-    }
-    for name, (got, need) in unsupported.items():
-        if got != need:
-            raise ValueError(f"transformers' LXMERT needs {name}={need!r}; this config has {got!r}")
+    problems = hf_incompatibilities(config, zero_token_type)
+    if problems:
+        raise ValueError("transformers' LXMERT cannot express " + "; ".join(problems))
     from transformers import LxmertConfig as HFLxmertConfig
 
     kwargs = {theirs: getattr(config, ours) for ours, theirs in _FIELDS.items()}
@@ -296,6 +310,56 @@ def load_hf_state_dict(model: LxmertForPretraining, hf_state_dict: Mapping[str, 
                              f"{tuple(target[k].shape)} (check the config)")
     model.load_state_dict(ours, strict=True)
     return model
+
+
+# Which of our models -> which rows of `key_map` it has and the prefix its head takes there.
+HF_MODELS = {
+    "pretraining": "LxmertForPreTraining: encoder and every pretraining head",
+    "qa": "LxmertForQuestionAnswering: encoder and answer_head (our LxmertForQuestionAnswering)",
+    "encoder": "LxmertModel: the encoder alone",
+}
+
+
+def to_hf_state_dict(config: LxmertConfig, state_dict: Mapping[str, Tensor], model: str = "pretraining"
+                     ) -> dict[str, Tensor]:
+    """Our state dict in transformers' names: the inverse of `convert_hf_state_dict`, row for row of
+    `key_map` (a fused in_proj split into query, key, value; the shared cross-attention and the tied
+    decoder written once, checked equal). `model` (HF_MODELS): `pretraining` takes an
+    `LxmertForPretraining` state dict, `qa` an `LxmertForQuestionAnswering` one (`answer_head.*`
+    -> HF `answer_head.logit_fc.*`), `encoder` the `encoder.*` entries alone (HF `LxmertModel`,
+    `lxmert.` prefix kept). A model without a token-type embedding gets a zero table. Strict: every
+    entry of `state_dict` must find a place (KeyError naming the others)."""
+    if model not in HF_MODELS:
+        raise KeyError(f"model {model!r}; expected one of {', '.join(HF_MODELS)}")
+    sd = dict(state_dict)
+    if model == "qa":
+        sd = {("qa_head." + k[len("answer_head."):] if k.startswith("answer_head.") else k): v for k, v in sd.items()}
+    rows = key_map(config)
+    if model != "pretraining":
+        keep = ("encoder.", "qa_head.") if model == "qa" else ("encoder.",)
+        rows = [(ours, theirs) for ours, theirs in rows if ours.startswith(keep)]
+    out: dict[str, Tensor] = {}
+    missing = [ours for ours, _ in rows if ours not in sd]
+    if missing:
+        raise KeyError(f"the state dict lacks {len(missing)} entries of the {model} model: {', '.join(missing[:8])}")
+    for ours, theirs in rows:
+        parts = sd[ours].detach().chunk(len(theirs), dim=0) if len(theirs) > 1 else (sd[ours].detach(),)
+        for name, value in zip(theirs, parts, strict=True):
+            if name in out and not torch.equal(out[name], value):
+                raise ValueError(f"{name} gets two different values ({ours} and an earlier entry): is the "
+                                 "cross-attention shared and the MLM decoder tied to the word embedding?")
+            out[name] = value.contiguous()
+    used = {ours for ours, _ in rows}
+    unexpected = sorted(k for k in sd if k not in used)
+    if unexpected:
+        raise KeyError(f"{len(unexpected)} entries have no place in transformers' {model} model: "
+                       + ", ".join(unexpected[:8]))
+    if not config.token_type_embedding:
+        word = out["lxmert.embeddings.word_embeddings.weight"]
+        out["lxmert.embeddings.token_type_embeddings.weight"] = word.new_zeros((2, word.shape[1]))
+    if model == "pretraining":
+        out[_TIED_DECODER] = out["lxmert.embeddings.word_embeddings.weight"]
+    return out
 
 
 WEIGHT_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "model.safetensors", "pytorch_model.bin")

@@ -13,6 +13,8 @@
   fine-tuning head it holds) from a snapshot of the reference code (airsplay/lxmert): the pretrained
   `model_LXRT.pth` or a fine-tuned `BEST.pth` (VQA / GQA / NLVR2); `load_finetuned_head` copies a
   fine-tuned head into a model whose head has the same shapes.
+- `reference_incompatibilities(config)` / `to_reference_state_dict(config, state_dict, head)`: the
+  other direction (`xmodal.export`): what the reference cannot hold, and our state dict in its layout.
 
 Accepted state dicts: `LxmertForPretraining.state_dict()` (`encoder.*`), the pretraining job's
 `model.pt` (the objective's state dict: `model.encoder.*`), and either of those with DDP
@@ -416,3 +418,44 @@ def load_finetuned_head(model: nn.Module, weights: ReferenceWeights) -> bool:
         return False
     getattr(model, weights.head).load_state_dict(source, strict=True)
     return True
+
+
+def reference_incompatibilities(config: LxmertConfig) -> list[str]:
+    """The options of `config` the reference code has no equivalent of, one line each (empty: a
+    snapshot can hold the model). The reference is what transformers ported, plus bert-base's
+    64-wide heads (the head count is not in a snapshot: `reference_weights` derives it)."""
+    from xmodal.models.lxmert_hf import hf_incompatibilities
+
+    problems = [p.replace("transformers' LXMERT", "the reference") for p in hf_incompatibilities(config)]
+    if config.hidden_size != config.num_heads * REFERENCE_HEAD_SIZE:
+        problems.append(f"num_heads={config.num_heads} at hidden_size={config.hidden_size} (the reference's heads are "
+                        f"{REFERENCE_HEAD_SIZE} wide: num_heads must be hidden_size / {REFERENCE_HEAD_SIZE})")
+    return problems
+
+
+def to_reference_state_dict(config: LxmertConfig, state_dict: Mapping[str, Tensor], head: str | None = None
+                            ) -> dict[str, Tensor]:
+    """Our state dict in the reference's layout, the inverse of `convert_reference_state_dict`:
+    an `LxmertForPretraining` one (`head` None) as `LXRTPretraining.state_dict()` (model_LXRT.pth:
+    `bert.*`, `cls.*` with the tied decoder under both names, `obj_predict_head.*`,
+    `answer_head.logit_fc.*`); a fine-tuning model's (`head` `answer_head`: VQA / GQA, `classifier`:
+    NLVR2's 2-way softmax) as a task's BEST.pth (`lxrt_encoder.model.bert.*`, `logit_fc.{0,2,3}.*`).
+    A model without a token-type embedding gets a zero table (the reference adds row 0)."""
+    from xmodal.models.lxmert_hf import to_hf_state_dict
+
+    sd = strip_wrappers(state_dict)
+    if head is None:
+        hf = to_hf_state_dict(config, sd, "pretraining")
+        return {(_REF_ENCODER + k[len("lxmert."):] if k.startswith("lxmert.") else k): v for k, v in hf.items()}
+    if head not in ("answer_head", "classifier"):
+        raise KeyError(f"head {head!r}; expected None (pretraining), 'answer_head' or 'classifier'")
+    prefix = head + "."
+    rest = [k for k in sd if not k.startswith((ENCODER_PREFIX, prefix))]
+    if rest:
+        raise KeyError(f"entries neither encoder nor {head}: {', '.join(rest[:8])}")
+    hf = to_hf_state_dict(config, {k: v for k, v in sd.items() if k.startswith(ENCODER_PREFIX)}, "encoder")
+    out = {_REF_FINETUNED + _REF_ENCODER + k[len("lxmert."):]: v for k, v in hf.items()}
+    for theirs, mine in _REF_TASK_HEAD.items():
+        for p in ("weight", "bias"):
+            out[f"{theirs}.{p}"] = sd[f"{prefix}{mine}.{p}"].detach()
+    return out

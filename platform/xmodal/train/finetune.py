@@ -172,14 +172,26 @@ def reader(w: Worker):
     return ray_reader() if w.ray_data else local_reader()
 
 
-def _checkpoint_files(path: Path) -> Path:
-    """A folder holding model.pt and meta.json (given the folder or its model.pt)."""
+def checkpoint_files(path: Path, key: str = "init.path") -> Path:
+    """A folder holding model.pt and meta.json (given the folder or its model.pt); `key` is the option
+    that named it, for the error (`xmodal.export` reads checkpoints the same way)."""
     folder = path.parent if path.is_file() else path
     missing = [f for f in (ckpt.MODEL_FILE, ckpt.META_FILE) if not (folder / f).is_file()]
     if missing:
-        raise ConfigError(f"init.path: {str(path)!r} is not a checkpoint: {', '.join(missing)} missing (expected "
-                          "a checkpoint folder of a pretraining run, or the `model` artifact folder of its MLflow run)")
+        raise ConfigError(f"{key}: {str(path)!r} is not a checkpoint: {', '.join(missing)} missing (expected "
+                          "a checkpoint folder of a run, or the `model` artifact folder of its MLflow run)")
     return folder
+
+
+def run_model_folder(uri: str, run_id: str, download_dir: Path, key: str = "init.run_id") -> Path:
+    """The run's `model` artifact (its final checkpoint folder) checked (`check_init_run`) and
+    downloaded into `download_dir / run_id`."""
+    check_init_run(uri, run_id, key)
+    try:
+        folder = tracking.download_artifacts(uri, run_id, "model", download_dir / run_id)
+    except Exception as e:
+        raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
+    return checkpoint_files(folder, key)
 
 
 def _pretrain_answers(store_path: str | None) -> list[str] | None:
@@ -208,12 +220,7 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
         return Init("scratch"), None
     if source in INIT_PATH_SOURCES:
         return resolve_path_init(source, i.path)
-    check_init_run(uri, run_id)
-    try:
-        folder = tracking.download_artifacts(uri, run_id, "model", download_dir / run_id)
-    except Exception as e:
-        raise ConfigError(f"init.run_id: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
-    init, model = _checkpoint_init(_checkpoint_files(folder))
+    init, model = _checkpoint_init(run_model_folder(uri, run_id, download_dir))
     return dataclasses.replace(init, source="run", run_id=run_id), model
 
 
@@ -224,7 +231,7 @@ def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
     if not path.exists():
         raise ConfigError(f"init.path: {str(path)!r} does not exist")
     if source == "checkpoint":
-        return _checkpoint_init(_checkpoint_files(path))
+        return _checkpoint_init(checkpoint_files(path))
     if source == "transformers":
         from xmodal.models.lxmert_hf import config_from_hf_dir, weights_present
 
@@ -273,29 +280,30 @@ def _checkpoint_init(folder: Path) -> tuple[Init, LxmertConfig]:
     return Init("checkpoint", path=str(folder), pretrain_answers=_pretrain_answers(meta.get("store"))), config
 
 
-def check_init_run(uri: str, run_id: str) -> None:
+def check_init_run(uri: str, run_id: str, key: str = "init.run_id") -> None:
     """The run of init.source=run exists in the tracking store and has a `model` artifact. Reads only:
-    a SQLite database or file store that does not exist is not created (it holds no runs)."""
+    a SQLite database or file store that does not exist is not created (it holds no runs). `key`: the
+    option that named the run, for the errors."""
     local = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else \
         uri[len("file://"):] if uri.startswith("file://") else None
     if local is not None and not Path(local).exists():
-        raise ConfigError(f"init.run_id: no MLflow run {run_id!r}: there is no MLflow store at {local} "
+        raise ConfigError(f"{key}: no MLflow run {run_id!r}: there is no MLflow store at {local} "
                           "(mlflow.tracking_uri)")
     if uri.startswith(("http://", "https://")) and not tracking.reachable(uri):
-        raise ConfigError(f"init.run_id: cannot look up run {run_id!r}: the tracking server {uri} does not answer "
+        raise ConfigError(f"{key}: cannot look up run {run_id!r}: the tracking server {uri} does not answer "
                           "(mlflow.tracking_uri)")
     try:
         tracking.get_run(uri, run_id)
     except tracking.RunNotFound:
-        raise ConfigError(f"init.run_id: no MLflow run {run_id!r} at {uri}") from None
+        raise ConfigError(f"{key}: no MLflow run {run_id!r} at {uri}") from None
     try:
         listed = tracking.list_artifacts(uri, run_id, "model")
     except Exception as e:  # the artifact store's own errors (a missing folder, a refused bucket)
-        raise ConfigError(f"init.run_id: the artifacts of run {run_id!r} cannot be read: {e}") from None
+        raise ConfigError(f"{key}: the artifacts of run {run_id!r} cannot be read: {e}") from None
     names = {Path(a).name for a in listed}
     missing = [f for f in (ckpt.MODEL_FILE, ckpt.META_FILE) if f not in names]
     if missing:
-        raise ConfigError(f"init.run_id: run {run_id!r} has no `model` artifact with {', '.join(missing)} (did it "
+        raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact with {', '.join(missing)} (did it "
                           "finish? a pretraining run logs it at its end)")
 
 

@@ -91,13 +91,18 @@ def final_model(spec: JobSpec, cfg, data, folder: Path) -> tuple[nn.Module, str]
     on validation when the job selects (what its test metrics are of), else the last. Returns (model,
     which weights)."""
     objective = spec.build_objective(cfg, data)
-    best = folder / ValidationSelection.BEST_FILE
-    if best.is_file():
-        state, which = torch.load(best, map_location="cpu", weights_only=True)["weights"], "selected"
-    else:
-        state, which = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
+    state, which = final_weights(folder)
     objective.load_state_dict(state)
     return exported_model(objective).eval(), which
+
+
+def final_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """A checkpoint folder's objective state dict the run's model holds, and which weights it is:
+    "selected" on validation (`best_model.pt`, selecting jobs) or the "last" (`model.pt`)."""
+    best = Path(folder) / ValidationSelection.BEST_FILE
+    if best.is_file():
+        return torch.load(best, map_location="cpu", weights_only=True)["weights"], "selected"
+    return torch.load(Path(folder) / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
 
 
 def exported_model(objective: nn.Module) -> nn.Module:

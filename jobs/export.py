@@ -1,0 +1,44 @@
+"""Export a trained model for use outside xmodal (docs/export.md).
+
+    python jobs/export.py --to transformers|reference|mult-reference --out DIR
+        (--run-id ID | --checkpoint DIR | --logged-model URI) [--tracking-uri URI] [--force]
+
+Sources: an MLflow run's final checkpoint (--run-id, in --tracking-uri, default $MLFLOW_TRACKING_URI,
+else ./mlflow.db), a checkpoint folder (--checkpoint), or a run's logged MLflow model (--logged-model
+models:/ID or runs:/RUN_ID/final_model). Targets: `transformers` (a from_pretrained directory:
+LxmertForPreTraining, LxmertForQuestionAnswering; NLVR2: LxmertModel + its classifier file),
+`reference` (the LXMERT reference code's model_LXRT.pth / BEST.pth), `mult-reference` (MulT as the
+reference MULTModel's state dict + hyp_params.json). What a target cannot hold is refused before
+anything is written; DIR is written whole or not at all, and replaced only with --force.
+"""
+
+import argparse
+import sys
+
+from xmodal.cli import setup_console, user_errors
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--to", required=True, choices=["transformers", "reference", "mult-reference"], help="target format")
+    p.add_argument("--out", required=True, help="output folder (created; must not exist or be empty, unless --force)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", help="MLflow run id: its final checkpoint (the `model` artifact)")
+    which.add_argument("--checkpoint", help="checkpoint folder (model.pt + meta.json), e.g. runs/NAME/checkpoint_...")
+    which.add_argument("--logged-model", help="a run's logged model: models:/MODEL_ID or runs:/RUN_ID/final_model")
+    p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    args = p.parse_args(argv)
+    setup_console(False)
+
+    def go() -> None:
+        from xmodal.export import run_export
+
+        run_export(args.to, args.out, run_id=args.run_id, checkpoint=args.checkpoint, logged_model=args.logged_model,
+                   tracking_uri=args.tracking_uri, force=args.force)
+
+    return user_errors(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

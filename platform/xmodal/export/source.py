@@ -1,0 +1,173 @@
+"""What an export reads: a trained model, from an MLflow run, a checkpoint folder or a logged model.
+
+Each source gives a `Source`: the bare model (the one the run's MLflow model holds,
+`train/record.py: exported_model`) in fp32 eval mode with the weights the run selected (`best_model.pt`
+of selecting jobs) or its last ones, what kind of model it is, and the tokenizer vocabulary of the
+store it was trained on when that store has one. The run's checkpoint is found and checked as
+fine-tuning's `--init run|checkpoint` finds it (`train/finetune.py: run_model_folder`,
+`checkpoint_files`); the job and its config come from the checkpoint's meta (`train/specs.py: JOBS`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from torch import nn
+
+from xmodal import run_tags, tracking
+from xmodal.errors import UserError
+from xmodal.train import checkpoint as ckpt
+from xmodal.train.finetune import checkpoint_files, run_model_folder
+from xmodal.train.record import final_weights
+
+# Our model kinds: the pretraining model, the three fine-tuning tasks, MulT.
+KINDS = ("pretrain", "vqa", "gqa", "nlvr2", "mult")
+VOCAB_FILE = "vocab.txt"  # data/tokenizer.py: every LXMERT store holds its vocabulary under this name
+
+
+class SourceError(UserError):
+    """The source named cannot be read as a model of ours; the message names the option and the file."""
+
+
+@dataclass
+class Source:
+    kind: str  # one of KINDS
+    model: nn.Module  # fp32, eval, CPU
+    origin: str  # what was read, for messages and the provenance file
+    weights: str  # "selected" (on validation), "last", or "logged model"
+    run_id: str | None = None
+    vocab: Path | None = None  # the store's vocab.txt, when it has one
+    config: dict[str, Any] | None = None  # the run's resolved config
+
+
+def from_model(model: nn.Module, kind: str, origin: str = "a model in memory", vocab: Path | None = None) -> Source:
+    """A model built in this process (library use, tests)."""
+    if kind not in KINDS:
+        raise SourceError(f"kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return Source(kind, model.float().eval(), origin, "as given", vocab=vocab)
+
+
+def from_checkpoint(path: str | Path, key: str = "--checkpoint") -> Source:
+    """A checkpoint folder (`train/checkpoint.py`: model.pt, meta.json; `best_model.pt` when the job
+    selects on validation) or the `model` artifact folder of a run."""
+    p = Path(path).expanduser().resolve()
+    if not p.exists():
+        raise SourceError(f"{key}: {str(p)!r} does not exist")
+    folder = checkpoint_files(p, key)
+    try:
+        meta = ckpt.read_meta(folder)
+    except (OSError, ValueError) as e:
+        raise SourceError(f"{key}: {folder / ckpt.META_FILE} is not readable JSON: {e}") from None
+    raw = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(raw, dict):
+        raise SourceError(f"{key}: {folder / ckpt.META_FILE} holds no config (not an xmodal checkpoint?)")
+    kind, cfg = job_config(raw, f"{key}: {folder / ckpt.META_FILE}")
+    try:
+        state, which = final_weights(folder)
+    except Exception as e:  # torch's own errors for a foreign or truncated file
+        raise SourceError(f"{key}: the weights in {folder} cannot be read ({type(e).__name__}: {e})") from None
+    model = bare_model(kind, cfg, state, f"{key}: {folder}")
+    return Source(kind, model, f"checkpoint {folder}", which, run_id=meta.get("run_id"),
+                  vocab=vocab_of(meta.get("store")), config=raw)
+
+
+def from_run(uri: str, run_id: str, download_dir: Path) -> Source:
+    """An MLflow run's final checkpoint (its `model` artifact), downloaded into `download_dir`."""
+    folder = run_model_folder(uri, run_id, Path(download_dir), key="--run-id")
+    source = from_checkpoint(folder, key="--run-id")
+    source.origin, source.run_id = f"run {run_id} ({uri})", run_id
+    return source
+
+
+def from_logged_model(uri: str, model_uri: str, download_dir: Path) -> Source:
+    """A run's logged MLflow model (`models:/<id>` or `runs:/<run id>/final_model`, `tracking.log_pytorch_model`)."""
+    from xmodal.models.lxmert import LxmertForPretraining
+    from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+    from xmodal.models.mult import Mult
+
+    logged = tracking.load_logged_model(uri, model_uri, download_dir)
+    m, config = logged.module, logged.config or {}
+    if isinstance(m, LxmertForPretraining):
+        kind = "pretrain"
+    elif isinstance(m, LxmertForQuestionAnswering):
+        kind = config.get("task", "vqa")
+    elif isinstance(m, LxmertForNlvr2):
+        kind = "nlvr2"
+    elif isinstance(m, Mult):
+        kind = "mult"
+    else:
+        raise SourceError(f"--logged-model: {model_uri!r} holds a {type(m).__name__}; expected one of our models "
+                          "(LxmertForPretraining, LxmertForQuestionAnswering, LxmertForNlvr2, Mult)")
+    vocab = None
+    if logged.run_id:
+        tags = tracking.get_run(uri, logged.run_id).tags
+        vocab = vocab_of(tags.get(run_tags.FINETUNE_SET) or tags.get(run_tags.STORE))
+    return Source(kind, m.float().eval(), f"logged model {model_uri} ({uri})", "logged model",
+                  run_id=logged.run_id, vocab=vocab, config=logged.config)
+
+
+def job_config(raw: dict[str, Any], where: str):
+    """(kind, typed config) of a run's resolved config: the job whose config class accepts it."""
+    from xmodal.train.specs import JOBS
+
+    errors = []
+    for name in ("pretrain", "finetune", "mult"):
+        try:
+            cfg = JOBS[name].config_class.model_validate(raw)
+        except ValidationError as e:
+            errors.append(f"{name}: {e.errors()[0]['loc']}")
+            continue
+        return ({"pretrain": "pretrain", "mult": "mult"}.get(name) or cfg.task), cfg
+    raise SourceError(f"{where}: its config is no pretraining, fine-tuning or MulT config ({'; '.join(errors)})")
+
+
+def bare_model(kind: str, cfg, state: dict[str, Any], where: str) -> nn.Module:
+    """The job's bare model (`record.exported_model`) with an objective state dict's weights."""
+    from xmodal.models.lxmert import LxmertForPretraining
+    from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+    from xmodal.models.mult import Mult
+
+    prefix = "model."
+    foreign = [k for k in state if not k.startswith(prefix)]
+    if foreign:
+        raise SourceError(f"{where}: entries outside the objective's model: {', '.join(foreign[:6])}")
+    sd = {k[len(prefix):]: v for k, v in state.items()}
+    if kind == "pretrain":
+        model = LxmertForPretraining(cfg.model)
+    elif kind in ("vqa", "gqa"):
+        rows = sd.get("answer_head.fc2.weight")
+        if rows is None:
+            raise SourceError(f"{where}: no answer_head.fc2.weight in a {kind} checkpoint")
+        model = LxmertForQuestionAnswering(cfg.model, int(rows.shape[0]))
+    elif kind == "nlvr2":
+        model = LxmertForNlvr2(cfg.model, output=cfg.nlvr2_output)
+    else:
+        model = Mult(cfg.model)
+    try:
+        model.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        raise SourceError(f"{where}: the weights do not fit the {kind} model of its config: "
+                          f"{' '.join(str(e).split())[:600]}") from None
+    return model.float().eval()
+
+
+def vocab_of(store: str | None) -> Path | None:
+    """The tokenizer vocabulary of the data a run read: an LXMERT store's own vocab.txt, or, for a
+    fine-tuning set, that of the LXMERT store its manifest names (`store`: the one whose tokenizer
+    made its input_ids). None for MulT stores and stores no longer there."""
+    if not store:
+        return None
+    p = Path(store)
+    if (p / VOCAB_FILE).is_file():
+        return p / VOCAB_FILE
+    try:
+        named = json.loads((p / "manifest.json").read_text()).get("store")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(named, str) and (Path(named) / VOCAB_FILE).is_file():
+        return Path(named) / VOCAB_FILE
+    return None

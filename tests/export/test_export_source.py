@@ -1,0 +1,185 @@
+"""Export sources: checkpoint folders in train/checkpoint.py's format (the weights a run selected), the
+command line, an MLflow run's final checkpoint and its logged model from a real pretraining run, and
+bad sources refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
+from xmodal.errors import UserError
+from xmodal.export import MULT_HYPERPARAMETERS_FILE, PROVENANCE_FILE, run_export
+from xmodal.export.source import from_checkpoint
+from xmodal.models.lxmert import LxmertForPretraining
+from xmodal.models.lxmert_finetune import LxmertForQuestionAnswering
+from xmodal.models.mult import Mult
+from xmodal.objectives.finetune import FinetuneObjective
+from xmodal.objectives.pretraining import PretrainingObjective
+from xmodal.objectives.sentiment import MultObjective
+from xmodal.train import checkpoint as ckpt
+from xmodal.train.hooks import ValidationSelection
+from xmodal.train.step import TrainState
+from xmodal_testing import PYTHON, REPO
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+EXPORT = str(REPO / "jobs" / "export.py")
+# The command line runs outside the checkout (cwd: the test's folder), so this checkout's package first.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "platform"), os.environ.get("PYTHONPATH", "")])}
+
+
+def write_checkpoint(folder, cfg, objective, store=None, best=None):
+    """A checkpoint folder as a run's rank 0 writes it (hooks: save, the job's best_model.pt, seal)."""
+    state = TrainState(objective, torch.optim.SGD(objective.parameters(), lr=0.1), step=12)
+    ckpt.save(folder, state, {"epoch": 1, "pos": 0, "finished": True, "best": None, "run_id": "0123abcd",
+                              "config": cfg.model_dump(mode="json"), "store": str(store) if store else None})
+    if best is not None:
+        torch.save({"weights": best, "score": 0.5, "valid": {}}, folder / ValidationSelection.BEST_FILE)
+    ckpt.seal(folder)
+    return folder
+
+
+def vocabulary(folder, size):
+    folder.mkdir()
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(size - 5)]
+    (folder / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    return folder
+
+
+def test_command_line_exports_a_pretraining_checkpoint_with_its_stores_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = load_config(PretrainConfig, overrides=["preset=tiny"])
+    objective = PretrainingObjective(LxmertForPretraining(cfg.model), cfg.tasks)
+    store = vocabulary(tmp_path / "store", cfg.model.vocab_size)
+    folder = write_checkpoint(tmp_path / "checkpoint_000001", cfg, objective, store)
+    out = subprocess.run([PYTHON, EXPORT, "--checkpoint", str(folder), "--to", "transformers", "--out",
+                          str(tmp_path / "hf")], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ENV)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"[xmodal] exported the pretrain model of checkpoint {folder} (last weights) to "
+                               f"{tmp_path / 'hf'}: LxmertForPreTraining")
+    assert all(line.startswith("[xmodal]") for line in lines) and "zero table" in out.stdout
+    assert out.stderr == ""  # nothing of transformers' own (its progress bars) on the console
+    assert not (tmp_path / "mlflow.db").exists()  # a checkpoint source opens no tracking store
+    hf = transformers.LxmertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert torch.equal(hf.lxmert.embeddings.word_embeddings.weight, objective.model.encoder.word_embedding.word.weight)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").convert_tokens_to_ids("w3") == 8
+    meta = json.loads((tmp_path / "hf" / PROVENANCE_FILE).read_text())
+    assert meta["run_id"] == "0123abcd" and meta["weights"] == "last"
+
+    again = subprocess.run([PYTHON, EXPORT, "--checkpoint", str(folder), "--to", "reference", "--out",
+                            str(tmp_path / "hf")], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ENV)
+    assert again.returncode == 2 and again.stderr.startswith("error: --out: ") and "--force" in again.stderr
+
+
+def test_a_finetuning_checkpoint_exports_the_weights_selected_on_validation(tmp_path):
+    cfg = load_config(FinetuneConfig, overrides=["preset=tiny", "init.source=scratch", "task=gqa"])
+    objective = FinetuneObjective(LxmertForQuestionAnswering(cfg.model, 5), "gqa")
+    torch.manual_seed(3)
+    selected = FinetuneObjective(LxmertForQuestionAnswering(cfg.model, 5), "gqa").state_dict()
+    # a fine-tuning set names the LXMERT store whose tokenizer made its input_ids
+    lxmert = vocabulary(tmp_path / "lxmert", cfg.model.vocab_size)
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "manifest.json").write_text(json.dumps({"task": "gqa", "store": str(lxmert)}))
+    folder = write_checkpoint(tmp_path / "ckpt", cfg, objective, tmp_path / "set", best=selected)
+    source = from_checkpoint(folder)
+    assert (source.kind, source.weights, source.vocab) == ("gqa", "selected", lxmert / "vocab.txt")
+    got = source.model.state_dict()
+    assert all(torch.equal(got[k], selected["model." + k]) for k in got)
+    assert not torch.equal(got["answer_head.fc2.weight"], objective.model.answer_head.fc2.weight)
+
+
+def test_a_mult_checkpoint_exports_to_the_mult_reference(tmp_path):
+    cfg = load_config(MultTrainConfig, overrides=["preset=reference", "model.l_dim=12", "model.a_dim=7",
+                                                  "model.v_dim=5", "model.layers=1"])
+    objective = MultObjective(Mult(cfg.model), "sentiment", "l1")
+    folder = write_checkpoint(tmp_path / "ckpt", cfg, objective)
+    result = run_export("mult-reference", str(tmp_path / "out"), checkpoint=str(folder))
+    hyp = json.loads((result.out / MULT_HYPERPARAMETERS_FILE).read_text())
+    assert hyp["orig_d_l"] == 12 and hyp["layers"] == 1 and hyp["embed_dropout"] == cfg.model.embed_dropout
+
+
+def test_bad_sources_are_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "out")
+    with pytest.raises(UserError, match=r"--checkpoint: '.*/nowhere' does not exist"):
+        run_export("transformers", out, checkpoint=str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"--checkpoint: .* is not a checkpoint: model.pt, meta.json missing"):
+        run_export("transformers", out, checkpoint=str(tmp_path / "empty"))
+    cfg = load_config(PretrainConfig, overrides=["preset=tiny"])
+    folder = write_checkpoint(tmp_path / "foreign", cfg, PretrainingObjective(LxmertForPretraining(cfg.model),
+                                                                              cfg.tasks))
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "config": {"model": {"hidden": 3}}}))
+    with pytest.raises(UserError, match=r"--checkpoint: .*meta.json: its config is no pretraining, fine-tuning or MulT"):
+        run_export("transformers", out, checkpoint=str(folder))
+    with pytest.raises(UserError, match=r"no MLflow database at .*mlflow.db; expected an existing one"):
+        run_export("transformers", out, run_id="0123456789abcdef")  # the default ./mlflow.db: absent, not created
+    with pytest.raises(UserError, match="name one source: --run-id ID, --checkpoint DIR or --logged-model URI"):
+        run_export("transformers", out)
+    with pytest.raises(UserError, match="--to 'onnx': expected one of"):
+        run_export("onnx", out, checkpoint=str(folder))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "foreign"]
+
+
+def test_logged_model_uris_that_name_nothing_are_refused(tmp_path):
+    from xmodal import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.ensure_experiment(uri, "xmodal-pretrain")
+    for model_uri, message in (("models:/m-0123", r"'models:/m-0123': no such model at sqlite:///"),
+                               ("runs:/0123/final_model", r"'runs:/0123/final_model': no such model"),
+                               ("models:/m-a'b", r"cannot be looked up at sqlite:///.*Invalid filter string"),
+                               ("file:///tmp/model", r"expected models:/<model id> or runs:/<run id>/final_model")):
+        with pytest.raises(UserError, match=message):
+            run_export("transformers", str(tmp_path / "out"), logged_model=model_uri, tracking_uri=uri)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+@pytest.mark.slow
+def test_a_real_pretraining_runs_checkpoint_and_logged_model_export_to_transformers(tmp_path, ray_local, monkeypatch):
+    """A tiny pretraining run through the engine (Ray Train, MLflow in SQLite), exported from its MLflow
+    run and from its logged model: both load into LxmertForPreTraining and compute the run's model."""
+    transformers = pytest.importorskip("transformers")
+    from xmodal import tracking
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.data.options import SyntheticLxmertOptions
+    from xmodal.train.pretrain import PretrainJob
+
+    monkeypatch.chdir(tmp_path)  # the experiment's artifacts (./mlruns) go here
+    store = build_synthetic_store(tmp_path / "store", SyntheticLxmertOptions(
+        num_images=64, feat_dim=16, num_objects=8, num_object_labels=10, num_attr_labels=4, num_answers=20)).path
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(PretrainConfig, overrides=[
+        f"data.store={store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=to-export",
+        f"mlflow.tracking_uri={uri}", "preset=tiny", "train.epochs=1", "train.max_steps=4", "train.batch_size=16",
+        "train.eval_every=4", "train.log_every=2", "data.eval_batches=1", "mlflow.system_metrics=false"])
+    result = PretrainJob().run(cfg)
+    with result.checkpoint.as_directory() as d:
+        trained = from_checkpoint(d).model  # the run's final weights, as our model
+
+    by_run = run_export("transformers", str(tmp_path / "by-run"), run_id=result.run_id, tracking_uri=uri)
+    logged = run_export("transformers", str(tmp_path / "by-model"), logged_model=f"runs:/{result.run_id}/final_model",
+                        tracking_uri=uri)
+    assert {"tokenizer.json", "vocab.txt"} <= set(by_run.files) & set(logged.files)  # the store's vocabulary
+    assert json.loads((tmp_path / "by-run" / PROVENANCE_FILE).read_text())["run_id"] == result.run_id
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, trained.config.vocab_size, (2, 7), generator=g)
+    feats, boxes = torch.randn(2, 8, 16, generator=g), torch.rand(2, 8, 4, generator=g)
+    with torch.no_grad():
+        ours = trained.mlm_head(trained(ids, None, feats, boxes).lang)
+        for folder in ("by-run", "by-model"):
+            hf = transformers.LxmertForPreTraining.from_pretrained(tmp_path / folder).eval()
+            theirs = hf(input_ids=ids, visual_feats=feats, visual_pos=boxes).prediction_logits
+            torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
+    with pytest.raises(UserError, match=r"--run-id: no MLflow run 'feedface' at sqlite:///"):
+        run_export("transformers", str(tmp_path / "nope"), run_id="feedface", tracking_uri=uri)
+    with pytest.raises(UserError, match=r"logged model 'models:/m-nothere': no such model at sqlite:///"):
+        run_export("transformers", str(tmp_path / "nope"), logged_model="models:/m-nothere", tracking_uri=uri)
+    assert not (tmp_path / "nope").exists()
+    assert tracking.get_run(uri, result.run_id).status == "FINISHED"
