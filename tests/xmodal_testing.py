@@ -180,26 +180,30 @@ def tiny_worker(job: str, store: Path, *overrides: str):
 
 
 class MlflowServer:
-    """A real `mlflow server` on a local port (SQLite backend, artifacts served), stopped and started
-    again by the test on the same port and database."""
+    """A real `mlflow server` on a local port (SQLite backend unless `backend` names another database,
+    artifacts served), stopped and started again by the test on the same port and database. `env`: added
+    to the server's environment."""
 
-    def __init__(self, tmp: Path, port: int | None = None):
+    def __init__(self, tmp: Path, port: int | None = None, backend: str | None = None,
+                 env: dict[str, str] | None = None):
         self.tmp, self.port = tmp, port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
+        self.backend = backend or f"sqlite:///{self.tmp / 'server.db'}"
+        self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> MlflowServer:
         db = self.tmp / "server.db"
-        if not db.exists():
+        if self.backend.startswith("sqlite:") and not db.exists():
             from xmodal import tracking
 
             tracking.ensure_experiment(f"sqlite:///{db}", "e")  # the tables, made faster in-process
         log = open(self.tmp / "mlflow-server.log", "a")  # noqa: SIM115 - kept open for the server's lifetime
         self.proc = subprocess.Popen(
-            [MLFLOW, "server", "--backend-store-uri", f"sqlite:///{self.tmp / 'server.db'}",
+            [MLFLOW, "server", "--backend-store-uri", self.backend,
              "--artifacts-destination", str(self.tmp / "server-artifacts"), "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp, env=self.env)
         deadline = time.time() + timeout
         while True:
             try:

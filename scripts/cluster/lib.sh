@@ -43,3 +43,58 @@ xm_stop_mlflow() {
     fi
     rm -f "$HOME/mlflow/server.pid"
 }
+
+# The head's own PostgreSQL for MLflow (start_postgres.sh starts it; stop_cluster.sh stops it). Its
+# programs: those of the major version that initialised the data folder (PG_VERSION), else the newest
+# of Debian's /usr/lib/postgresql/*/bin, else the initdb on PATH. Sets XM_PG_BIN; says what is
+# missing and returns 1 when there are none.
+xm_pg_bin() {
+    local data=$1 version="" d
+    XM_PG_BIN=
+    if [ -f "$data/PG_VERSION" ]; then
+        version=$(cat "$data/PG_VERSION")
+        for d in "/usr/lib/postgresql/$version/bin" "$(dirname "$(readlink -f "$(command -v pg_ctl || echo /nonexistent)")")"; do
+            if [ -x "$d/pg_ctl" ] && [ "$("$d/pg_ctl" --version | grep -oE '[0-9]+' | head -n 1)" = "$version" ]; then
+                XM_PG_BIN=$d
+                return 0
+            fi
+        done
+        echo "$(basename "$0"): $data was initialised by PostgreSQL $version, whose programs are not on" \
+             "$(hostname) (looked in /usr/lib/postgresql/$version/bin and for pg_ctl on PATH): install" \
+             "PostgreSQL $version, or upgrade the data folder (pg_upgrade)" >&2
+        return 1
+    fi
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r) \
+             "$(dirname "$(readlink -f "$(command -v initdb || echo /nonexistent)")")"; do
+        if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then
+            XM_PG_BIN=$d
+            return 0
+        fi
+    done
+    echo "$(basename "$0"): no PostgreSQL server programs (initdb, pg_ctl, postgres) on $(hostname):" \
+         "looked in /usr/lib/postgresql/*/bin and on PATH; install them (the head's setup command" \
+         "\`start_postgres.sh --install\` does it with apt: package postgresql)" >&2
+    return 1
+}
+
+# Runs a command as the owner of the PostgreSQL data folder: this login, or, for root (PostgreSQL
+# refuses to run as root), the system user postgres.
+xm_pg_as_owner() {
+    if [ "$(id -u)" = 0 ]; then
+        # From /: the postgres user may not enter root's working directory.
+        (cd / && runuser -u postgres -- "$@")
+    else
+        "$@"
+    fi
+}
+
+# Stops the head's PostgreSQL if it runs (a fast shutdown: open sessions end, every committed run is
+# on disk); its data folder stays. Nothing to do without XMODAL_POSTGRES_DATA (another backend).
+xm_stop_postgres() {
+    local data=${XMODAL_POSTGRES_DATA:-}
+    [ -n "$data" ] && [ -f "$data/PG_VERSION" ] || return 0
+    xm_pg_bin "$data" || return 1
+    if xm_pg_as_owner "$XM_PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+        xm_pg_as_owner "$XM_PG_BIN/pg_ctl" -D "$data" stop -m fast -w -t 60 >/dev/null
+    fi
+}

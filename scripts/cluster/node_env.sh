@@ -13,7 +13,11 @@
 #   --stores=URI             XMODAL_STORES: where the feature stores are. s3://...: read there by URI
 #                            (the AWS_* variables below reach them); a folder on each node: copied to
 #                            ~/stores by setup_node.sh; empty (the default): none
-#   --mlflow-backend=URI     the MLflow database (default sqlite:///$HOME/mlflow/mlflow.db, on the head)
+#   --mlflow-backend=URI     another MLflow database than the head's own PostgreSQL (the default, which
+#                            start_postgres.sh runs), e.g. sqlite:///$HOME/mlflow/mlflow.db
+#   --postgres-data=DIR      the head's PostgreSQL data folder (default ~/mlflow/postgres; for a root
+#                            login /var/lib/xmodal/postgres, as the postgres user cannot enter /root)
+#   --postgres-port=N        its port on the head's loopback (default 5433)
 #   --mlflow-port=N          the MLflow server's port on the head (default 5000)
 #   --head-ip=IP             the head's address. Default: RAY_HEAD_IP, which the launcher gives the
 #                            workers' commands; on the head, head_ip of a local provider's config, else
@@ -27,9 +31,9 @@
 #                            are read and written with them by every job, worker and Ray Data task
 set -euo pipefail
 
-usage() { sed -n '8,27p' "$0" | cut -c3- >&2; exit 2; }
+usage() { sed -n '8,/^set -euo pipefail$/{/^#/p}' "$0" | cut -c3- >&2; exit 2; }  # the options above
 
-storage= artifacts= stores= backend= port=5000 head_ip= venv=
+storage= artifacts= stores= backend= port=5000 head_ip= venv= pg_data= pg_port=5433
 extra=()
 for arg in "$@"; do
     case "$arg" in
@@ -38,6 +42,8 @@ for arg in "$@"; do
         --stores=*) stores=${arg#*=} ;;
         --mlflow-backend=*) backend=${arg#*=} ;;
         --mlflow-port=*) port=${arg#*=} ;;
+        --postgres-data=*) pg_data=${arg#*=} ;;
+        --postgres-port=*) pg_port=${arg#*=} ;;
         --head-ip=*) head_ip=${arg#*=} ;;
         --venv=*) venv=${arg#*=} ;;
         --export=*=*) extra+=("${arg#--export=}") ;;
@@ -59,7 +65,24 @@ PY
 }
 head_ip=${head_ip:-${RAY_HEAD_IP:-$(bootstrap_head_ip || true)}}
 head_ip=${head_ip:-$(hostname -I | awk '{print $1}')}
-backend=${backend:-sqlite:///$HOME/mlflow/mlflow.db}
+# The head's own PostgreSQL unless another database is named. The driver is named in the URI: a plain
+# postgresql:// makes SQLAlchemy 2 look for psycopg 3, and the project installs psycopg2. No password
+# here (this file is on every node): the MLflow server reads it from the head's ~/mlflow/pgpass.
+if [ -z "$backend" ]; then
+    if [ -z "$pg_data" ]; then
+        pg_data=$HOME/mlflow/postgres
+        [ "$(id -u)" = 0 ] && pg_data=/var/lib/xmodal/postgres
+    fi
+    backend=postgresql+psycopg2://mlflow@127.0.0.1:$pg_port/mlflow
+elif [ -n "$pg_data" ]; then
+    echo "node_env.sh: --postgres-data is the head's own PostgreSQL, which --mlflow-backend=$backend replaces:" \
+         "give one of them" >&2
+    exit 2
+fi
+case "$pg_data" in
+    ""|/*) ;;
+    *) echo "node_env.sh: --postgres-data=$pg_data: expected an absolute path" >&2; exit 2 ;;
+esac
 if [ -n "$venv" ] && [ ! -x "$venv/bin/python" ]; then
     echo "node_env.sh: --venv=$venv: no $venv/bin/python on $(hostname)" >&2
     exit 1
@@ -72,6 +95,8 @@ var() { printf 'export %s=%q\n' "$1" "$2"; }
     var XMODAL_MLFLOW_ARTIFACTS "$artifacts"
     var XMODAL_STORES "$stores"
     var XMODAL_MLFLOW_BACKEND "$backend"
+    var XMODAL_POSTGRES_DATA "$pg_data"
+    var XMODAL_POSTGRES_PORT "$pg_port"
     var XMODAL_HEAD_IP "$head_ip"
     var XMODAL_MLFLOW_PORT "$port"
     var MLFLOW_TRACKING_URI "http://$head_ip:$port"

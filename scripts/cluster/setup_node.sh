@@ -38,9 +38,9 @@ if [ -z "${XMODAL_VENV:-}" ]; then
         "${root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv
     fi
     bash "$HOME/xmodal/scripts/setup.sh"
-elif ! python -c "import ray, torch, mlflow" 2>/dev/null; then
-    echo "setup_node.sh: the environment $XMODAL_VENV (node_env.sh --venv) on $(hostname) lacks ray, torch" \
-         "or mlflow: install the project's dependencies into it (pip install -e '.[test]')" >&2
+elif ! python -c "import ray, torch, mlflow, psycopg2" 2>/dev/null; then
+    echo "setup_node.sh: the environment $XMODAL_VENV (node_env.sh --venv) on $(hostname) lacks ray, torch," \
+         "mlflow or psycopg2: install the project's dependencies into it (pip install -e '.[cluster,test]')" >&2
     exit 1
 fi
 

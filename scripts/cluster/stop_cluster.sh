@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stops Ray on every node of a cluster on your own machines (cluster.onprem.yaml), and the head's MLflow
-# server. Run it on the head, before `ray down`:
+# server and PostgreSQL (whose data stays). Run it on the head, before `ray down`:
 #
 #   ray exec cluster.onprem.yaml 'bash ~/xmodal/scripts/cluster/stop_cluster.sh'
 #   ray down -y cluster.onprem.yaml
@@ -53,6 +53,11 @@ if ! eval "$gone"; then
     exit 1
 fi
 xm_stop_mlflow
+# The head's PostgreSQL stops too; its data folder, and every run in it, stays for the next `ray up`.
+if ! xm_stop_postgres; then
+    echo "stop_cluster.sh: stopping PostgreSQL ($XMODAL_POSTGRES_DATA) on the head ($(hostname)) failed" >&2
+    exit 1
+fi
 
 ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o IdentitiesOnly=yes
           -o BatchMode=yes -o ConnectTimeout=10)
