@@ -187,6 +187,7 @@ def ray_processes(hosts: Hosts, name: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.launcher  # not in .ci/run (CI time): `.venv/bin/python -m pytest -m launcher` as root
 @pytest.mark.skipif(REASON is not None, reason=f"ray up rehearsal unavailable: {REASON}")
 def test_ray_up_runs_a_job_on_every_worker_and_ray_down_leaves_nothing():
     from xmodal import tracking
