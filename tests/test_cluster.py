@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -348,9 +349,39 @@ def test_start_ray_stops_first_and_the_onprem_head_refuses_autoscaler_v2(onprem,
     assert started.returncode == 0, started.stderr
     stop, start = (home / "calls.log").read_text().splitlines()
     assert stop.startswith("ray stop ")
-    assert start.startswith("ray start --node-ip-address=10.9.8.7 --head ") and "--num-cpus=0" in start
+    assert start.startswith("ray start --node-ip-address=10.9.8.7 --system-config=") and "--num-cpus=0" in start
+    assert " --head " in start
     hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
     assert f"(nofile {65536 if hard == 'unlimited' else min(65536, int(hard))})" in start
+
+
+def test_start_ray_gives_the_head_the_health_check_settings(cfg, onprem, tmp_path):
+    """Both configs' head `ray start` gets scripts/cluster/head_system_config.json as --system-config (the
+    GCS hands it to every node); a worker's gets none (Ray refuses one there); a --system-config in the
+    command given replaces it. tests/test_cross_host.py runs its cluster with the same file."""
+    path = REPO / "scripts" / "cluster" / "head_system_config.json"
+    config = json.loads(path.read_text())
+    # A node that answers no health check is declared dead after `threshold` checks in a row fail, each
+    # after its timeout, with a period between them: at most 15 s with these settings (Ray's: 65 s).
+    worst_ms = config["health_check_failure_threshold"] * (config["health_check_timeout_ms"]
+                                                           + config["health_check_period_ms"])
+    assert set(config) == {"health_check_period_ms", "health_check_timeout_ms", "health_check_failure_threshold"}
+    assert worst_ms <= 15_000, config
+    home, env = stand_in_node(tmp_path, {"ray": '[ "$1" = start ] && printf "%s\\n" "$@" > "$HOME/start.args"; exit 0'})
+
+    def start_args(command: str) -> list[str]:
+        subprocess.run(shlex.split(command.replace("~/xmodal/", str(REPO) + "/")), env=env, check=True,
+                       capture_output=True, timeout=60)
+        return (home / "start.args").read_text().splitlines()[1:]
+
+    for c in (cfg, onprem):
+        head = start_args(command_with(c, "head_start_ray_commands", "ray start"))
+        given = [a.split("=", 1)[1] for a in head if a.startswith("--system-config")]
+        assert len(given) == 1 and json.loads(given[0]) == config, head
+        worker = start_args(command_with(c, "worker_start_ray_commands", "ray start"))
+        assert "--address=$RAY_HEAD_IP:6379" in worker and not any(a.startswith("--system-config") for a in worker)
+    own = start_args(command_with(cfg, "head_start_ray_commands", "ray start") + """ --system-config='{"a": 1}'""")
+    assert [a for a in own if a.startswith("--system-config")] == ['--system-config={"a": 1}'], own
 
 
 def test_stop_cluster_stops_the_head_then_every_worker_over_ssh(tmp_path):

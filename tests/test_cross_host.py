@@ -1,25 +1,52 @@
-"""A pretraining run across three rehearsal hosts (xmodal/rehearsal.py) that loses one of them midway.
+"""Pretraining runs across four rehearsal hosts (xmodal/rehearsal.py) that lose a host, a network link
+or their driver midway, and a run that cannot be placed on what is left.
 
-    head     10.231.0.1  the Ray head (no CPUs: drivers only), the S3 server (moto), the job's driver
+    head     10.231.0.1  the Ray head (no CPUs: drivers only), the S3 server (moto), the jobs' drivers
     worker1  10.231.0.2  a Ray worker node, 2 CPUs
     worker2  10.231.0.3  a Ray worker node, 2 CPUs
+    worker3  10.231.0.4  a Ray worker node, 2 CPUs
+
+One cluster for the module (the `cluster` fixture): each case costs its runs, not a new cluster, and
+each lost host stays lost (a raylet started again on a host the GCS declared dead crashed at start-up),
+so the cases run in the file's order: the cut link and the dead host each take one of the three worker
+hosts, the driver's case and the strict placement run on the one left. The head's GCS runs with the
+health-check settings the cluster configs give it (scripts/cluster/head_system_config.json, which
+scripts/cluster/start_ray.sh passes as --system-config), read from that file. A monitor (a driver of
+its own in `head`) prints every change of the live nodes and every Train worker that starts, with the
+machine's monotonic clock, so the cases read when a node was declared dead and where the workers ran
+without starting a Ray driver each time.
 
 Once the nodes have joined, every host name resolves to 127.0.0.1 (the hosts file rewritten): gloo must
 take its interface from the node IP (xmodal.train.gloo), not from its host name, or the workers on the
 two hosts each dial their own loopback.
 
-The job (`jobs/pretrain.py`, tiny preset) runs 2 Train workers of 0.5 CPU each, placed SPREAD (one per
-worker host), checkpoints to `s3://` on the moto server, logs to an MLflow SQLite file. Once two steps
-after a checkpoint have been shown, every process of worker2 is killed (its host's PID namespace dies: raylet, Train
-worker, Ray Data tasks at once, as when a machine loses power). Ray Train sees the worker group fail,
-and, SPREAD being a soft placement, starts both workers again on worker1 (2 x 0.5 CPUs, one CPU left for
-Ray Data's read tasks) from the newest checkpoint on S3. The run finishes there, every step logged
-once, the steps trained twice with the same losses. Then a STRICT_SPREAD run, which one worker host
-cannot hold, fails after its bounded tries (engine: controller_failure_limit) instead of retrying forever.
+Every job is `jobs/pretrain.py` (tiny preset, 40 steps, a checkpoint every 10) with 2 Train workers of
+0.5 CPU placed SPREAD, checkpointing to `s3://` on the moto server and logging to an MLflow SQLite
+file. The runs are reproducible (same seed, data, config and worker count), so one fault-free run of
+the same job (`reference`) is what each faulty run must equal: its per-step losses and evaluations at
+every step, and the weights of the checkpoint each faulty run resumed from (the same digest as the
+fault-free run's at that step). Its steps after that checkpoint are a fault-free run from it.
+
+- A cut network link (the link to the bridge of a host running a Train worker taken down: its processes
+  live on, unreachable): the GCS declares the host's node dead after its failed health checks, Ray Train
+  starts the worker group again on the worker hosts left (SPREAD is a soft placement) from the newest
+  checkpoint on S3, and the run finishes there.
+- A host that dies (every process of a host running a Train worker killed at once, its PID namespace
+  gone, as when a machine loses power): the same, detected sooner (its ports refuse connections), and
+  both workers restart on the one worker host left (2 x 0.5 CPUs, one CPU left for Ray Data's reads).
+- The driver killed (SIGKILL) midway: the cluster ends the job's actors; the same command run again
+  resumes from the newest intact checkpoint on S3 into the same MLflow run.
+- STRICT_SPREAD, which the one worker host left cannot hold: fails after its bounded tries (engine:
+  controller_failure_limit) with Ray Train's error instead of retrying forever.
+
+Each case prints its wall time, the steps trained twice, the metrics lost (none: asserted) and, for
+the lost hosts, the time from the fault to the node declared dead.
 
 What is shared between hosts: each host has its own /tmp, /run, /dev/shm and /root, so the store, the
-MLflow database and the driver's working folder live in a folder under /var/tmp, which the rehearsal
-leaves as the machine's (every host sees the same files). Checkpoints go over the network to S3.
+MLflow database and the drivers' working folder live in a folder under /var/tmp, which the rehearsal
+leaves as the machine's (every host sees the same files: a cut host could still reach the MLflow file,
+which a real one could not reach over the network; its blocked workers log nothing new). Checkpoints
+go over the network to S3.
 
 Root only (network namespaces); skipped otherwise, with the reason.
 """
@@ -37,6 +64,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -46,32 +75,48 @@ from xmodal.rehearsal import Hosts
 from xmodal_testing import PYTHON, REPO
 
 REASON = rehearsal.unavailable_reason()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")]
+
 PREFIX = "xmx"  # not the command line's (xm) nor test_rehearsal's (xmt)
 BIN = Path(PYTHON).parent
 RAY = str(BIN / "ray")
-HEAD, WORKER1, WORKER2 = "10.231.0.1", "10.231.0.2", "10.231.0.3"
+HEAD = "10.231.0.1"
+WORKERS = {"worker1": "10.231.0.2", "worker2": "10.231.0.3", "worker3": "10.231.0.4"}
+HOST_AT = {address: name for name, address in WORKERS.items()}
 S3_PORT = 5000
 ENDPOINT = f"http://{HEAD}:{S3_PORT}"
 BUCKET = "xmodal"
-RUN = "xhost"
 STEPS = 40
 EVAL_EVERY = 10
-# The GCS notices a dead node after about period x threshold (3 s) instead of the defaults' 30 s or more.
 START_TIMEOUT_S = 10.0  # Ray Train's wait for a worker group's placement (default 60 s)
-HEALTH = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
-          "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+# The cluster configs' GCS health checks, from the file start_ray.sh passes to the head.
+HEALTH = json.loads((REPO / "scripts" / "cluster" / "head_system_config.json").read_text())
+COMPARED = ("train/loss", "train/loss/mlm", "eval/loss", "eval/match_acc", "eval/mlm_acc")
+COMMON = ["--object-store-memory=100000000", "--disable-usage-stats"]
 
-WAIT_FOR_NODES = """
-import sys, time
+# A driver of its own in `head` for the whole module: the cluster's system config once, then, with the
+# machine's monotonic clock (the same in every host), each change of the live nodes and each Train
+# worker seen alive for the first time.
+MONITOR = """
+import json, time
 import ray
+from ray._private import state
 ray.init(address="auto", log_to_driver=False)
-deadline = time.monotonic() + 60
-while time.monotonic() < deadline:
+print("config", json.dumps(state.state.get_system_config()), flush=True)
+nodes, seen, next_actors = None, set(), 0.0
+while True:
     alive = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
-    if len(alive) == 3:
-        break
-    time.sleep(0.2)
-print(" ".join(alive))
+    now = time.monotonic()  # after the answer: a node's death is printed no earlier than it was known
+    if alive != nodes:
+        nodes = alive
+        print(now, "nodes", " ".join(alive), flush=True)
+    if now >= next_actors:
+        next_actors = now + 1.0
+        for a in sorted(state.actors(actor_state_name="ALIVE").values(), key=lambda a: a["StartTime"]):
+            if a["ActorClassName"] == "RayTrainWorker" and a["ActorID"] not in seen:
+                seen.add(a["ActorID"])
+                print(now, "worker", a["Address"]["IPAddress"], flush=True)
+    time.sleep(0.05)
 """
 
 
@@ -94,12 +139,13 @@ def wait_port(host: str, port: int, timeout: float) -> None:
             time.sleep(0.1)
 
 
-def checkpoint_steps_on_s3(client) -> list[int]:
-    """The steps of the run's checkpoints on S3 (their meta files)."""
-    out = client.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{RUN}/")
-    metas = [o["Key"] for o in out.get("Contents", [])
-             if o["Key"].endswith("/meta.json") and o["Key"].split("/")[2].startswith("checkpoint_")]
-    return sorted(json.loads(client.get_object(Bucket=BUCKET, Key=k)["Body"].read())["step"] for k in metas)
+def checkpoint_metas(client, run: str) -> dict[int, dict]:
+    """The metas of the run's checkpoints on S3, by step."""
+    out = client.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{run}/")
+    keys = [o["Key"] for o in out.get("Contents", [])
+            if o["Key"].endswith("/meta.json") and o["Key"].split("/")[2].startswith("checkpoint_")]
+    metas = [json.loads(client.get_object(Bucket=BUCKET, Key=k)["Body"].read()) for k in keys]
+    return {m["step"]: m for m in metas}
 
 
 def printed_losses(log: str) -> dict[int, float]:
@@ -108,22 +154,113 @@ def printed_losses(log: str) -> dict[int, float]:
             for m in re.finditer(r"^\[xmodal\] step (\d+)/\d+ .* loss ([0-9.]+) ", log, re.MULTILINE)}
 
 
-TRAIN_WORKERS = """
-import json
-import ray
-from ray._private import state
-ray.init(address="auto", log_to_driver=False)
-actors = [a for a in state.actors().values() if a["ActorClassName"] == "RayTrainWorker"]
-print(json.dumps(sorted((a["StartTime"], a["Address"]["IPAddress"]) for a in actors)))
-"""
+def child_of(pid: int) -> int:
+    """The one child of `pid` (the program an `nsenter --pid` runs: nsenter forks it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        assert time.monotonic() < deadline, f"process {pid} started no child"
+        time.sleep(0.05)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")
-def test_a_run_loses_a_worker_host_and_finishes_on_the_other(mlflow_template):
+@dataclass
+class Cluster:
+    hosts: Hosts
+    shared: Path
+    env: dict[str, str]
+    uri: str
+    store: Path
+    logs: dict = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)  # worker hosts cut off or killed
+
+    def log(self, name: str) -> dict:
+        self.logs[name] = open(self.shared / f"{name}.log", "w")  # noqa: SIM115 - closed at teardown
+        return {"stdout": self.logs[name], "stderr": subprocess.STDOUT}
+
+    def text(self, name: str) -> str:
+        return (self.shared / f"{name}.log").read_text()
+
+    def tail(self, name: str, n: int = 4000) -> str:
+        return self.text(name)[-n:]
+
+    def monitor(self, since: float) -> list[tuple[float, str, list[str]]]:
+        """The monitor's lines since `since` (monotonic): (time, "nodes" or "worker", addresses)."""
+        out = []
+        for line in self.text("monitor").splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[1] in ("nodes", "worker") and float(parts[0]) >= since:
+                out.append((float(parts[0]), parts[1], parts[2:]))
+        return out
+
+    def alive(self) -> list[str]:
+        nodes = [addresses for _, kind, addresses in self.monitor(0.0) if kind == "nodes"]
+        return nodes[-1] if nodes else []
+
+    def wait_nodes(self, expected: list[str], timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while self.alive() != expected:
+            assert time.monotonic() < deadline, (f"nodes {self.alive()}, expected {expected}:\n{self.tail('monitor')}\n"
+                                                 + "\n".join(self.tail(w) for w in WORKERS))
+            time.sleep(0.2)
+
+    def start_worker_node(self, host: str, address: str, log: str) -> None:
+        """`ray start --block` of a worker node in `host`: dies with its host."""
+        self.hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379", f"--node-ip-address={address}",
+                                "--num-cpus=2", *COMMON], env=self.env, **self.log(log))
+
+    def job(self, name: str, *extra: str) -> list[str]:
+        """The job's command line (the same for every case but its name and `extra`)."""
+        return [PYTHON, str(REPO / "jobs" / "pretrain.py"), "--store", str(self.store),
+                "--storage-path", f"s3://{BUCKET}/runs", "--run-name", name,
+                "--set", "preset=tiny", "--set", "train.epochs=4", "--set", "train.batch_size=16",
+                "--set", f"train.max_steps={STEPS}", "--set", f"train.eval_every={EVAL_EVERY}",
+                "--set", "train.log_every=1", "--set", "train.keep_best=10", "--set", "data.eval_batches=2",
+                "--set", "scale.num_workers=2", "--set", "scale.cpus_per_worker=0.5",
+                "--set", "mlflow.system_metrics=false", "--set", f"mlflow.tracking_uri={self.uri}", *extra]
+
+    def start(self, name: str, log: str, placement: str = "SPREAD", max_failures: int = 2) -> subprocess.Popen:
+        """The job's driver, in `head`, attached to the cluster."""
+        cmd = self.job(name, "--set", f"scale.placement_strategy={placement}", "--set", f"scale.max_failures={max_failures}")
+        return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
+                                **self.log(log))
+
+    def past_a_checkpoint(self, driver: subprocess.Popen, run: str, log: str) -> dict[int, dict]:
+        """Waits until two progress lines (every 4 steps) after the newest checkpoint on S3 are shown
+        (e.g. 13 and 17 after the one at 10); returns the checkpoints on S3 then."""
+        client = s3()
+        deadline = time.monotonic() + 240
+        while True:
+            assert driver.poll() is None, self.tail(log)
+            assert time.monotonic() < deadline, "no checkpoint on S3 after 240 s:\n" + self.tail(log)
+            metas = checkpoint_metas(client, run)
+            shown = printed_losses(self.text(log))
+            if metas and shown and max(shown) >= max(metas) + 7:
+                return metas
+            time.sleep(0.1)
+
+    def finish(self, driver: subprocess.Popen, log: str, timeout: float = 300) -> str:
+        try:
+            rc = driver.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job did not end within {timeout} s:\n" + self.tail(log))
+        out = self.text(log)
+        assert rc == 0, out[-6000:]
+        return out
+
+    def the_run(self, name: str):
+        from xmodal import tracking
+
+        exp = tracking.get_experiment_id(self.uri, "xmodal-pretrain")
+        runs = tracking.search_runs(self.uri, [exp], f"tags.`{tracking.RUN_NAME_TAG}` = '{name}'")
+        assert len(runs) == 1, runs
+        return runs[0]
+
+
+@pytest.fixture(scope="module")
+def cluster(mlflow_template, request) -> Iterator[Cluster]:
     pytest.importorskip("moto")
-    from xmodal import tracking
-
     rehearsal.teardown_leftovers(PREFIX)
     shared = Path(tempfile.mkdtemp(prefix="xmodal-xhost-", dir="/var/tmp"))
     os.chmod(shared, 0o755)
@@ -141,132 +278,198 @@ def test_a_run_loses_a_worker_host_and_finishes_on_the_other(mlflow_template):
            "OMP_NUM_THREADS": "1", "MLFLOW_TRACKING_URI": uri,
            # read by Ray Train's controller, which runs on the head (the driver's node)
            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(START_TIMEOUT_S)}
-    common = ["--object-store-memory=100000000", "--disable-usage-stats"]
-    hosts = Hosts(3, PREFIX)
-    logs = {}
-    times = {}
-    passed = False
-
-    def log(name: str):
-        logs[name] = open(shared / f"{name}.log", "w")  # noqa: SIM115 - closed in finally
-        return {"stdout": logs[name], "stderr": subprocess.STDOUT}
-
-    def tail(name: str, n: int = 4000) -> str:
-        return (shared / f"{name}.log").read_text()[-n:]
-
+    hosts = Hosts(1 + len(WORKERS), PREFIX)
+    hosts_file = Path(f"/run/{PREFIX}-rehearsal/hosts")
+    c = None
+    failed_before = request.session.testsfailed
     began = time.monotonic()
     try:
         hosts.create()
-        hosts.popen("head", [str(BIN / "moto_server"), "-H", HEAD, "-p", str(S3_PORT)], env=env, **log("s3"))
+        c = Cluster(hosts, shared, env, uri, store)
+        hosts.popen("head", [str(BIN / "moto_server"), "-H", HEAD, "-p", str(S3_PORT)], env=env, **c.log("s3"))
         hosts.run("head", [RAY, "start", "--head", f"--node-ip-address={HEAD}", "--port=6379",
                            "--include-dashboard=false", "--num-cpus=0", f"--system-config={json.dumps(HEALTH)}",
-                           *common], env=env, timeout=120)
-        for host, address in (("worker1", WORKER1), ("worker2", WORKER2)):
-            hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379", f"--node-ip-address={address}",
-                               "--num-cpus=2", *common], env=env, **log(host))
+                           *COMMON], env=env, timeout=120)
+        for name, address in WORKERS.items():
+            c.start_worker_node(name, address, name)
+        hosts.popen("head", [PYTHON, "-c", MONITOR], env=env, **c.log("monitor"))
         wait_port(HEAD, S3_PORT, 30)
         s3().create_bucket(Bucket=BUCKET)
-        nodes = hosts.run("head", [PYTHON, "-c", WAIT_FOR_NODES], env=env, timeout=90).stdout.split()
-        assert nodes == [HEAD, WORKER1, WORKER2], f"{nodes}\n{tail('worker1')}\n{tail('worker2')}"
+        c.wait_nodes([HEAD, *WORKERS.values()])
+        # The GCS holds the cluster configs' health-check settings.
+        config = json.loads(next(line for line in c.text("monitor").splitlines() if line.startswith("config "))[7:])
+        assert {k: config.get(k) for k in HEALTH} == HEALTH, config
         # From now on every host name resolves to 127.0.0.1 (as in many a machine's /etc/hosts; Ray's
         # nodes, which joined already, cannot start with that): gloo's own choice of
         # address would then be loopback, and the workers on two hosts would dial themselves.
         # xmodal.train.gloo sets GLOO_SOCKET_IFNAME from the node IP instead. (The file is bind-mounted
         # into every host; rewritten in place, they all see it.)
-        hosts_file = Path(f"/run/{PREFIX}-rehearsal/hosts")
         with open(hosts_file, "r+") as f:
             f.truncate(0)
             f.write("127.0.0.1\tlocalhost " + " ".join(hosts.names) + "\n")
         assert hosts.run("worker1", ["getent", "hosts", "worker1"]).stdout.split()[0] == "127.0.0.1"
-        times["cluster up"] = time.monotonic() - began
-
-        def job(name: str, *extra: str) -> list[str]:
-            return [PYTHON, str(REPO / "jobs" / "pretrain.py"), "--store", str(store),
-                    "--storage-path", f"s3://{BUCKET}/runs", "--run-name", name,
-                    "--set", "preset=tiny", "--set", "train.epochs=4", "--set", "train.batch_size=16",
-                    "--set", f"train.max_steps={STEPS}", "--set", f"train.eval_every={EVAL_EVERY}",
-                    "--set", "train.log_every=1", "--set", "train.keep_best=10", "--set", "data.eval_batches=2",
-                    "--set", "scale.num_workers=2", "--set", "scale.cpus_per_worker=0.5",
-                    "--set", "mlflow.system_metrics=false", "--set", f"mlflow.tracking_uri={uri}", *extra]
-
-        cmd = job(RUN, "--set", "scale.placement_strategy=SPREAD", "--set", "scale.max_failures=2")
-        job_began = time.monotonic()
-        driver = hosts.popen("head", cmd, env={**env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(shared),
-                             **log("driver"))
-        client = s3()
-        deadline = time.monotonic() + 240
-        while True:  # until two progress lines (every 4 steps) after the newest checkpoint on S3 are shown
-            assert driver.poll() is None, tail("driver")
-            assert time.monotonic() < deadline, "no checkpoint on S3 after 240 s:\n" + tail("driver")
-            on_s3 = checkpoint_steps_on_s3(client)
-            shown = printed_losses((shared / "driver.log").read_text())
-            if on_s3 and shown and max(shown) >= on_s3[-1] + 7:  # e.g. 13 and 17 after the checkpoint at 10
-                break
-            time.sleep(0.1)
-        times["job to first checkpoint"] = time.monotonic() - job_began
-        # worker2 loses power: its host's PID 1 dies, and every process in it with it.
-        os.kill(hosts.hosts["worker2"].holder, signal.SIGKILL)
-        killed_at = time.monotonic()
-        while driver.poll() is None and "[xmodal] resumed from checkpoint" not in (shared / "driver.log").read_text():
-            assert time.monotonic() < killed_at + 300, "not resumed 300 s after losing worker2:\n" + tail("driver")
-            time.sleep(0.2)
-        times["loss to resumed"] = time.monotonic() - killed_at
-        try:
-            rc = driver.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the job did not end within 300 s of losing worker2:\n" + tail("driver"))
-        times["resumed to the job's end"] = time.monotonic() - killed_at - times["loss to resumed"]
-        out = (shared / "driver.log").read_text()
-        assert rc == 0, out[-6000:]
-
-        exp = tracking.get_experiment_id(uri, "xmodal-pretrain")
-        runs = tracking.search_runs(uri, [exp], f"tags.`{tracking.RUN_NAME_TAG}` = '{RUN}'")
-        assert len(runs) == 1, runs
-        run = runs[0]
-        assert run.status == "FINISHED"
-        resumed = tracking.metric_points(uri, run.run_id, "train/resumed_from_step")
-        assert len(resumed) == 1, resumed
-        resumed_from = int(resumed[0].value)
-        assert resumed_from >= on_s3[-1], (resumed_from, on_s3)  # the newest checkpoint on S3 at the loss
-        history = tracking.metric_history(uri, run.run_id, "train/loss")
-        steps = [s for s, _ in history]
-        assert sorted(steps) == list(range(1, STEPS + 1)), steps  # every step once, none lost, none twice
-        assert all(math.isfinite(v) for _, v in history)
-        # The steps trained twice (after the checkpoint, before the loss: shown by the first attempt,
-        # on two hosts) have the same loss in the resumed attempt (both workers on worker1): the
-        # resumed run continues the uninterrupted one exactly, to the console's 4 decimals.
-        again = {s: v for s, v in shown.items() if s > resumed_from}
-        assert len(again) >= 2, (shown, resumed_from)
-        logged = dict(history)
-        assert {s: round(logged[s], 4) for s in again} == pytest.approx(again, abs=1.5e-4), (again, logged)
-        # Where the Train workers ran: one per worker host, then both on worker1.
-        placed = json.loads(hosts.run("head", [PYTHON, "-c", TRAIN_WORKERS], env=env, timeout=60).stdout
-                            .strip().splitlines()[-1])
-        ips = [ip for _, ip in placed]
-        assert sorted(ips[:2]) == [WORKER1, WORKER2] and ips[2:] == [WORKER1, WORKER1], placed
-
-        # STRICT_SPREAD cannot place 2 workers on the one worker host left: each try to start the worker
-        # group times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), and after scale.max_failures retries
-        # the job fails with Ray Train's error, instead of trying every minute without end (Ray's default).
-        strict_began = time.monotonic()
-        strict = hosts.run("head", job("xhost-strict", "--set", "scale.placement_strategy=STRICT_SPREAD",
-                                       "--set", "scale.max_failures=1"),
-                           env={**env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(shared), check=False, timeout=240)
-        times["strict placement's error"] = time.monotonic() - strict_began
-        said = strict.stdout + strict.stderr
-        assert strict.returncode != 0, said[-4000:]
-        assert f"The worker group startup timed out after {START_TIMEOUT_S}" in said, said[-4000:]
-        (strict_run,) = tracking.search_runs(uri, [exp], f"tags.`{tracking.RUN_NAME_TAG}` = 'xhost-strict'")
-        assert strict_run.status == "FAILED"
-        print("phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items())
-              + f"; resumed from step {resumed_from}; steps {sorted(again)} trained twice, the same losses")
-        passed = True
+        print(f"cluster up in {time.monotonic() - began:.1f} s")
+        yield c
     finally:
         hosts.teardown()
-        for f in logs.values():
+        for f in (c.logs.values() if c is not None else ()):
             f.close()
-        if passed:
+        if request.session.testsfailed == failed_before:
             shutil.rmtree(shared)
         else:
             print(f"the hosts' logs, store and MLflow database: {shared}")
-    assert rehearsal.leftovers(PREFIX) == []  # every host process (Ray, moto, the driver) went with its host
+    assert rehearsal.leftovers(PREFIX) == []  # every host process (Ray, moto, drivers) went with its host
+
+
+@dataclass(frozen=True)
+class Reference:
+    histories: dict[str, dict[int, float]]  # COMPARED key -> {step: value}
+    checkpoints: dict[int, dict]  # step -> meta
+
+
+@pytest.fixture(scope="module")
+def reference(cluster) -> Reference:
+    """A fault-free run of the same job, which every faulty run must equal."""
+    from xmodal import tracking
+
+    c = cluster
+    began = time.monotonic()
+    c.finish(c.start("xhost-ref", "reference"), "reference")
+    run = c.the_run("xhost-ref")
+    assert run.status == "FINISHED"
+    histories = {k: dict(tracking.metric_history(c.uri, run.run_id, k)) for k in COMPARED}
+    assert sorted(histories["train/loss"]) == list(range(1, STEPS + 1))
+    checkpoints = checkpoint_metas(s3(), "xhost-ref")
+    assert sorted(checkpoints) == list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)), sorted(checkpoints)
+    print(f"reference: a fault-free run in {time.monotonic() - began:.1f} s")
+    return Reference(histories, checkpoints)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    resumed_from: int
+    redone: list[int]  # steps trained before the fault and again after it (their loss logged once)
+
+
+def check_resumed(c: Cluster, name: str, at_fault: dict[int, dict], ref: Reference) -> Resumed:
+    """The run finished once, resumed from the newest checkpoint on S3 at the fault (or a newer one),
+    every step and evaluation logged once with the fault-free run's values, from the same weights."""
+    from xmodal import tracking
+
+    run = c.the_run(name)
+    assert run.status == "FINISHED"
+    resumed = tracking.metric_points(c.uri, run.run_id, "train/resumed_from_step")
+    assert len(resumed) == 1, resumed
+    resumed_from = int(resumed[0].value)
+    assert resumed_from >= max(at_fault), (resumed_from, sorted(at_fault))
+    # The checkpoint resumed from holds the fault-free run's state at that step: the same weights
+    # (sha256 sealed in its meta) at the same place in the data.
+    meta = checkpoint_metas(s3(), name)[resumed_from]
+    same = ref.checkpoints[resumed_from]
+    assert meta["files"]["model.pt"] == same["files"]["model.pt"], (meta["files"], same["files"])
+    assert (meta["epoch"], meta["pos"]) == (same["epoch"], same["pos"])
+    points = tracking.metric_points(c.uri, run.run_id, "train/loss")
+    steps = sorted(p.step for p in points)
+    assert steps == list(range(1, STEPS + 1)), steps  # every step once: none lost, none twice
+    assert all(math.isfinite(p.value) for p in points)
+    # Every step's losses and every evaluation equal the fault-free run's: before the fault, and from
+    # the checkpoint on (what the fault-free run did after that checkpoint).
+    for key in COMPARED:
+        logged = dict(tracking.metric_history(c.uri, run.run_id, key))
+        assert logged.keys() == ref.histories[key].keys(), (key, sorted(logged), sorted(ref.histories[key]))
+        worst = max(abs(logged[s] - ref.histories[key][s]) for s in logged)
+        assert worst <= 1e-5, f"{key}: {name} differs from the fault-free run by {worst}"
+    # Logged before the restart's mark but past its checkpoint: trained twice, logged by the first attempt.
+    redone = sorted(p.step for p in points if p.step > resumed_from and p.timestamp <= resumed[0].timestamp)
+    return Resumed(resumed_from, redone)
+
+
+def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], None], what: str) -> None:
+    """Run the job; once a checkpoint is on S3 and two progress lines after it are shown, apply `fault`
+    to a worker host that runs one of its Train workers. The host's node must be declared dead, the
+    workers start again on the worker hosts left, and the run finishes equal to the fault-free one."""
+    before = [a for a in c.alive() if a != HEAD]
+    assert len(before) >= 2, f"{what} needs two worker hosts; alive: {before} (the cases run in the file's order)"
+    began = time.monotonic()
+    driver = c.start(name, name)
+    at_fault = c.past_a_checkpoint(driver, name, name)
+    placed = [nodes[0] for _, kind, nodes in c.monitor(began) if kind == "worker"]
+    assert len(placed) == 2 and len(set(placed)) == 2, placed  # SPREAD: one per worker host
+    victim = HOST_AT[max(placed)]
+    faulted = time.monotonic()
+    fault(victim)
+    c.lost.add(victim)
+    deadline = faulted + 300
+    while driver.poll() is None and "[xmodal] resumed from checkpoint" not in c.text(name):
+        assert time.monotonic() < deadline, f"not resumed 300 s after {what}:\n" + c.tail(name)
+        time.sleep(0.2)
+    resumed_after = time.monotonic() - faulted
+    c.finish(driver, name)
+    wall = time.monotonic() - began
+    declared = [t for t, kind, nodes in c.monitor(faulted) if kind == "nodes" and WORKERS[victim] not in nodes]
+    assert declared, f"{victim} still alive after {what}:\n{c.tail('monitor')}"
+    result = check_resumed(c, name, at_fault, ref)
+    # The restarted workers ran on the worker hosts left, as SPREAD as those allow.
+    left = sorted(set(before) - {WORKERS[victim]})
+    again = sorted(nodes[0] for _, kind, nodes in c.monitor(faulted) if kind == "worker")
+    assert again == (left if len(left) >= 2 else left * 2), (placed, again, left)
+    print(f"{what} ({victim}): wall {wall:.1f} s; declared dead {declared[0] - faulted:.1f} s after the fault, "
+          f"resumed {resumed_after:.1f} s after it, from step {result.resumed_from}, on {again}; steps trained "
+          f"twice {result.redone}; metrics lost: none")
+
+
+def test_a_cut_network_link_is_a_lost_host_and_the_run_finishes_on_the_others(cluster, reference):
+    def cut(host: str) -> None:  # the machine's end of the host's link to the bridge
+        subprocess.run(["ip", "link", "set", cluster.hosts.hosts[host].veth, "down"], check=True)
+
+    lose_a_host(cluster, "xhost-cut", reference, cut, "a cut link")
+
+
+def test_a_run_loses_a_worker_host_and_finishes_on_the_other(cluster, reference):
+    def power_off(host: str) -> None:  # the host's PID 1 dies, and every process in it with it
+        os.kill(cluster.hosts.hosts[host].holder, signal.SIGKILL)
+
+    lose_a_host(cluster, "xhost", reference, power_off, "a dead host")
+
+
+def test_the_driver_killed_and_run_again_resumes_from_the_newest_checkpoint(cluster, reference):
+    c = cluster
+    name = "xhost-driver"
+    began = time.monotonic()
+    first = c.start(name, name)
+    at_kill = c.past_a_checkpoint(first, name, name)
+    os.kill(child_of(first.pid), signal.SIGKILL)  # the driver itself (nsenter's child), at once
+    first.wait(timeout=60)
+    out = c.finish(c.start(name, f"{name}-again"), f"{name}-again")
+    wall = time.monotonic() - began
+    assert f"[xmodal] resuming run '{name}'" in out, out[-4000:]
+    result = check_resumed(c, name, at_kill, reference)
+    assert result.resumed_from > 0
+    print(f"driver killed: wall {wall:.1f} s for both drivers; resumed from step {result.resumed_from}; "
+          f"steps trained twice {result.redone}; metrics lost: none")
+
+
+def test_strict_placement_on_the_host_left_fails_within_its_tries(cluster):
+    from xmodal import tracking
+
+    c = cluster
+    for host in sorted(set(WORKERS) - c.lost)[1:]:  # run alone: one worker host must be left
+        os.kill(c.hosts.hosts[host].holder, signal.SIGKILL)
+        c.lost.add(host)
+    c.wait_nodes([HEAD, *(a for h, a in WORKERS.items() if h not in c.lost)])
+    # STRICT_SPREAD cannot place 2 workers on the one worker host left: each try to start the worker
+    # group times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), and after scale.max_failures retries
+    # the job fails with Ray Train's error, instead of trying every minute without end (Ray's default).
+    began = time.monotonic()
+    strict = c.start("xhost-strict", "strict", placement="STRICT_SPREAD", max_failures=1)
+    try:
+        rc = strict.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the STRICT_SPREAD job did not end within 240 s:\n" + c.tail("strict"))
+    said = c.text("strict")
+    assert rc != 0, said[-4000:]
+    assert f"The worker group startup timed out after {START_TIMEOUT_S}" in said, said[-4000:]
+    exp = tracking.get_experiment_id(c.uri, "xmodal-pretrain")
+    (strict_run,) = tracking.search_runs(c.uri, [exp], f"tags.`{tracking.RUN_NAME_TAG}` = 'xhost-strict'")
+    assert strict_run.status == "FAILED"
+    print(f"strict placement: failed after its tries in {time.monotonic() - began:.1f} s")
