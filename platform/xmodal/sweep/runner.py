@@ -35,7 +35,7 @@ from xmodal import console, tracking
 from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
 from xmodal.config_paths import config_has
-from xmodal.errors import RunInterrupted
+from xmodal.errors import RunInterrupted, UserError
 from xmodal.scores import selected_key
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
@@ -56,6 +56,7 @@ TRIAL_RESOURCES = {"CPU": 0.01}
 # Tune saves its experiment state at most every 10 s by default; a driver killed in between forgets
 # trials it had started. The state is small: save it often.
 TUNE_STATE_PERIOD_S = "2"
+BEST_ALIAS = "best"  # the registered model's alias of a sweep's best trial: models:/NAME@best
 IMPORTANCE_MIN_TRIALS = 3  # fANOVA's forest on fewer finished trials says nothing
 NOTE_LIMIT = 7500  # a tag value's limit in MLflow's stores is 8000 characters
 log = logging.getLogger(__name__)
@@ -362,9 +363,34 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
             metrics.update({f"best/{k}": v for k, v in child.metrics.items() if k.startswith("cost/")})
         summary["best"] = {"trial_id": trial_id, "params": chosen, s.metric: score,
                            "run_id": tags[T.BEST + "run_id"]}
+        if plan.register and child is not None:
+            summary["registered"] = register_best(plan, parent_run_id, child.run_id, score)
     tracking.log_metrics(uri, parent_run_id, metrics)
     log_importance(uri, s, parent_run_id)
     return summary
+
+
+def register_best(plan: SweepPlan, parent_run_id: str, run_id: str, score: float) -> dict[str, Any] | None:
+    """The best trial's logged model as a new version of the registered model `plan.register`, alias
+    `best` moved to it, tagged with the sweep, its parent run, its space file and the score; the parent
+    run tagged with the version. None (and a line) when the best trial logged no model or the store
+    refused: the sweep's results stand either way (jobs/sweep.py then exits 1)."""
+    model_id = tracking.run_model_id(plan.tracking_uri, run_id)
+    if model_id is None:
+        log.warning(f"best trial's run {run_id} logged no model: nothing registered as {plan.register!r}")
+        return None
+    tags = {T.SWEEP: plan.name, T.SWEEP_PARENT: parent_run_id, T.SPACE: str(plan.space_path),
+            T.METRIC: plan.space.metric, f"{T.BEST}{plan.space.metric}": repr(score)}
+    try:
+        version = tracking.register_model(plan.tracking_uri, plan.register, model_id, run_id, alias=BEST_ALIAS,
+                                          tags=tags)
+    except UserError as e:
+        log.warning(f"the best trial's model was not registered as {plan.register!r}: {e}")
+        return None
+    tracking.set_tags(plan.tracking_uri, parent_run_id, {T.REGISTERED: f"{plan.register}/{version.version}"})
+    log.info(f"registered the best trial's model as {plan.register!r} version {version.version}: "
+             f"models:/{plan.register}@{BEST_ALIAS}")
+    return {"name": plan.register, "version": version.version, "alias": BEST_ALIAS, "model_id": model_id}
 
 
 def param_importance(space: SearchSpace, points: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:
