@@ -3,9 +3,10 @@
     python jobs/report.py (--experiment NAME | --parent-run RUN_ID) [--out DIR] [--metric KEY]
         [--baseline KEY=VALUE ...] [--tracking-uri URI] [--no-log]
 
-One row per configuration (runs that differ only in their seed are grouped: mean ± std), each tested
-against the baseline row by Welch's t-test (n.s. marked), with the runs' cost beside the scores and a
-plot of score against cost (Pareto front). The files go to --out (default reports/NAME) and are
+One row per configuration (runs that differ only in their seed are grouped: mean ± std, 95 % t
+interval), each tested against the baseline row (paired t-test over the seeds where both ran the same
+seeds, else Welch's; Holm-adjusted over the rows), with the runs' cost beside the scores, a plot of
+score against cost (Pareto front) and, for a sweep, its parameters' fANOVA importance. The files go to --out (default reports/NAME) and are
 logged to the sweep's parent run.
 """
 

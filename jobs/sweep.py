@@ -29,17 +29,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--num-samples", type=int, help="number of trials")
     p.add_argument("--storage-path", help="where Tune and the trials' Train runs store state (default ./runs/sweeps)")
     p.add_argument("--no-report", action="store_true", help="skip the report at the end")
+    p.add_argument("--register", metavar="NAME",
+                   help="register the best trial's model in the MLflow Model Registry as NAME, alias `best`")
     add_verbose(p)
     args = p.parse_args(argv)
     setup_console(args.verbose)
     opts = SweepOptions(space=args.space, sets=args.set, resume=args.resume, name=args.name,
                         num_samples=args.num_samples, max_concurrent=args.max_concurrent,
                         gpus_per_trial=args.gpus_per_trial, storage_path=args.storage_path,
-                        report=not args.no_report)
+                        report=not args.no_report, register=args.register)
 
     def go() -> int:
         result = sweep(opts)
-        ok = result["best"] is not None and not result["errors"] and not result["unfinished"]
+        ok = result["best"] is not None and not result["errors"] and not result["unfinished"] \
+            and (opts.register is None or result.get("registered") is not None)
         return 0 if ok else 1
 
     return user_errors(go)

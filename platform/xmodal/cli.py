@@ -70,6 +70,7 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
     "storage_path": ("scale.storage_path", "checkpoints: a local path, s3://... or a shared mount"),
     "experiment": ("mlflow.experiment", "MLflow experiment"),
     "run_name": ("mlflow.run_name", "MLflow and Ray Train run name; rerun with it to resume"),
+    "register": ("mlflow.registered_model", "register the run's final model in the MLflow Model Registry under this name"),
     "seed": ("train.seed", "random seed"),
 }
 

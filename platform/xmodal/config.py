@@ -29,6 +29,9 @@ from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metric
 from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
 from xmodal.robustness import FINETUNE_CONDITIONS, MULT_CONDITIONS, FinetuneCondition, MultCondition
 
+# A registered model's name: MLflow forbids "/" and ":", and "@" would cut `models:/NAME@alias`.
+MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
 
 class ConfigError(UserError):
     """A bad config file, key or value; the message says which and what was expected."""
@@ -100,6 +103,10 @@ class MlflowConfig(Section):
     # what it could not log to <scale.storage_path>/<run name>/mlflow_unlogged.jsonl (replayed with
     # jobs/replay_tracking.py). Training itself never waits for the server.
     outage_wait_s: float = Field(300.0, ge=0, le=3600)
+    # Register the run's final model (its MLflow logged model) in the Model Registry under this name, a
+    # new version per run: `models:/NAME/<version>`. A sweep registers only its best trial's
+    # (`jobs/sweep.py --register NAME`, alias `best`).
+    registered_model: str | None = Field(None, pattern=MODEL_NAME_RE)
 
     @field_validator("run_name")
     @classmethod

@@ -15,11 +15,19 @@ again before they stopped); a run that logged none shows n/a. Other columns:
 the selected model's value where the job logs one (`best_<metric>`: MulT, fine-tuning), else the
 last evaluation. Statistics use the runs that trained to the end; a configuration whose runs
 were all stopped early by the scheduler shows their values, marked †.
-Significance: each row's runs are compared with the baseline row's on the sweep metric by Welch's
-two-sided t-test (unequal variances, scipy.stats.ttest_ind); a difference with p >= 0.05 is marked
-"n.s.". The baseline row is the space's `baseline:` configuration, else its first `try_first` one
-(a tag or param of the parent run), else `--baseline`. Rows with fewer than two finished runs, or a
-baseline with fewer, are not tested.
+Each row's mean of the sweep metric has a 95 % Student t confidence interval (mean ± t(0.975, n-1)
+s/√n over the same runs). Significance: each row's finished runs are compared with the baseline row's
+on the sweep metric by a two-sided t-test: paired (scipy.stats.ttest_rel on the per-seed differences)
+where the row and the baseline finished the same seeds, each once; else Welch's (unequal variances,
+scipy.stats.ttest_ind). The p-values of the rows tested are Holm–Bonferroni adjusted, so that the
+chance of marking any row significant when none differs is at most 0.05 over the whole table; a
+row with adjusted p >= 0.05 is marked "n.s." ("n.s. after Holm" where its own p was below). The
+baseline row is the space's `baseline:` configuration, else its first `try_first` one (a tag or
+param of the parent run), else `--baseline`. Rows with fewer than two finished runs, or a baseline
+with fewer, are not tested.
+Parameter importance: the sweep driver (xmodal.sweep.runner, the one Optuna importer) computes
+fANOVA importances over its finished trials and tags the parent run with them (T.IMPORTANCE, plain
+JSON); the report shows each parent's as a table, importance.csv and parameter_importance.png.
 Cost: every job logs `cost/*` (xmodal.train.cost); the table shows their means beside the scores,
 and marks the rows on the Pareto front of score against GFLOP per sample.
 Plots: the metric against each ablation parameter, the learning curves of the best configurations,
@@ -45,7 +53,10 @@ from xmodal.scores import SELECTED_PREFIX, selected_key
 
 MISSING = "-"  # a conditional parameter that did not apply to a run
 CURVES_TOP = 3  # configurations shown in the learning-curve plot
-ALPHA = 0.05  # Welch's t-test: p at or above this is "n.s."
+ALPHA = 0.05  # the family-wise error rate of the tests against the baseline (Holm–Bonferroni)
+CONFIDENCE = 0.95  # the rows' confidence intervals of the mean (Student t)
+PAIRED = "paired t"  # the tests against the baseline, as the table names them
+WELCH = "Welch"
 # cost/* metric -> (table header, factor applied to the mean and std shown)
 COST_COLUMNS = {
     "cost/params": ("params (M)", 1e-6),
@@ -93,15 +104,23 @@ class TrialRun:
 
 @dataclass
 class Test:
-    """Welch's t-test of a row against the baseline row: the difference of the means, p (None: not
-    tested, `why` says why)."""
+    """A row against the baseline row on the sweep metric: the difference of the means, the test
+    (`PAIRED` or `WELCH`), its two-sided p and the p Holm–Bonferroni adjusts over every row tested
+    against the same baseline (p None: not tested, `why` says why)."""
 
     delta: float
     p: float | None
     why: str = ""
+    kind: str = ""
+    p_holm: float | None = None
 
     @property
     def significant(self) -> bool | None:
+        """After Holm's correction: the family of rows tested keeps its error rate at ALPHA."""
+        return None if self.p_holm is None else self.p_holm < ALPHA
+
+    @property
+    def significant_alone(self) -> bool | None:
         return None if self.p is None else self.p < ALPHA
 
 
@@ -110,6 +129,7 @@ class Row:
     params: dict[str, Any]
     runs: list[TrialRun]
     stats: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # metric -> (mean, std, n)
+    ci: tuple[float, float] | None = None  # the sweep metric's mean: CONFIDENCE t interval (n >= 2)
     partial: bool = False  # statistics come from early-stopped runs only
     baseline: bool = False
     test: Test | None = None  # against the baseline row, on the sweep metric
@@ -133,6 +153,8 @@ class Report:
     cost_columns: list[str] = field(default_factory=list)  # the cost/* metrics some run logged
     baseline: dict[str, Any] | None = None  # the baseline configuration asked for
     notes: list[str] = field(default_factory=list)  # e.g. why no row is the baseline
+    # per sweep parent that logged them (T.IMPORTANCE), newest first: {"sweep", "trials", "values", ...}
+    importance: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse_value(text: str) -> Any:
@@ -269,6 +291,16 @@ def _baseline_of(parents: list[tracking.RunRecord]) -> dict[str, Any] | None:
     return None
 
 
+def _importance_of(parents: list[tracking.RunRecord]) -> list[dict[str, Any]]:
+    """The parameter importances the sweep driver computed (fANOVA over its finished trials; the
+    report itself imports no Optuna), one entry per parent run that has them, newest first."""
+    found = []
+    for p in sorted(parents, key=lambda p: p.start_time or 0, reverse=True):
+        if T.IMPORTANCE in p.tags:
+            found.append({"sweep": p.tags.get(T.SWEEP, p.name), **json.loads(p.tags[T.IMPORTANCE])})
+    return found
+
+
 def _same(a: Any, b: Any) -> bool:
     """A value read back from a tag against one from JSON: 1 == 1.0, "True" is not 1."""
     if _numeric([a]) and _numeric([b]):
@@ -309,14 +341,70 @@ def welch_test(values: list[float], baseline: list[float]) -> float | None:
     return float(stats.ttest_ind(values, baseline, equal_var=False).pvalue)
 
 
+def paired_test(values: list[float], baseline: list[float]) -> float | None:
+    """Two-sided p of the paired t-test: the mean of the per-seed differences against 0, with n - 1
+    degrees of freedom (`values[i]` and `baseline[i]` ran the same seed); None under two pairs."""
+    if len(values) != len(baseline) or len(values) < 2:
+        return None
+    diffs = [v - b for v, b in zip(values, baseline, strict=True)]
+    mean, std, _ = _stats(diffs)
+    if std == 0:  # every seed moved by the same amount: t is 0 or infinite
+        return 1.0 if mean == 0 else 0.0
+    from scipy import stats
+
+    return float(stats.ttest_rel(values, baseline).pvalue)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the order given: the i-th smallest p times (m - i + 1),
+    made non-decreasing in that order, at most 1. Rejecting where the adjusted p < α keeps the chance
+    of any false rejection among the m at most α, whatever their dependence."""
+    m = len(ps)
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def t_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Student t confidence interval of the mean: mean ± t(1 - (1 - confidence) / 2, n - 1) · s / √n;
+    None under two values."""
+    mean, std, n = _stats(values)
+    if n < 2:
+        return None
+    from scipy import stats
+
+    half = float(stats.t.ppf(1 - (1 - confidence) / 2, n - 1)) * std / math.sqrt(n)
+    return (mean - half, mean + half)
+
+
+def _by_seed(row: Row, metric: str) -> dict[str, float] | None:
+    """The finished runs' values by seed, where every run has a seed tag and no seed ran twice."""
+    runs = [r for r in row.runs if r.state == "finished" and r.value(metric) is not None
+            and math.isfinite(r.value(metric))]
+    seeds = [r.seed for r in runs]
+    if None in seeds or len(set(seeds)) != len(seeds):
+        return None
+    return {r.seed: r.value(metric) for r in runs}
+
+
 def _test(row: Row, base: Row, metric: str) -> Test:
+    """Paired over the seeds where the row and the baseline finished the same seeds (each once): the
+    seed fixes initialisation and data order, so the per-seed difference removes that noise. Else
+    Welch (no pairing to use; unequal variances)."""
     delta = row.stats[metric][0] - base.stats[metric][0]
     if row.partial:
         return Test(delta, None, "stopped early")
     a, b = _finished_values(row, metric), _finished_values(base, metric)
     if len(a) < 2 or len(b) < 2:
         return Test(delta, None, f"{len(a)} run" if len(a) < 2 else f"baseline {len(b)} run")
-    return Test(delta, welch_test(a, b))
+    mine, theirs = _by_seed(row, metric), _by_seed(base, metric)
+    if mine is not None and theirs is not None and mine.keys() == theirs.keys():
+        seeds = sorted(mine)
+        return Test(delta, paired_test([mine[k] for k in seeds], [theirs[k] for k in seeds]), kind=PAIRED)
+    return Test(delta, welch_test(a, b), kind=WELCH)
 
 
 def pareto_front(points: list[tuple[float, float]], mode: str) -> list[bool]:
@@ -368,6 +456,8 @@ def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metr
         used = [r for r in row.runs if r.state == "finished"] or row.runs
         row.partial = all(r.state != "finished" for r in row.runs)
         row.stats = {c: _stats([r.value(c) for r in used]) for c in [*columns, *cost_columns]}
+        scores = [r.value(metric) for r in used]
+        row.ci = t_interval([v for v in scores if v is not None and math.isfinite(v)])
     sign = -1.0 if mode == "max" else 1.0
 
     def order(row: Row):
@@ -377,13 +467,17 @@ def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metr
     rows = sorted(groups.values(), key=order)
     rep = Report(title=title, metric=metric, mode=mode, keys=keys, columns=columns, rows=rows, skipped=skipped,
                  parents=[p.run_id for p in parents], cost_columns=cost_columns,
-                 baseline=baseline if baseline is not None else _baseline_of(parents))
+                 baseline=baseline if baseline is not None else _baseline_of(parents),
+                 importance=_importance_of(parents))
     base = _baseline_row(rows, keys, rep.baseline, rep.notes) if rep.baseline is not None else None
     if base is not None:
         base.baseline = True
         for row in rows:
             if row is not base:
                 row.test = _test(row, base, metric)
+        tested = [r.test for r in rows if r.test is not None and r.test.p is not None]
+        for t, adjusted in zip(tested, holm([t.p for t in tested]), strict=True):
+            t.p_holm = adjusted
     if PARETO_COST in cost_columns:
         candidates = _costed(rows, metric, PARETO_COST)
         points = [(r.stats[PARETO_COST][0], r.stats[metric][0]) for r in candidates]
@@ -417,8 +511,8 @@ def _cost_cell(stats: tuple[float, float, int], factor: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
-def _p(p: float) -> str:
-    return "p<0.001" if p < 0.001 else f"p={p:.2g}"
+def _p(p: float, name: str = "p") -> str:
+    return f"{name}<0.001" if p < 0.001 else f"{name}={p:.2g}"
 
 
 def _test_cell(row: Row) -> str:
@@ -429,7 +523,12 @@ def _test_cell(row: Row) -> str:
         return ""
     if t.p is None:
         return f"{t.delta:+.4f} (untested: {t.why})"
-    return f"{t.delta:+.4f} ({_p(t.p)}{'' if t.significant else ', n.s.'})"
+    verdict = "" if t.significant else ", n.s. after Holm" if t.significant_alone else ", n.s."
+    return f"{t.delta:+.4f} ({t.kind}, {_p(t.p)}; {_p(t.p_holm, 'Holm p')}{verdict})"
+
+
+def _ci_cell(row: Row) -> str:
+    return "" if row.ci is None else f"[{_fmt(row.ci[0])}, {_fmt(row.ci[1])}]"
 
 
 def _runs_cell(row: Row) -> str:
@@ -437,48 +536,142 @@ def _runs_cell(row: Row) -> str:
     return f"{len(row.runs)}" + (f" ({stopped} stopped early)" if stopped else "")
 
 
-def to_markdown(rep: Report) -> str:
-    best = "highest" if rep.mode == "max" else "lowest"
-    lines = [f"# {rep.title}", "",
-             f"Sorted by `{rep.metric}` ({best} first). Values: mean ± std over the runs of a configuration "
-             f"(seeds). `{rep.metric}`: each run's selected score (`{selected_key(rep.metric)}`, its best "
-             "evaluation: the checkpoint it keeps, the value the sweep ranked it by); other columns: the "
-             "selected model's values where the job logs them (`best_<metric>`), else the last evaluation.", ""]
-    tested = any(r.baseline for r in rep.rows)
-    pareto = PARETO_COST in rep.cost_columns
-    head = [*rep.keys, "runs", *rep.columns] + ([f"vs baseline ({rep.metric})"] if tested else []) \
-        + [COST_COLUMNS[c][0] for c in rep.cost_columns] + (["Pareto"] if pareto else [])
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rep.rows:
-        mark = " †" if row.partial else ""
-        cells = [_fmt_param(row.params[k]) for k in rep.keys] + [_runs_cell(row)] + \
-            [_cell(row.stats[c]) + mark for c in rep.columns] + ([_test_cell(row)] if tested else []) + \
-            [_cost_cell(row.stats[c], COST_COLUMNS[c][1]) for c in rep.cost_columns] + \
-            (["◆" if row.pareto else ""] if pareto else [])
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    if tested:
-        lines.append(f"vs baseline: the difference of the means from the baseline row's, and the two-sided p of "
-                     f"Welch's t-test (unequal variances) on the finished runs' `{rep.metric}`; n.s.: not "
-                     f"significant at α = {ALPHA:g} (no correction for testing several rows). Rows or a baseline "
-                     "with fewer than two finished runs are not tested.")
-    lines += rep.notes
+def _family(rep: Report) -> int:
+    """The number of rows tested against the baseline: Holm's m."""
+    return sum(r.test is not None and r.test.p is not None for r in rep.rows)
+
+
+def _ci_header(rep: Report) -> str:
+    return f"{CONFIDENCE:.0%} CI"
+
+
+def _test_header(rep: Report) -> str:
+    if not _family(rep):
+        return f"vs baseline ({rep.metric}; none tested)"
+    return f"vs baseline ({rep.metric}; Holm over {_family(rep)} rows, α={ALPHA:g})"
+
+
+def _legend(rep: Report, tested: bool) -> list[str]:
+    """One line per column, under the table."""
+    lines = ["Columns:", ""]
+    if rep.keys:
+        lines.append(f"- {', '.join(rep.keys)}: the configuration (its ablation parameters).")
+    lines += [
+             "- runs: its runs (seeds); runs stopped early by the scheduler count in the statistics only where "
+             "a configuration has no finished run.",
+             f"- {rep.metric}: mean ± sample std over the finished runs of each run's selected score "
+             f"(`{selected_key(rep.metric)}`: its best evaluation, the checkpoint it keeps, the value the sweep "
+             "ranked it by).",
+             f"- {_ci_header(rep)}: the {CONFIDENCE:.0%} confidence interval of that mean, Student t: mean ± "
+             f"t({1 - (1 - CONFIDENCE) / 2:g}, n-1)·std/√n over the same runs (none for a single run)."]
+    others = rep.columns[1:]
+    if others:
+        lines.append(f"- {', '.join(others)}: mean ± std of the selected model's value where the job logs it "
+                     "(`best_<metric>`), else the last evaluation.")
+    if tested and not _family(rep):
+        lines.append("- vs baseline: the difference of the row's mean from the baseline row's; no row is tested: "
+                     "a test needs two finished runs in the row and in the baseline.")
+    elif tested:
+        lines.append(f"- vs baseline: the difference of the row's mean from the baseline row's; the test on the "
+                     f"finished runs' `{rep.metric}`: {PAIRED} (paired t-test on the per-seed differences) where "
+                     f"the row and the baseline finished the same seeds, each once, else {WELCH} (Welch's t-test, "
+                     f"unequal variances); its two-sided p; Holm p: adjusted by Holm–Bonferroni over the "
+                     f"{_family(rep)} rows tested, so that the chance of calling any row different when none is "
+                     f"stays at most α = {ALPHA:g}. n.s.: Holm p ≥ α (n.s. after Holm: p alone < α). Rows or a "
+                     "baseline with fewer than two finished runs are not tested.")
     if rep.cost_columns:
-        lines.append("Cost (the mean over a row's runs; std in table.csv), logged by the job: parameters; GFLOP "
+        lines.append("- Cost (the mean over a row's runs; std in table.csv), logged by the job: parameters; GFLOP "
                      "per sample of one training forward + backward, counted (FlopCounterMode); training "
                      "samples/s; peak memory (GPU: max allocated; CPU: the worker's peak RSS); wall time; "
                      "device-hours = wall x workers x devices per worker (GPU-hours, or on CPU the CPU-hours "
                      "of the cores reserved).")
-    if pareto:
-        lines.append(f"◆: on the Pareto front of `{rep.metric}` against GFLOP per sample (no other row is as "
-                     "good for less compute).")
+    if PARETO_COST in rep.cost_columns:
+        lines.append(f"- Pareto ◆: on the Pareto front of `{rep.metric}` against GFLOP per sample (no other row "
+                     "is as good for less compute).")
+    return [*lines, ""]
+
+
+def to_markdown(rep: Report) -> str:
+    best = "highest" if rep.mode == "max" else "lowest"
+    tested = any(r.baseline for r in rep.rows)
+    caption = f"Sorted by `{rep.metric}` ({best} first); mean ± std over the runs of a configuration (seeds)"
+    if tested and _family(rep):
+        caption += (f"; rows are tested against the baseline with the family-wise error rate held at "
+                    f"α = {ALPHA:g} over the {_family(rep)} rows tested (Holm–Bonferroni)")
+    lines = [f"# {rep.title}", "", caption + ".", ""]
+    pareto = PARETO_COST in rep.cost_columns
+    head = [*rep.keys, "runs", rep.metric, _ci_header(rep), *rep.columns[1:]] \
+        + ([_test_header(rep)] if tested else []) \
+        + [COST_COLUMNS[c][0] for c in rep.cost_columns] + (["Pareto"] if pareto else [])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rep.rows:
+        mark = " †" if row.partial else ""
+        scores = [_cell(row.stats[c]) + mark for c in rep.columns]
+        cells = [_fmt_param(row.params[k]) for k in rep.keys] + [_runs_cell(row)] + \
+            [scores[0], _ci_cell(row), *scores[1:]] + ([_test_cell(row)] if tested else []) + \
+            [_cost_cell(row.stats[c], COST_COLUMNS[c][1]) for c in rep.cost_columns] + \
+            (["◆" if row.pareto else ""] if pareto else [])
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += _legend(rep, tested)
+    notes = list(rep.notes)
     if any(r.partial for r in rep.rows):
-        lines.append("† every run of this configuration was stopped early by the scheduler: its values at the stop.")
+        notes.append("† every run of this configuration was stopped early by the scheduler: its values at the stop.")
     if MISSING in {str(v) for r in rep.rows for v in r.params.values()}:
-        lines.append(f"{MISSING}: the parameter did not apply (its `when:` condition was false).")
+        notes.append(f"{MISSING}: the parameter did not apply (its `when:` condition was false).")
     if rep.skipped:
-        lines.append("Left out: " + ", ".join(f"{n} {s}" for s, n in sorted(rep.skipped.items())) + " run(s).")
+        notes.append("Left out: " + ", ".join(f"{n} {s}" for s, n in sorted(rep.skipped.items())) + " run(s).")
+    lines += [x for note in notes for x in (note, "")]  # a paragraph each
+    lines += _importance_markdown(rep)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _importance_table(rep: Report) -> tuple[list[str], list[dict[str, Any]]]:
+    """(parameters, the sweeps that have values): parameters by their importance in the newest sweep."""
+    have = [i for i in rep.importance if i.get("values")]
+    params: list[str] = []
+    for i in have:
+        params += [k for k in sorted(i["values"], key=lambda k: -i["values"][k]) if k not in params]
+    return params, have
+
+
+def _importance_markdown(rep: Report) -> list[str]:
+    if not rep.importance:
+        return []
+    params, have = _importance_table(rep)
+    lines = ["", "## Parameter importance", ""]
+    for i in rep.importance:
+        if not i.get("values"):
+            lines += [f"Sweep {i['sweep']}: no parameter importance: {i.get('why', 'none computed')}.", ""]
+    if have:
+        lines += ["| parameter | " + " | ".join(f"importance (sweep {i['sweep']}, {i['trials']} trials)"
+                                                 for i in have) + " |",
+                  "|" + "---|" * (len(have) + 1)]
+        for k in params:
+            cells = [f"{i['values'][k]:.3f}" if k in i["values"] else "" for i in have]
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        scored = ", ".join(sorted({f"`{selected_key(i['metric'])}`" for i in have}))
+        lines += ["", f"Importance: fANOVA (Optuna's FanovaImportanceEvaluator: a random forest fitted to the "
+                      f"finished trials' {scored}, the variance each parameter explains on "
+                      "its own across the space), as shares summing to 1 over the parameters shown; computed by "
+                      "the sweep at its end. A guide to which parameters mattered in the trials run, not a test: "
+                      "with few trials it is noisy."]
+        for i in have:
+            if i.get("left_out"):
+                lines += ["", f"Sweep {i['sweep']}: left out (did not apply in every finished trial, or took "
+                              f"one value in all): {', '.join(i['left_out'])}."]
+    return lines
+
+
+def write_importance_csv(rep: Report, path: Path) -> None:
+    params, have = _importance_table(rep)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["sweep", "trials", "parameter", "importance"])
+        for i in have:
+            for k in params:
+                if k in i["values"]:
+                    w.writerow([i["sweep"], i["trials"], k, i["values"][k]])
 
 
 def write_csv(rep: Report, path: Path) -> None:
@@ -487,15 +680,18 @@ def write_csv(rep: Report, path: Path) -> None:
         stats = [*rep.columns, *rep.cost_columns]
         w.writerow([*rep.keys, "runs", "finished", "early_stopped", "seeds",
                     *[f"{c} {s}" for c in stats for s in ("mean", "std", "n")],
-                    "baseline", "delta", "p_welch", "significant", "pareto"])
+                    f"{rep.metric} ci_low", f"{rep.metric} ci_high",
+                    "baseline", "delta", "test", "p", "p_holm", "significant", "pareto"])
         for row in rep.rows:
             seeds = ";".join(sorted({r.seed for r in row.runs if r.seed is not None}))
-            t = row.test
+            t = row.test if row.test is not None and row.test.p is not None else None
             w.writerow([row.params[k] for k in rep.keys]
                        + [len(row.runs), row.count("finished"), row.count("early-stopped"), seeds]
                        + [x for c in stats for x in row.stats[c]]
-                       + [row.baseline, "" if t is None else t.delta, "" if t is None or t.p is None else t.p,
-                          "" if t is None or t.p is None else t.significant, row.pareto])
+                       + (["", ""] if row.ci is None else list(row.ci))
+                       + [row.baseline, "" if row.test is None else row.test.delta]
+                       + (["", "", "", ""] if t is None else [t.kind, t.p, t.p_holm, t.significant])
+                       + [row.pareto])
 
 
 def _slug(text: str) -> str:
@@ -619,7 +815,7 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
         ys = [r.stats[rep.metric][0] for r in rows]
         front = pareto_front(list(zip(xs, ys, strict=True)), rep.mode)
         kinds = [("configuration (mean ± std over seeds)", "C0", lambda r: not (r.test and r.test.significant is False)),
-                 (f"not significantly different from the baseline (Welch, p ≥ {ALPHA:g})", "0.6",
+                 (f"not significantly different from the baseline (Holm p ≥ {ALPHA:g})", "0.6",
                   lambda r: r.test is not None and r.test.significant is False)]
         for label, color, which in kinds:
             sel = [(x, y, r.stats[rep.metric][1]) for r, x, y in zip(rows, xs, ys, strict=True) if which(r)]
@@ -648,6 +844,38 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
                  + (f"; {left_out} configuration(s) stopped early left out" if left_out else ""))
     fig.tight_layout()
     path = out / f"{_slug(rep.metric)}_vs_cost.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_importance(rep: Report, out: Path) -> Path | None:
+    """Horizontal bars: each parameter's fANOVA importance, one bar per sweep that has them."""
+    params, have = _importance_table(rep)
+    if not have:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 1.2 + 0.45 * len(params) * max(1, len(have) / 2)))
+    height = 0.8 / len(have)
+    for j, i in enumerate(have):
+        ys = [n + (j - (len(have) - 1) / 2) * height for n in range(len(params))]
+        bars = ax.barh(ys, [i["values"].get(k, 0.0) for k in params], height=height, color=f"C{j}",
+                       label=f"sweep {i['sweep']} ({i['trials']} trials)")
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+    ax.set_yticks(range(len(params)), params)
+    ax.invert_yaxis()  # the most important on top
+    scored = ", ".join(sorted({selected_key(i["metric"]) for i in have}))
+    ax.set_xlabel(f"fANOVA importance for {scored} (share; sums to 1)")
+    ax.set_xlim(0, 1.12)  # room for the labels
+    ax.set_title(f"parameter importance ({rep.title})")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize="small", loc="lower right")
+    fig.tight_layout()
+    path = out / "parameter_importance.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -694,6 +922,8 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
     plot_metric_vs_params(rep, out)
     plot_learning_curves(rep, uri, out)
     plot_score_vs_cost(rep, out)
+    if plot_importance(rep, out) is not None:
+        write_importance_csv(rep, out / "importance.csv")
     if log:
         where = "report" if parent_run_id is not None else "report_experiment"
         used = {t.parent_run_id for row in rep.rows for t in row.runs}

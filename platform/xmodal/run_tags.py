@@ -57,6 +57,11 @@ MODE = "xmodal.sweep.mode"
 JOB = "xmodal.sweep.job"
 SPACE = "xmodal.sweep.space"
 BASELINE = "xmodal.sweep.baseline"  # JSON: the space's baseline configuration (reports test rows against it)
+# JSON on the parent: fANOVA parameter importances over the finished trials (sweep/runner.py writes it, the
+# report shows it): {"method", "trials", "values": {parameter: share}, "left_out": [...], "why"}
+IMPORTANCE = "xmodal.sweep.importance"
+SWEEP_PARENT = "xmodal.sweep.parent_run_id"  # on a registered model version: the sweep that chose it
+REGISTERED = "xmodal.registered_model"  # on a sweep's parent: NAME/version its best model was registered as
 BEST = "xmodal.best."  # + trial_id / run_id / parameter name, on the parent at the end
 
 # Parameters that make replicates rather than configurations: reports group runs over them.

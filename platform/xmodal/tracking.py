@@ -1155,3 +1155,72 @@ def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunR
     where = " and ".join(["attributes.status = 'FINISHED'"] + [f"tags.`{k}` = '{v}'" for k, v in tags.items()])
     runs = search_runs(uri, [exp_id], where)
     return runs[-1] if runs else None
+
+
+# ---------------------------------------------------------------- the Model Registry
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One version of a registered model, as plain data."""
+
+    name: str
+    version: int
+    model_id: str | None  # the logged model it registers
+    run_id: str | None
+    aliases: tuple[str, ...]
+    tags: dict[str, str] = field(default_factory=dict, hash=False)
+
+
+def run_model_id(uri: str, run_id: str, name: str = LOGGED_MODEL) -> str | None:
+    """The id of the logged model `name` the run logged (its latest, by step), None if it logged none."""
+    def find() -> str | None:
+        client = _client(uri)
+        run = client.get_run(run_id)
+        outputs = sorted(run.outputs.model_outputs if run.outputs else [], key=lambda o: o.step)
+        for out in reversed(outputs):
+            if client.get_logged_model(out.model_id).name == name:
+                return out.model_id
+        return None
+
+    return _waited(uri, f"finding the logged model of run {run_id}", find)
+
+
+def register_model(uri: str, name: str, model_id: str, run_id: str, alias: str | None = None,
+                   tags: dict[str, str] | None = None) -> ModelVersion:
+    """Register the logged model `model_id` (of run `run_id`) as a new version of the registered model
+    `name`, created if new, with `tags` on the version and `alias` (e.g. "best") pointed at it: then
+    `mlflow.pytorch.load_model(f"models:/{name}@{alias}")` loads it. Each MLflow call is retried on its
+    own, as in `log_pytorch_model`."""
+    from mlflow.exceptions import MlflowException
+
+    doing = f"registering model {name!r}"
+
+    def call(method: str, *args, **kwargs):
+        return _waited(uri, doing, lambda: getattr(_client(uri), method)(*args, **kwargs))
+
+    try:
+        call("create_registered_model", name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise UserError(f"MLflow at {uri}: {doing}: {_first_line(e)}") from None
+    version = call("create_model_version", name, source=f"models:/{model_id}", run_id=run_id, tags=tags or None,
+                   model_id=model_id)
+    if alias:
+        call("set_registered_model_alias", name, alias, version.version)
+    return get_model_version(uri, name, alias) if alias else get_model_version(uri, name, int(version.version))
+
+
+def get_model_version(uri: str, name: str, version_or_alias: int | str) -> ModelVersion:
+    """A registered model's version by number, or by alias (a string)."""
+    def get():
+        client = _client(uri)
+        if isinstance(version_or_alias, str):
+            return client.get_model_version_by_alias(name, version_or_alias)
+        return client.get_model_version(name, str(version_or_alias))
+
+    v = _waited(uri, f"reading model {name!r} version {version_or_alias!r}", get)
+    # A SQLite store leaves the version's model_id empty; its source names the logged model.
+    model_id = getattr(v, "model_id", None) or (v.source[len("models:/"):] if v.source.startswith("models:/") else None)
+    return ModelVersion(name=v.name, version=int(v.version), model_id=model_id, run_id=v.run_id,
+                        aliases=tuple(v.aliases or ()), tags=dict(v.tags or {}))

@@ -182,8 +182,12 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
     assert rows[0]["optim.lr"] == "0.01" and rows[0]["finished"] == "1"  # sorted best first
     assert [(r["optim.lr"], r["tasks.feat_loss"]) for r in rows if r["baseline"] == "True"] == [("0.01", "smooth_l1")]
     assert all(float(r["cost/gflop_per_sample mean"]) > 0 for r in rows)
-    # metric vs each of the 3 parameters, learning curves, score against cost
-    assert len(list(out.glob("*.png"))) == 5
+    # parameter importance over the finished trials (none under 3: the tag says why)
+    importance = json.loads(parent.tags[T.IMPORTANCE])
+    finished = sum(r.status == "FINISHED" for r in runs)
+    assert importance["trials"] == finished and ("values" in importance) == (finished >= 3), importance
+    # metric vs each of the 3 parameters, learning curves, score against cost (and importance with values)
+    assert len(list(out.glob("*.png"))) == 5 + ("values" in importance)
     logged = set(tracking.list_artifacts(uri, parent_id, "report"))
     assert {"report/table.md", "report/eval_loss_mlm_vs_cost.png"} <= logged
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xmodal import tracking
+from xmodal.config import MODEL_NAME_RE
 from xmodal.config_paths import config_has, get_dotted
 from xmodal.sweep.space import (
     NAME_RE,
@@ -37,6 +38,7 @@ class SweepOptions:
     gpus_per_trial: float | None = None
     storage_path: str | None = None
     report: bool = True
+    register: str | None = None  # register the best trial's model under this name (alias `best`)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class SweepPlan:
     base: dict[str, Any]  # the trials' raw base config, sweep-owned keys set
     resume: bool
     report: bool = True
+    register: str | None = None
 
     @property
     def path(self) -> str:
@@ -131,6 +134,13 @@ def plan_sweep(opts: SweepOptions) -> SweepPlan:
     for key, value in forced.items():
         if config_has(cls, key):
             base = set_dotted(base, key, value)
+    if opts.register is not None and not re.match(MODEL_NAME_RE, opts.register):
+        raise SpaceError(f"--register {opts.register!r}: expected a model name of letters, digits, '.', '_' and "
+                         "'-' (no '/', ':' or '@'), starting with a letter or digit")
+    if get_dotted(base, "mlflow.registered_model")[1] or "mlflow.registered_model" in space.config_keys():
+        # Every trial would register its own model: the sweep registers its best one.
+        raise SpaceError(f"{path}: mlflow.registered_model cannot be set for a sweep's trials; use jobs/sweep.py "
+                         "--register NAME (the best trial's model, alias `best`)")
     if get_dotted(base, "seeds")[1] or "seeds" in space.config_keys():
         # MulT's `seeds` trains several models in one run; a trial is one Train run with one seed.
         raise SpaceError(f"{path}: `seeds` cannot be used in a sweep (a trial trains one seed): search "
@@ -141,4 +151,4 @@ def plan_sweep(opts: SweepOptions) -> SweepPlan:
         base = set_dotted(base, "scale.gpus_per_worker", space.gpus_per_trial / workers)
         validate_config(cls, base, f"{path}: --gpus-per-trial {space.gpus_per_trial}")
     return SweepPlan(space=space, space_path=path, name=name, root=root, experiment=experiment,
-                     tracking_uri=uri, base=base, resume=opts.resume, report=opts.report)
+                     tracking_uri=uri, base=base, resume=opts.resume, report=opts.report, register=opts.register)

@@ -237,7 +237,7 @@ class SearchSpace(_Strict):
     scheduler: Annotated[AshaSpec | FifoSpec, Field(discriminator="type")]
     parameters: dict[str, Param] = Field(min_length=1)
     try_first: list[dict[str, Scalar]] = Field(default_factory=list)
-    # The configuration the report tests every row against (Welch's t-test): a value for every
+    # The configuration the report tests every row against (t-tests, Holm-adjusted): a value for every
     # parameter that applies; run first when `try_first` does not list it. Default: try_first[0].
     baseline: dict[str, Scalar] | None = None
 

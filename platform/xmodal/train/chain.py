@@ -24,12 +24,13 @@ def stages(cfg: PretrainFinetuneConfig, name: str):
     """(pretraining config, fine-tuning config without its init) with the chain's mlflow and scale."""
     ml = cfg.mlflow
 
-    def stage(sub, run_name: str):
+    def stage(sub, run_name: str, register: str | None):
         return sub.model_copy(update={"scale": cfg.scale, "mlflow": sub.mlflow.model_copy(update={
             "tracking_uri": ml.tracking_uri, "experiment": ml.experiment, "run_name": run_name,
-            "system_metrics": ml.system_metrics})})
+            "system_metrics": ml.system_metrics, "registered_model": register})})
 
-    return stage(cfg.pretrain, f"{name}-pretrain"), stage(cfg.finetune, name)
+    # The chain's model is the fine-tuned one: only that stage registers (mlflow.registered_model).
+    return stage(cfg.pretrain, f"{name}-pretrain", None), stage(cfg.finetune, name, ml.registered_model)
 
 
 class ChainJob(JobSpec):

@@ -271,7 +271,9 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
             for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
                 out.artifact(Path(d) / f, "model")
             if spec is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
-                record.log_model(spec, plan, data, Path(d))
+                model_id = record.log_model(spec, plan, data, Path(d))
+                if model_id is not None and plan.config.get("mlflow", {}).get("registered_model"):
+                    record.register(plan, model_id)
     out.terminated("FINISHED")
     out.report()
 

@@ -132,6 +132,22 @@ def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:
     return model_id
 
 
+def register(plan: RunPlan, model_id: str) -> tracking.ModelVersion | None:
+    """The run's logged model as a new version of the registered model `mlflow.registered_model`. Best effort,
+    as `log_model`: the run's training is done and its model logged either way; a failure is one line
+    that says how to register it by hand."""
+    name = plan.config["mlflow"]["registered_model"]
+    try:
+        version = tracking.register_model(plan.tracking_uri, name, model_id, plan.run_id,
+                                          tags={run_tags.RUN_NAME_TAG: plan.run_name})
+    except Exception as e:  # a store that refuses it: the model stays logged on the run
+        say(f"[xmodal] the final model was not registered as {name!r} ({type(e).__name__}: {e}); register it "
+            f"from the run's models (MLflow UI) or with mlflow.register_model('models:/{model_id}', {name!r})")
+        return None
+    say(f"[xmodal] registered model {name!r} version {version.version}: models:/{name}/{version.version}")
+    return version
+
+
 def seed_summary(finals: list[dict[str, float]]) -> dict[str, float]:
     """{metric_mean, metric_std} over seeds for the test, best-validation and robustness metrics every run has."""
     keys = set.intersection(*(set(m) for m in finals)) if finals else set()
