@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 
 import pytest
@@ -14,7 +17,7 @@ import pytest
 from xmodal import tracking
 from xmodal.errors import UserError
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
-from xmodal_testing import REPO, MlflowServer
+from xmodal_testing import REPO, MlflowServer, free_port
 
 
 def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
@@ -143,19 +146,83 @@ def test_logger_rides_out_a_server_outage(server, tmp_path):
     log = tracking.RunLogger(server.uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=60)
     for step in range(1, 6):
         log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
-    assert log.flush(timeout_s=30)  # what a checkpoint waits for: sent
+    assert log.flush()  # what a checkpoint waits for: sent, nothing spooled
     assert loss_steps(server.uri, run_id) == [1, 2, 3, 4, 5]
     server.stop()
     t0 = time.monotonic()
     for step in range(6, 11):
         log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
     assert time.monotonic() - t0 < 0.1  # queued, not sent: training does not wait for the server
-    assert not log.flush(timeout_s=30) and time.monotonic() - t0 < 15  # the server is away: no wait
-    time.sleep(2)  # the logger is retrying meanwhile
-    server.start()
-    assert log.close() is None and not (tmp_path / "spool.jsonl").exists()
+    back = threading.Timer(3, server.start)  # back within the logger's 60 s
+    back.start()
+    assert log.flush()  # a checkpoint waits the outage out: everything sent, nothing spooled
+    back.join()
     assert loss_steps(server.uri, run_id) == list(range(1, 11))  # every step once, in order
+    assert log.close() is None and not (tmp_path / "spool.jsonl").exists()
     assert [s for s, _ in tracking.metric_history(server.uri, run_id, "train/lr")] == list(range(1, 11))
+
+
+def test_a_checkpoint_during_a_long_outage_waits_until_its_metrics_are_spooled(server, tmp_path):
+    """The flush before a checkpoint returns once every queued value is sent or in the spool file: after an
+    outage longer than outage_wait_s the sender spools; later batches go to the file after one try, and
+    once the server answers again they are sent."""
+    exp = tracking.ensure_experiment(server.uri, "e")
+    run_id = tracking.create_run(server.uri, exp, "long-outage", {}, {})
+    spool = tmp_path / "spool.jsonl"
+    log = tracking.RunLogger(server.uri, run_id, spool=spool, outage_wait_s=2)
+    log.log({"train/loss": 1.0}, 1)
+    assert log.flush()
+    server.stop()
+    try:
+        for step in range(2, 5):
+            log.log({"train/loss": 1.0 / step}, step)
+        assert not log.flush()  # spooled, not lost: the checkpoint may be reported now
+        assert [i[3] for r in tracking.read_spool(spool) for i in r["items"]] == [2, 3, 4]
+        log.log({"train/loss": 0.2}, 5)
+        assert not log.flush()  # the outage goes on: one try, then the file
+        assert [i[3] for r in tracking.read_spool(spool) for i in r["items"]] == [2, 3, 4, 5]
+    finally:
+        server.start()
+    log.log({"train/loss": 0.1}, 6)
+    assert log.flush()  # the server answers again: sent
+    assert log.close() == spool
+    assert loss_steps(server.uri, run_id) == [1, 6]
+    tracking.replay(spool)
+    assert sorted(loss_steps(server.uri, run_id)) == [1, 2, 3, 4, 5, 6]
+
+
+def test_outage_wait_bounds_every_wait_and_names_the_setting(server, tmp_path):
+    """A server that answered once and went away is waited for, up to the URI's mlflow.outage_wait_s
+    (not the 300 s default), then a UserError names the URI, the call and the setting."""
+    exp = tracking.ensure_experiment(server.uri, "e")
+    tracking.set_outage_wait(server.uri, 2)
+    server.stop()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UserError) as e:
+            tracking.create_run(server.uri, exp, "r2", {}, {})
+        waited = time.monotonic() - t0
+        # waited out (not refused at once: this process reached it), and far less than the default
+        assert 1.5 < waited < tracking.WAIT_S / 10, waited
+        assert str(e.value).startswith(f"MLflow at {server.uri}: creating run 'r2' failed for 2 s, the wait "
+                                       "mlflow.outage_wait_s allows")
+        with pytest.raises(UserError, match="opening experiment 'e' failed for 2 s"):
+            tracking.ensure_experiment(server.uri, "e")  # a first-contact call too: the server was reached
+    finally:
+        tracking.set_outage_wait(server.uri, tracking.WAIT_S)
+        server.start()
+
+
+def test_a_server_never_reached_that_refuses_fails_at_once(tmp_path):
+    """Nothing listens at the URI (a wrong port, a server never started): the first call fails at once,
+    naming the URI, instead of waiting for mlflow.outage_wait_s."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(UserError) as e:
+        tracking.ensure_experiment(uri, "e")
+    assert time.monotonic() - t0 < tracking.WAIT_S / 10
+    assert str(e.value).startswith(f"MLflow at {uri} (opening experiment 'e'): nothing listens there (")
+    assert "mlflow.tracking_uri" in str(e.value)
 
 
 def test_server_that_never_returns_spools_and_replay_completes_the_run(server, tmp_path, capfd):
@@ -206,6 +273,69 @@ def test_server_that_never_returns_spools_and_replay_completes_the_run(server, t
     assert out.returncode == 0, out.stderr
     assert "0 metric values logged, 8 already there" in out.stdout
     assert loss_steps(server.uri, run_id) == list(range(1, 8))
+
+
+CHECKPOINTING_WORKER = textwrap.dedent("""
+    import sys
+    from xmodal import tracking
+
+    uri, run_id, spool, phase = sys.argv[1:5]
+    log = tracking.RunLogger(uri, run_id, spool=spool, outage_wait_s=2)
+    steps = range(1, 11) if phase == "first" else range(21, 31)
+    for step in steps:
+        log.log({"train/loss": 1.0 / step}, step)
+    log.flush()  # what RunHooks does before it reports the checkpoint
+    print("CHECKPOINT", steps[-1], flush=True)
+    if phase == "first":
+        sys.stdin.readline()  # the test stops the server meanwhile
+        for step in range(11, 21):
+            log.log({"train/loss": 1.0 / step}, step)
+        log.flush()
+        print("CHECKPOINT 20", flush=True)
+        for step in range(21, 24):  # steps after the checkpoint: the worker dies before they are sent
+            log.log({"train/loss": 1.0 / step}, step)
+        sys.stdin.readline()  # killed here
+    else:
+        print("CLOSED", log.close(), flush=True)
+""")
+
+
+@pytest.mark.slow  # about 1 min: two fresh processes, a server restart
+def test_a_worker_killed_after_a_checkpoint_during_an_outage_loses_no_step(server, tmp_path):
+    """The server stops just before a checkpoint; the checkpoint is reported only once the metrics of its
+    steps are spooled; the worker is killed (SIGKILL) after it. Resumed from that checkpoint with the server
+    back, and the spool file replayed (jobs/replay_tracking.py): every step is in MLflow once. Drives
+    RunLogger as RunHooks does (log, flush, report) in a real process: the engine cannot stop a server
+    between two given steps."""
+    exp = tracking.ensure_experiment(server.uri, "e")
+    run_id = tracking.create_run(server.uri, exp, "killed", {}, {})
+    spool = tmp_path / "run" / tracking.SPOOL_FILE
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    args = [sys.executable, "-c", CHECKPOINTING_WORKER, server.uri, run_id, str(spool)]
+    first = subprocess.Popen([*args, "first"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert first.stdout.readline().strip() == "CHECKPOINT 10"
+        assert loss_steps(server.uri, run_id) == list(range(1, 11))
+        server.stop()
+        first.stdin.write("stopped\n")
+        first.stdin.flush()
+        assert first.stdout.readline().strip() == "CHECKPOINT 20"  # reported only after this:
+        spooled = sorted(i[3] for r in tracking.read_spool(spool) for i in r["items"])
+        assert set(range(11, 21)) <= set(spooled), spooled  # the checkpoint's steps are in the spool file
+    finally:
+        first.kill()  # SIGKILL: no close, no atexit
+        first.wait()
+        server.start()
+    resumed = subprocess.run([*args, "resume"], capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"[xmodal] {spool} holds metric values an earlier attempt" in resumed.stdout  # said at the restart
+    assert "CLOSED None" in resumed.stdout  # the resumed worker sent everything
+    assert sorted(loss_steps(server.uri, run_id)) == [*range(1, 11), *range(21, 31)]
+    replay = subprocess.run([sys.executable, str(REPO / "jobs" / "replay_tracking.py"), str(spool)],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    assert "10 metric values logged" in replay.stdout  # steps 11-20; 21-23, if spooled, are there already
+    assert sorted(loss_steps(server.uri, run_id)) == list(range(1, 31))  # every step once
 
 
 @pytest.mark.parametrize("content, message", [

@@ -156,8 +156,13 @@ def test_a_run_that_ends_while_the_database_is_locked_spools_and_replays(tmp_pat
     if spooled == "None":  # the lock was gone before the logger's wait ran out: all sent
         assert sent == list(range(1, 101)) and not spool.exists()
         return
-    assert ours == [f"[xmodal] MLflow at {uri} busy (locked by another process): 100 metric values not logged, saved to {spool}; "
-                    f"replay them with python jobs/replay_tracking.py {spool}"]
+    # The driver's next run may wait the rest of the lock out, said in one line (whether it does depends on
+    # when the lock ends); the values not logged are said once.
+    waits = [line for line in ours if "is busy or unreachable (opening experiment 'e')" in line]
+    assert len(waits) <= 1, ours
+    assert [line for line in ours if line not in waits] == [
+        f"[xmodal] MLflow at {uri} busy (locked by another process): 100 metric values not logged, saved to {spool}; "
+        f"replay them with python jobs/replay_tracking.py {spool}"]
     summary = tracking.replay(spool)
     assert summary.metrics_logged + summary.metrics_skipped == 100
     assert sorted(p.step for p in tracking.metric_points(uri, run_id, "train/loss")) == list(range(1, 101))

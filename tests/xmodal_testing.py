@@ -211,7 +211,10 @@ class MlflowServer:
                 return self
             except OSError:
                 assert self.proc.poll() is None, (self.tmp / "mlflow-server.log").read_text()[-3000:]
-                assert time.time() < deadline, f"mlflow server not ready after {timeout} s"
+                if time.time() >= deadline:  # not left running: the failed fixture never stops it
+                    kill_tree(self.proc.pid)
+                    self.proc = None
+                    raise AssertionError(f"mlflow server not ready after {timeout} s") from None
                 time.sleep(0.5)
 
     def stop(self) -> None:

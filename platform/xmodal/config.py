@@ -99,9 +99,10 @@ class MlflowConfig(Section):
     # Also the Ray Train run name: rerun with the same name to resume.
     run_name: str | None = Field(None, min_length=1)
     system_metrics: bool = True
-    # How long a run waits at its end for an unreachable tracking server (seconds) before it writes
-    # what it could not log to <scale.storage_path>/<run name>/mlflow_unlogged.jsonl (replayed with
-    # jobs/replay_tracking.py). Training itself never waits for the server.
+    # How long any wait of the run (driver and workers) for a busy or unreachable tracking store lasts
+    # (seconds): then the metrics sender and the run's end write what they could not log to
+    # <scale.storage_path>/<run name>/mlflow_unlogged.jsonl (replayed with jobs/replay_tracking.py) and
+    # other calls fail. Training waits only at a checkpoint, for its steps' metrics to be sent or spooled.
     outage_wait_s: float = Field(300.0, ge=0, le=3600)
     # Register the run's final model (its MLflow logged model) in the Model Registry under this name, a
     # new version per run: `models:/NAME/<version>`. A sweep registers only its best trial's

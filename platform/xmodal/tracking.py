@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -145,10 +146,23 @@ def ui_command(uri: str) -> str:
 def _client(uri: str):
     """MLflow's client, for this module's functions only: other modules call those, so that mlflow is
     imported here and nowhere else (the import contract in pyproject.toml). Building one opens the
-    store (for SQLite: creates or migrates the schema), so callers build it inside the retry policy."""
-    if uri.startswith("sqlite:///") and uri not in _opened:
-        return _first_contact(uri)
-    return _mlflow().tracking.MlflowClient(tracking_uri=uri)
+    store (for SQLite: creates or migrates the schema), so callers build it inside the retry policy.
+    One client per URI and process, built once (a sweep trial makes dozens of calls; a new client per
+    call measured 0.6 ms each here, MLflow 3 caching the store itself). The client holds no connection
+    of its own (MLflow caches the SQLite store and the HTTP session per process either way), so threads
+    share it; a forked child builds its own."""
+    key = (uri, os.getpid())
+    client = _clients.get(key)
+    if client is None:
+        if uri.startswith("sqlite:///") and uri not in _opened:
+            client = _first_contact(uri)
+        else:
+            client = _mlflow().tracking.MlflowClient(tracking_uri=uri)
+        _clients[key] = client
+    return client
+
+
+_clients: dict[tuple[str, int], Any] = {}
 
 
 # The SQLite URIs whose store this process has opened: MLflow keeps it (schema checked) for the process.
@@ -227,7 +241,7 @@ def ensure_experiment(uri: str, name: str) -> str:
             c.set_experiment_tag(exp.experiment_id, T.EXPERIMENT_KIND, T.TRAINING_EXPERIMENT)
         return exp.experiment_id
 
-    return _waited(uri, f"opening experiment {name!r}", ensure)
+    return _waited(uri, f"opening experiment {name!r}", ensure, first_contact=True)
 
 
 def find_run(uri: str, experiment_id: str, run_name: str) -> RunRecord | None:
@@ -425,6 +439,17 @@ def spool_path(storage: str, run_name: str) -> Path:
     return root / run_name / SPOOL_FILE
 
 
+def _probe(uri: str, timeout_s: float = 5.0) -> OSError | ValueError | None:
+    """None if an http(s) tracking server answers at all (any HTTP status counts), else the error."""
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
+        return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as e:
+        return e
+
+
 def reachable(uri: str, timeout_s: float = 5.0) -> bool:
     """Whether an http(s) tracking server answers at all (any HTTP status counts). MLflow's own
     client retries a refused connection for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES, exponential
@@ -432,13 +457,37 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
     changing MLflow's settings for the rest of the process. Other URIs (files, SQLite) count as up."""
     if not uri.startswith(("http://", "https://")):
         return True
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s).close()
-        return True
-    except urllib.error.HTTPError:
-        return True
-    except (OSError, ValueError):
+    if _probe(uri, timeout_s) is not None:
         return False
+    _reached.add(uri)
+    return True
+
+
+# The http(s) servers that answered this process once: a refused connection to one of them is an outage
+# to wait out, never a wrong URI (`_waited`'s fast failure).
+_reached: set[str] = set()
+
+
+def _refused(e: BaseException | None) -> bool:
+    """Whether a probe's error says that nothing listens at the address (or the host name is unknown)."""
+    reason = getattr(e, "reason", e)
+    return isinstance(reason, ConnectionRefusedError) or (
+        isinstance(reason, socket.gaierror) and reason.errno == socket.EAI_NONAME)
+
+
+def check_server(uri: str, doing: str) -> None:
+    """A UserError at once when `uri` is an http(s) server this process never reached and nothing listens
+    there (connection refused, unknown host): a wrong port or host, or a server never started, which
+    waiting would not mend. A server that answered once and went away is waited for (`_waited`)."""
+    if not uri.startswith(("http://", "https://")) or uri in _reached:
+        return
+    e = _probe(uri)
+    if e is None:
+        _reached.add(uri)
+    elif _refused(e):
+        raise UserError(f"MLflow at {uri} ({doing}): nothing listens there ({_first_line(e)}); expected a running "
+                        "tracking server: start it (mlflow server --host HOST --port PORT) or fix "
+                        "mlflow.tracking_uri (or $MLFLOW_TRACKING_URI)")
 
 
 # MLflow's answers about the request itself (a bad value, an unknown run, a name taken, no permission):
@@ -484,21 +533,39 @@ def _retried(uri: str, what: Callable[[], Any], pause: Callable[[float], bool]) 
         attempt += 1
 
 
-# How long a call outside a run's sender and end (creating the experiment and the run, tags, resuming,
-# reports) waits for a busy SQLite database or an unreachable server before it fails: the default of
-# the config's `mlflow.outage_wait_s`, which those calls cannot see (they take only the URI).
+# How long a call waits for a busy SQLite database or an unreachable server before it fails, where the
+# run's `mlflow.outage_wait_s` was not given for the URI (`set_outage_wait`): that setting's default.
 WAIT_S = 300.0
+# The `mlflow.outage_wait_s` of each URI, set by the process that runs with that config (the driver in
+# `engine.check`, each Train worker): every wait of this process on that store then lasts that long.
+_outage_wait: dict[str, float] = {}
 # A wait is said (once per process and store) when it lasts longer than this: short lock waits are
 # ordinary when many trials share one SQLite file.
 _SAY_AFTER_S = 3.0
 _said_waiting: set[str] = set()
 
 
-def _waited(uri: str, doing: str, what: Callable[[], Any], wait_s: float | None = None) -> Any:
+def set_outage_wait(uri: str, seconds: float) -> None:
+    """Every later call of this process to `uri` waits up to `seconds` (the run's `mlflow.outage_wait_s`)
+    for a busy database or an unreachable server before it fails; the last setting for a URI wins."""
+    _outage_wait[uri] = float(seconds)
+
+
+def outage_wait(uri: str) -> float:
+    """How long this process's calls to `uri` wait for it (`set_outage_wait`, else `WAIT_S`)."""
+    return _outage_wait.get(uri, WAIT_S)
+
+
+def _waited(uri: str, doing: str, what: Callable[[], Any], wait_s: float | None = None,
+            first_contact: bool = False) -> Any:
     """`what()` (which builds its client with `_client`) through `_retried`, retried for up to `wait_s`
-    (default `WAIT_S`) from the call; then a UserError naming the store, what was being done,
-    the last error and what to do."""
-    wait = WAIT_S if wait_s is None else wait_s
+    (default `outage_wait(uri)`) from the call; then a UserError naming the store, what was being done,
+    the last error, the setting and what to do. `first_contact`: a call that names no run or experiment
+    (the first a job makes): a server never reached that refuses the connection fails at once
+    (`check_server`)."""
+    if first_contact:
+        check_server(uri, doing)
+    wait = outage_wait(uri) if wait_s is None else wait_s
     start = time.monotonic()
 
     def pause(seconds: float) -> bool:
@@ -507,7 +574,8 @@ def _waited(uri: str, doing: str, what: Callable[[], Any], wait_s: float | None 
             return False
         if waited + seconds > _SAY_AFTER_S and uri not in _said_waiting:
             _said_waiting.add(uri)
-            _say(f"[xmodal] MLflow at {uri} is busy or unreachable ({doing}): retrying for up to {wait:.0f} s")
+            _say(f"[xmodal] MLflow at {uri} is busy or unreachable ({doing}): retrying for up to {wait:g} s "
+                 "(mlflow.outage_wait_s)")
         time.sleep(min(seconds, wait - waited))
         return True
 
@@ -520,7 +588,8 @@ def _waited(uri: str, doing: str, what: Callable[[], Any], wait_s: float | None 
                 "backup): let it finish or stop it, then rerun")
     else:
         todo = "start the tracking server (or fix mlflow.tracking_uri), then rerun"
-    raise UserError(f"MLflow at {uri}: {doing} failed for {wait:.0f} s ({error}); {todo}")
+    raise UserError(f"MLflow at {uri}: {doing} failed for {wait:g} s, the wait mlflow.outage_wait_s allows "
+                    f"({error}); {todo}")
 
 
 def _append_spool(path: Path, records: list[dict[str, Any]]) -> None:
@@ -572,10 +641,12 @@ class RunLogger:
     """Logs metrics into an existing run from a training worker (rank 0), in the background.
 
     `log` only queues (it never blocks or raises); a daemon thread sends the queue in order with
-    `log_batch`. While the tracking server is unreachable the thread keeps the batch and retries it
-    (backoff 1 s growing to 10 s), so training goes on and nothing is lost or reordered. `close` waits
-    up to `outage_wait_s` for the queue to drain, then writes what is left to the spool file (replayed
-    into MLflow later with jobs/replay_tracking.py).
+    `log_batch`. While the tracking server is unreachable (or its SQLite file locked) the thread keeps
+    the batch and retries it (backoff 1 s growing to 10 s) for up to `outage_wait_s`; an outage longer
+    than that sends each later batch to the spool file after one try, until a try succeeds again.
+    Training goes on meanwhile and nothing is lost or reordered; `flush` (before every checkpoint) waits
+    until everything queued so far is sent or spooled, and `close` spools what is left after its wait.
+    The spool file is replayed into MLflow later with jobs/replay_tracking.py.
 
     After a restart, steps at or below the last step already in MLflow (read by the thread, so that a
     worker restarted during an outage starts) are skipped, so a run's metric history has neither
@@ -594,11 +665,20 @@ class RunLogger:
         self.logged_up_to: int | None = None  # known once the thread has read the history
         self._queue: deque[tuple[str, float, int, int, bool]] = deque()  # key, value, ms, step, force
         self._inflight: list = []  # the batch being sent (mlflow Metric)
+        self._inflight_n = 0  # the queued values it was taken from (those skipped as logged included)
+        # Counted in queue order: values queued, and values settled (sent, skipped or spooled).
+        self._queued = self._settled = 0
+        self.spooled = 0  # values this logger wrote to the spool file
+        self.batch_s: list[float] = []  # how long each batch took to send (the tracking benchmark's figure)
+        self._outage_since: float | None = None  # when the failures of the current outage began
+        self._given_up = False  # the current outage outlasted outage_wait_s: one try per batch
         self._cond = threading.Condition()
         self._closing = False
         self._abandoned = False
         self._error: Exception | None = None  # what stopped the thread, if anything did
-        self._failing = False  # the last attempt failed: the server is away
+        if self.spool.is_file():  # a worker restarted after an outage: say so before the run ends
+            _say(f"[xmodal] {self.spool} holds metric values an earlier attempt of this run could not log to "
+                 f"MLflow at {uri}; replay them with {REPLAY_COMMAND} {self.spool}")
         self._thread = threading.Thread(target=self._run, name="xmodal-mlflow-logger", daemon=True)
         self._thread.start()
         self._system = None
@@ -625,6 +705,7 @@ class RunLogger:
             if self._closing:
                 return
             self._queue.extend((k, float(v), ts, step, force) for k, v in metrics.items())
+            self._queued += len(metrics)
             self._cond.notify()
 
     def set_tag(self, key: str, value: str) -> None:
@@ -636,69 +717,94 @@ class RunLogger:
 
     # ------------------------------------------------ the sending thread
 
-    def _retrying(self, what):
-        """`what()` until it succeeds or the logger is abandoned (then None)."""
+    def _retrying(self, what) -> tuple[bool, Any]:
+        """`what()` through the retry policy, for as long as the current outage may last
+        (`outage_wait_s` from its first failure; one try once it has lasted longer) and the logger is
+        not abandoned. Returns (whether it succeeded, its result)."""
 
         def pause(seconds: float) -> bool:  # woken early when `close` abandons the logger
             with self._cond:
-                self._failing = True
-                self._cond.notify_all()
-                self._cond.wait_for(lambda: self._abandoned, timeout=seconds)
-            return not self._abandoned
+                now = time.monotonic()
+                if self._outage_since is None:
+                    self._outage_since = now
+                left = self.outage_wait_s - (now - self._outage_since)
+                if self._given_up or left <= 0:
+                    self._given_up = True
+                    return False
+                self._cond.wait_for(lambda: self._abandoned, timeout=min(seconds, left))
+                return not self._abandoned
 
         if self._abandoned:
-            return None
+            return False, None
         done, out = _retried(self.uri, what, pause)
-        if not done:
-            return None
-        self._failing = False
-        return out
+        if done:
+            with self._cond:
+                self._outage_since, self._given_up = None, False
+        return done, out
 
     def _run(self) -> None:
         """The thread: never ends silently. An error no retry mends (`_permanent`: the run deleted, say)
-        stops the sending; `close` then writes everything unsent to the spool file and says why."""
+        stops the sending; `flush` and `close` then write everything unsent to the spool file, and
+        `close` says why."""
         try:
             self._sending()
         except Exception as e:
             with self._cond:
                 self._error = e
+        finally:
+            with self._cond:
                 self._cond.notify_all()
 
     def _sending(self) -> None:
-        # The client too is made inside the retry: opening the store is the call most likely to meet a
-        # locked database (a new worker's first contact) or an unreachable server.
-        client = self._retrying(lambda: _client(self.uri))
-        if client is None:
-            return
-
-        def read_history() -> int:
-            return max((m.step for m in client.get_metric_history(self.run_id, self.watch_key)), default=-1)
-
-        logged_up_to = self._retrying(read_history)
-        if logged_up_to is None:
-            return
-        self.logged_up_to = logged_up_to
         mlflow = _mlflow()
+        client = None
+
+        def connect():
+            # The client too is made inside the retry: opening the store is the call most likely to meet
+            # a locked database (a new worker's first contact) or an unreachable server.
+            c = _client(self.uri)
+            return c, max((m.step for m in c.get_metric_history(self.run_id, self.watch_key)), default=-1)
+
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._closing or self._abandoned)
                 if self._abandoned or not self._queue:
                     return
-                batch = []
-                while self._queue and len(batch) < self.BATCH:
-                    k, v, ts, step, force = self._queue.popleft()
-                    if force or step > logged_up_to:
-                        batch.append(mlflow.entities.Metric(k, v, ts, step))
-                self._inflight = batch
-            if batch:
-                self._send(client, batch)
+            if client is None:
+                done, out = self._retrying(connect)
+                if not done:
+                    # The history is unknown: everything queued is spooled (replay skips what the run has).
+                    with self._cond:
+                        if self._abandoned:
+                            return
+                        self._spool_left()
+                        self._cond.notify_all()
+                    continue
+                client, self.logged_up_to = out
             with self._cond:
                 if self._abandoned:
                     return
-                self._inflight = []
+                batch, taken = [], 0
+                while self._queue and len(batch) < self.BATCH:
+                    k, v, ts, step, force = self._queue.popleft()
+                    taken += 1
+                    if force or step > self.logged_up_to:
+                        batch.append(mlflow.entities.Metric(k, v, ts, step))
+                self._inflight, self._inflight_n = batch, taken
+            t0 = time.perf_counter()
+            sent = not batch or self._send(client, batch)
+            if batch and sent:
+                self.batch_s.append(time.perf_counter() - t0)
+            with self._cond:
+                if self._abandoned:  # `close` spooled the batch
+                    return
+                if not sent:
+                    self._write_spool([[m.key, m.value, m.timestamp, m.step] for m in batch])
+                self._inflight, self._inflight_n = [], 0
+                self._settled += taken
                 self._cond.notify_all()
 
-    def _send(self, client, batch: list) -> None:
+    def _send(self, client, batch: list) -> bool:
         failed = False
 
         def send() -> bool:
@@ -726,24 +832,46 @@ class RunLogger:
                 failed = True
                 raise
 
-        self._retrying(send)
+        return self._retrying(send)[0]
 
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until everything queued is sent, unless the server is away (then at once) or `timeout_s`
-        has passed: called before a checkpoint, so that a worker killed later loses no metric of the
-        steps that checkpoint holds. The bound matters when the server went away during a request:
-        MLflow's client then retries inside that call for minutes before the sender sees a failure.
-        Returns whether the queue is empty."""
+    def _write_spool(self, items: list[list]) -> None:
+        """Append metric items to the spool file (under the lock: one writer at a time, in order)."""
+        if items:
+            _append_spool(self.spool, [{"op": "metrics", "uri": self.uri, "run_id": self.run_id,
+                                        "items": items[i:i + 1000]} for i in range(0, len(items), 1000)])
+            self.spooled += len(items)
+
+    def _spool_left(self) -> None:
+        """The batch in flight and everything queued, to the spool file, settled (under the lock)."""
+        items = [[m.key, m.value, m.timestamp, m.step] for m in self._inflight]
+        up_to = self.logged_up_to
+        items += [[k, v, ts, step] for k, v, ts, step, force in self._queue
+                  if force or up_to is None or step > up_to]
+        self._settled += self._inflight_n + len(self._queue)
+        self._inflight, self._inflight_n = [], 0
+        self._queue.clear()
+        self._write_spool(items)
+
+    def flush(self) -> bool:
+        """Wait until every value queued so far is sent to MLflow or written to the spool file, however
+        long that takes: called before a checkpoint is reported, so that a worker killed after it loses
+        no metric of the steps that checkpoint holds. The wait is bounded by the retry policy: an
+        outage longer than `outage_wait_s` (from its first failure) spools (plus, when the server went
+        away during a request, MLflow's own retries of that request). Returns whether nothing queued
+        since the previous flush went to the spool file."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: (not self._queue and not self._inflight) or self._failing or self._abandoned
-                or not self._thread.is_alive(), timeout=timeout_s) and not self._queue and not self._inflight
+            target, spooled = self._queued, self.spooled
+            self._cond.wait_for(lambda: self._settled >= target or self._abandoned or not self._thread.is_alive())
+            if self._settled < target and not self._abandoned:  # the thread was stopped by an error
+                self._spool_left()
+            return self.spooled == spooled
 
     # ------------------------------------------------ the end
 
     def close(self, timeout_s: float | None = None) -> Path | None:
         """Wait up to `timeout_s` (default `outage_wait_s`) for the queue to be sent; what is left goes
-        to the spool file, said in one line. Returns the spool file if written."""
+        to the spool file. One line says how many values this logger spooled over the run, if any.
+        Returns the spool file if written."""
         if self._system is not None:
             self._system.finish()
             self._system = None
@@ -757,17 +885,11 @@ class RunLogger:
         with self._cond:
             self._abandoned = True
             self._cond.notify_all()
-            items = [[m.key, m.value, m.timestamp, m.step] for m in self._inflight]
-            up_to = self.logged_up_to
-            items += [[k, v, ts, step] for k, v, ts, step, force in self._queue
-                      if force or up_to is None or step > up_to]
-            self._queue.clear()
-        if not items:
+            self._spool_left()
+        if not self.spooled:
             return None
-        _append_spool(self.spool, [{"op": "metrics", "uri": self.uri, "run_id": self.run_id,
-                                    "items": items[i:i + 1000]} for i in range(0, len(items), 1000)])
         why = None if self._error is None else f"failed ({_first_line(self._error)})"
-        _say(_unlogged_message(self.uri, f"{len(items)} metric values", self.spool, why))
+        _say(_unlogged_message(self.uri, f"{self.spooled} metric values", self.spool, why))
         return self.spool
 
 
@@ -982,13 +1104,15 @@ def mark_running(uri: str, run_id: str) -> None:
 
 def get_experiment_id(uri: str, name: str) -> str | None:
     """The id of an existing experiment, or None (reports must not create experiments)."""
-    exp = _waited(uri, f"looking up experiment {name!r}", lambda: _client(uri).get_experiment_by_name(name))
+    exp = _waited(uri, f"looking up experiment {name!r}", lambda: _client(uri).get_experiment_by_name(name),
+                  first_contact=True)
     return exp.experiment_id if exp is not None else None
 
 
 def experiment_names(uri: str) -> list[str]:
     """The names of the store's (active) experiments."""
-    return [e.name for e in _waited(uri, "listing experiments", lambda: _client(uri).search_experiments())]
+    return [e.name for e in _waited(uri, "listing experiments", lambda: _client(uri).search_experiments(),
+                                    first_contact=True)]
 
 
 def get_run(uri: str, run_id: str) -> RunRecord:

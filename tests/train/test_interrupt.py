@@ -41,14 +41,19 @@ def the_run(uri: str, name: str) -> tracking.RunRecord:
 
 def interrupted(tmp: Path, store: Path, name: str, env: dict[str, str], signals: list[signal.Signals],
                 log: str) -> subprocess.CompletedProcess:
-    """The job until its first evaluation has been shown, then `signals` to its process group (a
-    terminal's Ctrl-C reaches every process of the foreground group), 0.05 s apart."""
+    """The job until its first evaluation has been shown and its checkpoint is on storage (written once
+    the evaluation's metrics are in MLflow: seconds on a loaded machine), then `signals` to its process
+    group (a terminal's Ctrl-C reaches every process of the foreground group), 0.05 s apart."""
     out = open(tmp / log, "w")  # noqa: SIM115 - the job's output, read back below
     proc = subprocess.Popen([PYTHON, PRETRAIN, *job_args(tmp, store, name)], cwd=tmp, env=env,
                             start_new_session=True, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 300
-        while "[xmodal] eval @ step 20/" not in (tmp / log).read_text() and proc.poll() is None:
+        def ready() -> bool:
+            return ("[xmodal] eval @ step 20/" in (tmp / log).read_text()
+                    and recovery.newest_intact(*recovery.run_folder(str(tmp / "runs"), name))[0] is not None)
+
+        while not ready() and proc.poll() is None:
             assert time.time() < deadline, (tmp / log).read_text()[-3000:]
             time.sleep(0.05)
         assert proc.poll() is None, (tmp / log).read_text()[-3000:]

@@ -79,3 +79,32 @@ def test_run_survives_a_30s_outage_without_losing_a_metric(tmp_path, tiny_store,
         assert not tracking.spool_path(str(tmp_path / "runs"), "outage").exists()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_short_outage_wait_gives_up_in_about_that_time_naming_the_setting(tmp_path, tiny_store):  # noqa: F811
+    """`mlflow.outage_wait_s` bounds the driver's waits too (opening the run), not only the run's end:
+    a server that answered once and is gone fails the run in about that time, not the 300 s default."""
+    from xmodal.errors import UserError
+    from xmodal.train import engine
+    from xmodal.train.pretrain import PretrainJob
+
+    server = MlflowServer(tmp_path).start()
+    try:
+        tracking.ensure_experiment(server.uri, "xmodal-pretrain")  # reached: an outage, not a wrong URI
+    finally:
+        server.stop()
+    cfg = load_config(PretrainConfig, overrides=[
+        f"data.store={tiny_store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=short-wait",
+        f"mlflow.tracking_uri={server.uri}", "preset=tiny", "mlflow.outage_wait_s=2"])
+    try:
+        checked = engine.check(PretrainJob(), cfg)
+        assert tracking.outage_wait(server.uri) == 2
+        t0 = time.monotonic()
+        with pytest.raises(UserError) as e:
+            engine.open_run(PretrainJob(), checked, "test")
+        assert time.monotonic() - t0 < tracking.WAIT_S / 10
+    finally:
+        tracking.set_outage_wait(server.uri, tracking.WAIT_S)
+    assert str(e.value).startswith(f"MLflow at {server.uri}: opening experiment 'xmodal-pretrain' failed for 2 s, "
+                                   "the wait mlflow.outage_wait_s allows")

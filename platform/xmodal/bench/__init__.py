@@ -23,6 +23,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "mult": ("xmodal.bench.mult", "MulT train step at unaligned MOSEI shapes"),
     "suite": ("xmodal.bench.suite", "everything a device run must show, in one run: JSON + Markdown table"),
     "scale": ("xmodal.bench.scale", "ingest, store, pipeline and worker RSS at two store sizes: JSON + Markdown"),
+    "tracking": ("xmodal.bench.tracking", "MLflow under N writers (sqlite, server, postgres): points present, "
+                 "p50/p99 per call"),
 }
 
 

@@ -64,6 +64,7 @@ def check(spec: JobSpec, cfg) -> Checked:
     cluster's address, the steps, and the model built on the meta device. Raises UserError."""
     micro = split_batch(cfg)
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)  # every wait of the driver on the store
     storage = storage_path(cfg.scale.storage_path)
     name = cfg.mlflow.run_name or f"{default_run_name(spec, cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
@@ -287,6 +288,7 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     for seed in seeds:  # every seed's config is checked before the first run starts
         spec.check(_seeded(cfg, seed, "check"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
+    tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)
     base = cfg.mlflow.run_name or f"{default_run_name(spec, cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                              {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})

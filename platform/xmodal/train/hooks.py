@@ -204,8 +204,11 @@ class RunHooks:
             self.logger.log({**metrics, **self.selected()}, state.step)
         if self.rank == 0 and self.cost is not None:
             self.logger.log(self.cost.metrics(), state.step, force=finished)
-        if self.rank == 0 and rerun_eval:
-            self.logger.flush()  # the checkpoint's steps are in MLflow before it (unless the server is away)
+        if self.rank == 0:
+            # Every metric of the checkpoint's steps is in MLflow or the spool file before the checkpoint
+            # is reported: a worker killed after it loses none (however long the server is away, up to
+            # mlflow.outage_wait_s per outage: the sender then spools).
+            self.logger.flush()
         report = {**metrics, **self.selected(), "step": state.step, "epoch": epoch}
         if finished and self.on_end is None:
             report["final"] = 1  # the run's last report (with on_end, that report comes after)

@@ -84,6 +84,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
     console.set_verbose(plan.verbose)
     console.quiet_worker()
     cfg = spec.config_class.model_validate(plan.config)
+    tracking.set_outage_wait(plan.tracking_uri, cfg.mlflow.outage_wait_s)  # this worker's waits on the store
     ctx = ray.train.get_context()
     storage = ctx.get_storage()
     found = recovery.resume_point(storage.storage_filesystem, storage.experiment_fs_path,
