@@ -536,8 +536,11 @@ def rehearsal(cfg, tmp_path_factory):
     home = tmp / "home"
     home.mkdir()
     shared, artifacts, port = tmp / "shared", tmp / "artifacts", free_port()
+    # The MLflow server on a SQLite file of the head's, not the configs' default PostgreSQL: that one is
+    # tests/test_cluster_postgres.py's and tests/test_ray_up.py's; this rehearsal is of the Ray nodes.
     env = run_env_setup(cfg, home, f"--storage-path={shared}", f"--mlflow-artifacts={artifacts}",
-                        f"--mlflow-port={port}", RAY_HEAD_IP="127.0.0.2")
+                        f"--mlflow-port={port}", f"--mlflow-backend=sqlite:///{home}/mlflow/mlflow.db",
+                        RAY_HEAD_IP="127.0.0.2")
     mlflow_start = subprocess.Popen(["bash", "-c", command_with(cfg, "head_start_ray_commands", "start_mlflow.sh")],
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # The second node's own session folder: a short path, as Ray's socket paths live under it.

@@ -190,7 +190,7 @@ def test_head_postgres_keeps_every_metric_through_a_server_restart_and_its_own(t
         log = tracking.RunLogger(server.uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=120)
         for step in range(1, 6):
             log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
-        assert log.flush(timeout_s=60)
+        assert log.flush()  # every value sent, none spooled
         server.stop()  # restarted in the middle of the run
         for step in range(6, 11):
             log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
