@@ -41,7 +41,7 @@ def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
     for step in (2, 3, 4):
         log2.log({"train/loss": 10.0 + step}, step)
     log2.close()
-    assert log2.logged_up_to == 3
+    assert log2.logged_steps == {"train/loss": 3}
     points = tracking.metric_points(uri, run_id, "train/loss")
     assert all(isinstance(p, tracking.MetricPoint) and p.timestamp > 0 for p in points)
     assert sorted((p.step, p.value) for p in points) == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 14.0)]
@@ -56,6 +56,25 @@ def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
     done = tracking.get_run(uri, run_id)
     assert done.status == "FINISHED" and done.end_time >= done.start_time > 0
     assert run.status == "RUNNING"  # a record is a snapshot
+
+
+def test_a_rerun_step_logs_the_metrics_its_first_try_did_not_send(tmp_path):
+    """A worker killed after sending step 8's loss but during step 8's evaluation: the run resumes
+    from step 6 and redoes 7 and 8. Step 8's loss is in MLflow (skipped), its evaluation is not (sent):
+    each metric is skipped up to its own last step, so the history has every step once and no gap."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.create_run(uri, tracking.ensure_experiment(uri, "e"), "r", {}, {})
+    first = tracking.RunLogger(uri, run_id, spool=tmp_path / "spool.jsonl")
+    for step in (2, 4, 6):
+        first.log({"train/loss": 1.0 / step, "eval/loss": 2.0 / step}, step)
+    first.log({"train/loss": 1.0 / 8}, 8)  # killed before eval/loss of step 8
+    first.close()
+    rerun = tracking.RunLogger(uri, run_id, spool=tmp_path / "spool.jsonl")
+    rerun.log({"train/loss": 1.0 / 8, "eval/loss": 2.0 / 8}, 8)
+    rerun.close()
+    assert rerun.logged_steps == {"train/loss": 8, "eval/loss": 6}
+    assert [p.step for p in tracking.metric_points(uri, run_id, "train/loss")] == [2, 4, 6, 8]
+    assert [p.step for p in tracking.metric_points(uri, run_id, "eval/loss")] == [2, 4, 6, 8]
 
 
 def test_records_are_plain_frozen_data(tmp_path):

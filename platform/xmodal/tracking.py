@@ -648,21 +648,21 @@ class RunLogger:
     until everything queued so far is sent or spooled, and `close` spools what is left after its wait.
     The spool file is replayed into MLflow later with jobs/replay_tracking.py.
 
-    After a restart, steps at or below the last step already in MLflow (read by the thread, so that a
-    worker restarted during an outage starts) are skipped, so a run's metric history has neither
-    duplicates nor a restart.
+    After a restart, each metric's steps at or below its own last step already in MLflow (read by the
+    thread, so that a worker restarted during an outage starts) are skipped, so a run's metric history
+    has neither duplicates nor a restart nor a gap: a worker killed between sending a step's loss and
+    its evaluation leaves that evaluation to the rerun of the step.
     """
 
     BATCH = 500  # MLflow's limit of metrics per log_batch
 
-    def __init__(self, uri: str, run_id: str, system_metrics: bool = False, watch_key: str = "train/loss",
+    def __init__(self, uri: str, run_id: str, system_metrics: bool = False,
                  spool: str | Path | None = None, outage_wait_s: float = 300.0):
         self.uri = uri
         self.run_id = run_id
-        self.watch_key = watch_key
         self.spool = Path(spool) if spool is not None else Path.cwd() / SPOOL_FILE
         self.outage_wait_s = outage_wait_s
-        self.logged_up_to: int | None = None  # known once the thread has read the history
+        self.logged_steps: dict[str, int] | None = None  # each metric's last step in MLflow, once read
         self._queue: deque[tuple[str, float, int, int, bool]] = deque()  # key, value, ms, step, force
         self._inflight: list = []  # the batch being sent (mlflow Metric)
         self._inflight_n = 0  # the queued values it was taken from (those skipped as logged included)
@@ -763,7 +763,8 @@ class RunLogger:
             # The client too is made inside the retry: opening the store is the call most likely to meet
             # a locked database (a new worker's first contact) or an unreachable server.
             c = _client(self.uri)
-            return c, max((m.step for m in c.get_metric_history(self.run_id, self.watch_key)), default=-1)
+            keys = c.get_run(self.run_id).data.metrics
+            return c, {k: max((m.step for m in c.get_metric_history(self.run_id, k)), default=-1) for k in keys}
 
         while True:
             with self._cond:
@@ -780,7 +781,7 @@ class RunLogger:
                         self._spool_left()
                         self._cond.notify_all()
                     continue
-                client, self.logged_up_to = out
+                client, self.logged_steps = out
             with self._cond:
                 if self._abandoned:
                     return
@@ -788,7 +789,7 @@ class RunLogger:
                 while self._queue and len(batch) < self.BATCH:
                     k, v, ts, step, force = self._queue.popleft()
                     taken += 1
-                    if force or step > self.logged_up_to:
+                    if force or step > self.logged_steps.get(k, -1):
                         batch.append(mlflow.entities.Metric(k, v, ts, step))
                 self._inflight, self._inflight_n = batch, taken
             t0 = time.perf_counter()
@@ -844,9 +845,9 @@ class RunLogger:
     def _spool_left(self) -> None:
         """The batch in flight and everything queued, to the spool file, settled (under the lock)."""
         items = [[m.key, m.value, m.timestamp, m.step] for m in self._inflight]
-        up_to = self.logged_up_to
+        logged = self.logged_steps
         items += [[k, v, ts, step] for k, v, ts, step, force in self._queue
-                  if force or up_to is None or step > up_to]
+                  if force or logged is None or step > logged.get(k, -1)]
         self._settled += self._inflight_n + len(self._queue)
         self._inflight, self._inflight_n = [], 0
         self._queue.clear()
@@ -933,6 +934,11 @@ class Outbox:
 
     def tags(self, tags: dict[str, str]) -> None:
         self._call(lambda: _set_tags(self.uri, self.run_id, tags), lambda: {"op": "tags", "tags": dict(tags)})
+
+    def metrics(self, metrics: dict[str, float], step: int = 0) -> None:
+        ts = int(time.time() * 1000)
+        self._call(lambda: log_metrics(self.uri, self.run_id, metrics, step),
+                   lambda: {"op": "metrics", "items": [[k, float(v), ts, step] for k, v in metrics.items()]})
 
     def terminated(self, status: str) -> None:
         self._call(lambda: _set_terminated(self.uri, self.run_id, status),
