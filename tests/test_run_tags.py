@@ -21,6 +21,7 @@ NOT_TAGS = {
     "xmodal.bench.suite": "a module path the bench command imports",
     "xmodal.bench.scale": "a module path the bench command imports",
     "xmodal.bench.tracking": "a module path the bench command imports",
+    "xmodal.bench.sweep": "a module path the bench command imports",
     "xmodal.tracking": "a module the tracking benchmark's writer processes import in advance",
     "xmodal.tracking needs mlflow: pip install 'mlflow>=3'": "an error message naming the module",
 }

@@ -18,6 +18,7 @@ import pytest
 from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.scores import better, selected_key
+from xmodal.train import timeline
 from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")
@@ -131,6 +132,14 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
             assert steps == [2, 4, 6]
             arts = set(tracking.list_artifacts(uri, r.run_id))
             assert {"config.yaml", "model"} <= arts
+            # where the trial's time went: its phases (xmodal.train.timeline) and Tune's share add up
+            # to its life as the driver saw it; everything but training is overhead
+            m = r.metrics
+            phases = [m[f"time/{p}"] for p in timeline.PHASES]
+            assert all(v >= 0 for v in phases) and m["time/training_s"] > 0, m
+            assert m[timeline.TRIAL_OVERHEAD] == pytest.approx(m[timeline.TRIAL_LIFE] - m["time/training_s"])
+            assert sum(phases) == pytest.approx(m["time/overhead_s"] + m["time/training_s"])
+            assert m["time/overhead_s"] <= m[timeline.TRIAL_OVERHEAD] < m[timeline.TRIAL_LIFE]
     # Every 1e-9 trial starts after a good one has set the first rung, and is worse: stopped there.
     # (ASHA may also stop the second good trial when it reaches a rung behind an equally good one.)
     assert stopped and all(r in stopped for r in runs if r.params["optim.lr"] == "1e-09")
@@ -157,6 +166,13 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
             assert r.tags[T.RANKED_STEP] == str(step)
         else:
             assert r.metrics[score] == ranked[r.tags[T.TRIAL_ID]] and step == 6, r.name
+    # the parent's overhead per trial: the mean over the finished trials of what each logged
+    timed = [r.metrics for r in runs if r.status == "FINISHED"]
+    assert parent.metrics["sweep/timed_trials"] == len(timed)
+    assert parent.metrics["sweep/trial_overhead_s_mean"] == pytest.approx(
+        sum(m[timeline.TRIAL_OVERHEAD] for m in timed) / len(timed))
+    assert parent.metrics["sweep/trial_overhead_ratio"] == pytest.approx(
+        sum(m[timeline.TRIAL_OVERHEAD] for m in timed) / sum(m["time/training_s"] for m in timed))
     best_trial = parent.tags[T.BEST + "trial_id"]
     assert not any(better(v, ranked[best_trial], "min") for v in ranked.values())
     assert parent.metrics["best/eval/loss/mlm"] == ranked[best_trial]

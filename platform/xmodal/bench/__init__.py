@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "scale": ("xmodal.bench.scale", "ingest, store, pipeline and worker RSS at two store sizes: JSON + Markdown"),
     "tracking": ("xmodal.bench.tracking", "MLflow under N writers (sqlite, server, postgres): points present, "
                  "p50/p99 per call"),
+    "sweep": ("xmodal.bench.sweep", "N tiny MulT sweep trials: each trial's life against its training, per phase"),
 }
 
 

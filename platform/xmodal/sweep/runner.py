@@ -21,6 +21,7 @@ import math
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from xmodal.sweep.space import (
     validate_config,
     with_assignments,
 )
-from xmodal.train import recovery
+from xmodal.train import recovery, timeline
 from xmodal.train.job import Trial
 from xmodal.train.specs import job_spec
 
@@ -200,22 +201,24 @@ class SweepCallback(tune.Callback):
         self.uri, self.experiment_id, self.sweep, self.parent_run_id = uri, experiment_id, sweep, parent_run_id
         self.metric = metric
         self._stopped: dict[str, int] = {}
+        self._started: dict[str, float] = {}  # wall time of each trial's start, for its overhead
 
     def __setstate__(self, state):
         # `--resume` unpickles the callback Tune saved with the sweep: one pickled without `metric` still
         # restores (its trial lines show no score).
-        self.__dict__.update({"metric": "", **state})
+        self.__dict__.update({"metric": "", "_started": {}, **state})
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        self._started[trial.trial_id] = time.time()
         log.info(f"trial {trial.trial_id} started: {_values(trial.config or {})}")
 
-    def _ended(self, trial, how: str) -> None:
+    def _ended(self, trial, how: str, spent: str = "") -> None:
         # The last result: Tune keeps it in its saved state, so a trial resumed by a restarted driver has it.
         score = (trial.last_result or {}).get(selected_key(self.metric)) if self.metric else None
         if not isinstance(score, (int, float)) or score != score:  # NaN: no evaluation gave a number
             score = None
         shown = f"{self.metric} {score:.4f}" if score is not None else f"no {self.metric or 'score'}"
-        log.info(f"trial {trial.trial_id} {how}: {shown} ({_values(trial.config or {})})")
+        log.info(f"trial {trial.trial_id} {how}: {shown} ({_values(trial.config or {})}){spent}")
 
     def _child(self, trial_id: str) -> tracking.RunRecord | None:
         return tracking.find_run(self.uri, self.experiment_id, trial_run_name(self.sweep, trial_id))
@@ -227,10 +230,17 @@ class SweepCallback(tune.Callback):
             self._stopped[trial.trial_id] = int(result.get("training_iteration", 0))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._ended(trial, "stopped early" if trial.trial_id in self._stopped else "finished")
+        started = self._started.pop(trial.trial_id, None)  # None: started before a driver restart
         run = self._child(trial.trial_id)
+        timed = (timeline.trial_overhead(time.time() - started, run.metrics)
+                 if run is not None and started is not None else {})
+        spent = (f" in {timed[timeline.TRIAL_LIFE]:.0f} s, {timed[timeline.TRIAL_OVERHEAD]:.0f} s of it outside "
+                 "training" if timed else "")
+        self._ended(trial, "stopped early" if trial.trial_id in self._stopped else "finished", spent)
         if run is None:
             return
+        if timed:
+            tracking.log_metrics(self.uri, run.run_id, timed)
         if trial.trial_id not in self._stopped:
             tracking.set_tags(self.uri, run.run_id, {T.EARLY_STOPPED: "false"})
             return
@@ -365,6 +375,11 @@ def summarise(plan: SweepPlan, results, parent_run_id: str, experiment_id: str) 
                            "run_id": tags[T.BEST + "run_id"]}
         if plan.register and child is not None:
             summary["registered"] = register_best(plan, parent_run_id, child.run_id, score)
+    spent = timeline.sweep_summary([r.metrics for r in tracking.child_runs(uri, parent_run_id)])
+    if spent:
+        metrics.update(spent)
+        summary["overhead"] = spent
+        log.info(timeline.summary_line(spent))
     tracking.log_metrics(uri, parent_run_id, metrics)
     log_importance(uri, s, parent_run_id)
     return summary

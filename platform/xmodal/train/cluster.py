@@ -101,6 +101,13 @@ def check_cluster(scale) -> None:
     check_local_resources(scale)
 
 
+# Ray Train V2's controller polls its workers every 2 s by default, so it sees a run's end (and a dead
+# worker) up to 2 s late, and its teardown waits on further polls: measured on a 2-core machine, a
+# one-worker sweep trial's end took 5.6 s at 2 s and 1.2 s at 0.5 s (docs/architecture.md, "Sweeps").
+# A local Ray's processes inherit it from the driver; a cluster's from scripts/cluster/node_env.sh.
+TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
+
+
 def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
     """Attach to the cluster a job runs in (`ray job submit` sets RAY_ADDRESS), else start a local Ray.
 
@@ -120,6 +127,7 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
                 raise UserError(f"RAY_ADDRESS = {address!r}: could not join a Ray cluster there ({' '.join(str(e).split())}); "
                                 f"check it with `ray status --address {address}`") from None
         else:
+            os.environ.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
     attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up
 

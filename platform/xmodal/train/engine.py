@@ -31,7 +31,7 @@ from xmodal import console, errors, run_tags, tracking
 from xmodal.config import ConfigError, flatten
 from xmodal.scores import SELECTED_PREFIX
 from xmodal.train import checkpoint as ckpt
-from xmodal.train import record, recovery
+from xmodal.train import record, recovery, timeline
 from xmodal.train.cluster import check_cluster, connect, storage_path
 from xmodal.train.faults import check_fault_storage, fault_schedule
 from xmodal.train.interrupt import GracefulStop
@@ -152,16 +152,19 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     )
 
 
-def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = None) -> RunResult:
+def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = None,
+                     marks: dict[str, float] | None = None) -> RunResult:
     """Ray Train, then the final artifacts; the MLflow run ends FINISHED, FAILED on any error, or
     KILLED when Ctrl-C stopped it (RunInterrupted). A sweep trial's end is the sweep driver's to mark
-    (`Trial`)."""
+    (`Trial`). `marks`: the run's timeline so far (`xmodal.train.timeline`), logged as `time/*`."""
+    marks = {} if marks is None else marks
     interruptible = trial is None and threading.current_thread() is threading.main_thread()
     term = signal.getsignal(signal.SIGTERM) if interruptible else None
     connect()
     if interruptible and term is not None:  # ray.init's SIGTERM handler exits without a word: keep the cli's
         signal.signal(signal.SIGTERM, term)
     console.CONSOLE.begin(plan.total_steps, plan.baselines, plan.metric_order)
+    timeline.mark(marks, "fit_call")
     try:
         try:
             if interruptible:
@@ -169,15 +172,19 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
                     result = stop.run(trainer(spec, plan, stop_flag=stop.flag).fit)
             else:
                 result = trainer(spec, plan, trial).fit()
-            stopped = interruptible and stop.requested and (result.metrics or {}).get("final") != 1
-            if result.metrics and "step" in result.metrics and not stopped:
-                console.CONSOLE.settle(int(result.metrics["step"]), result.metrics)
+            timeline.mark(marks, "fit_return")
+            worker = timeline.read_worker_marks(*recovery.run_folder(plan.storage, plan.run_name))
+            marks.update(timeline.within(worker, marks["fit_call"], marks["fit_return"]))
+            metrics = result.metrics or {}
+            stopped = interruptible and stop.requested and metrics.get("final") != 1
+            if "step" in metrics and not stopped:
+                console.CONSOLE.settle(int(metrics["step"]), metrics)
         finally:
             console.CONSOLE.end()
         if stopped:
-            step = int((result.metrics or {}).get("step", 0))
+            step = int(metrics.get("step", 0))
             raise _stopped(plan, errors.RunInterrupted(f"at step {step}", step))
-        finish_run(plan, result.checkpoint, spec, data)
+        finish_run(plan, result.checkpoint, spec, data, marks)
     except errors.RunInterrupted:
         raise
     except KeyboardInterrupt:
@@ -201,8 +208,7 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
         if write_error is not None:
             raise ckpt.CheckpointStorageError(write_error.advice()) from None
         raise
-    return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
-                     plan.baselines)
+    return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, metrics, result.checkpoint, plan.baselines)
 
 
 def _stopped(plan: RunPlan, stop: errors.RunInterrupted) -> errors.RunInterrupted:
@@ -234,6 +240,8 @@ def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | 
 def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
     """check -> open the MLflow run -> Ray Train -> finish, for one run of any job."""
+    marks: dict[str, float] = {}
+    timeline.mark(marks, "run_start")
     checked = check(spec, cfg)
     p = open_run(spec, checked, source, parent_run_id, tags)
     checked_cfg = checked.prepared.cfg  # the run name set; `cfg.mlflow.run_name` below is the one given
@@ -245,7 +253,7 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
         gpus_per_worker=checked_cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
         experiment=checked_cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
     try:
-        return train_and_finish(spec, p, checked.prepared.data, trial)
+        return train_and_finish(spec, p, checked.prepared.data, trial, marks)
     except errors.RunInterrupted as e:
         if cfg.mlflow.run_name is None:  # a generated name: the same command would start a new run
             e.hint = f" with --run-name {p.run_name}"
@@ -259,9 +267,11 @@ def outbox(plan: RunPlan) -> tracking.Outbox:
                            plan.config["mlflow"]["outage_wait_s"])
 
 
-def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None) -> None:
+def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None,
+               marks: dict[str, float] | None = None) -> None:
     """Log the resolved config and the final checkpoint's files as artifacts, the final model as the
-    run's MLflow model (with `spec` and `data`), then mark the MLflow run finished."""
+    run's MLflow model (with `spec` and `data`), where the run's time went (`time/*`, from `marks`),
+    then mark the MLflow run finished."""
     out = outbox(plan)
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "config.yaml"
@@ -275,6 +285,11 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
                 model_id = record.log_model(spec, plan, data, Path(d))
                 if model_id is not None and plan.config.get("mlflow", {}).get("registered_model"):
                     record.register(plan, model_id)
+    if marks:
+        timeline.mark(marks, "finished")
+        spent = timeline.phases(marks)
+        if spent:
+            out.metrics(spent, plan.total_steps)
     out.terminated("FINISHED")
     out.report()
 

@@ -21,6 +21,7 @@ from xmodal.config import TrainConfig
 from xmodal.console import emit, say
 from xmodal.scores import better, selected_key
 from xmodal.train import checkpoint as ckpt
+from xmodal.train import timeline
 from xmodal.train.cost import CostMeter
 from xmodal.train.faults import Injector
 from xmodal.train.loop import Throughput, all_reduce_sums
@@ -77,15 +78,17 @@ class RunHooks:
                  on_checkpoint: Callable[[TrainState, Path, bool], None] | None = None,
                  on_end: Callable[[TrainState], dict[str, float]] | None = None,
                  resumed_from: str | None = None, cost: CostMeter | None = None,
-                 stop: Callable[[], bool] | None = None):
+                 stop: Callable[[], bool] | None = None, marks: dict[str, float] | None = None):
         """`on_checkpoint(state, folder, is_new_best)` adds files to a checkpoint (rank 0);
         `on_end(state)` runs on every worker after the final checkpoint (e.g. the test split on
         the selected model) and its metrics are logged and reported; `resumed_from` is the path of
         the checkpoint restored (the one a failed checkpoint write leaves as the last); `cost` times
         the steps, and rank 0 logs its `cost/*` metrics at every evaluation (early-stopped sweep
         trials have them too) and carries its wall time in each checkpoint; `stop()` is True once the
-        driver asked the run to stop (Ctrl-C, `xmodal.train.interrupt`)."""
+        driver asked the run to stop (Ctrl-C, `xmodal.train.interrupt`); `marks`: the worker's
+        timeline marks (`xmodal.train.timeline`), sent with the last report after `fit_end`."""
         self.cost, self.stop = cost, stop
+        self.marks = marks if marks is not None else {}
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
         self.last_checkpoint: tuple[int, str] | None = (
             (meta["step"], resumed_from) if resumed_from is not None and "step" in meta else None)
@@ -183,6 +186,7 @@ class RunHooks:
         self._eval_and_checkpoint(state, epoch, pos, finished=True, rerun_eval=rerun)
         if self.on_end is not None:
             final = self.on_end(state)
+            self._timeline()
             if self.rank == 0:  # shown by the driver's end summary
                 self.logger.log(final, state.step, force=True)
             ray.train.report({**self.last_metrics, **final, **self.selected(), "step": state.step, "epoch": epoch,
@@ -212,10 +216,23 @@ class RunHooks:
         report = {**metrics, **self.selected(), "step": state.step, "epoch": epoch}
         if finished and self.on_end is None:
             report["final"] = 1  # the run's last report (with on_end, that report comes after)
+            self._timeline()
         if self.rank == 0:
             self._report_checkpoint(state, epoch, pos, finished, new_best, report)
         else:
             ray.train.report(report)
+
+    def _timeline(self) -> None:
+        """The training is over (the last report follows): rank 0 leaves its marks for the driver."""
+        import ray.train
+
+        timeline.mark(self.marks, "fit_end")
+        if self.rank == 0:
+            storage = ray.train.get_context().get_storage()
+            try:
+                timeline.write_worker_marks(storage.storage_filesystem, storage.experiment_fs_path, self.marks)
+            except OSError as e:  # figures only: a storage that refuses them costs the run nothing
+                say(f"[xmodal] the run's timeline was not written ({e}); its time/* metrics are left out")
 
     def _report_checkpoint(self, state, epoch, pos, finished, new_best, report) -> None:
         """Rank 0: write the checkpoint folder, seal it (checksums) and hand it to Ray Train, which

@@ -20,7 +20,7 @@ from torch import nn
 
 from xmodal import console, tracking
 from xmodal.train import checkpoint as ckpt
-from xmodal.train import recovery
+from xmodal.train import recovery, timeline
 from xmodal.train.cost import CostMeter
 from xmodal.train.hooks import RunHooks, ValidationSelection, say
 from xmodal.train.interrupt import StopWatch
@@ -80,6 +80,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
     import ray.train.torch
 
     started = time.monotonic()  # the run's wall time (cost/wall_s) counts from here
+    marks: dict[str, float] = {}  # rank 0 reports them with its last report (xmodal.train.timeline)
+    timeline.mark(marks, "worker_start")
     plan = RunPlan(**plan_dict)
     console.set_verbose(plan.verbose)
     console.quiet_worker()
@@ -120,13 +122,16 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
                      on_checkpoint=w.selection.save if selecting else None,
                      on_end=functools.partial(selected_held_out, spec, w, plan) if selecting else None,
                      resumed_from=resume.path if resume is not None else None, cost=cost,
-                     stop=StopWatch(stop_flag) if stop_flag is not None else None)
+                     stop=StopWatch(stop_flag) if stop_flag is not None else None, marks=marks)
     step_kwargs = spec.step_kwargs(cfg)
 
     def batches(epoch: int, skip: int) -> Iterable[Any]:
         # the FLOPs of one training forward + backward, counted once on the first micro-batch
-        return cost.counting(spec.train_batches(w, epoch, skip), **step_kwargs(epoch))
+        for batch in cost.counting(spec.train_batches(w, epoch, skip), **step_kwargs(epoch)):
+            timeline.mark(marks, "first_batch")
+            yield batch
 
+    timeline.mark(marks, "loop_start")
     fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
         start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
         seed=(cfg.train.seed, w.rank))

@@ -1,0 +1,55 @@
+"""`jobs/benchmark.py sweep`: a real sweep of tiny MulT trials, each trial's life set against its
+training phase by phase. No figure is asserted (CI machines differ): that the figures are there, add
+up, and land in the JSON and the table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xmodal.bench import sweep as bench_sweep
+from xmodal_testing import ray_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "benchmark.py"), "sweep", *args,
+                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                          env={**ray_env(**env), "PYTHONPATH": str(ROOT / "platform")})
+
+
+@pytest.mark.slow
+def test_one_trial_sweep_is_timed_phase_by_phase(tmp_path, ray_local):
+    # attached to the shared test Ray, as a job to its cluster: no second local Ray on the machine
+    run = bench(tmp_path, "--trials", "1", "--epochs", "1",
+                RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (js,) = (tmp_path / "out").glob("sweep-*.json")
+    r = json.loads(js.read_text())["result"]
+    (t,) = r["trials"]
+    assert t["variant"] == "full" and t["training_s"] > 0
+    assert all(t[p] is not None and t[p] >= 0 for p in bench_sweep.PHASES) and t["tune_s"] >= 0
+    assert t["overhead_s"] == pytest.approx(t["life_s"] - t["training_s"])
+    assert t["overhead_s"] == pytest.approx(sum(t[p] for p in bench_sweep.PHASES) + t["tune_s"])
+    assert r["training_s_sum"] == t["training_s"] and r["sweep_wall_s"] >= t["life_s"]
+    assert r["target_s"] == max(0.1 * t["training_s"], 5.0)
+    assert r["target_met"] == (t["overhead_s"] <= r["target_s"])
+    md = js.with_suffix(".md").read_text()
+    assert md.startswith("# Sweep overhead: 1 MulT trials, 1 at a time, 1 epochs")
+    assert "| trial | variant | life_s | training_s | overhead_s | prepare_s |" in md and "| full |" in md
+    assert f"overhead per trial: mean {t['overhead_s']:.1f} s" in md and md in run.stdout  # the table, shown
+    assert list((tmp_path / "work").iterdir()) == []  # the MLflow file and storage were temporary
+
+
+def test_more_trials_than_variants_is_refused_before_anything_runs(tmp_path):
+    run = bench(tmp_path, "--trials", "11")
+    assert run.returncode == 2
+    assert run.stderr.strip() == ("error: --trials 11: the space mult_ablation.yaml has 10 variants; "
+                                  "expected at most 10")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
