@@ -288,7 +288,7 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
     if marks:
         timeline.mark(marks, "finished")
         spent = timeline.phases(marks)
-        if spent:
+        if "time/training_s" in spent:  # this fit() trained (a rerun of a finished run logs no second set)
             out.metrics(spent, plan.total_steps)
     out.terminated("FINISHED")
     out.report()
