@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from xmodal.cli import dispatch
 from xmodal.console import say
@@ -48,6 +49,31 @@ def folder_arg(flag: str, path: str | None) -> None:
             if not q.is_dir():
                 raise UserError(f"{flag} {path}: {q} is a file; expected a folder")
             return
+
+
+def begin(args: argparse.Namespace, name: str, **meta: Any) -> tuple[Path, str, dict[str, Any]]:
+    """What the benchmarks with `--out` and `--work` share before measuring: both flags checked, a
+    fresh work folder (under --work, else the temp folder; the caller removes it), the results'
+    timestamp for file names, and their `meta` (date, machine, Python, commit, command, `meta`)."""
+    import datetime as dt
+    import os
+    import platform
+    import sys
+    import tempfile
+
+    from xmodal.tracking import git_commit
+
+    folder_arg("--out", args.out)
+    folder_arg("--work", args.work)
+    if args.work:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"xmodal-bench-{name}-", dir=args.work))
+    now = dt.datetime.now(dt.timezone.utc)
+    return work, now.strftime("%Y%m%dT%H%M%SZ"), {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "git_commit": git_commit(short=True), **meta,
+        "command": f"python jobs/benchmark.py {name} " + " ".join(sys.argv[2:])}
 
 
 def preset_arg(flag: str, name: str | None, presets: dict) -> None:

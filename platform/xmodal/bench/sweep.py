@@ -10,12 +10,7 @@ summed training, and whether the overhead is within its target: at most 10 % of 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +18,7 @@ from typing import Any
 import yaml
 
 from xmodal.console import say
+from xmodal.train import timeline
 
 SPACE = Path(__file__).resolve().parents[3] / "search_spaces" / "mult_ablation.yaml"
 TARGET_RATIO, TARGET_S = 0.10, 5.0  # a trial's life outside training: at most the larger of the two
@@ -54,12 +50,11 @@ def per_trial(runs) -> list[dict[str, Any]]:
     out = []
     for r in sorted(runs, key=lambda r: r.name):
         m = r.metrics
-        if "sweep/trial_life_s" not in m:
+        if timeline.TRIAL_LIFE not in m:
             continue
         row = {"trial": r.name.rsplit("-", 1)[-1], "variant": r.params.get("model.variant", "?"),
-               "life_s": m["sweep/trial_life_s"], "training_s": m["time/training_s"],
-               "overhead_s": m["sweep/trial_overhead_s"],
-               "tune_s": m["sweep/trial_overhead_s"] - m.get("time/overhead_s", 0.0)}
+               "life_s": m[timeline.TRIAL_LIFE], "training_s": m["time/training_s"],
+               "overhead_s": m[timeline.TRIAL_OVERHEAD], "tune_s": timeline.tune_s(m)}
         row.update({p: m.get(f"time/{p}") for p in PHASES})
         out.append(row)
     return out
@@ -84,7 +79,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal import tracking
-    from xmodal.bench import at_least, folder_arg, write_results
+    from xmodal.bench import at_least, begin, write_results
     from xmodal.errors import UserError
     from xmodal.sweep.plan import SweepOptions
     from xmodal.sweep.runner import run_sweep
@@ -94,18 +89,10 @@ def run(args: argparse.Namespace) -> int:
     if args.trials > variants:
         raise UserError(f"--trials {args.trials}: the space {SPACE.name} has {variants} variants; expected at most "
                         f"{variants}")
-    folder_arg("--out", args.out)
-    folder_arg("--work", args.work)
-    if args.work:
-        Path(args.work).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="xmodal-bench-sweep-", dir=args.work))
-    now = dt.datetime.now(dt.timezone.utc)
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    res: dict[str, Any] = {"meta": {
-        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "machine": machine, "python": platform.python_version(),
-        "git_commit": tracking.git_commit(short=True), "trials": args.trials, "concurrent": args.concurrent,
-        "epochs": args.epochs, "command": "python jobs/benchmark.py sweep " + " ".join(sys.argv[2:])}}
-    say(f"benchmark sweep on {machine}: {args.trials} MulT trials, {args.concurrent} at a time; work in {work}")
+    work, stamp, meta = begin(args, "sweep", trials=args.trials, concurrent=args.concurrent, epochs=args.epochs)
+    res: dict[str, Any] = {"meta": meta}
+    say(f"benchmark sweep on {meta['machine']}: {args.trials} MulT trials, {args.concurrent} at a time; "
+        f"work in {work}")
     t0 = time.perf_counter()
     try:
         space = space_file(work, args.trials, args.concurrent, args.epochs)
@@ -117,14 +104,14 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if not trials:
         raise RuntimeError("no trial finished with its timeline: nothing to report (see the sweep's output)")
+    s = out["overhead"]  # the sweep's own summary, as on its parent run (timeline.sweep_summary)
     training = sum(t["training_s"] for t in trials)
-    overhead = sum(t["overhead_s"] for t in trials)
-    target = max(TARGET_RATIO * training / len(trials), TARGET_S)
+    target = max(TARGET_RATIO * s["sweep/training_s_mean"], TARGET_S)
     res["result"] = {"trials": trials, "sweep_wall_s": wall, "training_s_sum": training,
-                     "wall_over_training": wall / training, "overhead_s_mean": overhead / len(trials),
-                     "overhead_ratio": overhead / training, "target_s": target,
-                     "target_met": overhead / len(trials) <= target,
-                     **{f"{p}_mean": sum(t[p] or 0.0 for t in trials) / len(trials) for p in (*PHASES, "tune_s")}}
+                     "wall_over_training": wall / training, "overhead_s_mean": s["sweep/trial_overhead_s_mean"],
+                     "overhead_ratio": s["sweep/trial_overhead_ratio"], "target_s": target,
+                     "target_met": s["sweep/trial_overhead_s_mean"] <= target,
+                     **{k.removeprefix("sweep/"): v for k, v in s.items() if k.endswith("_s_mean")}}
     res["meta"]["wall_s"] = time.perf_counter() - t0
-    write_results(args.out, "sweep-" + now.strftime("%Y%m%dT%H%M%SZ"), res, markdown(res))
+    write_results(args.out, "sweep-" + stamp, res, markdown(res))
     return 0

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import multiprocessing
 import os
-import platform
 import pwd
 import shutil
 import socket
@@ -244,22 +242,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.bench import at_least, folder_arg, write_results
-    from xmodal.tracking import git_commit
+    from xmodal.bench import at_least, begin, write_results
 
     at_least(args, 1, "writers", "steps", "metrics", "flush_every", "server_workers")
-    folder_arg("--out", args.out)
-    folder_arg("--work", args.work)
-    if args.work:
-        Path(args.work).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="xmodal-bench-tracking-", dir=args.work))
-    now = dt.datetime.now(dt.timezone.utc)
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    res: dict[str, Any] = {"meta": {
-        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "machine": machine, "python": platform.python_version(),
-        "git_commit": git_commit(short=True), "backend": args.backend,
-        "command": "python jobs/benchmark.py tracking " + " ".join(sys.argv[2:])}}
-    say(f"benchmark tracking on {machine}: {args.writers} writers, {args.backend}; work in {work}")
+    work, stamp, meta = begin(args, "tracking", backend=args.backend)
+    res: dict[str, Any] = {"meta": meta}
+    say(f"benchmark tracking on {meta['machine']}: {args.writers} writers, {args.backend}; work in {work}")
     t0 = time.perf_counter()
     try:
         with backend(args.backend, work, args.server_workers) as uri:
@@ -267,6 +255,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res["meta"]["wall_s"] = time.perf_counter() - t0
-    write_results(args.out, "tracking-" + now.strftime("%Y%m%dT%H%M%SZ"), res, markdown(res))
+    write_results(args.out, "tracking-" + stamp, res, markdown(res))
     r = res["result"]
     return 0 if r["points_distinct"] == r["points_sent"] and not r["errors"] else 1

@@ -175,14 +175,13 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
             timeline.mark(marks, "fit_return")
             worker = timeline.read_worker_marks(*recovery.run_folder(plan.storage, plan.run_name))
             marks.update(timeline.within(worker, marks["fit_call"], marks["fit_return"]))
-            metrics = result.metrics or {}
-            stopped = interruptible and stop.requested and metrics.get("final") != 1
-            if "step" in metrics and not stopped:
-                console.CONSOLE.settle(int(metrics["step"]), metrics)
+            stopped = interruptible and stop.requested and (result.metrics or {}).get("final") != 1
+            if result.metrics and "step" in result.metrics and not stopped:
+                console.CONSOLE.settle(int(result.metrics["step"]), result.metrics)
         finally:
             console.CONSOLE.end()
         if stopped:
-            step = int(metrics.get("step", 0))
+            step = int((result.metrics or {}).get("step", 0))
             raise _stopped(plan, errors.RunInterrupted(f"at step {step}", step))
         finish_run(plan, result.checkpoint, spec, data, marks)
     except errors.RunInterrupted:
@@ -208,7 +207,8 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
         if write_error is not None:
             raise ckpt.CheckpointStorageError(write_error.advice()) from None
         raise
-    return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, metrics, result.checkpoint, plan.baselines)
+    return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
+                     plan.baselines)
 
 
 def _stopped(plan: RunPlan, stop: errors.RunInterrupted) -> errors.RunInterrupted:

@@ -86,7 +86,7 @@ class RunHooks:
         the steps, and rank 0 logs its `cost/*` metrics at every evaluation (early-stopped sweep
         trials have them too) and carries its wall time in each checkpoint; `stop()` is True once the
         driver asked the run to stop (Ctrl-C, `xmodal.train.interrupt`); `marks`: the worker's
-        timeline marks (`xmodal.train.timeline`), sent with the last report after `fit_end`."""
+        timeline marks (`xmodal.train.timeline`), which rank 0 writes into the run's folder at `fit_end`."""
         self.cost, self.stop = cost, stop
         self.marks = marks if marks is not None else {}
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device

@@ -115,11 +115,18 @@ def sweep_summary(runs: list[dict[str, float]]) -> dict[str, float]:
         values = [m[f"time/{phase}"] for m in done if f"time/{phase}" in m]
         if values and phase != "training_s":
             out[f"sweep/{phase}_mean"] = sum(values) / len(values)
-    # Tune's own share: the trial process starting before the run, and its end after the run finished
-    known = [m for m in done if "time/overhead_s" in m]
+    known = [tune_s(m) for m in done if tune_s(m) is not None]
     if known:
-        out["sweep/tune_s_mean"] = sum(m[TRIAL_OVERHEAD] - m["time/overhead_s"] for m in known) / len(known)
+        out["sweep/tune_s_mean"] = sum(known) / len(known)
     return out
+
+
+def tune_s(run_metrics: dict[str, float]) -> float | None:
+    """Tune's own share of a trial's overhead: its trial process starting before the run and ending
+    after it (the trial's overhead minus its run's)."""
+    if TRIAL_OVERHEAD not in run_metrics or "time/overhead_s" not in run_metrics:
+        return None
+    return run_metrics[TRIAL_OVERHEAD] - run_metrics["time/overhead_s"]
 
 
 def summary_line(s: dict[str, float]) -> str:

@@ -80,7 +80,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
     import ray.train.torch
 
     started = time.monotonic()  # the run's wall time (cost/wall_s) counts from here
-    marks: dict[str, float] = {}  # rank 0 reports them with its last report (xmodal.train.timeline)
+    marks: dict[str, float] = {}  # rank 0 leaves them in the run's folder at the end (xmodal.train.timeline)
     timeline.mark(marks, "worker_start")
     plan = RunPlan(**plan_dict)
     console.set_verbose(plan.verbose)
