@@ -467,3 +467,51 @@ def _ctrl_c_then_resume(tmp_path: Path, tiny_store: Path, address: str, head_env
             assert resumed == [stopped[r.run_id]], (r.name, resumed, stopped[r.run_id])
         elif r.run_id not in stopped:
             assert resumed == [], (r.name, resumed)
+
+
+# ---------------------------------------------------------------- a chain trial, in its own process
+
+
+@pytest.mark.slow
+def test_a_chain_trial_runs_both_stages_in_its_process(tmp_path, tiny_store, ray_local, monkeypatch):
+    """A pretrain-then-fine-tune trial of one worker: both stages run in the trial's process (their
+    run folders hold the trial session's checkpoint list, not Ray Train's run state), the pretraining
+    stage is a finished child run beside the trial's, and the trial is scored by its fine-tuning stage."""
+    from xmodal.data.finetune.synthetic import build_synthetic_vqa
+    from xmodal.sweep.plan import SweepOptions
+    from xmodal.sweep.runner import run_sweep
+    from xmodal.train.session import TrialSession
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "2")
+    vqa = build_synthetic_vqa(tiny_store, tmp_path / "vqa", questions_per_image=1).path
+    stage = "batch_size: 16, eval_every: 4, log_every: 2"
+    space = tmp_path / "chain.yaml"
+    space.write_text(textwrap.dedent(f"""
+        job: pretrain_finetune
+        base:
+          config:
+            pretrain: {{preset: tiny, data: {{store: {tiny_store}, eval_batches: 2}}, train: {{max_steps: 4, {stage}}}}}
+            finetune: {{data: {{store: {vqa}}}, train: {{max_steps: 4, {stage}}}}}
+            mlflow: {{system_metrics: false, tracking_uri: "sqlite:///{tmp_path / 'mlflow.db'}"}}
+        metric: valid/accuracy
+        mode: max
+        num_samples: 1
+        scheduler: {{type: fifo}}
+        parameters:
+          pretrain.optim.lr: {{type: choice, values: [0.001]}}
+        """))
+    result = run_sweep(SweepOptions(space=str(space), name="chain", storage_path=str(tmp_path / "runs"),
+                                    report=False))
+    assert result["errors"] == 0 and result["unfinished"] == 0 and result["best"] is not None
+    uri = result["tracking_uri"]
+    runs = {r.name: r for r in tracking.child_runs(uri, result["parent_run_id"])}
+    trial = next(r for r in runs.values() if r.tags.get(T.KIND) == "trial")
+    pre = runs[f"{trial.name}-pretrain"]
+    assert (pre.status, trial.status) == ("FINISHED", "FINISHED")
+    assert result["best"]["valid/accuracy"] == trial.metrics[selected_key("valid/accuracy")]
+    for run in (pre, trial):
+        folder = tmp_path / "runs" / "chain" / "train" / run.name
+        assert (folder / TrialSession.REGISTRY).is_file(), sorted(p.name for p in folder.iterdir())
+        assert not (folder / "checkpoint_manager_snapshot.json").exists()  # no Ray Train run state
+        assert run.metrics["time/training_s"] > 0

@@ -58,11 +58,12 @@ class SweepPlan:
     def path(self) -> str:
         return f"{self.root}/{self.name}"
 
-    def setup(self, parent_run_id: str, experiment_id: str) -> dict[str, Any]:
-        """What every trial needs, plain JSON: passed with tune.with_parameters and saved beside Tune's state."""
+    def setup(self, parent_run_id: str, experiment_id: str, in_process: bool = False) -> dict[str, Any]:
+        """What every trial needs, plain JSON: passed with tune.with_parameters and saved beside Tune's
+        state. `in_process`: each trial's one worker runs in the trial's process (`trial_resources`)."""
         return {"job": self.space.job, "space": self.space.model_dump(mode="json"), "base": self.base,
                 "sweep": self.name, "source": str(self.space_path), "parent_run_id": parent_run_id,
-                "experiment_id": experiment_id, "tracking_uri": self.tracking_uri}
+                "experiment_id": experiment_id, "tracking_uri": self.tracking_uri, "in_process": in_process}
 
 
 def trial_run_name(sweep: str, trial_id: str) -> str:

@@ -1,12 +1,14 @@
 """Ablation sweeps on Ray Tune + Optuna: a search-space file -> one Tune experiment, one MLflow parent
-run, and per trial one Ray Train run logged as a child run. The only module that imports Tune/Optuna.
+run, and per trial one run of the job logged as a child run. The only module that imports Tune/Optuna.
+A trial of one worker runs that worker in the trial's own process (`in_process_trials`); a trial of
+several is a Ray Train run.
 
     xmodal.sweep.plan.plan_sweep(options)  every check on the space and config, before Ray starts
     run_sweep(plan)      store, parent run, Tuner (new or restored), best-trial summary, report
 
 Trials (`run_trial`) run the job's spec through the engine (`xmodal.train.engine`); the job never
 imports this package. What the trial function cannot do, the driver does through `SweepCallback`: code after
-`trainer.fit()` never runs for a trial the scheduler stops, so the driver marks its child run.
+the training never runs for a trial the scheduler stops, so the driver marks its child run.
 
 A trial's score is the one its worker reports under `scores.selected_key(metric)` (the best evaluation
 of the sweep's metric, the checkpoint the trial keeps): Optuna, ASHA, Tune's best trial, the trial's
@@ -52,7 +54,8 @@ from xmodal.train.job import Trial
 from xmodal.train.specs import job_spec
 
 SETUP_FILE = "xmodal_sweep.json"  # the trials' common setup, beside Tune's state (read back by --resume)
-# Trials take 1 CPU by default and starve their own Train workers; the trial function only waits.
+# Trials take 1 CPU by default and starve their own Train workers; a trial function that starts a Ray
+# Train run only waits.
 TRIAL_RESOURCES = {"CPU": 0.01}
 # Tune saves its experiment state at most every 10 s by default; a driver killed in between forgets
 # trials it had started. The state is small: save it often.
@@ -63,10 +66,10 @@ NOTE_LIMIT = 7500  # a tag value's limit in MLflow's stores is 8000 characters
 log = logging.getLogger(__name__)
 
 
-def _check_base(plan: SweepPlan) -> dict[str, Any]:
+def _check_base(plan: SweepPlan) -> tuple[dict[str, Any], Any]:
     """Every check of the job on the base config, once in the driver, before Ray starts; the data
     is built or opened here and trials get its absolute path: trials run in their own working
-    directories, and concurrent trials must not build the same store."""
+    directories, and concurrent trials must not build the same store. Returns (the base, its config)."""
     spec = job_spec(plan.space.job)
     cfg = validate_config(spec.config_class, plan.base, str(plan.space_path))
     try:
@@ -74,8 +77,27 @@ def _check_base(plan: SweepPlan) -> dict[str, Any]:
     except ConfigError as e:
         raise ConfigError(f"{plan.space_path}: {e}") from None
     if config_has(spec.config_class, "data.store"):
-        return set_dotted(plan.base, "data.store", checked.plan.data)
-    return plan.base
+        return set_dotted(plan.base, "data.store", checked.plan.data), cfg
+    return plan.base, cfg
+
+
+def in_process_trials(space: SearchSpace, cfg) -> bool:
+    """A trial of one worker, in a space that searches no `scale.*` key, runs that worker in its own
+    process (`Trial.in_process`); otherwise the trial function starts a Ray Train run and waits."""
+    scale = getattr(cfg, "scale", None)
+    return scale is not None and scale.num_workers == 1 and not any(k.startswith("scale.") for k in space.config_keys())
+
+
+def trial_resources(in_process: bool, cfg) -> dict[str, float]:
+    """What Tune reserves for each trial: the worker's resources when the trial is its worker, else a
+    sliver (the trial function only waits; its Ray Train workers hold their own)."""
+    if not in_process:
+        return TRIAL_RESOURCES
+    scale = cfg.scale
+    resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
+    if scale.gpus_per_worker:
+        resources["GPU"] = scale.gpus_per_worker
+    return resources
 
 
 # ---------------------------------------------------------------- MLflow parent run
@@ -137,7 +159,8 @@ def trial_tags(setup: dict[str, Any], space: SearchSpace, chosen: dict[str, Any]
 
 
 def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = False) -> None:
-    """One trial = one Ray Train run of the space's job, reporting to Tune through its callback.
+    """One trial = one run of the space's job, reporting to Tune: its worker in this process, or a Ray
+    Train run reporting through its callback (`setup["in_process"]`).
 
     `config` holds only the searched values (Optuna's define-by-run); `setup` (job, space, base config,
     sweep and parent run) comes through `tune.with_parameters`, so Tune's tables show the parameters only.
@@ -159,7 +182,7 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
     cfg = validate_config(spec.config_class, raw, source)
     spec.run(cfg, source, parent_run_id=setup["parent_run_id"],
              tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
-             trial=Trial([TuneReportCallback()]))
+             trial=Trial(report=tune.report) if setup.get("in_process") else Trial([TuneReportCallback()]))
 
 
 def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
@@ -282,9 +305,10 @@ class SweepCallback(tune.Callback):
 # ---------------------------------------------------------------- the sweep
 
 
-def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experiment_id: str):
+def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experiment_id: str, cfg):
+    in_process = setup.get("in_process", False)  # a resumed sweep's as it was started (`_sweep_setup`)
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup, verbose=console.verbose()),
-                                    TRIAL_RESOURCES)
+                                    trial_resources(in_process, cfg))
     if plan.resume:
         # The trial function must be passed again; search state, scheduler and callbacks come back
         # from the experiment folder. Finished trials are kept, unfinished ones continue (their Train
@@ -292,6 +316,8 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
         return tune.Tuner.restore(plan.path, trainable, resume_unfinished=True, resume_errored=True)
     s = plan.space
     score = selected_key(s.metric)
+    if not console.verbose():  # Optuna's "A new study created in memory" line on the sweep's console
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
     search = OptunaSearch(space=DefineByRun(s.parameters), metric=score, mode=s.mode, seed=s.seed,
                           points_to_evaluate=s.first_points() or None)
     if isinstance(s.scheduler, AshaSpec):
@@ -308,9 +334,15 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
         tune_config=tune.TuneConfig(
             search_alg=search, scheduler=scheduler, metric=score, mode=s.mode, num_samples=s.num_samples,
             max_concurrent_trials=s.max_concurrent, trial_name_creator=_trial_name,
-            trial_dirname_creator=_trial_name),
+            trial_dirname_creator=_trial_name,
+            # A trial that is its worker runs in a Tune actor kept for the next trial: that one starts
+            # with Python, torch and MLflow's store already loaded (seconds a trial, docs/performance.md).
+            reuse_actors=in_process),
         run_config=tune.RunConfig(
-            name=plan.name, storage_path=plan.root, failure_config=tune.FailureConfig(max_failures=s.trial_retries),
+            name=plan.name, storage_path=plan.root,
+            # In process, a worker's failure is its trial's: the Train run's own retries come on top.
+            failure_config=tune.FailureConfig(
+                max_failures=s.trial_retries + (cfg.scale.max_failures if in_process else 0)),
             # Tune's status tables and per-result lines only with --verbose: SweepCallback says one line
             # per trial start and end
             verbose=None if console.verbose() else 0,
@@ -318,10 +350,10 @@ def _tuner(plan: SweepPlan, setup: dict[str, Any], parent_run_id: str, experimen
     )
 
 
-def _sweep_setup(plan: SweepPlan, parent_run_id: str, experiment_id: str) -> dict[str, Any]:
+def _sweep_setup(plan: SweepPlan, parent_run_id: str, experiment_id: str, in_process: bool) -> dict[str, Any]:
     """The trials' setup. A resumed sweep continues with the setup it was started with (saved beside
     Tune's state); settings changed on the command line since are reported and ignored."""
-    setup = plan.setup(parent_run_id, experiment_id)
+    setup = plan.setup(parent_run_id, experiment_id, in_process)
     if "://" in plan.root:
         return setup
     saved = Path(plan.path) / SETUP_FILE
@@ -479,7 +511,7 @@ def _log_searched_values(uri: str, parent_run_id: str) -> None:
 def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     """Run (or with opts.resume continue) a sweep; returns {"name", "path", "parent_run_id", ...}."""
     plan = opts if isinstance(opts, SweepPlan) else plan_sweep(opts)
-    plan.base = _check_base(plan)
+    plan.base, cfg = _check_base(plan)
 
     from xmodal.train.cluster import connect
 
@@ -488,14 +520,15 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     connect()
     experiment_id, parent_run_id = open_parent_run(plan)
     # The trials' runs are made in Ray's worker processes: they record the sweep's command as their source.
-    setup = {**_sweep_setup(plan, parent_run_id, experiment_id), "source_tags": tracking.source_tags()}
+    setup = {**_sweep_setup(plan, parent_run_id, experiment_id, in_process_trials(plan.space, cfg)),
+             "source_tags": tracking.source_tags()}
     uri = plan.tracking_uri
     log.info(f"sweep {plan.name!r}: {plan.space.num_samples} trials of {plan.space.job}, at most "
              f"{plan.space.max_concurrent} at a time; Tune state in {plan.path}")
     # Tune catches SIGINT itself (it saves its state and stops the trials); SIGTERM is made the same.
     previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
-        results = _tuner(plan, setup, parent_run_id, experiment_id).fit()
+        results = _tuner(plan, setup, parent_run_id, experiment_id, cfg).fit()
         summary = summarise(plan, results, parent_run_id, experiment_id)
     except KeyboardInterrupt:  # a second Ctrl-C: Tune stops at once
         raise _stopped(plan, parent_run_id, "at once") from None

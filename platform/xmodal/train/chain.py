@@ -56,10 +56,17 @@ class ChainJob(JobSpec):
         # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
         stage_tags = {run_tags.CHAIN_STAGE: "pretrain",
                       **{k: v for k, v in (tags or {}).items() if k != run_tags.KIND}}
-        first = engine.run(PretrainJob(), pre, source, parent_run_id, stage_tags)
+        # A trial whose worker runs in its own process (`Trial.in_process`) holds the worker's resources:
+        # its pretraining stage runs there too, reporting to no one (Tune ranks the fine-tuning stage).
+        stage = Trial(report=_unreported, marks_end=True) if trial is not None and trial.in_process else None
+        first = engine.run(PretrainJob(), pre, source, parent_run_id, stage_tags, stage)
         say(f"[xmodal] chain {name}: pretraining stage done (MLflow run {first.run_id}); fine-tuning from it")
         fine = fine.model_copy(update={"init": FinetuneInit(
             source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
             answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
         fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
         return engine.run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial)
+
+
+def _unreported(_metrics: dict) -> None:
+    """The pretraining stage's reports within a trial: Tune ranks the trial by its fine-tuning stage."""

@@ -152,6 +152,34 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     )
 
 
+@dataclass
+class InProcessResult:
+    """What `fit()` of a Ray Train run returns, for a run whose worker ran in this process."""
+
+    metrics: dict[str, Any]  # the last report's
+    checkpoint: Any  # the last checkpoint (ray.train.Checkpoint), None when there is none
+
+
+def in_trial_process(spec: JobSpec, plan: RunPlan, data, trial: Trial) -> InProcessResult:
+    """A one-worker sweep trial's worker in the trial's own process, without Ray Train: the same
+    worker, hooks, checkpoints on storage and resume point, its reports to Tune (`trial.report`), its
+    units read straight from the files (`data`, opened by `check`). What a Ray Train run adds for one
+    worker (controller, placement group, worker actor, Ray Data) costs a tiny trial more than its
+    training (docs/performance.md, "Sweep overhead"). A worker's failure is the trial's: Tune retries it."""
+    from xmodal.train.session import TrialSession
+    from xmodal.train.worker import run_worker
+
+    cfg = spec.config_class.model_validate(plan.config)
+    session = TrialSession(plan.storage, plan.run_name, trial.report, cfg.train.keep_best, cfg.train.best_metric,
+                           cfg.train.best_mode, cfg.scale.gpus_per_worker)
+    run_worker(spec, plan, session, data=data)
+    checkpoint = session.checkpoint()
+    if checkpoint is None:  # a rerun of a finished run trains nothing: its last checkpoint on storage
+        found = recovery.resume_point(*session.folder(), loud=False)
+        checkpoint = found.checkpoint() if found is not None else None
+    return InProcessResult(session.metrics, checkpoint)
+
+
 def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = None,
                      marks: dict[str, float] | None = None) -> RunResult:
     """Ray Train, then the final artifacts; the MLflow run ends FINISHED, FAILED on any error, or
@@ -170,6 +198,8 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
             if interruptible:
                 with GracefulStop() as stop:
                     result = stop.run(trainer(spec, plan, stop_flag=stop.flag).fit)
+            elif trial is not None and trial.in_process:
+                result = in_trial_process(spec, plan, data, trial)
             else:
                 result = trainer(spec, plan, trial).fit()
             timeline.mark(marks, "fit_return")
@@ -199,7 +229,7 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
         raise _stopped(plan, errors.RunInterrupted("at once", step, "" if found else " (no checkpoint was written)")
                        ) from None
     except BaseException as e:
-        if trial is None:
+        if trial is None or trial.marks_end:
             out = outbox(plan)
             out.terminated("FAILED")
             out.report()

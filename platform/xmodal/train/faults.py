@@ -1,6 +1,6 @@
 """Fault injection, a testing aid: the schedule the driver draws and the firing on the workers.
 
-`train.fail_at_step` and `train.random_faults` (with `train.fault_seed`) make Train workers exit at
+`train.fail_at_step` and `train.random_faults` (with `train.fault_seed`) make workers exit at
 chosen steps, to test what a run survives. The driver draws the (step, rank) pairs once
 (`fault_schedule`, in `RunPlan.faults`) and checks them against the run's steps before Ray starts;
 each worker's `RunHooks` asks its `Injector` at every step. Each fault fires once: it leaves a marker
@@ -49,11 +49,12 @@ def fault_schedule(train, workers: int, total_steps: int, storage: str, run_name
 
 class Injector:
     """One worker's share of the schedule: `faults` the plan's (step, rank) pairs, `fault_dir` where
-    each fired fault leaves its marker."""
+    each fired fault leaves its marker; `settle_s` how long a worker waits before it exits, so that its
+    last checkpoint is registered (`xmodal.train.session`: a session's `fault_settle_s`)."""
 
-    def __init__(self, faults, fault_dir: str | None, rank: int):
+    def __init__(self, faults, fault_dir: str | None, rank: int, settle_s: float = 0.0):
         self.faults = {tuple(f) for f in faults}
-        self.fault_dir, self.rank = fault_dir, rank
+        self.fault_dir, self.rank, self.settle_s = fault_dir, rank, settle_s
 
     def at_step(self, step: int) -> None:
         """At a scheduled (step, rank) this worker exits, once (a marker file records it: a resumed run
@@ -66,13 +67,5 @@ class Injector:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"step": step, "rank": self.rank, "time": time.time()}))
         say(f"[xmodal] fault injection: worker {self.rank} exits at step {step}")
-        # Ray Train V2 collects reports when it polls the workers: a worker that dies sooner after a
-        # checkpoint loses it, and the run resumes from the one before. Wait out two polls, so that
-        # the run resumes from the latest checkpoint.
-        time.sleep(2 * ray_train_poll_s() + 1)
+        time.sleep(self.settle_s)
         os._exit(1)
-
-
-def ray_train_poll_s() -> float:
-    """How often Ray Train V2's controller polls its workers (its own setting, read where it reads it)."""
-    return float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))

@@ -25,6 +25,7 @@ from xmodal.train import timeline
 from xmodal.train.cost import CostMeter
 from xmodal.train.faults import Injector
 from xmodal.train.loop import Throughput, all_reduce_sums
+from xmodal.train.session import RayTrainSession
 from xmodal.train.step import TrainState
 
 
@@ -78,7 +79,8 @@ class RunHooks:
                  on_checkpoint: Callable[[TrainState, Path, bool], None] | None = None,
                  on_end: Callable[[TrainState], dict[str, float]] | None = None,
                  resumed_from: str | None = None, cost: CostMeter | None = None,
-                 stop: Callable[[], bool] | None = None, marks: dict[str, float] | None = None):
+                 stop: Callable[[], bool] | None = None, marks: dict[str, float] | None = None,
+                 session=None):
         """`on_checkpoint(state, folder, is_new_best)` adds files to a checkpoint (rank 0);
         `on_end(state)` runs on every worker after the final checkpoint (e.g. the test split on
         the selected model) and its metrics are logged and reported; `resumed_from` is the path of
@@ -86,7 +88,9 @@ class RunHooks:
         the steps, and rank 0 logs its `cost/*` metrics at every evaluation (early-stopped sweep
         trials have them too) and carries its wall time in each checkpoint; `stop()` is True once the
         driver asked the run to stop (Ctrl-C, `xmodal.train.interrupt`); `marks`: the worker's
-        timeline marks (`xmodal.train.timeline`), which rank 0 writes into the run's folder at `fit_end`."""
+        timeline marks (`xmodal.train.timeline`), which rank 0 writes into the run's folder at `fit_end`;
+        `session`: where reports go (`xmodal.train.session`; Ray Train's unless given)."""
+        self.session = session if session is not None else RayTrainSession()
         self.cost, self.stop = cost, stop
         self.marks = marks if marks is not None else {}
         self.plan, self.train, self.rank, self.world, self.device = plan, train, rank, world, device
@@ -94,7 +98,7 @@ class RunHooks:
             (meta["step"], resumed_from) if resumed_from is not None and "step" in meta else None)
         self.on_checkpoint, self.on_end = on_checkpoint, on_end
         self.evaluate = evaluate
-        self.faults = Injector(plan.faults, plan.fault_dir, rank)
+        self.faults = Injector(plan.faults, plan.fault_dir, rank, self.session.fault_settle_s())
         self.last_eval_step = meta.get("step", -1)
         self.checkpointed_step = meta.get("step", -1)  # the same on every rank (each evaluation checkpoints)
         self.best = meta.get("best")  # the selected score so far (a resumed run keeps its selection)
@@ -104,6 +108,7 @@ class RunHooks:
                                           spool=tracking.spool_path(plan.storage, plan.run_name),
                                           outage_wait_s=plan.config["mlflow"]["outage_wait_s"])
                        if rank == 0 else None)
+        self.closed = False
         self.window: dict[str, torch.Tensor] = {}  # loss sums since the last log step
         self.window_steps = 0
         self.last_metrics: dict[str, float] = {}
@@ -164,8 +169,6 @@ class RunHooks:
         it below every evaluated checkpoint (NaN would not survive Ray Train's JSON snapshot, and a
         missing score is logged as an error). The run's selected score stays what its evaluations
         made it; before the first one it is the worst finite value too (Tune needs a number)."""
-        import ray.train
-
         if self.checkpointed_step != state.step:
             report = {self.train.best_metric: self._worst(), self.selected_key: self._worst(), **self.selected(),
                       "step": state.step, "epoch": epoch, "stopped": 1}
@@ -173,15 +176,13 @@ class RunHooks:
                 self.logger.flush()
                 self._report_checkpoint(state, epoch, pos, False, False, report)
             else:
-                ray.train.report(report)
+                self.session.report(report)
             self.checkpointed_step = state.step
         if self.logger is not None:
             self.logger.log({"train/stopped_at_step": state.step}, state.step, force=True)
-            self.logger.close()
+        self.close()
 
     def at_end(self, state: TrainState, epoch: int, pos: int) -> None:
-        import ray.train
-
         rerun = state.step != self.last_eval_step or not self.last_metrics
         self._eval_and_checkpoint(state, epoch, pos, finished=True, rerun_eval=rerun)
         if self.on_end is not None:
@@ -189,14 +190,18 @@ class RunHooks:
             self._timeline()
             if self.rank == 0:  # shown by the driver's end summary
                 self.logger.log(final, state.step, force=True)
-            ray.train.report({**self.last_metrics, **final, **self.selected(), "step": state.step, "epoch": epoch,
-                              "final": 1})
-        if self.logger is not None:
+            self.session.report({**self.last_metrics, **final, **self.selected(), "step": state.step,
+                                 "epoch": epoch, "final": 1})
+        self.close()
+
+    def close(self) -> None:
+        """Send (or spool) what is queued and end the logger's thread, once: at the run's end, at a stop,
+        and after a run that ended otherwise (an error; Tune ending a trial's thread at a report)."""
+        if self.logger is not None and not self.closed:
+            self.closed = True
             self.logger.close()
 
     def _eval_and_checkpoint(self, state, epoch, pos, finished, rerun_eval=True) -> None:
-        import ray.train
-
         metrics = self.evaluate() if rerun_eval else dict(self.last_metrics)
         self.last_eval_step, self.last_metrics, self.checkpointed_step = state.step, metrics, state.step
         score = metrics.get(self.train.best_metric)
@@ -220,27 +225,21 @@ class RunHooks:
         if self.rank == 0:
             self._report_checkpoint(state, epoch, pos, finished, new_best, report)
         else:
-            ray.train.report(report)
+            self.session.report(report)
 
     def _timeline(self) -> None:
         """The training is over (the last report follows): rank 0 leaves its marks for the driver."""
-        import ray.train
-
         timeline.mark(self.marks, "fit_end")
         if self.rank == 0:
-            storage = ray.train.get_context().get_storage()
             try:
-                timeline.write_worker_marks(storage.storage_filesystem, storage.experiment_fs_path, self.marks)
+                timeline.write_worker_marks(*self.session.folder(), self.marks)
             except OSError as e:  # figures only: a storage that refuses them costs the run nothing
                 say(f"[xmodal] the run's timeline was not written ({e}); its time/* metrics are left out")
 
     def _report_checkpoint(self, state, epoch, pos, finished, new_best, report) -> None:
-        """Rank 0: write the checkpoint folder, seal it (checksums) and hand it to Ray Train, which
-        copies it to the run's storage. A storage failure becomes one CheckpointWriteError."""
-        import ray.train
-
-        storage = ray.train.get_context().get_storage()
-        name = storage.make_default_checkpoint_dir_name()  # Ray's own naming, known here to clean up
+        """Rank 0: write the checkpoint folder, seal it (checksums) and hand it to the session (Ray Train),
+        which copies it to the run's storage. A storage failure becomes one CheckpointWriteError."""
+        name = self.session.checkpoint_name()  # Ray's own naming, known here to clean up
         where, copying = tempfile.gettempdir(), False  # until the folder is complete, the local disk's
         try:
             with tempfile.TemporaryDirectory() as tmp:
@@ -253,8 +252,7 @@ class RunHooks:
                     self.on_checkpoint(state, Path(tmp), new_best)
                 ckpt.seal(tmp)
                 where, copying = f"{self.plan.storage.rstrip('/')}/{self.plan.run_name}", True
-                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                 checkpoint_dir_name=name)
+                registered = self.session.report(report, checkpoint=tmp, name=name)
         except Exception as e:
             if not ckpt.is_storage_failure(e):
                 raise
@@ -262,9 +260,10 @@ class RunHooks:
                 # The partial copy is no checkpoint (never registered, fails verify); on a full disk it
                 # also holds the space Ray Train's controller needs for its run state: remove it.
                 try:
-                    storage.storage_filesystem.delete_dir(f"{storage.experiment_fs_path}/{name}")
+                    fs, folder = self.session.folder()
+                    fs.delete_dir(f"{folder}/{name}")
                 except Exception:  # read-only or gone: nothing was written, or nothing can be removed
                     pass
             raise ckpt.CheckpointWriteError(self.plan.run_name, where, state.step, " ".join(str(e).split()),
                                             self.last_checkpoint) from e
-        self.last_checkpoint = (state.step, ray.train.get_checkpoint().path)
+        self.last_checkpoint = (state.step, registered)

@@ -99,10 +99,18 @@ class RunResult:
 
 @dataclass
 class Trial:
-    """A run that is a sweep trial: Ray Train reports to Tune through `callbacks`, Tune stops it by
-    interrupting it, and the sweep driver (which knows a stop from an error) marks the run's end."""
+    """A run that is a sweep trial: Tune stops it by interrupting it, and the sweep driver (which knows
+    a stop from an error) marks the run's end (unless `marks_end`: the chain's pretraining stage).
+    With `report` (Tune's), the run's one worker runs in this process and reports there
+    (`session.TrialSession`); else Ray Train runs the workers and reports to Tune through `callbacks`."""
 
-    callbacks: list
+    callbacks: list = dataclasses.field(default_factory=list)
+    report: Callable[[dict[str, Any]], None] | None = None
+    marks_end: bool = False
+
+    @property
+    def in_process(self) -> bool:
+        return self.report is not None
 
 
 class JobSpec:

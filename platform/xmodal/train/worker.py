@@ -1,7 +1,9 @@
 """The worker side of every training job: what a job's worker hooks see (`Worker`), the worker built
-from a job's spec (`make_worker`), and the Ray Train worker (`worker`): start-up, resume point, seed,
-objective, starting weights, restore, then `fit` with `RunHooks`. The driver's side is
-`xmodal.train.engine`, which hands each worker its `RunPlan` (`xmodal.train.job`).
+from a job's spec (`make_worker`), and a run's worker (`run_worker`): start-up, resume point, seed,
+objective, starting weights, restore, then `fit` with `RunHooks`, reporting to its session
+(`xmodal.train.session`): a Ray Train worker (`worker`) or the one worker of a sweep trial in the
+trial's process. The driver's side is `xmodal.train.engine`, which hands each worker its `RunPlan`
+(`xmodal.train.job`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from xmodal.train.interrupt import StopWatch
 from xmodal.train.job import JobSpec, RunPlan
 from xmodal.train.loop import fit
 from xmodal.train.runtime import prepare
+from xmodal.train.session import RayTrainSession
 
 
 @dataclass
@@ -76,21 +79,23 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
 def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
     """Every job's Ray Train worker. `stop_flag`: the driver's `interrupt.StopFlag` (Ctrl-C), None in
     sweep trials (Tune stops those)."""
-    import ray.train
-    import ray.train.torch
+    run_worker(spec, RunPlan(**plan_dict), RayTrainSession(), stop_flag=stop_flag)
 
+
+def run_worker(spec: JobSpec, plan: RunPlan, session, data=None, stop_flag=None) -> None:
+    """A run's worker, reporting to `session`. `data`: the opened data when the driver's process runs
+    the worker too (a one-worker sweep trial, which reads its units straight from the files); a Ray
+    Train worker opens `plan.data` and reads through Ray Data."""
     started = time.monotonic()  # the run's wall time (cost/wall_s) counts from here
     marks: dict[str, float] = {}  # rank 0 leaves them in the run's folder at the end (xmodal.train.timeline)
     timeline.mark(marks, "worker_start")
-    plan = RunPlan(**plan_dict)
+    ray_data = data is None
     console.set_verbose(plan.verbose)
     console.quiet_worker()
     cfg = spec.config_class.model_validate(plan.config)
     tracking.set_outage_wait(plan.tracking_uri, cfg.mlflow.outage_wait_s)  # this worker's waits on the store
-    ctx = ray.train.get_context()
-    storage = ctx.get_storage()
-    found = recovery.resume_point(storage.storage_filesystem, storage.experiment_fs_path,
-                                  loud=ctx.get_world_rank() == 0)
+    rank, world = session.rank, session.world
+    found = recovery.resume_point(*session.folder(), loud=rank == 0)
     resume = found.checkpoint() if found is not None else None
     meta: dict[str, Any] = {}
     if resume is not None:
@@ -99,8 +104,8 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
     if meta.get("finished"):
         return  # a rerun of a finished run: nothing to do
 
-    w = make_worker(spec, cfg, spec.open_data(plan.data), plan.start, ray.train.torch.get_device(),
-                    plan.total_steps, plan.micro_batch, ctx.get_world_rank(), ctx.get_world_size(), ray_data=True,
+    w = make_worker(spec, cfg, spec.open_data(plan.data) if ray_data else data, plan.start, session.device(),
+                    plan.total_steps, plan.micro_batch, rank, world, ray_data=ray_data,
                     fresh=resume is None, train_options=plan.train_options)
     if resume is not None:
         with resume.as_directory() as d:
@@ -122,7 +127,7 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
                      on_checkpoint=w.selection.save if selecting else None,
                      on_end=functools.partial(selected_held_out, spec, w, plan) if selecting else None,
                      resumed_from=resume.path if resume is not None else None, cost=cost,
-                     stop=StopWatch(stop_flag) if stop_flag is not None else None, marks=marks)
+                     stop=StopWatch(stop_flag) if stop_flag is not None else None, marks=marks, session=session)
     step_kwargs = spec.step_kwargs(cfg)
 
     def batches(epoch: int, skip: int) -> Iterable[Any]:
@@ -132,9 +137,12 @@ def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
             yield batch
 
     timeline.mark(marks, "loop_start")
-    fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
-        start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
-        seed=(cfg.train.seed, w.rank))
+    try:
+        fit(w.state, batches, hooks, epoch_steps=plan.epoch_steps, grad_accum=cfg.train.grad_accum,
+            start=(meta.get("epoch", 0), meta.get("pos", 0)), step_kwargs=step_kwargs,
+            seed=(cfg.train.seed, w.rank))
+    finally:
+        hooks.close()  # a trial process that Tune reuses keeps no logger thread of a trial it stopped
 
 
 def selected_held_out(spec: JobSpec, w: Worker, plan: RunPlan | None, _state) -> dict[str, float]:
