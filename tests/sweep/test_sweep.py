@@ -1,6 +1,7 @@
 """Real sweeps on tiny configs: Ray Tune + Optuna + ASHA, Ray Train trials, MLflow parent/child runs,
-reports, and a driver killed midway and resumed. Each Trainer start costs 20-30 s on 2 cores, so the
-sweeps are small: 4 trials (3 for the resume), two at a time, a few steps each."""
+reports, and a driver killed midway and resumed. Each trial runs its one worker in the trial's own
+process (a Tune actor reused by the next trial); the sweeps are small: 4 trials (3 for the resume),
+two at a time, a few steps each."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ turned into the `time/*` metrics every run logs at its end. Standard library onl
 passed in is pyarrow's).
 
     run_start    the driver's `engine.run` begins (a sweep trial: in its Tune trial process)
-    fit_call     the MLflow run is open, Ray Train's `fit()` is called
+    fit_call     the MLflow run is open, Ray Train's `fit()` is called (or the trial's in-process worker)
     worker_start the rank-0 Train worker's function begins (the attempt that finished)
     loop_start   its data, model, optimizer and MLflow logger are ready: the loop starts
     first_batch  the loop's first micro-batch arrived
@@ -14,7 +14,8 @@ passed in is pyarrow's).
 
     time/prepare_s       run_start -> fit_call      checks, data opened, MLflow run created, Ray connected
     time/train_start_s   fit_call -> worker_start   Ray Train: controller, placement, worker processes
-                                                    (and any failed attempt before the last one)
+                                                    (and any failed attempt before the last one);
+                                                    about 0 for a sweep trial's in-process worker
     time/worker_setup_s  worker_start -> loop_start resume point, data, model build, logger
     time/data_start_s    loop_start -> first_batch  the train split's first batch
     time/training_s      first_batch -> fit_end     the steps, evaluations and checkpoints
