@@ -30,7 +30,17 @@ import pytest
 import yaml
 
 from xmodal import tracking
-from xmodal_testing import PYTHON, RAY, REPO, RayHead, free_port, kill_tree, wait_job
+from xmodal_testing import (
+    PYTHON,
+    RAY,
+    REPO,
+    S3_BUCKET,
+    RayHead,
+    free_port,
+    kill_tree,
+    s3_environment,
+    wait_job,
+)
 
 CLUSTER_YAML = REPO / "cluster.yaml"
 ONPREM_YAML = REPO / "cluster.onprem.yaml"
@@ -230,6 +240,45 @@ def run_env_setup(cfg: dict, home: Path, *args: str, **env: str) -> dict[str, st
     out = subprocess.run(["bash", "-c", "source ~/.bashrc >/dev/null 2>&1; env -0"], env={**base, "PS1": "$ "},
                          check=True, timeout=60, capture_output=True, text=True).stdout
     return dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
+
+
+@pytest.mark.slow
+def test_the_heads_mlflow_server_keeps_artifacts_in_object_storage(cfg, tmp_path, s3, monkeypatch):
+    """cluster.yaml's MLflow server, started by its own command, with its artifacts in S3 (the tests'
+    moto server; the endpoint and credentials passed with `--export`, as a cluster config without an
+    instance profile does): files logged through the server by a client that has no S3 credentials
+    (only the head needs them) land in the bucket, come back through the server, and are still
+    served after the server restarts."""
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    exports = [f"--export={k}={v}" for k, v in s3_environment(s3.port).items()]
+    env = run_env_setup(cfg, home, f"--storage-path={tmp_path / 'shared'}", f"--mlflow-artifacts=s3://{S3_BUCKET}/mlflow",
+                        f"--mlflow-port={port}", f"--mlflow-backend=sqlite:///{home}/mlflow/mlflow.db", *exports,
+                        RAY_HEAD_IP="127.0.0.2")
+    start = command_with(cfg, "head_start_ray_commands", "start_mlflow.sh")
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)  # the client reaches S3 through the server only
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        out = subprocess.run(["bash", "-c", start], env=env, capture_output=True, text=True, timeout=400)
+        assert out.returncode == 0, out.stdout + out.stderr
+        exp = tracking.ensure_experiment(uri, "s3-artifacts")
+        run_id = tracking.create_run(uri, exp, "s3-artifacts", {}, {})
+        (tmp_path / "model.pt").write_bytes(b"weights " * 1000)
+        tracking.log_artifact(uri, run_id, tmp_path / "model.pt", "model")
+        keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix="mlflow/")["Contents"]]
+        assert [k for k in keys if k.endswith(f"{run_id}/artifacts/model/model.pt")], keys
+        back = tracking.download_artifacts(uri, run_id, "model/model.pt", tmp_path / "back")
+        assert back.read_bytes() == b"weights " * 1000
+
+        out = subprocess.run(["bash", "-c", start], env=env, capture_output=True, text=True, timeout=400)  # a restart
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert tracking.list_artifacts(uri, run_id, "model") == ["model/model.pt"]
+    finally:
+        pid_file = home / "mlflow" / "server.pid"  # the server outlives the command that started it
+        if pid_file.exists():
+            kill_tree(int(pid_file.read_text()))
 
 
 def test_node_environment_written_by_setup(cfg, tmp_path):
