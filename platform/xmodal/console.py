@@ -104,6 +104,10 @@ def quiet_libraries() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # tqdm bars per download
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Tune's default output prints its experiment box, results folder and TensorBoard hint whatever
+    # `verbose` says; its classic reporter keeps quiet at verbose=0 (the sweep's own lines say it all).
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    logging.getLogger("ray.tune.tune").setLevel(logging.WARNING)  # "Wrote the latest version of all result files"
     # "Token authentication is enabled for this Ray cluster" on every start: not something to act on.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # A sweep stopped with Ctrl-C: Tune's own lines name its Python API (`Tuner.restore(...)`) and the
