@@ -5,6 +5,9 @@ passed on (to Tune in a sweep; to a list here)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 
 from xmodal.train import recovery
@@ -66,3 +69,43 @@ def test_a_report_without_a_checkpoint_writes_nothing(tmp_path):
     assert s.report({"step": 1, "final": 1}) is None
     assert reports == [{"step": 1, "final": 1}] and not (tmp_path / "storage" / "run").exists()
     assert s.fault_settle_s() == 0.0 and s.rank == 0 and s.world == 1 and s.device().type == "cpu"
+
+
+def test_a_trial_tune_ends_at_a_report_leaves_no_logger_thread_and_loses_no_metric(tmp_path, stores, monkeypatch):
+    """Tune ends a stopped trial's thread with SystemExit inside its report (and reuses the process for
+    the next trial): the worker's MLflow logger is closed on the way out, with every metric up to that
+    report in MLflow. A real MulT worker in this process, a real SQLite MLflow file, real checkpoints."""
+    from xmodal import console, tracking
+    from xmodal.config import MultTrainConfig, load_config
+    from xmodal.train import engine
+    from xmodal.train.specs import job_spec
+    from xmodal.train.worker import run_worker
+
+    # what the worker sets for its process (a trial's, here pytest's): put back after the test
+    monkeypatch.setattr(console, "_on_worker", False)
+    for name in (console.VERBOSE_ENV, "MLFLOW_LOGGING_LEVEL", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
+                 "RAY_AIR_NEW_OUTPUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
+
+    spec = job_spec("mult")
+    cfg = load_config(MultTrainConfig, overrides=[
+        "preset=tiny", "train.batch_size=16", f"data.store={stores['mult']}", "train.max_steps=12",
+        "train.eval_every=4", "train.log_every=2", "mlflow.system_metrics=false", "mlflow.run_name=stopped",
+        f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", f"scale.storage_path={tmp_path / 'runs'}"])
+    checked = engine.check(spec, cfg)
+    plan = engine.open_run(spec, checked, "test")
+    reports = []
+
+    def tune_report(metrics):  # the scheduler stopped the trial on its second result
+        reports.append(metrics)
+        if len(reports) == 2:
+            raise SystemExit(0)
+
+    session = TrialSession(plan.storage, plan.run_name, tune_report, keep=1, metric="valid/mae", mode="min")
+    with pytest.raises(SystemExit):
+        run_worker(spec, plan, session, data=checked.prepared.data)
+    assert [r["step"] for r in reports] == [4, 8]
+    assert not [t for t in threading.enumerate() if t.name == "xmodal-mlflow-logger" and t.is_alive()]
+    assert [p.step for p in tracking.metric_points(plan.tracking_uri, plan.run_id, "valid/mae")] == [4, 8]
+    assert [p.step for p in tracking.metric_points(plan.tracking_uri, plan.run_id, "train/loss")] == [2, 4, 6, 8]

@@ -4,7 +4,8 @@ shows progress and evaluations through the driver's console (`xmodal.console.emi
 
 The run's score is decided here and nowhere else: the best `train.best_metric` over its evaluations
 (`scores.better`), the score of the checkpoint it keeps. It is logged to MLflow and sent with every
-report to Ray Train under `scores.selected_key(train.best_metric)`; a sweep reads only that."""
+report (to Ray Train, or to Tune from a sweep trial's in-process worker: `xmodal.train.session`) under
+`scores.selected_key(train.best_metric)`; a sweep reads only that."""
 
 from __future__ import annotations
 

@@ -88,9 +88,8 @@ class RayTrainSession:
 
 @dataclass
 class Kept:
-    name: str
-    step: int
-    score: float | None
+    name: str  # the checkpoint's folder in the run's folder
+    score: float | None  # its `train.best_metric`
 
 
 class TrialSession:
@@ -131,7 +130,7 @@ class TrialSession:
             pyarrow.fs.copy_files(checkpoint, path, source_filesystem=pyarrow.fs.LocalFileSystem(),
                                   destination_filesystem=self.fs)
             score = metrics.get(self.metric)
-            self.kept.append(Kept(name, int(metrics.get("step", -1)), float(score) if score is not None else None))
+            self.kept.append(Kept(name, float(score) if score is not None else None))
             self.latest = path
             self._retain()
         self.metrics = dict(metrics)
@@ -163,7 +162,7 @@ class TrialSession:
         try:
             with self.fs.open_input_stream(f"{self.path}/{self.REGISTRY}") as f:
                 return [Kept(**k) for k in json.loads(f.read())]
-        except (FileNotFoundError, OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError):  # none yet, or unreadable: nothing to go on
             return []
 
 
