@@ -34,9 +34,10 @@ def ray_local():
     (Tune with ASHA needs it to free stopped trials' resources).
     """
     ray = pytest.importorskip("ray")
+    from xmodal.train.cluster import start_local
+
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address="local", num_cpus=4, include_dashboard=True, log_to_driver=True,
-             object_store_memory=1_000_000_000)
+    start_local(num_cpus=4, include_dashboard=True, log_to_driver=True, object_store_memory=1_000_000_000)
     yield ray
     ray.shutdown()
 

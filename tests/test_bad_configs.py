@@ -1,15 +1,17 @@
 """Bad configs, flags, files and search spaces on the command line: each job script fails with one clear
 `error:` on stderr and exit code 2, before anything starts.
 
-Every case runs the script as a subprocess in a fresh, otherwise empty working directory, with
-RAY_ADDRESS=127.0.0.1:1 (nothing listens there: a job that tries to start or join Ray fails loudly)
-and no MLFLOW_TRACKING_URI, and asserts: exit code 2, no traceback, the bad key or file named on
-stderr, no Ray start-up text, and the working directory unchanged apart from the case's own files
+Every case runs the script as a process of its own in a fresh, otherwise empty working directory,
+with RAY_ADDRESS=127.0.0.1:1 (nothing listens there: a job that tries to start or join Ray fails
+loudly) and no MLFLOW_TRACKING_URI, and asserts: exit code 2, no traceback, the bad key or file named
+on stderr, no Ray start-up text, and the working directory unchanged apart from the case's own files
 (no mlflow.db, data/, runs/, mlruns/ or half-written store).
 
-The cases run in parallel threads (one module fixture) and are reported one test each. Measured:
-about 150 s for the whole file (125 cases, 4 threads) on a 2-core machine shared with other test
-runs: each subprocess imports torch and Ray Train, 3-4 s of CPU.
+Each case's process is forked from one Python that has imported what every job script imports first
+(torch, xmodal.cli, xmodal.config; `FORK_SERVER`), and runs the script as `__main__` with its own
+arguments, working directory, stdout and stderr: a fresh interpreter per case spent 2-4 s of CPU
+importing torch (about 150 s for the file, 125 cases, on a 2-core machine); forked, the file takes a
+few seconds. The cases run four at a time (one module fixture) and are reported one test each.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ import base64
 import json
 import os
 import pickle
-import signal
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -369,7 +369,67 @@ class Result:
     after: set[str]
 
 
-def _run(case: Case, root: Path) -> Result:
+# Reads a JSON list of cases ({id, cwd, script, args, out, err}) on stdin, forks a process per case
+# (at most `parallel` at once, each killed after `timeout` s), and prints {id: exit code or null} as
+# JSON. A child runs the script as a fresh interpreter would (`python SCRIPT ARGS` in `cwd`), in a
+# session of its own so that a timed-out case's process group is killed whole.
+FORK_SERVER = r"""
+import json, os, runpy, signal, sys, time
+
+import torch  # noqa: F401
+import xmodal.cli  # noqa: F401
+import xmodal.config  # noqa: F401
+
+parallel, timeout = int(sys.argv[1]), float(sys.argv[2])
+cases, running, codes = json.load(sys.stdin), {}, {}
+
+
+def child(case):
+    os.setsid()
+    os.chdir(case["cwd"])
+    for fd, path in ((1, case["out"]), (2, case["err"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    sys.argv = [case["script"], *case["args"]]
+    sys.path[0] = os.path.dirname(case["script"])
+    code = 0
+    try:
+        runpy.run_path(case["script"], run_name="__main__")
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+while cases or running:
+    while cases and len(running) < parallel:
+        case = cases.pop(0)
+        pid = os.fork()
+        if pid == 0:
+            child(case)
+        running[pid] = (case["id"], time.monotonic() + timeout)
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid:
+        codes[running.pop(pid)[0]] = os.waitstatus_to_exitcode(status)
+        continue
+    for pid, (cid, deadline) in list(running.items()):
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            codes[running.pop(pid)[0]] = None
+    time.sleep(0.01)
+print(json.dumps(codes))
+"""
+
+
+def _prepare(case: Case, root: Path) -> tuple[dict, set[str]]:
     cwd = root / case.id
     cwd.mkdir()
     for name, text in case.files.items():
@@ -378,23 +438,24 @@ def _run(case: Case, root: Path) -> Result:
         else:
             (cwd / name).write_text(text)
     before = _tree(cwd)
-    proc = subprocess.Popen([PYTHON, str(JOBS / case.script), *case.args], cwd=cwd, env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the case's own process group (a stuck Ray connection)
-        out, err = proc.communicate()
-        return Result(None, out, err + "\n[timed out]", before, _tree(cwd))
-    return Result(proc.returncode, out, err, before, _tree(cwd))
+    logs = root / f"{case.id}.out", root / f"{case.id}.err"
+    return ({"id": case.id, "cwd": str(cwd), "script": str(JOBS / case.script), "args": case.args,
+             "out": str(logs[0]), "err": str(logs[1])}, before)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, Result]:
     root = tmp_path_factory.mktemp("bad_configs")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {c.id: pool.submit(_run, c, root) for c in CASES}
-        return {k: f.result() for k, f in futures.items()}
+    prepared = {c.id: _prepare(c, root) for c in CASES}
+    out = subprocess.run([PYTHON, "-c", FORK_SERVER, "4", "180"], input=json.dumps([p[0] for p in prepared.values()]),
+                         env=_env(), cwd=root, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    codes = json.loads(out.stdout.strip().splitlines()[-1])
+    results = {}
+    for cid, (job, before) in prepared.items():
+        stderr = Path(job["err"]).read_text() + ("" if codes[cid] is not None else "\n[timed out]")
+        results[cid] = Result(codes[cid], Path(job["out"]).read_text(), stderr, before, _tree(Path(job["cwd"])))
+    return results
 
 
 def test_the_table_is_large_and_ids_are_unique():

@@ -99,8 +99,10 @@ class RayHead:
 
     def _start(self, cmd: list[str], log: Path) -> None:
         out = open(log, "w")  # noqa: SIM115 - kept open for the node's lifetime
-        self.nodes.append(subprocess.Popen(cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                           cwd=REPO, start_new_session=True))
+        # RAY_ADDRESS for the node's processes: Ray Train's placement-group cleaner finds "its" cluster
+        # by it, else by the file the last `ray start` wrote (xmodal.train.cluster.start_local).
+        self.nodes.append(subprocess.Popen(cmd, env={**self.env, "RAY_ADDRESS": self.address}, stdout=out,
+                                           stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
 
     def add_worker_node(self, tmp: Path, num_cpus: int, resources: str | None = None,
                         temp_dir: str | None = None) -> None:
@@ -146,6 +148,14 @@ class RayHead:
     def stop(self) -> None:
         for p in reversed(self.nodes):
             kill_tree(p.pid)
+        # `ray start --head` wrote this node's address to /tmp/ray/ray_current_cluster, which a killed
+        # node leaves behind: Ray's command line (and anything else that looks there) would then wait
+        # on a dead address.
+        from ray._common.utils import get_ray_address_file
+
+        written = Path(get_ray_address_file(None))
+        if written.exists() and written.read_text().strip().endswith(f":{self.port}"):
+            written.unlink(missing_ok=True)
 
 
 def wait_job(client, job_id: str, timeout: float) -> str:

@@ -338,10 +338,9 @@ def run(args: argparse.Namespace) -> int:
 
         s_open, s_tsv = startup("store", store.path), startup("tsv", tsv)
         if args.ray:  # before pinning: Ray's processes would inherit the one-core affinity
-            import ray
+            from xmodal.train.cluster import start_local
 
-            ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
-                     log_to_driver=False)
+            start_local(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
         pinned = _one_core()
         ours_it, base_it = our_batches(store, args.batch, args.mix_units), baseline_batches(store, tsv, args.batch)
         first = next(ours_it)  # warm-up (first read, first plan)

@@ -128,8 +128,38 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
                                 f"check it with `ray status --address {address}`") from None
         else:
             os.environ.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
+            start_local(num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
     attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up
+
+
+def start_local(**init_kwargs) -> None:
+    """`ray.init(address="local", **init_kwargs)`, with the processes of that Ray knowing its address.
+
+    Ray Train's `PlacementGroupCleaner` (an actor of every Train run) asks "is my controller alive?"
+    of the cluster it finds the way Ray's command line does: RAY_ADDRESS, else the address the last
+    `ray start` on this machine wrote to /tmp/ray/ray_current_cluster. A local Ray started by
+    `ray.init` writes none there, so its cleaner asked another cluster: a stale file (a `ray start`
+    long gone) cost every run's end 12 s waiting on a dead address (measured: 13.6 s against 1.4 s);
+    another live Ray on the machine answered "no such actor", and the cleaner gave up before the run
+    began ("Failed to register placement group with cleaner" on the console), or, registered, removed
+    the placement group of a live run. So the GCS gets a free port chosen here, and RAY_ADDRESS names
+    it in the environment the local Ray's processes inherit; this process's own environment is
+    restored after (a job started from here must not join this Ray by accident)."""
+    ray = require_ray()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pinned = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in pinned}
+    os.environ.update(pinned)
+    try:
+        ray.init(address="local", **init_kwargs)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def storage_path(configured: str | None) -> str:

@@ -1,0 +1,74 @@
+"""A local Ray (`xmodal.train.cluster.start_local`) whose processes find their own cluster, not the one the
+last `ray start` on the machine wrote down: Ray Train's placement-group cleaner asks that cluster whether
+the run's controller is alive (a stale address cost each run's end 12 s; another live Ray says "dead")."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from xmodal_testing import PYTHON, REPO, free_port, ray_env
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+import json, os, ray
+from xmodal.train.cluster import start_local
+
+start_local(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+
+@ray.remote(num_cpus=0)
+def seen():
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    return os.environ.get("RAY_ADDRESS"), canonicalize_bootstrap_address_or_die(None)
+
+
+print(json.dumps({"own": ray.get_runtime_context().gcs_address, "seen": ray.get(seen.remote()),
+                  "driver": os.environ.get("RAY_ADDRESS")}))
+ray.shutdown()
+"""
+
+
+def port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def test_a_local_rays_processes_resolve_their_own_cluster_over_a_stale_ray_start():
+    # A Ray temp folder of the test's own (short: Ray's socket paths live under it), with the file a
+    # `ray start` long gone left behind.
+    tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))
+    try:
+        (tmp / "ray").mkdir()
+        stale = free_port()
+        (tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{stale}")
+        out = subprocess.run([PYTHON, "-c", SCRIPT], env=ray_env(RAY_TMPDIR=str(tmp), PYTHONPATH=str(REPO / "platform")),
+                             capture_output=True, text=True, timeout=180, cwd=tmp)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        seen = json.loads(out.stdout.strip().splitlines()[-1])
+        env_address, resolved = seen["seen"]
+        assert port(resolved) == port(seen["own"]) != stale, seen  # what the cleaner's state query connects to
+        assert env_address and port(env_address) == port(seen["own"]), seen
+        assert seen["driver"] is None  # the driver's own environment is as it was
+        deadline = time.time() + 30
+        while (left := [p for p in os.listdir("/proc") if p.isdigit() and _in(p, str(tmp))]) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not left, "the local Ray outlived its driver's ray.shutdown()"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _in(pid: str, text: str) -> bool:
+    """Whether a process's command line names `text` (a Ray process of this test's temp folder)."""
+    try:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
