@@ -25,11 +25,13 @@ S3_PORT = free_port()
 os.environ.update(s3_environment(S3_PORT))
 
 
-# `pytest -n 2` (pytest-xdist, `--dist loadgroup`, as .ci/run runs the suite): each test file runs whole
-# on one worker, so its module fixtures are built once; the files of the rehearsal hosts share one
-# worker (their hosts take the same bridge addresses, 10.231.0.0/24). Each worker has its own shared
-# Ray, S3 server and temp folder. The heaviest files go first, so that none of them starts last:
-# their wall times in one run of the whole suite, 2026-12-02 (tests/ relative paths, seconds).
+# `pytest -n 2` (pytest-xdist, as .ci/run runs the suite): each test file runs whole on one worker, so
+# its module fixtures are built once, and the files of the rehearsal hosts share one worker (their
+# hosts take the same bridge addresses, 10.231.0.0/24). Each worker has its own shared Ray, S3 server
+# and temp folder. The heaviest files go first, so that none of them starts last: their wall times in
+# one run of the whole suite, 2026-12-02, were 512 s (cross_host), 408 (pretrain) ... 29 (postgres).
+# (xdist's own `--dist loadgroup` marks no longer group anything under pytest 9.2, which made node ids
+# read-only, hence a scheduler of our own.)
 HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
 HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "train/test_pretrain.py", "test_cluster.py",
                   "train/test_learning.py", "sweep/test_sweep.py", "train/test_interrupt.py", "test_tracking.py",
@@ -37,17 +39,27 @@ HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "train/test_pretrai
                   "train/test_mult_learning.py", "bench/test_suite.py", "test_report.py", "test_tracking_load.py",
                   "train/test_pretrain_s3.py", "bench/test_scale.py", "bench/test_sweep_bench.py",
                   "export/test_export_source.py", "test_bad_configs.py", "data/finetune/test_finetune_stream.py",
-                  "test_cluster_postgres.py")  # cross_host 512, pretrain 408 ... postgres 29
+                  "test_cluster_postgres.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
-    for item in items:
-        name = item.path.relative_to(tests).as_posix()
-        item.add_marker(pytest.mark.xdist_group("hosts" if item.path.name in HOST_FILES else name))
     items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))  # stable
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown to a run without it
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        """A file's tests are one unit of work; the rehearsal-host files one unit together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "hosts" if Path(file).name in HOST_FILES else file
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")
