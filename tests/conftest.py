@@ -25,7 +25,7 @@ S3_PORT = free_port()
 os.environ.update(s3_environment(S3_PORT))
 
 
-# `pytest -n 2` (pytest-xdist, as .ci/run runs the suite): each test file runs whole on one worker, so
+# `pytest -n 2` (pytest-xdist; `XMODAL_TEST_WORKERS=2 bash .ci/run`): each test file runs whole on one worker, so
 # its module fixtures are built once, and the files of the rehearsal hosts share one worker (their
 # hosts take the same bridge addresses, 10.231.0.0/24). Each worker has its own shared Ray, S3 server
 # and temp folder. The heaviest files go first, so that none of them starts last: their wall times in
@@ -43,6 +43,8 @@ HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "train/test_pretrai
 
 
 def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # an xdist worker's; a run of one process keeps the file order
+        return
     tests = Path(__file__).parent
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))  # stable

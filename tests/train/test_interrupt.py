@@ -155,3 +155,33 @@ def test_a_second_signal_stops_at_once_and_the_rerun_resumes_from_the_newest_int
     run = the_run(uri, "twice")
     assert run.status == "FINISHED"
     assert_same_history(uri, run, the_run(uri, "clean"))
+
+
+@pytest.mark.slow
+def test_two_signals_at_once_set_the_flag_then_stop_at_once(ray_local):
+    """SIGTERM and SIGINT delivered together (as on a loaded machine, where the first handler had not run
+    before the second came): the main thread acts on them in order between its waits, never inside the
+    first one's remote call. The flag is set, the second raises KeyboardInterrupt, `fit` still runs."""
+    import threading
+
+    from xmodal.train.interrupt import GracefulStop
+
+    release, seen = threading.Event(), {}
+
+    def fit() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        release.wait(60)
+
+    try:
+        with pytest.raises(KeyboardInterrupt), GracefulStop() as stop:
+            try:
+                stop.run(fit)
+            finally:
+                seen.update(flag=ray_local.get(stop.flag.get.remote()), requested=stop.requested,
+                            fit_running=not release.is_set())
+    finally:
+        release.set()
+    assert seen == {"flag": True, "requested": True, "fit_running": True}
+    for s in (signal.SIGINT, signal.SIGTERM):  # the previous handlers are back
+        assert getattr(signal.getsignal(s), "__self__", None) is not stop

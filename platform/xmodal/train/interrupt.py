@@ -41,13 +41,20 @@ class StopFlag:
 
 class GracefulStop:
     """The driver's signal handling around `fit()`: the first SIGINT/SIGTERM sets the run's `StopFlag`,
-    the second raises KeyboardInterrupt in the main thread (stop at once)."""
+    the second raises KeyboardInterrupt in the main thread (stop at once).
+
+    The handlers only note the signal; the main thread acts on it between two short waits (`run`).
+    Acting in the handler itself (a remote call to the flag, a console line) let a second signal that
+    came during the first one's remote call raise KeyboardInterrupt inside Ray's client code."""
+
+    WAIT_S = 0.05  # how soon the main thread acts on a signal
 
     def __init__(self):
         import ray
 
         self.flag = ray.remote(num_cpus=0)(StopFlag).remote()
         self.requested = False
+        self._noted: list[int] = []
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -63,16 +70,21 @@ class GracefulStop:
         ray.kill(self.flag)
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.flag.request.remote()
-        say(f"[xmodal] {signal.Signals(signum).name}: stopping at the next logged step with a checkpoint "
-            "(Ctrl-C again to stop at once)")
+        self._noted.append(signum)
+
+    def _act(self) -> None:
+        while self._noted:
+            signum = self._noted.pop(0)
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+            self.flag.request.remote()
+            say(f"[xmodal] {signal.Signals(signum).name}: stopping at the next logged step with a checkpoint "
+                "(Ctrl-C again to stop at once)")
 
     def run(self, fn):
         """`fn()` in a thread of its own (so that Ray Train registers no SIGINT handler); the main thread
-        waits, handling signals. Returns what `fn` returned or raises what it raised."""
+        waits, acting on signals. Returns what `fn` returned or raises what it raised."""
         out: dict[str, Any] = {}
 
         def target() -> None:
@@ -84,7 +96,9 @@ class GracefulStop:
         thread = threading.Thread(target=target, name="xmodal-fit", daemon=True)
         thread.start()
         while thread.is_alive():
-            thread.join(0.2)  # a short wait: the main thread handles a signal between two of them
+            thread.join(self.WAIT_S)
+            self._act()
+        self._act()  # a second signal as `fn` returned still stops at once
         if "error" in out:
             raise out["error"]
         return out["value"]
