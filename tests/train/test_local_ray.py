@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -72,3 +73,76 @@ def _in(pid: str, text: str) -> bool:
         return text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+SIGNALLED = """
+import json, os, signal, sys, time, ray
+from xmodal.train.cluster import start_local
+
+start_local(num_cpus=1, include_dashboard=False, log_to_driver=False)
+noted = []
+signal.signal(signal.SIGTERM, lambda s, f: noted.append(s))
+
+
+@ray.remote(num_cpus=0)
+class Echo:
+    def pid(self):
+        return os.getpid()
+
+
+first = Echo.remote()
+ray.get(first.pid.remote())
+print("ready", flush=True)
+sys.stdin.readline()  # the test has signalled the process group
+time.sleep(5)  # a Ray process the signal killed has gone by now
+print(json.dumps({"noted": noted, "pids": ray.get([first.pid.remote(), Echo.remote().pid.remote()], timeout=60)}),
+      flush=True)
+sys.stdin.readline()  # the test has looked at the Ray processes
+ray.shutdown()
+"""
+
+
+def test_a_sigterm_to_the_process_group_reaches_the_driver_alone():
+    """A group SIGTERM (what a batch system or `kill -TERM -<pgid>` sends a job started by hand) is the
+    driver's to act on (xmodal.train.interrupt): every process of its local Ray lives on."""
+    tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))
+    proc = subprocess.Popen([PYTHON, "-c", SIGNALLED], env=ray_env(RAY_TMPDIR=str(tmp), PYTHONPATH=str(REPO / "platform")),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-3000:]
+        ray_processes = {p: _name(p) for p in os.listdir("/proc") if p.isdigit() and _in(p, str(tmp))}
+        assert len(ray_processes) >= 4, ray_processes  # GCS, raylet, monitors, agents
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, f"the driver failed after the group SIGTERM: {proc.stderr.read()[-3000:]}"
+        seen = json.loads(line)
+        assert seen["noted"] == [signal.SIGTERM]
+        assert seen["pids"][0] != seen["pids"][1]  # the old actor answers, and a new one starts
+        gone = sorted(name for p, name in ray_processes.items() if _state(p) in ("gone", "Z"))
+        assert not gone, f"the group SIGTERM ended Ray processes: {gone}"
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _name(pid: str) -> str:
+    """A process's program and first argument, e.g. `python .../log_monitor.py` or `.../raylet`."""
+    try:
+        return " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:2])[-80:]
+    except OSError:
+        return "?"
+
+
+def _state(pid: str) -> str:
+    """A process's state letter (Z: exited, its parent has not reaped it yet), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

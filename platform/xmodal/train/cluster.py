@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -144,7 +145,16 @@ def start_local(**init_kwargs) -> None:
     began ("Failed to register placement group with cleaner" on the console), or, registered, removed
     the placement group of a live run. So the GCS gets a free port chosen here, and RAY_ADDRESS names
     it in the environment the local Ray's processes inherit; this process's own environment is
-    restored after (a job started from here must not join this Ray by accident)."""
+    restored after (a job started from here must not join this Ray by accident).
+
+    The local Ray's processes (GCS, raylet, log monitor, dashboard and agents, autoscaler monitor) share
+    the driver's process group, so a SIGTERM to the group (`kill -TERM -<pgid>`, a batch system's stop)
+    reached them too and killed some (measured: the log monitor, the dashboard and its agent at once,
+    the GCS at times, and then the driver died a minute later: "Failed to connect to GCS within 60
+    seconds"; under load the autoscaler monitor, and the job failed instead of stopping at a checkpoint). Ray blocks SIGINT in the processes it starts; SIGTERM is blocked here the same way while they
+    start (a blocked-signal mask is inherited across fork and exec, by the raylet's workers too), so the
+    driver alone acts on it. They still end with the driver: Ray ties them to it (PR_SET_PDEATHSIG,
+    SIGKILL), and `ray.shutdown()` ends them."""
     ray = require_ray()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,9 +162,11 @@ def start_local(**init_kwargs) -> None:
     pinned = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"127.0.0.1:{port}"}
     saved = {k: os.environ.get(k) for k in pinned}
     os.environ.update(pinned)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         ray.init(address="local", **init_kwargs)
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a SIGTERM that came meanwhile is delivered now
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
