@@ -141,11 +141,13 @@ def offset_causal_allowed(
     sample's true lengths and keys at j >= S_n are masked too; padded query
     rows always see key 0, so SDPA never meets an all-masked row.
     """
+    ref = q_lengths if q_lengths is not None else k_lengths
+    if device is None and ref is not None:  # the lengths' device (a GPU's), not the CPU default
+        device = ref.device
     i = torch.arange(t, device=device)
     j = torch.arange(s, device=device)
-    if q_lengths is None and k_lengths is None:
+    if ref is None:
         return j[None, :] <= i[:, None] + abs(s - t)
-    ref = q_lengths if q_lengths is not None else k_lengths
     n = ref.shape[0]
     ql = q_lengths if q_lengths is not None else torch.full((n,), t, device=ref.device, dtype=ref.dtype)
     kl = k_lengths if k_lengths is not None else torch.full((n,), s, device=ref.device, dtype=ref.dtype)
