@@ -206,3 +206,13 @@ def test_presets_and_config_errors():
         Mult(MultConfig(dim=30))
     with pytest.raises(ValueError, match=r"MultConfig.variant = 'both'"):
         Mult(MultConfig(variant="both"))
+
+
+@pytest.mark.parametrize("given", ["q", "k", "both"])
+def test_offset_causal_mask_with_lengths_is_on_the_lengths_device(given):
+    # The meta device stands in for a GPU: a mask built on the CPU default would not meet its lengths.
+    lengths = torch.tensor([5, 3], device="meta")
+    kwargs = {"q": {"q_lengths": lengths}, "k": {"k_lengths": lengths},
+              "both": {"q_lengths": lengths, "k_lengths": lengths}}[given]
+    mask = offset_causal_allowed(6, 9, **kwargs)
+    assert mask.device.type == "meta" and mask.shape == (2, 1, 6, 9)

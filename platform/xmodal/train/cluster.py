@@ -151,9 +151,10 @@ def start_local(**init_kwargs) -> None:
     the driver's process group, so a SIGTERM to the group (`kill -TERM -<pgid>`, a batch system's stop)
     reached them too and killed some (measured: the log monitor, the dashboard and its agent at once,
     the GCS at times, and then the driver died a minute later: "Failed to connect to GCS within 60
-    seconds"; under load the autoscaler monitor, and the job failed instead of stopping at a checkpoint). Ray blocks SIGINT in the processes it starts; SIGTERM is blocked here the same way while they
-    start (a blocked-signal mask is inherited across fork and exec, by the raylet's workers too), so the
-    driver alone acts on it. They still end with the driver: Ray ties them to it (PR_SET_PDEATHSIG,
+    seconds"; under load the autoscaler monitor, and the job failed instead of stopping at a
+    checkpoint). Ray blocks SIGINT in the processes it starts; SIGTERM is blocked here the same way
+    while they start (a blocked-signal mask is inherited across fork and exec, by the raylet's workers
+    too), so the driver alone acts on it. They still end with the driver: Ray ties them to it (PR_SET_PDEATHSIG,
     SIGKILL), and `ray.shutdown()` ends them."""
     ray = require_ray()
     with socket.socket() as s:
