@@ -41,5 +41,14 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e ".[cluster,test]"
+# The rest through uv (a wheel from PyPI): pip took 4-6 min to resolve and install these ~150
+# packages on a 2-core machine, uv well under one (docs/performance.md, "The test suite's time").
+# Bytecode compiled at install: a process that may not write .pyc files (PYTHONDONTWRITEBYTECODE)
+# would otherwise compile every module it imports, each time. pip stays the way where uv is not had.
+if .venv/bin/python -m pip install -q "uv>=0.5" && .venv/bin/uv --version >/dev/null 2>&1; then
+    .venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e ".[cluster,test]"
+else
+    echo "setup.sh: uv could not be installed; installing with pip (slower)" >&2
+    .venv/bin/python -m pip install -q -e ".[cluster,test]"
+fi
 echo "xmodal installed in $(pwd)/.venv"

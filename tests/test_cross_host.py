@@ -9,7 +9,7 @@ or their driver midway, and a run that cannot be placed on what is left.
 One cluster for the module (the `cluster` fixture): each case costs its runs, not a new cluster, and
 each lost host stays lost (a raylet started again on a host the GCS declared dead crashed at start-up),
 so the cases run in the file's order: the cut link and the dead host each take one of the three worker
-hosts, the driver's case and the strict placement run on the one left. The head's GCS runs with the
+hosts, the driver killed after the dead host and the strict placement run on the one left. The head's GCS runs with the
 health-check settings the cluster configs give it (scripts/cluster/head_system_config.json, which
 scripts/cluster/start_ray.sh passes as --system-config), read from that file. A monitor (a driver of
 its own in `head`) prints every change of the live nodes and every Train worker that starts, with the
@@ -34,8 +34,9 @@ fault-free run's at that step). Its steps after that checkpoint are a fault-free
 - A host that dies (every process of a host running a Train worker killed at once, its PID namespace
   gone, as when a machine loses power): the same, detected sooner (its ports refuse connections), and
   both workers restart on the one worker host left (2 x 0.5 CPUs, one CPU left for Ray Data's reads).
-- The driver killed (SIGKILL) midway: the cluster ends the job's actors; the same command run again
-  resumes from the newest intact checkpoint on S3 into the same MLflow run.
+  Then, in the same run once it has written a newer checkpoint, the driver killed (SIGKILL): the
+  cluster ends the job's actors; the same command run again resumes from the newest intact checkpoint
+  on S3 into the same MLflow run. (Two faults in one run: each job start costs a minute here.)
 - STRICT_SPREAD, which the one worker host left cannot hold: fails after its bounded tries (engine:
   controller_failure_limit) with Ray Train's error instead of retrying forever.
 
@@ -226,17 +227,18 @@ class Cluster:
         return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
                                 **self.log(log))
 
-    def past_a_checkpoint(self, driver: subprocess.Popen, run: str, log: str) -> dict[int, dict]:
-        """Waits until two progress lines (every 4 steps) after the newest checkpoint on S3 are shown
-        (e.g. 13 and 17 after the one at 10); returns the checkpoints on S3 then."""
+    def past_a_checkpoint(self, driver: subprocess.Popen, run: str, log: str, newer_than: int = 0) -> dict[int, dict]:
+        """Waits until a checkpoint past step `newer_than` is on S3 and two progress lines (every 4 steps)
+        after the newest one are shown (e.g. 13 and 17 after the one at 10); returns the checkpoints on
+        S3 then."""
         client = s3()
         deadline = time.monotonic() + 240
         while True:
             assert driver.poll() is None, self.tail(log)
-            assert time.monotonic() < deadline, "no checkpoint on S3 after 240 s:\n" + self.tail(log)
+            assert time.monotonic() < deadline, f"no checkpoint past step {newer_than} on S3 after 240 s:\n" + self.tail(log)
             metas = checkpoint_metas(client, run)
             shown = printed_losses(self.text(log))
-            if metas and shown and max(shown) >= max(metas) + 7:
+            if metas and max(metas) > newer_than and shown and max(shown) >= max(metas) + 7:
                 return metas
             time.sleep(0.1)
 
@@ -347,27 +349,28 @@ def reference(cluster) -> Reference:
 
 @dataclass(frozen=True)
 class Resumed:
-    resumed_from: int
-    redone: list[int]  # steps trained before the fault and again after it (their loss logged once)
+    resumed_from: list[int]  # the step each restart resumed from, in order
+    redone: list[int]  # steps trained before a fault and again after it (their loss logged once)
 
 
-def check_resumed(c: Cluster, name: str, at_fault: dict[int, dict], ref: Reference) -> Resumed:
-    """The run finished once, resumed from the newest checkpoint on S3 at the fault (or a newer one),
-    every step and evaluation logged once with the fault-free run's values, from the same weights."""
+def check_resumed(c: Cluster, name: str, at_faults: list[dict[int, dict]], ref: Reference) -> Resumed:
+    """The run finished once, each restart resumed from the newest checkpoint on S3 at its fault (or a
+    newer one), every step and evaluation logged once with the fault-free run's values, from the same
+    weights. `at_faults`: the checkpoints on S3 at each fault, in order."""
     from xmodal import tracking
 
     run = c.the_run(name)
     assert run.status == "FINISHED"
-    resumed = tracking.metric_points(c.uri, run.run_id, "train/resumed_from_step")
-    assert len(resumed) == 1, resumed
-    resumed_from = int(resumed[0].value)
-    assert resumed_from >= max(at_fault), (resumed_from, sorted(at_fault))
-    # The checkpoint resumed from holds the fault-free run's state at that step: the same weights
-    # (sha256 sealed in its meta) at the same place in the data.
-    meta = checkpoint_metas(s3(), name)[resumed_from]
-    same = ref.checkpoints[resumed_from]
-    assert meta["files"]["model.pt"] == same["files"]["model.pt"], (meta["files"], same["files"])
-    assert (meta["epoch"], meta["pos"]) == (same["epoch"], same["pos"])
+    resumed = sorted(tracking.metric_points(c.uri, run.run_id, "train/resumed_from_step"), key=lambda p: p.timestamp)
+    assert len(resumed) == len(at_faults), resumed
+    metas = checkpoint_metas(s3(), name)
+    for point, at_fault in zip(resumed, at_faults, strict=True):
+        assert point.value >= max(at_fault), (point.value, sorted(at_fault))
+        # The checkpoint resumed from holds the fault-free run's state at that step: the same weights
+        # (sha256 sealed in its meta) at the same place in the data.
+        meta, same = metas[int(point.value)], ref.checkpoints[int(point.value)]
+        assert meta["files"]["model.pt"] == same["files"]["model.pt"], (meta["files"], same["files"])
+        assert (meta["epoch"], meta["pos"]) == (same["epoch"], same["pos"])
     points = tracking.metric_points(c.uri, run.run_id, "train/loss")
     steps = sorted(p.step for p in points)
     assert steps == list(range(1, STEPS + 1)), steps  # every step once: none lost, none twice
@@ -379,20 +382,25 @@ def check_resumed(c: Cluster, name: str, at_fault: dict[int, dict], ref: Referen
         assert logged.keys() == ref.histories[key].keys(), (key, sorted(logged), sorted(ref.histories[key]))
         worst = max(abs(logged[s] - ref.histories[key][s]) for s in logged)
         assert worst <= 1e-5, f"{key}: {name} differs from the fault-free run by {worst}"
-    # Logged before the restart's mark but past its checkpoint: trained twice, logged by the first attempt.
-    redone = sorted(p.step for p in points if p.step > resumed_from and p.timestamp <= resumed[0].timestamp)
-    return Resumed(resumed_from, redone)
+    # Logged before a restart's mark but past its checkpoint: trained twice, logged by the attempt before.
+    redone = sorted(p.step for point in resumed for p in points
+                    if p.step > point.value and p.timestamp <= point.timestamp)
+    return Resumed([int(p.value) for p in resumed], redone)
 
 
-def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], None], what: str) -> None:
+def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], None], what: str,
+                then_kill_the_driver: bool = False) -> None:
     """Run the job; once a checkpoint is on S3 and two progress lines after it are shown, apply `fault`
     to a worker host that runs one of its Train workers. The host's node must be declared dead, the
-    workers start again on the worker hosts left, and the run finishes equal to the fault-free one."""
+    workers start again on the worker hosts left, and the run finishes equal to the fault-free one.
+    `then_kill_the_driver`: once the run has resumed and written a newer checkpoint, its driver is
+    killed (SIGKILL) and the same command run again, which must resume from the newest checkpoint on
+    S3 into the same MLflow run (one job start for two faults: each costs a minute here)."""
     before = [a for a in c.alive() if a != HEAD]
     assert len(before) >= 2, f"{what} needs two worker hosts; alive: {before} (the cases run in the file's order)"
     began = time.monotonic()
     driver = c.start(name, name)
-    at_fault = c.past_a_checkpoint(driver, name, name)
+    at_faults = [c.past_a_checkpoint(driver, name, name)]
     placed = [nodes[0] for _, kind, nodes in c.monitor(began) if kind == "worker"]
     assert len(placed) == 2 and len(set(placed)) == 2, placed  # SPREAD: one per worker host
     victim = HOST_AT[max(placed)]
@@ -404,18 +412,33 @@ def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], No
         assert time.monotonic() < deadline, f"not resumed 300 s after {what}:\n" + c.tail(name)
         time.sleep(0.2)
     resumed_after = time.monotonic() - faulted
-    c.finish(driver, name)
+    log = name
+    if then_kill_the_driver:
+        at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[0])))
+        killed = time.monotonic()
+        os.kill(child_of(driver.pid), signal.SIGKILL)  # the driver itself (nsenter's child), at once
+        driver.wait(timeout=60)
+        log = f"{name}-again"
+        driver = c.start(name, log)
+    out = c.finish(driver, log)
     wall = time.monotonic() - began
     declared = [t for t, kind, nodes in c.monitor(faulted) if kind == "nodes" and WORKERS[victim] not in nodes]
     assert declared, f"{victim} still alive after {what}:\n{c.tail('monitor')}"
-    result = check_resumed(c, name, at_fault, ref)
-    # The restarted workers ran on the worker hosts left, as SPREAD as those allow.
+    result = check_resumed(c, name, at_faults, ref)
+    # The restarted workers ran on the worker hosts left, as SPREAD as those allow (after the driver's
+    # kill too).
     left = sorted(set(before) - {WORKERS[victim]})
-    again = sorted(nodes[0] for _, kind, nodes in c.monitor(faulted) if kind == "worker")
-    assert again == (left if len(left) >= 2 else left * 2), (placed, again, left)
-    print(f"{what} ({victim}): wall {wall:.1f} s; declared dead {declared[0] - faulted:.1f} s after the fault, "
-          f"resumed {resumed_after:.1f} s after it, from step {result.resumed_from}, on {again}; steps trained "
-          f"twice {result.redone}; metrics lost: none")
+    spread = left if len(left) >= 2 else left * 2
+    starts = [(t, nodes[0]) for t, kind, nodes in c.monitor(faulted) if kind == "worker"]
+    again = sorted(a for t, a in starts if not then_kill_the_driver or t < killed)
+    assert again == spread, (placed, again, left)
+    print(f"{what} ({victim}): declared dead {declared[0] - faulted:.1f} s after the fault, resumed "
+          f"{resumed_after:.1f} s after it, from step {result.resumed_from[0]}, on {again}")
+    if then_kill_the_driver:
+        assert f"[xmodal] resuming run '{name}'" in out, out[-4000:]
+        assert sorted(a for t, a in starts if t >= killed) == spread, (starts, killed, spread)
+        print(f"then the driver killed: the rerun resumed from step {result.resumed_from[1]}")
+    print(f"{name}: wall {wall:.1f} s in all; steps trained twice {result.redone}; metrics lost: none")
 
 
 def test_a_cut_network_link_is_a_lost_host_and_the_run_finishes_on_the_others(cluster, reference):
@@ -425,28 +448,11 @@ def test_a_cut_network_link_is_a_lost_host_and_the_run_finishes_on_the_others(cl
     lose_a_host(cluster, "xhost-cut", reference, cut, "a cut link")
 
 
-def test_a_run_loses_a_worker_host_and_finishes_on_the_other(cluster, reference):
+def test_a_dead_host_then_a_killed_driver_and_the_run_finishes_on_the_host_left(cluster, reference):
     def power_off(host: str) -> None:  # the host's PID 1 dies, and every process in it with it
         os.kill(cluster.hosts.hosts[host].holder, signal.SIGKILL)
 
-    lose_a_host(cluster, "xhost", reference, power_off, "a dead host")
-
-
-def test_the_driver_killed_and_run_again_resumes_from_the_newest_checkpoint(cluster, reference):
-    c = cluster
-    name = "xhost-driver"
-    began = time.monotonic()
-    first = c.start(name, name)
-    at_kill = c.past_a_checkpoint(first, name, name)
-    os.kill(child_of(first.pid), signal.SIGKILL)  # the driver itself (nsenter's child), at once
-    first.wait(timeout=60)
-    out = c.finish(c.start(name, f"{name}-again"), f"{name}-again")
-    wall = time.monotonic() - began
-    assert f"[xmodal] resuming run '{name}'" in out, out[-4000:]
-    result = check_resumed(c, name, at_kill, reference)
-    assert result.resumed_from > 0
-    print(f"driver killed: wall {wall:.1f} s for both drivers; resumed from step {result.resumed_from}; "
-          f"steps trained twice {result.redone}; metrics lost: none")
+    lose_a_host(cluster, "xhost", reference, power_off, "a dead host", then_kill_the_driver=True)
 
 
 def test_strict_placement_on_the_host_left_fails_within_its_tries(cluster):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -27,7 +26,6 @@ needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"host rehearsal una
 # Not the command line's prefix: a test never removes a rehearsal someone is running by hand.
 PREFIX = "xmt"
 PYTHON = sys.executable
-RAY = str(Path(sys.executable).parent / "ray")
 REPO = Path(__file__).resolve().parents[1]
 # TEST-NET-2 (RFC 5737): documentation only, never routed; the hosts have no route to it anyway.
 OUTSIDE = "198.51.100.1"
@@ -313,74 +311,4 @@ def test_the_command_line_makes_enters_and_removes_hosts():
         assert down.returncode == 0 and f"removed network namespace {PREFIX}-head" in down.stdout
     finally:
         rehearsal.teardown_leftovers(PREFIX)
-    nothing_left()
-
-
-# --- Ray across two hosts --------------------------------------------------------------------------------
-
-DRIVER = """
-import json, socket, time
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-ray.init(address="10.231.0.1:6379", log_to_driver=False)
-deadline = time.monotonic() + 45
-while True:
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    if len(nodes) == 2 or time.monotonic() > deadline:
-        break
-    time.sleep(0.2)
-worker = next((n for n in nodes if n["NodeManagerAddress"] == "10.231.0.2"), None)
-
-@ray.remote(num_cpus=1)
-def where():
-    return socket.gethostname(), ray.util.get_node_ip_address()
-
-ran = None
-if worker is not None:
-    ran = ray.get(where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(worker["NodeID"], soft=False))
-                  .remote(), timeout=60)
-print(json.dumps({"ips": sorted(n["NodeManagerAddress"] for n in nodes), "ran": ran,
-                  "driver": socket.gethostname()}))
-"""
-
-
-@pytest.mark.slow
-@needs_hosts
-def test_a_ray_cluster_across_two_hosts(tmp_path_factory):
-    """A Ray head in `head`, a worker node in `worker1` joining it over the bridge, a driver in `head`
-    whose task pinned to the worker node runs there. Token authentication is on, as on the real cluster:
-    every process gets the token in its environment (each host's ~/.ray is private, so a token file
-    would have to be copied into every host)."""
-    rehearsal.teardown_leftovers(PREFIX)
-    # Not tmp_path: that would make this slow test copy the MLflow template database it does not use.
-    tmp_path = tmp_path_factory.mktemp("rehearsal")
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
-           "PYTHONUNBUFFERED": "1"}
-    common = ["--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
-    made = Hosts(2, PREFIX)
-    logs = {}
-    began = time.monotonic()
-    try:
-        made.create()
-        # Not --block: `ray start` returns once the head answers, and its nodes stay in the host.
-        made.run("head", [RAY, "start", "--head", "--node-ip-address=10.231.0.1", "--port=6379",
-                   "--include-dashboard=false", *common], env=env, timeout=90)
-        head_up = time.monotonic()
-        logs["worker1"] = open(tmp_path / "worker1.log", "w")  # noqa: SIM115 - closed in finally
-        node = made.popen("worker1", [RAY, "start", "--block", "--address=10.231.0.1:6379",
-                                      "--node-ip-address=10.231.0.2", *common],
-                          env=env, stdout=logs["worker1"], stderr=subprocess.STDOUT)
-        out = made.run("head", [PYTHON, "-c", DRIVER], env=env, timeout=90)
-        seen = json.loads(out.stdout.strip().splitlines()[-1])
-        assert node.poll() is None, (tmp_path / "worker1.log").read_text()
-        assert seen["ips"] == ["10.231.0.1", "10.231.0.2"], seen
-        assert seen["ran"] == ["worker1", "10.231.0.2"], seen
-        assert seen["driver"] == "head"
-        print(f"head up in {head_up - began:.1f} s, worker joined and task ran in "
-              f"{time.monotonic() - head_up:.1f} s")
-    finally:
-        made.teardown()
-        for log in logs.values():
-            log.close()
     nothing_left()

@@ -30,11 +30,13 @@ start_local(num_cpus=1, include_dashboard=False, log_to_driver=False)
 def seen():
     from ray._private.services import canonicalize_bootstrap_address_or_die
 
-    return os.environ.get("RAY_ADDRESS"), canonicalize_bootstrap_address_or_die(None)
+    return (os.environ.get("RAY_ADDRESS"), canonicalize_bootstrap_address_or_die(None),
+            os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"))
 
 
 print(json.dumps({"own": ray.get_runtime_context().gcs_address, "seen": ray.get(seen.remote()),
-                  "driver": os.environ.get("RAY_ADDRESS")}))
+                  "driver": os.environ.get("RAY_ADDRESS"),
+                  "driver_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}))
 ray.shutdown()
 """
 
@@ -55,10 +57,11 @@ def test_a_local_rays_processes_resolve_their_own_cluster_over_a_stale_ray_start
                              capture_output=True, text=True, timeout=180, cwd=tmp)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         seen = json.loads(out.stdout.strip().splitlines()[-1])
-        env_address, resolved = seen["seen"]
+        env_address, resolved, watcher = seen["seen"]
         assert port(resolved) == port(seen["own"]) != stale, seen  # what the cleaner's state query connects to
         assert env_address and port(env_address) == port(seen["own"]), seen
-        assert seen["driver"] is None  # the driver's own environment is as it was
+        assert watcher == "0", seen  # Ray Train's preemption watcher off in the local Ray's processes
+        assert seen["driver"] is None and seen["driver_watcher"] is None  # the driver's environment is as it was
         deadline = time.time() + 30
         while (left := [p for p in os.listdir("/proc") if p.isdigit() and _in(p, str(tmp))]) and time.time() < deadline:
             time.sleep(0.5)
