@@ -162,7 +162,9 @@ def loss_steps(uri: str, run_id: str) -> list[int]:
 def test_logger_rides_out_a_server_outage(server, tmp_path):
     exp = tracking.ensure_experiment(server.uri, "e")
     run_id = tracking.create_run(server.uri, exp, "r", {}, {})
-    log = tracking.RunLogger(server.uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=60)
+    # The default wait (300 s): `mlflow server` took over a minute to start again in one CI run on a
+    # loaded 2-core machine, and a 60 s wait spooled the metrics instead (what the next test checks).
+    log = tracking.RunLogger(server.uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=tracking.WAIT_S)
     for step in range(1, 6):
         log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
     assert log.flush()  # what a checkpoint waits for: sent, nothing spooled
@@ -172,7 +174,7 @@ def test_logger_rides_out_a_server_outage(server, tmp_path):
     for step in range(6, 11):
         log.log({"train/loss": 1.0 / step, "train/lr": 0.1}, step)
     assert time.monotonic() - t0 < 0.1  # queued, not sent: training does not wait for the server
-    back = threading.Timer(3, server.start)  # back within the logger's 60 s
+    back = threading.Timer(3, server.start)  # back within the logger's wait
     back.start()
     assert log.flush()  # a checkpoint waits the outage out: everything sent, nothing spooled
     back.join()

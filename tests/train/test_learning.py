@@ -49,18 +49,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """(config, store, folder with the pretrained model.pt, minival metrics): the job's defaults, on one
-    torch thread (one of the two counts the spread above was measured at; the suite's other test
-    worker has the machine's other core)."""
+    """(config, store, folder with the pretrained model.pt, minival metrics): the job's defaults."""
     cfg = load_config(PretrainConfig)
     tmp = tmp_path_factory.mktemp("learn")
     store = build_synthetic_store(tmp / "store", cfg.data.synthetic)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        objective, metrics = pretrain_in_process(cfg, store)
-    finally:
-        torch.set_num_threads(threads)
+    objective, metrics = pretrain_in_process(cfg, store)
     torch.save(objective.state_dict(), tmp / "model.pt")
     return cfg, store, tmp, metrics
 
