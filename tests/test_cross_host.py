@@ -412,7 +412,7 @@ def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], No
         assert time.monotonic() < deadline, f"not resumed 300 s after {what}:\n" + c.tail(name)
         time.sleep(0.2)
     resumed_after = time.monotonic() - faulted
-    log = name
+    log, killed = name, math.inf  # when the driver was killed (monotonic), if it was
     if then_kill_the_driver:
         at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[0])))
         killed = time.monotonic()
@@ -430,7 +430,7 @@ def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], No
     left = sorted(set(before) - {WORKERS[victim]})
     spread = left if len(left) >= 2 else left * 2
     starts = [(t, nodes[0]) for t, kind, nodes in c.monitor(faulted) if kind == "worker"]
-    again = sorted(a for t, a in starts if not then_kill_the_driver or t < killed)
+    again = sorted(a for t, a in starts if t < killed)
     assert again == spread, (placed, again, left)
     print(f"{what} ({victim}): declared dead {declared[0] - faulted:.1f} s after the fault, resumed "
           f"{resumed_after:.1f} s after it, from step {result.resumed_from[0]}, on {again}")
