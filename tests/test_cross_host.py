@@ -9,7 +9,7 @@ or their driver midway, and a run that cannot be placed on what is left.
 One cluster for the module (the `cluster` fixture): each case costs its runs, not a new cluster, and
 each lost host stays lost (a raylet started again on a host the GCS declared dead crashed at start-up),
 so the cases run in the file's order: the cut link and the dead host each take one of the three worker
-hosts, the driver killed after the dead host and the strict placement run on the one left. The head's GCS runs with the
+hosts, the strict placement run gets the one left. The head's GCS runs with the
 health-check settings the cluster configs give it (scripts/cluster/head_system_config.json, which
 scripts/cluster/start_ray.sh passes as --system-config), read from that file. A monitor (a driver of
 its own in `head`) prints every change of the live nodes and every Train worker that starts, with the
@@ -20,28 +20,31 @@ Once the nodes have joined, every host name resolves to 127.0.0.1 (the hosts fil
 take its interface from the node IP (xmodal.train.gloo), not from its host name, or the workers on the
 two hosts each dial their own loopback.
 
-Every job is `jobs/pretrain.py` (tiny preset, 40 steps, a checkpoint every 10) with 2 Train workers of
+Every job is `jobs/pretrain.py` (tiny preset, 50 steps, a checkpoint every 10) with 2 Train workers of
 0.5 CPU placed SPREAD, checkpointing to `s3://` on the moto server and logging to an MLflow SQLite
 file. The runs are reproducible (same seed, data, config and worker count), so one fault-free run of
 the same job (`reference`) is what each faulty run must equal: its per-step losses and evaluations at
-every step, and the weights of the checkpoint each faulty run resumed from (the same digest as the
+every step, and the weights of each checkpoint the faulty run resumed from (the same digest as the
 fault-free run's at that step). Its steps after that checkpoint are a fault-free run from it.
 
+One run takes three faults in turn, each once the run has written a checkpoint newer than the last
+fault's (three job starts would cost a minute and a half each of the suite's two cores):
 - A cut network link (the link to the bridge of a host running a Train worker taken down: its processes
   live on, unreachable): the GCS declares the host's node dead after its failed health checks, Ray Train
-  starts the worker group again on the worker hosts left (SPREAD is a soft placement) from the newest
-  checkpoint on S3, and the run finishes there.
+  starts the worker group again on the two worker hosts left (SPREAD is a soft placement) from the
+  newest checkpoint on S3.
 - A host that dies (every process of a host running a Train worker killed at once, its PID namespace
   gone, as when a machine loses power): the same, detected sooner (its ports refuse connections), and
   both workers restart on the one worker host left (2 x 0.5 CPUs, one CPU left for Ray Data's reads).
-  Then, in the same run once it has written a newer checkpoint, the driver killed (SIGKILL): the
-  cluster ends the job's actors; the same command run again resumes from the newest intact checkpoint
-  on S3 into the same MLflow run. (Two faults in one run: each job start costs a minute here.)
+- The driver killed (SIGKILL): the cluster ends the job's actors; the same command run again resumes
+  from the newest intact checkpoint on S3 into the same MLflow run, and finishes there.
+
+And then:
 - STRICT_SPREAD, which the one worker host left cannot hold: fails after its bounded tries (engine:
   controller_failure_limit) with Ray Train's error instead of retrying forever.
 
-Each case prints its wall time, the steps trained twice, the metrics lost (none: asserted) and, for
-the lost hosts, the time from the fault to the node declared dead.
+The faulty run prints its wall time, the steps trained twice, the metrics lost (none: asserted) and,
+for each lost host, the time from the fault to the node declared dead.
 
 What is shared between hosts: each host has its own /tmp, /run, /dev/shm and /root, so the store, the
 MLflow database and the drivers' working folder live in a folder under /var/tmp, which the rehearsal
@@ -87,7 +90,7 @@ HOST_AT = {address: name for name, address in WORKERS.items()}
 S3_PORT = 5000
 ENDPOINT = f"http://{HEAD}:{S3_PORT}"
 BUCKET = "xmodal"
-STEPS = 40
+STEPS = 50  # three faults in one run, each past a newer checkpoint than the last
 EVAL_EVERY = 10
 START_TIMEOUT_S = 10.0  # Ray Train's wait for a worker group's placement (default 60 s)
 # The cluster configs' GCS health checks, from the file start_ray.sh passes to the head.
@@ -228,17 +231,22 @@ class Cluster:
                                 **self.log(log))
 
     def past_a_checkpoint(self, driver: subprocess.Popen, run: str, log: str, newer_than: int = 0) -> dict[int, dict]:
-        """Waits until a checkpoint past step `newer_than` is on S3 and two progress lines (every 4 steps)
-        after the newest one are shown (e.g. 13 and 17 after the one at 10); returns the checkpoints on
-        S3 then."""
+        """Waits until a checkpoint past step `newer_than` is on S3 and a progress line of the attempt running
+        now at least 3 steps past it is shown (progress lines come every 5 steps of 50: e.g. 16 after the one at 10); returns the
+        checkpoints on S3 then. The first such checkpoint sets the mark: the run does not wait for a
+        newer one, which at this speed may come before the line (and the run end before the fault)."""
         client = s3()
         deadline = time.monotonic() + 240
+        mark = None
         while True:
             assert driver.poll() is None, self.tail(log)
             assert time.monotonic() < deadline, f"no checkpoint past step {newer_than} on S3 after 240 s:\n" + self.tail(log)
             metas = checkpoint_metas(client, run)
-            shown = printed_losses(self.text(log))
-            if metas and max(metas) > newer_than and shown and max(shown) >= max(metas) + 7:
+            if mark is None and metas and max(metas) > newer_than:
+                mark = max(metas)
+            text = self.text(log)  # the lines of the attempt running now: after the last resume, if any
+            shown = printed_losses(text[max(text.rfind("[xmodal] resumed from checkpoint"), 0):])
+            if mark is not None and shown and max(shown) >= mark + 3:
                 return metas
             time.sleep(0.1)
 
@@ -388,71 +396,69 @@ def check_resumed(c: Cluster, name: str, at_faults: list[dict[int, dict]], ref: 
     return Resumed([int(p.value) for p in resumed], redone)
 
 
-def lose_a_host(c: Cluster, name: str, ref: Reference, fault: Callable[[str], None], what: str,
-                then_kill_the_driver: bool = False) -> None:
-    """Run the job; once a checkpoint is on S3 and two progress lines after it are shown, apply `fault`
-    to a worker host that runs one of its Train workers. The host's node must be declared dead, the
-    workers start again on the worker hosts left, and the run finishes equal to the fault-free one.
-    `then_kill_the_driver`: once the run has resumed and written a newer checkpoint, its driver is
-    killed (SIGKILL) and the same command run again, which must resume from the newest checkpoint on
-    S3 into the same MLflow run (one job start for two faults: each costs a minute here)."""
-    before = [a for a in c.alive() if a != HEAD]
-    assert len(before) >= 2, f"{what} needs two worker hosts; alive: {before} (the cases run in the file's order)"
+def spread(alive: list[str]) -> list[str]:
+    """Where SPREAD places the job's 2 workers on the worker hosts `alive` (sorted addresses)."""
+    return sorted(alive) if len(alive) >= 2 else alive * 2
+
+
+def lose_hosts(c: Cluster, name: str, ref: Reference, faults: list[tuple[str, Callable[[str], None]]]) -> None:
+    """Run the job; each time a checkpoint newer than the last fault's is on S3 and two progress lines
+    after it are shown, apply the next fault of `faults` ((what, fault) pairs) to a worker host that
+    runs one of its Train workers. Each host's node must be declared dead and the workers start again
+    on the worker hosts left, as SPREAD as those allow. Then, once the run has written a newer
+    checkpoint, its driver is killed (SIGKILL) and the same command run again, which must resume from
+    the newest checkpoint on S3 into the same MLflow run. The run finishes equal to the fault-free one.
+    (All faults in one run: each job start costs a minute and a half of the suite's two cores.)"""
+    alive = [a for a in c.alive() if a != HEAD]
+    assert len(alive) >= len(faults) + 1, f"{len(faults)} faults need {len(faults) + 1} worker hosts; alive: {alive}"
     began = time.monotonic()
     driver = c.start(name, name)
-    at_faults = [c.past_a_checkpoint(driver, name, name)]
-    placed = [nodes[0] for _, kind, nodes in c.monitor(began) if kind == "worker"]
-    assert len(placed) == 2 and len(set(placed)) == 2, placed  # SPREAD: one per worker host
-    victim = HOST_AT[max(placed)]
-    faulted = time.monotonic()
-    fault(victim)
-    c.lost.add(victim)
-    deadline = faulted + 300
-    while driver.poll() is None and "[xmodal] resumed from checkpoint" not in c.text(name):
-        assert time.monotonic() < deadline, f"not resumed 300 s after {what}:\n" + c.tail(name)
-        time.sleep(0.2)
-    resumed_after = time.monotonic() - faulted
-    log, killed = name, math.inf  # when the driver was killed (monotonic), if it was
-    if then_kill_the_driver:
-        at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[0])))
-        killed = time.monotonic()
-        os.kill(child_of(driver.pid), signal.SIGKILL)  # the driver itself (nsenter's child), at once
-        driver.wait(timeout=60)
-        log = f"{name}-again"
-        driver = c.start(name, log)
-    out = c.finish(driver, log)
+    at_faults: list[dict[int, dict]] = []
+    since = began
+    for what, fault in faults:
+        at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[-1]) if at_faults else 0))
+        on = sorted(nodes[0] for _, kind, nodes in c.monitor(since) if kind == "worker")
+        assert len(on) == 2 and len(set(on)) == 2 and set(on) <= set(alive), (what, on, alive)  # SPREAD
+        victim = HOST_AT[max(on)]
+        faulted = time.monotonic()
+        fault(victim)
+        c.lost.add(victim)
+        alive.remove(WORKERS[victim])
+        deadline = faulted + 300
+        while driver.poll() is None and c.text(name).count("[xmodal] resumed from checkpoint") < len(at_faults):
+            assert time.monotonic() < deadline, f"not resumed 300 s after {what}:\n" + c.tail(name)
+            time.sleep(0.2)
+        resumed_after = time.monotonic() - faulted
+        declared = [t for t, kind, nodes in c.monitor(faulted) if kind == "nodes" and WORKERS[victim] not in nodes]
+        assert declared, f"{victim} still alive after {what}:\n{c.tail('monitor')}"
+        again = sorted(nodes[0] for _, kind, nodes in c.monitor(faulted) if kind == "worker")
+        assert again == spread(alive), (what, on, again, alive)
+        print(f"{what} ({victim}): declared dead {declared[0] - faulted:.1f} s after the fault, resumed "
+              f"{resumed_after:.1f} s after it, on {again}")
+        since = faulted
+    at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[-1])))
+    killed = time.monotonic()
+    os.kill(child_of(driver.pid), signal.SIGKILL)  # the driver itself (nsenter's child), at once
+    driver.wait(timeout=60)
+    out = c.finish(c.start(name, f"{name}-again"), f"{name}-again")
     wall = time.monotonic() - began
-    declared = [t for t, kind, nodes in c.monitor(faulted) if kind == "nodes" and WORKERS[victim] not in nodes]
-    assert declared, f"{victim} still alive after {what}:\n{c.tail('monitor')}"
+    assert f"[xmodal] resuming run '{name}'" in out, out[-4000:]
     result = check_resumed(c, name, at_faults, ref)
-    # The restarted workers ran on the worker hosts left, as SPREAD as those allow (after the driver's
-    # kill too).
-    left = sorted(set(before) - {WORKERS[victim]})
-    spread = left if len(left) >= 2 else left * 2
-    starts = [(t, nodes[0]) for t, kind, nodes in c.monitor(faulted) if kind == "worker"]
-    again = sorted(a for t, a in starts if t < killed)
-    assert again == spread, (placed, again, left)
-    print(f"{what} ({victim}): declared dead {declared[0] - faulted:.1f} s after the fault, resumed "
-          f"{resumed_after:.1f} s after it, from step {result.resumed_from[0]}, on {again}")
-    if then_kill_the_driver:
-        assert f"[xmodal] resuming run '{name}'" in out, out[-4000:]
-        assert sorted(a for t, a in starts if t >= killed) == spread, (starts, killed, spread)
-        print(f"then the driver killed: the rerun resumed from step {result.resumed_from[1]}")
-    print(f"{name}: wall {wall:.1f} s in all; steps trained twice {result.redone}; metrics lost: none")
+    starts = sorted(nodes[0] for _, kind, nodes in c.monitor(killed) if kind == "worker")
+    assert starts == spread(alive), (starts, alive)
+    print(f"then the driver killed: the rerun resumed from step {result.resumed_from[-1]} on {starts}")
+    print(f"{name}: wall {wall:.1f} s in all; resumed from steps {result.resumed_from}; steps trained twice "
+          f"{result.redone}; metrics lost: none")
 
 
-def test_a_cut_network_link_is_a_lost_host_and_the_run_finishes_on_the_others(cluster, reference):
-    def cut(host: str) -> None:  # the machine's end of the host's link to the bridge
+def test_a_cut_link_then_a_dead_host_then_a_killed_driver_and_the_run_finishes_on_the_host_left(cluster, reference):
+    def cut(host: str) -> None:  # the machine's end of the host's link to the bridge: its processes live on
         subprocess.run(["ip", "link", "set", cluster.hosts.hosts[host].veth, "down"], check=True)
 
-    lose_a_host(cluster, "xhost-cut", reference, cut, "a cut link")
-
-
-def test_a_dead_host_then_a_killed_driver_and_the_run_finishes_on_the_host_left(cluster, reference):
     def power_off(host: str) -> None:  # the host's PID 1 dies, and every process in it with it
         os.kill(cluster.hosts.hosts[host].holder, signal.SIGKILL)
 
-    lose_a_host(cluster, "xhost", reference, power_off, "a dead host", then_kill_the_driver=True)
+    lose_hosts(cluster, "xhost", reference, [("a cut link", cut), ("a dead host", power_off)])
 
 
 def test_strict_placement_on_the_host_left_fails_within_its_tries(cluster):

@@ -41,20 +41,33 @@ def test_run_tags_name_the_f1_protocol(mult_store):
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 
-@pytest.mark.slow
-def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path, ray_local):
+# Two workers, an evaluation and checkpoint every 5 steps, a log step every step: the seeds' runs, and
+# the worker-fault case (which adds a fault at step 7).
+RUN = ["preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "train.log_every=1",
+       "scale.num_workers=2", "scale.max_failures=2", "mlflow.system_metrics=false", "f1_protocol=reference"]
+
+
+@pytest.fixture(scope="module")
+def seeded(mult_store, tmp_path_factory, ray_local):
+    """(tracking URI, the parent run's id, folder): `seeds=[1, 2]` through the engine, as the job runs them.
+    The seed-1 run is also the fault-free run the worker-fault case must equal (one run less)."""
     from xmodal.train.engine import run_job
     from xmodal.train.mult import MultJob
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tmp = tmp_path_factory.mktemp("seeded")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
     cfg = load_config(MultTrainConfig, overrides=[
-        f"data.store={mult_store.path}", f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}",
-        "preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "seeds=[1, 2]",
-        "scale.num_workers=2", "mlflow.run_name=seeded", "mlflow.system_metrics=false", "f1_protocol=reference"])
-    out = run_job(MultJob(), cfg)
-    parent = tracking.get_run(uri, out.run_id)
+        f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
+        *RUN, "seeds=[1, 2]", "mlflow.run_name=seeded"])
+    return uri, run_job(MultJob(), cfg).run_id, tmp
+
+
+@pytest.mark.slow
+def test_seeds_select_on_validation_and_report_mean_and_std(seeded):
+    uri, parent_id, _ = seeded
+    parent = tracking.get_run(uri, parent_id)
     assert parent.status == "FINISHED"
-    children = tracking.child_runs(uri, out.run_id)
+    children = tracking.child_runs(uri, parent_id)
     assert sorted(r.params["train.seed"] for r in children) == ["1", "2"]
     maes = []
     for child in children:
@@ -79,22 +92,18 @@ def test_seeds_select_on_validation_and_report_mean_and_std(mult_store, tmp_path
 
 
 @pytest.mark.slow
-def test_a_worker_fault_resumes_exactly(mult_store, tmp_path, ray_local):
-    """MulT on 2 workers: a worker dies at step 7 and the run resumes from its step-5 checkpoint; a
-    run with the same seed and no fault logs the same per-step losses, validation and test metrics."""
+def test_a_worker_fault_resumes_exactly(mult_store, seeded, ray_local):
+    """MulT on 2 workers: a worker dies at step 7 and the run resumes from its step-5 checkpoint; the
+    seed-1 run of `seeded` (same seed and config, no fault) logged the same per-step losses, validation
+    and test metrics."""
     from xmodal.train.mult import MultJob
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-    def run(name: str, *extra: str):
-        cfg = load_config(MultTrainConfig, overrides=[
-            f"data.store={mult_store.path}", f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}",
-            "preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "train.log_every=1",
-            "scale.num_workers=2", "scale.max_failures=2", f"mlflow.run_name={name}", "mlflow.system_metrics=false",
-            *extra])
-        return MultJob().run(cfg).run_id
-
-    faulty, clean = run("faulty", "train.fail_at_step=7"), run("clean")
+    uri, parent_id, tmp = seeded
+    cfg = load_config(MultTrainConfig, overrides=[
+        f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
+        *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=7"])
+    faulty = MultJob().run(cfg).run_id
+    (clean,) = [r.run_id for r in tracking.child_runs(uri, parent_id) if r.params["train.seed"] == "1"]
     assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [5]
     for key in ("train/loss", "valid/mae", "valid/acc2", "test/mae", "test/acc2", "best_valid/mae"):
         f, c = (dict(tracking.metric_history(uri, r, key)) for r in (faulty, clean))
