@@ -65,6 +65,7 @@ def test_quick_cpu_suite_writes_every_field(tmp_path):
             if section != "ddp":
                 assert r["gflop_per_sample"] > 0 and r["graph_breaks"] >= 0
             assert (r["compile_s"] is not None) == (r["mode"] == "compiled")
+        assert rows[0]["peak_gib"] > 0, section  # --quick: the memory figure of each section's first row only
     ours = [r for r in res["lxmert"] + res["mult"] if r["impl"] == "xmodal"]
     assert all(r["graph_breaks"] == 0 for r in ours)  # our objectives compile whole
 
