@@ -199,7 +199,9 @@ class MlflowServer:
         self.tmp, self.port = tmp, port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.backend = backend or f"sqlite:///{self.tmp / 'server.db'}"
-        self.env = {**os.environ, **(env or {})}
+        # Without MLflow's job runner, as scripts/cluster/start_mlflow.sh runs the head's server: its eight
+        # processes (a runner, seven huey consumers) took ~15 CPU-seconds a start, for jobs xmodal never runs.
+        self.env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 120) -> MlflowServer:

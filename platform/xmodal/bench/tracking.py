@@ -82,7 +82,9 @@ def _mlflow_server(store_uri: str, work: Path, workers: int) -> Iterator[str]:
         proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", store_uri, "--artifacts-destination",
                                  str(work / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
                                  "--workers", str(workers)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=work,
+                                # as scripts/cluster/start_mlflow.sh runs it: without MLflow's job runner
+                                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         _wait_up(uri, proc, log, f"mlflow server on {store_uri}")
