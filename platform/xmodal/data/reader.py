@@ -44,5 +44,6 @@ def read_units(units: Sequence[Unit], columns: Sequence[str] | None = None, *,
     ds = ray.data.from_items([asdict(u) for u in units], override_num_blocks=len(units))
     # Reads in flight capped at the tables kept ready: each read task is a Ray worker process of its own
     # (~3 CPU-seconds to start), and Ray Data otherwise starts one per free CPU.
-    ds = ds.map_batches(read, batch_size=1, batch_format="pyarrow", concurrency=max(1, prefetch_tables))
+    ds = ds.map_batches(read, batch_size=1, batch_format="pyarrow",
+                        compute=ray.data.TaskPoolStrategy(size=max(1, prefetch_tables)))
     return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=prefetch_tables)
