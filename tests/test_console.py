@@ -123,6 +123,14 @@ def test_ray_lines_become_events_messages_or_pass_through(active, capsys):
                   ["Worker group finished"]):
         active.ray_lines({"lines": batch, "pid": 7, "actor_name": "TrainController"}, forwarded.append)
     assert forwarded[-1]["lines"] == ["Worker group finished"] and len(forwarded) == 2
+    # Ray Train's resource request that timed out on a loaded machine, as its controller logs it
+    for batch in (["Failed to send resource request for train-e3. If this only happens transiently during network "
+                   "partition or CPU being overloaded, it's safe to ignore this error.",
+                   "Traceback (most recent call last):", '  File "autoscaling_coordinator_client.py", line 58'],
+                  ["ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready."],
+                  ["[xmodal] step 5/200"]):
+        active.ray_lines({"lines": batch, "pid": 8, "actor_name": "TrainController"}, forwarded.append)
+    assert len(forwarded) == 2  # the step line is the console's own: logged, not forwarded
     console.set_verbose(True)
     active.ray_lines({"lines": lines[2:3], "actor_name": "TrainController"}, forwarded.append)
     assert forwarded[-1]["lines"] == lines[2:3]  # --verbose: Ray's lines as Ray prints them

@@ -35,8 +35,11 @@ VERBOSE_ENV = "XMODAL_VERBOSE"  # set by the command line: trial processes and l
 # them) unless --verbose. Ray Train's internal PreemptionWatcher actor logs the first from C++ (no Python
 # logger to quiet) on every run; on a loaded machine Ray Train's internal placement-group cleaner (it
 # frees a dead controller's resources) times out talking to the GCS or to the controller and both log
-# a 20 to 30 line traceback, while the run goes on unharmed.
-RAY_NOISE = ("has constructor arguments in the object store and max_restarts > 0", "PlacementGroupCleaner")
+# a 20 to 30 line traceback, while the run goes on unharmed; and so does the controller's resource
+# request to Ray's autoscaling coordinator when the coordinator answers past Ray's 5 s wait (a local
+# Ray has no autoscaler to tell; a cluster's gets the request again within 20 s).
+RAY_NOISE = ("has constructor arguments in the object store and max_restarts > 0", "PlacementGroupCleaner",
+             "Failed to send resource request for", "Failed to cancel resource request for")
 RAY_QUIET_ACTORS = ("PlacementGroupCleaner",)  # every line of these actors
 _TRACEBACK_LINE = re.compile(r"^(\s|Traceback \(most recent call last\)|[\w.]+(Error|Exception)\b)")
 SETTLE_S = 15.0  # how long the driver waits for a run's last evaluation lines after Ray Train returns
