@@ -208,10 +208,11 @@ def test_two_signals_at_once_set_the_flag_then_stop_at_once(ray_local):
             try:
                 stop.run(fit)
             finally:
-                seen.update(flag=ray_local.get(stop.flag.get.remote()), requested=stop.requested,
+                seen.update(flag=stop.flag.get(), requested=stop.requested,
                             fit_running=not release.is_set())
     finally:
         release.set()
     assert seen == {"flag": True, "requested": True, "fit_running": True}
+    assert not stop.flag.get()  # its key left the cluster's store with the run
     for s in (signal.SIGINT, signal.SIGTERM):  # the previous handlers are back
         assert getattr(signal.getsignal(s), "__self__", None) is not stop

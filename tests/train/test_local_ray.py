@@ -34,9 +34,16 @@ def seen():
             os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"))
 
 
+import psutil
+
+session = ray._private.worker._global_node.get_session_dir_path()
+(monitor,) = [p for p in psutil.process_iter(["cmdline"])
+              if "log_monitor.py" in " ".join(p.info["cmdline"] or []) and session in " ".join(p.info["cmdline"])]
 print(json.dumps({"own": ray.get_runtime_context().gcs_address, "seen": ray.get(seen.remote()),
                   "driver": os.environ.get("RAY_ADDRESS"),
-                  "driver_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}))
+                  "driver_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"),
+                  "log_monitor": monitor.environ().get("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"),
+                  "driver_log_monitor": os.environ.get("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD")}))
 ray.shutdown()
 """
 
@@ -61,7 +68,9 @@ def test_a_local_rays_processes_resolve_their_own_cluster_over_a_stale_ray_start
         assert port(resolved) == port(seen["own"]) != stale, seen  # what the cleaner's state query connects to
         assert env_address and port(env_address) == port(seen["own"]), seen
         assert watcher == "0", seen  # Ray Train's preemption watcher off in the local Ray's processes
+        assert seen["log_monitor"] == "0", seen  # Ray's log monitor looks for new files at its slower pace
         assert seen["driver"] is None and seen["driver_watcher"] is None  # the driver's environment is as it was
+        assert seen["driver_log_monitor"] is None, seen
         deadline = time.time() + 30
         while (left := [p for p in os.listdir("/proc") if p.isdigit() and _in(p, str(tmp))]) and time.time() < deadline:
             time.sleep(0.5)

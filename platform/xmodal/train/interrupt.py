@@ -18,6 +18,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import uuid
 from typing import Any
 
 from xmodal.console import say
@@ -27,16 +28,30 @@ POLL_S = 0.1  # how often a worker asks the driver's flag
 
 
 class StopFlag:
-    """The Ray actor the driver sets and the workers read (one per run, owned by the driver)."""
+    """The run's stop request: a key in the Ray cluster's own key-value store (the GCS), set by the
+    driver and read by the workers. Picklable (it is only the key), so it travels to the workers with
+    their train function. A key, not an actor: an actor is one more Ray worker process per run (about
+    3 CPU-seconds on a 2-core machine, to answer a poll)."""
+
+    NAMESPACE = "xmodal-stop"
 
     def __init__(self):
-        self.requested = False
+        self.key = f"run-{uuid.uuid4().hex}"
 
     def request(self) -> None:
-        self.requested = True
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(self.key, b"1", namespace=self.NAMESPACE)
 
     def get(self) -> bool:
-        return self.requested
+        from ray.experimental import internal_kv
+
+        return internal_kv._internal_kv_exists(self.key, namespace=self.NAMESPACE)
+
+    def clear(self) -> None:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_del(self.key, namespace=self.NAMESPACE)
 
 
 class GracefulStop:
@@ -44,15 +59,13 @@ class GracefulStop:
     the second raises KeyboardInterrupt in the main thread (stop at once).
 
     The handlers only note the signal; the main thread acts on it between two short waits (`run`).
-    Acting in the handler itself (a remote call to the flag, a console line) let a second signal that
+    Acting in the handler itself (a call to the flag's store, a console line) let a second signal that
     came during the first one's remote call raise KeyboardInterrupt inside Ray's client code."""
 
     WAIT_S = 0.05  # how soon the main thread acts on a signal
 
     def __init__(self):
-        import ray
-
-        self.flag = ray.remote(num_cpus=0)(StopFlag).remote()
+        self.flag = StopFlag()
         self.requested = False
         self._noted: list[int] = []
         self._previous: dict[int, Any] = {}
@@ -65,9 +78,10 @@ class GracefulStop:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-        import ray
-
-        ray.kill(self.flag)
+        try:
+            self.flag.clear()
+        except Exception:  # noqa: BLE001 - the cluster is gone (stopped at once): so is its store
+            pass
 
     def _handle(self, signum, frame) -> None:
         self._noted.append(signum)
@@ -78,7 +92,7 @@ class GracefulStop:
             if self.requested:
                 raise KeyboardInterrupt
             self.requested = True
-            self.flag.request.remote()
+            self.flag.request()
             say(f"[xmodal] {signal.Signals(signum).name}: stopping at the next logged step with a checkpoint "
                 "(Ctrl-C again to stop at once)")
 
@@ -114,17 +128,13 @@ class StopWatch:
         self.thread.start()
 
     def _poll(self) -> None:
-        import ray
-
         while not self.event.is_set():
             try:
-                if ray.get(self.flag.get.remote(), timeout=30):
+                if self.flag.get():
                     self.event.set()
                     return
-            except ray.exceptions.GetTimeoutError:
-                continue
-            except ray.exceptions.RayError:  # the driver is gone (stopped at once): Ray ends this worker
-                return
+            except Exception:  # noqa: BLE001 - the GCS unreachable for a moment: ask again; if the driver
+                pass           # is gone (stopped at once), Ray ends this worker
             time.sleep(POLL_S)
 
     def __call__(self) -> bool:
