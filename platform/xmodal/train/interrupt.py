@@ -31,7 +31,8 @@ class StopFlag:
     """The run's stop request: a key in the Ray cluster's own key-value store (the GCS), set by the
     driver and read by the workers. Picklable (it is only the key), so it travels to the workers with
     their train function. A key, not an actor: an actor is one more Ray worker process per run (about
-    3 CPU-seconds on a 2-core machine, to answer a poll)."""
+    3 CPU-seconds on a 2-core machine, to answer a poll). `ray.experimental.internal_kv` is a private
+    API (checked against Ray 2.60; `tests/train/test_interrupt.py` runs it on a real Ray)."""
 
     NAMESPACE = "xmodal-stop"
 
