@@ -345,6 +345,11 @@ CASES = [
          ["RAY_ADDRESS", "'127.0.0.1:1'", "ray status --address 127.0.0.1:1"]),
     Case("sweep-cluster-does-not-answer", "sweep.py", ["space.yaml"],
          ["RAY_ADDRESS", "ray status --address 127.0.0.1:1"], files={"space.yaml": SPACE}),
+    # ---- exports: the selected model, recorded checksums, the output folder
+    # ---- output places and options that nothing uses (the whole config)
+    # ---- tracking: replay, report, the tracking benchmark
+    # ---- fine-tuning's start and a failed start
+    # ---- benchmarks
 ]
 
 
