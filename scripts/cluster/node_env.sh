@@ -19,9 +19,10 @@
 #                            login /var/lib/xmodal/postgres, as the postgres user cannot enter /root)
 #   --postgres-port=N        its port on the head's loopback (default 5433)
 #   --mlflow-port=N          the MLflow server's port on the head (default 5000)
-#   --head-ip=IP             the head's address. Default: RAY_HEAD_IP, which the launcher gives the
+#   --head-ip=IP             the head's IPv4 address. Default: RAY_HEAD_IP, which the launcher gives the
 #                            workers' commands; on the head, head_ip of a local provider's config, else
-#                            the head's first address (`hostname -I`)
+#                            the head's first address (`hostname -I`). Whichever is used is checked
+#                            first (scripts/check_cluster.py): a malformed one is an error, nothing written
 #   --venv=DIR               an existing environment with the project's dependencies (prepared machines,
 #                            no internet): used instead of building ~/xmodal/.venv, and the synced
 #                            tree's platform/ goes on PYTHONPATH so that its code is the one that runs
@@ -54,16 +55,19 @@ if [ -z "$storage" ] || [ -z "$artifacts" ]; then
     echo "node_env.sh: --storage-path and --mlflow-artifacts are required" >&2
     usage
 fi
+# The head's address is checked before anything is written: a malformed one (300.1.1.1, or head_ip:
+# 192.168.1.300 in the config) is one error, never a silent fallback to this machine's first address.
 # On the head, the launcher has synced its copy of the config (JSON) before the setup commands run.
-bootstrap_head_ip() {
-    python3 - "$HOME/ray_bootstrap_config.yaml" <<'PY' 2>/dev/null
-import json, socket, sys
-provider = json.load(open(sys.argv[1]))["provider"]
-if provider.get("type") == "local" and provider.get("head_ip"):
-    print(socket.gethostbyname(provider["head_ip"]))
-PY
-}
-head_ip=${head_ip:-${RAY_HEAD_IP:-$(bootstrap_head_ip || true)}}
+check=$(cd "$(dirname "$0")/.." && pwd)/check_cluster.py
+bootstrap=$HOME/ray_bootstrap_config.yaml
+if [ -n "$head_ip" ]; then
+    python3 "$check" --option="node_env.sh --head-ip" --address="$head_ip" >/dev/null || exit 2
+elif [ -n "${RAY_HEAD_IP:-}" ]; then
+    head_ip=$RAY_HEAD_IP
+    python3 "$check" --option="RAY_HEAD_IP (given by the launcher)" --address="$head_ip" >/dev/null || exit 2
+elif [ -f "$bootstrap" ]; then
+    head_ip=$(python3 "$check" --on-node --print-head-ip "$bootstrap") || exit 2
+fi
 head_ip=${head_ip:-$(hostname -I | awk '{print $1}')}
 # The head's own PostgreSQL unless another database is named. The driver is named in the URI: a plain
 # postgresql:// makes SQLAlchemy 2 look for psycopg 3, and the project installs psycopg2. No password
