@@ -7,9 +7,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -150,10 +152,71 @@ def test_tmp_run_shm_and_home_are_private_to_each_host(hosts):
         assert hosts.run("head", ["cat", marker]).stdout == "here\n"
         assert hosts.run("worker1", ["test", "-e", marker], check=False).returncode == 1, marker
         assert not Path(marker).exists(), marker
-    # /tmp starts empty (a fresh Ray session folder); /root reads the machine's through.
-    assert hosts.run("worker1", ["ls", "-A", "/tmp"]).stdout == ""
+    # /tmp starts empty (a fresh Ray session folder) but for the folders the hosts keep (this checkout
+    # and its environment, when they are under /tmp); /root reads the machine's through.
+    kept = sorted({p.relative_to("/tmp").parts[0] for p in hosts.keep})
+    assert hosts.run("worker1", ["ls", "-A", "/tmp"]).stdout.split() == kept
     assert hosts.run("worker1", ["stat", "-f", "-c", "%T", "/root"]).stdout.strip() == "overlayfs"
     assert hosts.run("worker1", ["test", "-x", PYTHON], check=False).returncode == 0
+
+
+def test_the_folders_kept_are_those_a_host_would_not_see(tmp_path):
+    """Runs anywhere: what is under the hosts' own /tmp is kept (once, the outermost); what is elsewhere
+    they see already; a folder under their own /run or /dev/shm cannot be given to them: refused."""
+    outer = Path("/tmp") / f"{PREFIX}-keep-{uuid.uuid4().hex}"
+    (outer / ".venv").mkdir(parents=True)
+    try:
+        assert rehearsal._kept([outer / ".venv", "/usr", outer]) == [outer]
+        assert rehearsal._kept(["/usr", "/var/tmp"]) == []
+    finally:
+        shutil.rmtree(outer)
+    with pytest.raises(RehearsalError, match=r"/run/xmodal-venv is under /run, which every host mounts empty"):
+        rehearsal._kept(["/run/xmodal-venv"])
+    with pytest.raises(RehearsalError, match=r"/tmp is under /tmp"):
+        rehearsal._kept(["/tmp"])
+    defaults = rehearsal.default_keep()
+    assert REPO in defaults and Path(sys.prefix) in defaults
+
+
+@needs_hosts
+def test_a_checkout_under_tmp_and_its_environment_work_in_every_host(tmp_path):
+    """A checkout under the machine's /tmp with its virtual environment in it (a clean clone's `.venv`): its
+    interpreter and code run in every host, reading and writing the machine's folder, while the rest
+    of the host's /tmp stays its own. By default: the rehearsal is made by that checkout's own Python."""
+    rehearsal.teardown_leftovers(PREFIX)
+    checkout = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-checkout-", dir="/tmp"))
+    try:
+        (checkout / "platform" / "xmodal").mkdir(parents=True)
+        for name in ("__init__.py", "rehearsal.py"):
+            shutil.copy(REPO / "platform" / "xmodal" / name, checkout / "platform" / "xmodal" / name)
+        subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(checkout / ".venv")], check=True, timeout=120)
+        made = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", textwrap.dedent(f"""
+            import json, sys
+            from xmodal.rehearsal import Hosts
+            hosts = Hosts(2, {PREFIX!r}).create()
+            try:
+                seen = {{name: hosts.run(name, [sys.executable, "-c", "import sys, xmodal.rehearsal as r; "
+                                                "open(r.__file__ + '.' + sys.argv[1], 'w'); print(sys.prefix)",
+                                                name], env={{"PYTHONPATH": sys.path[1]}}).stdout.strip()
+                        for name in hosts.names}}
+                tmp = hosts.run("worker1", ["ls", "-A", "/tmp"]).stdout.split()
+                print(json.dumps({{"keep": [str(p) for p in hosts.keep], "seen": seen, "tmp": tmp}}))
+            finally:
+                hosts.teardown()
+        """)], env={**os.environ, "PYTHONPATH": str(checkout / "platform")}, capture_output=True, text=True,
+            timeout=120)
+        assert made.returncode == 0, made.stderr
+        out = json.loads(made.stdout)
+        assert out["keep"] == [str(checkout)]
+        assert out["seen"] == {"head": str(checkout / ".venv"), "worker1": str(checkout / ".venv")}
+        assert out["tmp"] == [checkout.name]
+        # What the hosts wrote there is in the machine's folder.
+        assert sorted(p.name for p in (checkout / "platform" / "xmodal").glob("rehearsal.py.*")) == \
+            ["rehearsal.py.head", "rehearsal.py.worker1"]
+    finally:
+        shutil.rmtree(checkout, ignore_errors=True)
+        rehearsal.teardown_leftovers(PREFIX)
+    nothing_left()
 
 
 @needs_hosts

@@ -2,7 +2,8 @@
 
 Each host is a network namespace with an address of its own on a private bridge, plus PID, mount, UTS
 and IPC namespaces with a private /tmp, /run and /dev/shm (empty at first: Ray's session folders and
-`ray stop` stay per host), a /root whose writes stay in the host (it reads the machine's /root through,
+`ray stop` stay per host; but for the folders kept, `Hosts(keep=...)`, by default this checkout and the
+running Python's environment when they are under /tmp, bound in at the same path), a /root whose writes stay in the host (it reads the machine's /root through,
 where interpreters may be installed) and a hostname of its own. Its /etc/hosts maps every host name to
 that host's bridge address: Ray and gloo look their own host name up, and a name that resolves to
 127.0.0.1 makes the other hosts dial their own loopback.
@@ -62,9 +63,12 @@ _HOLDER_MARK = "XMODAL_REHEARSAL_HOLDER"  # in each holder's environment (value:
 _STARTUP_TIMEOUT_S = 15.0
 _KILL_TIMEOUT_S = 10.0
 
-# Run by each holder inside its fresh namespaces ($1: the hosts file, $2: the host name). The mounts are
-# private to the host (unshare makes the new mount namespace's propagation private), so nothing here
-# shows on the machine. /tmp, /run and /dev/shm start empty. /root is an overlay: the machine's /root
+# Run by each holder inside its fresh namespaces ($1: the hosts file, $2: the host name, $3: a folder for
+# the kept paths' mounts in between, then the kept paths). The mounts are private to the host (unshare
+# makes the new mount namespace's propagation private), so nothing here shows on the machine. /tmp, /run
+# and /dev/shm start empty, but for the kept paths under /tmp (a checkout there and its virtual
+# environment): each is bound aside before the host's /tmp covers the machine's, then moved to its own
+# path in it, so that it reads and writes the machine's folder. /root is an overlay: the machine's /root
 # read through (interpreters often live there, e.g. pyenv's), with the host's writes (~/.ray, caches)
 # kept in the host's /run. IPv6 goes off before any link comes up, so no host sends router solicitations
 # or multicast reports anywhere. Then the shell stays as PID 1: each `wait` reaps every child that exits
@@ -74,13 +78,27 @@ for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/defaul
     if [ -e "$f" ]; then echo 1 > "$f"; fi
 done
 mount --bind "$1" /etc/hosts
+name=$2 aside=$3
+shift 3
+i=0
+for kept in "$@"; do
+    mkdir -p "$aside/$i"
+    mount --rbind "$kept" "$aside/$i"
+    i=$((i + 1))
+done
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+i=0
+for kept in "$@"; do
+    mkdir -p "$kept"
+    mount --move "$aside/$i" "$kept"
+    i=$((i + 1))
+done
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mkdir -p /run/.rehearsal-root/upper /run/.rehearsal-root/work
 chmod "$(stat -c %a /root)" /run/.rehearsal-root/upper
 mount -t overlay overlay -o lowerdir=/root,upperdir=/run/.rehearsal-root/upper,workdir=/run/.rehearsal-root/work /root
-echo "$2" > /proc/sys/kernel/hostname
+echo "$name" > /proc/sys/kernel/hostname
 echo ready
 set +e
 while :; do sleep 3600 & wait; done
@@ -105,6 +123,41 @@ def host_names(n: int) -> list[str]:
     if not 1 <= n <= MAX_HOSTS:
         raise RehearsalError(f"hosts: {n}; expected 1 to {MAX_HOSTS}")
     return ["head"] + [f"worker{i}" for i in range(1, n)]
+
+
+# Mounted empty in every host. A path a host must see under /tmp is bound in (`Hosts.keep`); one under
+# /run or /dev/shm cannot be (/run holds the binds on their way in), and is refused at `create`.
+_PRIVATE_MOUNTS = ("/tmp", "/run", "/dev/shm")
+
+
+def default_keep() -> list[Path]:
+    """What a command run in a host needs of this process's files: the checkout this module is in, and
+    the Python environment running it (its prefix, base prefix and interpreter)."""
+    return [Path(__file__).resolve().parents[2], Path(sys.prefix), Path(sys.base_prefix),
+            Path(sys.executable).resolve().parent]
+
+
+def _kept(paths: Sequence[str | Path]) -> list[Path]:
+    """Of `paths`, those a host would not see (under its own /tmp, /run or /dev/shm), resolved, without
+    those inside another one. Paths elsewhere the host sees as the machine's already."""
+    found = []
+    for path in paths:
+        p = Path(path).resolve()
+        root = next((Path(r) for r in _PRIVATE_MOUNTS if p == Path(r) or Path(r) in p.parents), None)
+        if root is not None:
+            found.append((p, root))
+    kept: list[Path] = []
+    for p, root in sorted(found, key=lambda f: len(f[0].parts)):
+        if any(k == p or k in p.parents for k in kept):
+            continue
+        if root != Path("/tmp") or p == root:
+            raise RehearsalError(f"{p} is under {root}, which every host mounts empty of its own: a command run "
+                                 f"in a host would not find it; move it (a checkout, a virtual environment) "
+                                 f"elsewhere, or under /tmp, whose folders the hosts are given")
+        if not p.is_dir():
+            raise RehearsalError(f"{p}: not a folder; expected a folder to show in every host")
+        kept.append(p)
+    return kept
 
 
 def _check_prefix(prefix: str) -> str:
@@ -323,10 +376,15 @@ class Hosts:
     (or leaving it). `run` and `popen` start commands inside a host. `sshd`: every host runs an SSH
     server on its bridge address, root logging in with the rehearsal's key (`ssh_argv`)."""
 
-    def __init__(self, n: int, prefix: str = DEFAULT_PREFIX, sshd: bool = False):
+    def __init__(self, n: int, prefix: str = DEFAULT_PREFIX, sshd: bool = False,
+                 keep: Sequence[str | Path] | None = None):
         self.prefix = _check_prefix(prefix)
         self.names = host_names(n)
         self.sshd = sshd
+        # Folders every host sees as the machine's although they are under /tmp (default: this
+        # checkout and its Python environment, wherever they are).
+        self._keep_asked = default_keep() if keep is None else list(keep)
+        self.keep: list[Path] = []
         self.hosts: dict[str, Host] = {}
         self._holders: list[subprocess.Popen] = []
         self._started: list[subprocess.Popen] = []
@@ -384,6 +442,7 @@ class Hosts:
         """Make the bridge and every host (and their SSH servers). On any failure, removes whatever it
         made, then raises."""
         check_can_run(self.sshd)
+        self.keep = _kept(self._keep_asked)
         there = leftovers(self.prefix)
         if there:
             raise RehearsalError(f"a rehearsal with prefix {self.prefix!r} is already there ({', '.join(there)}); "
@@ -449,7 +508,8 @@ class Hosts:
             # Its own session: a Ctrl-C in the terminal that ran `up` does not reach the hosts.
             proc = subprocess.Popen(
                 ["ip", "netns", "exec", netns, "unshare", "--pid", "--mount", "--uts", "--ipc", "--fork",
-                 "--mount-proc", "sh", "-c", _HOLDER_SCRIPT, "holder", str(hosts_file), name],
+                 "--mount-proc", "sh", "-c", _HOLDER_SCRIPT, "holder", str(hosts_file), name,
+                 str(_state_dir(self.prefix) / f"{name}.kept"), *map(str, self.keep)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
                 env={**os.environ, _HOLDER_MARK: self.prefix})
         self._holders.append(proc)
