@@ -76,7 +76,7 @@ import pytest
 
 from xmodal import rehearsal
 from xmodal.rehearsal import Hosts
-from xmodal_testing import PYTHON, REPO
+from xmodal_testing import NODE_START_TRIES, PYTHON, REPO, NodeStart, kill_tree, start_nodes
 
 REASON = rehearsal.unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")]
@@ -179,8 +179,10 @@ class Cluster:
     logs: dict = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)  # worker hosts cut off or killed
 
-    def log(self, name: str) -> dict:
-        self.logs[name] = open(self.shared / f"{name}.log", "w")  # noqa: SIM115 - closed at teardown
+    def log(self, name: str, mode: str = "w") -> dict:
+        if name in self.logs:
+            self.logs[name].close()
+        self.logs[name] = open(self.shared / f"{name}.log", mode)  # noqa: SIM115 - closed at teardown
         return {"stdout": self.logs[name], "stderr": subprocess.STDOUT}
 
     def text(self, name: str) -> str:
@@ -209,10 +211,20 @@ class Cluster:
                                                  + "\n".join(self.tail(w) for w in WORKERS))
             time.sleep(0.2)
 
-    def start_worker_node(self, host: str, address: str, log: str) -> None:
-        """`ray start --block` of a worker node in `host`: dies with its host."""
-        self.hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379", f"--node-ip-address={address}",
-                                "--num-cpus=2", *COMMON], env=self.env, **self.log(log))
+    def worker_node(self, host: str, address: str, log: str) -> NodeStart:
+        """`ray start --block` of a worker node in `host` (dies with its host), for `start_nodes`: a start
+        that failed is torn down by its process tree and the host's own `ray stop` (the host's PID
+        namespace: its Ray only), which also ends the daemons the host's PID 1 adopted."""
+        def launch() -> subprocess.Popen:
+            return self.hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379",
+                                           f"--node-ip-address={address}", "--num-cpus=2", *COMMON],
+                                    env=self.env, **self.log(log, "a"))
+
+        def teardown(proc: subprocess.Popen) -> None:
+            kill_tree(proc.pid)
+            self.hosts.run(host, [RAY, "stop", "--force"], env=self.env, check=False, timeout=120)
+
+        return NodeStart(f"the worker node in {host}", launch, self.shared / f"{log}.log", teardown)
 
     def job(self, name: str, *extra: str) -> list[str]:
         """The job's command line (the same for every case but its name and `extra`)."""
@@ -268,6 +280,27 @@ class Cluster:
         return runs[0]
 
 
+def start_head(hosts: Hosts, env: dict[str, str]) -> None:
+    """The head's `ray start` in `head` (it returns once the head runs). A start that fails or times out
+    (on a loaded machine, a node "timed out during startup", the GCS overloaded) is torn down with the
+    host's own `ray stop --force` (its PID namespace: this host's Ray only) and tried again."""
+    failed = []
+    for attempt in range(1, NODE_START_TRIES + 1):
+        try:
+            out = hosts.run("head", [RAY, "start", "--head", f"--node-ip-address={HEAD}", "--port=6379",
+                                     "--include-dashboard=false", "--num-cpus=0",
+                                     f"--system-config={json.dumps(HEALTH)}", *COMMON],
+                            env=env, timeout=120, check=False)
+            if out.returncode == 0:
+                return
+            failed.append(f"exited {out.returncode}: {(out.stdout + out.stderr)[-3000:]}")
+        except rehearsal.RehearsalError as e:  # still starting after the timeout
+            failed.append(str(e)[-3000:])
+        hosts.run("head", [RAY, "stop", "--force"], env=env, check=False, timeout=120)
+        print(f"the Ray head's start {attempt} of {NODE_START_TRIES} failed: torn down")
+    raise AssertionError(f"the Ray head did not start in {NODE_START_TRIES} tries; the last: {failed[-1]}")
+
+
 @pytest.fixture(scope="module")
 def cluster(mlflow_template, request) -> Iterator[Cluster]:
     pytest.importorskip("moto")
@@ -297,11 +330,8 @@ def cluster(mlflow_template, request) -> Iterator[Cluster]:
         hosts.create()
         c = Cluster(hosts, shared, env, uri, store)
         hosts.popen("head", [str(BIN / "moto_server"), "-H", HEAD, "-p", str(S3_PORT)], env=env, **c.log("s3"))
-        hosts.run("head", [RAY, "start", "--head", f"--node-ip-address={HEAD}", "--port=6379",
-                           "--include-dashboard=false", "--num-cpus=0", f"--system-config={json.dumps(HEALTH)}",
-                           *COMMON], env=env, timeout=120)
-        for name, address in WORKERS.items():
-            c.start_worker_node(name, address, name)
+        start_head(hosts, env)
+        start_nodes([c.worker_node(name, address, name) for name, address in WORKERS.items()])
         hosts.popen("head", [PYTHON, "-c", MONITOR], env=env, **c.log("monitor"))
         wait_port(HEAD, S3_PORT, 30)
         s3().create_bucket(Bucket=BUCKET)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +70,67 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=grace)
 
 
+# What `ray start` prints once its node has registered with the GCS (with --block, before it blocks).
+NODE_STARTED = "Ray runtime started."
+NODE_START_TRIES = 3
+
+
+@dataclass
+class NodeStart:
+    """One Ray node to start: `start()` launches its `ray start --block` (its output appended to `log`);
+    `teardown(proc)` removes a failed attempt (default: the process tree)."""
+
+    what: str
+    start: Callable[[], subprocess.Popen]
+    log: Path
+    teardown: Callable[[subprocess.Popen], None] | None = None
+
+
+def start_nodes(nodes: list[NodeStart], timeout: float = 120, tries: int = NODE_START_TRIES) -> list[subprocess.Popen]:
+    """Start the nodes at once and wait until each says it started; one that fails or times out is torn
+    down and started again, up to `tries` starts in all. On a loaded machine a node's start can time
+    out ("The current node timed out during startup ... the GCS has become overloaded") where the same
+    start a moment later passes. Returns the nodes' processes, in order; raises after the last try,
+    with each failed start's reason and the last one's output."""
+    procs: dict[int, subprocess.Popen] = {}
+    failures: dict[int, list[str]] = {i: [] for i in range(len(nodes))}
+    pending = list(range(len(nodes)))
+    last = ""
+    for attempt in range(1, tries + 1):
+        started = {}
+        for i in pending:
+            offset = nodes[i].log.stat().st_size if nodes[i].log.exists() else 0
+            started[i] = (nodes[i].start(), offset)
+        deadline = time.monotonic() + timeout
+        waiting = dict(started)
+        while waiting:
+            for i, (proc, offset) in list(waiting.items()):
+                with open(nodes[i].log, "rb") as f:
+                    f.seek(offset)
+                    said = f.read().decode(errors="replace")
+                if NODE_STARTED in said:
+                    procs[i] = proc
+                elif proc.poll() is not None or time.monotonic() > deadline:
+                    why = f"exited {proc.returncode}" if proc.poll() is not None else f"not started after {timeout:.0f} s"
+                    failures[i].append(why)
+                    last = f"{nodes[i].what}, start {attempt}: {why}:\n{said[-3000:]}"
+                    (nodes[i].teardown or (lambda p: kill_tree(p.pid)))(proc)
+                else:
+                    continue
+                del waiting[i]
+            time.sleep(0.1)
+        pending = [i for i in pending if i not in procs]
+        if not pending:
+            return [procs[i] for i in range(len(nodes))]
+        if attempt < tries:
+            print(f"node start {attempt} of {tries} failed for " + ", ".join(
+                f"{nodes[i].what} ({failures[i][-1]})" for i in pending) + ": torn down, starting again")
+    for proc in procs.values():  # nothing half-started is left to the caller
+        kill_tree(proc.pid)
+    raise RuntimeError(f"{', '.join(nodes[i].what for i in pending)}: {tries} starts failed "
+                       f"({'; '.join(w for i in pending for w in failures[i])}); the last: {last}")
+
+
 def ray_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     env.update({"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **extra})
@@ -94,15 +157,20 @@ class RayHead:
                f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
         if resources:
             cmd.append(f"--resources={resources}")
-        self._start(cmd, tmp / "head.log")
+        self._start(cmd, tmp / "head.log", "the Ray head")
         self.wait_ready()
 
-    def _start(self, cmd: list[str], log: Path) -> None:
-        out = open(log, "w")  # noqa: SIM115 - kept open for the node's lifetime
-        # RAY_ADDRESS for the node's processes: Ray Train's placement-group cleaner finds "its" cluster
-        # by it, else by the file the last `ray start` wrote (xmodal.train.cluster.start_local).
-        self.nodes.append(subprocess.Popen(cmd, env={**self.env, "RAY_ADDRESS": self.address}, stdout=out,
-                                           stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True))
+    def _start(self, cmd: list[str], log: Path, what: str) -> None:
+        """Starts the node and returns once it has joined; a start that fails or times out is torn down
+        and tried again (`start_nodes`)."""
+        def launch() -> subprocess.Popen:
+            with open(log, "a") as out:  # each try's output after the last's
+                # RAY_ADDRESS for the node's processes: Ray Train's placement-group cleaner finds "its" cluster
+                # by it, else by the file the last `ray start` wrote (xmodal.train.cluster.start_local).
+                return subprocess.Popen(cmd, env={**self.env, "RAY_ADDRESS": self.address}, stdout=out,
+                                        stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+        self.nodes += start_nodes([NodeStart(what, launch, log)])
 
     def add_worker_node(self, tmp: Path, num_cpus: int, resources: str | None = None,
                         temp_dir: str | None = None) -> None:
@@ -117,7 +185,7 @@ class RayHead:
             cmd.append(f"--resources={resources}")
         if temp_dir:
             cmd.append(f"--temp-dir={temp_dir}")
-        self._start(cmd, tmp / f"node{len(self.nodes)}.log")
+        self._start(cmd, tmp / f"node{len(self.nodes)}.log", f"Ray worker node {len(self.nodes)}")
 
     def client(self):
         from ray.job_submission import JobSubmissionClient
