@@ -8,8 +8,11 @@ else ./mlflow.db), a checkpoint folder (--checkpoint), or a run's logged MLflow 
 models:/ID or runs:/RUN_ID/final_model). Targets: `transformers` (a from_pretrained directory:
 LxmertForPreTraining, LxmertForQuestionAnswering; NLVR2: LxmertModel + its classifier file),
 `reference` (the LXMERT reference code's model_LXRT.pth / BEST.pth), `mult-reference` (MulT as the
-reference MULTModel's state dict + hyp_params.json). What a target cannot hold is refused before
-anything is written; DIR is written whole or not at all, and replaced only with --force.
+reference MULTModel's state dict + hyp_params.json). The weights are the run's model: those selected on
+validation for fine-tuning and MulT, the last for pretraining (the output says which); weight files that
+no longer match the sha256 their checkpoint recorded are refused. What a target cannot hold is refused
+before anything is written; DIR is checked first, written whole or not at all, and replaced only with
+--force.
 """
 
 import argparse
@@ -23,7 +26,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--to", required=True, choices=["transformers", "reference", "mult-reference"], help="target format")
     p.add_argument("--out", required=True, help="output folder (created; must not exist or be empty, unless --force)")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--run-id", help="MLflow run id: its final checkpoint (the `model` artifact)")
+    which.add_argument("--run-id", help="MLflow run id: its final checkpoint (the `model` artifact; the selected weights "
+                       "where the run selects on validation)")
     which.add_argument("--checkpoint", help="checkpoint folder (model.pt + meta.json), e.g. runs/NAME/checkpoint_...")
     which.add_argument("--logged-model", help="a run's logged model: models:/MODEL_ID or runs:/RUN_ID/final_model")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")

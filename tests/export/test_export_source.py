@@ -93,6 +93,72 @@ def test_a_finetuning_checkpoint_exports_the_weights_selected_on_validation(tmp_
     assert not torch.equal(got["answer_head.fc2.weight"], objective.model.answer_head.fc2.weight)
 
 
+def _selecting_checkpoint(tmp_path):
+    """A MulT checkpoint whose selected weights differ from its last ones."""
+    cfg = load_config(MultTrainConfig, overrides=["preset=reference", "model.l_dim=12", "model.a_dim=7",
+                                                  "model.v_dim=5", "model.layers=1"])
+    objective = MultObjective(Mult(cfg.model), "sentiment", "l1")
+    torch.manual_seed(3)
+    selected = MultObjective(Mult(cfg.model), "sentiment", "l1").state_dict()
+    return write_checkpoint(tmp_path / "ckpt", cfg, objective, best=selected)
+
+
+@pytest.mark.parametrize("name", [ckpt.MODEL_FILE, ValidationSelection.BEST_FILE])
+def test_a_weight_file_that_no_longer_matches_its_recorded_sha256_is_refused(tmp_path, name):
+    folder = _selecting_checkpoint(tmp_path)
+    blob = bytearray((folder / name).read_bytes())
+    blob[-100] ^= 0xFF  # one byte inside the stored tensors: same size, another sha256
+    (folder / name).write_bytes(bytes(blob))
+    with pytest.raises(UserError, match=rf"--checkpoint: {name} in {folder} does not match the sha256 meta.json "
+                                        "records .* refusing to export it"):
+        run_export("mult-reference", str(tmp_path / "out"), checkpoint=str(folder))
+    (folder / name).write_bytes(bytes(blob[:-10]))
+    with pytest.raises(UserError, match=rf"{name} in {folder} has \d+ bytes, but meta.json records \d+: truncated"):
+        run_export("mult-reference", str(tmp_path / "out"), checkpoint=str(folder))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_selecting_checkpoint_without_its_selected_weights_is_refused_not_exported_as_last(tmp_path):
+    folder = _selecting_checkpoint(tmp_path)
+    (folder / ValidationSelection.BEST_FILE).unlink()  # meta.json still records it
+    with pytest.raises(UserError, match=r"--checkpoint: .*ckpt lacks best_model.pt, the weights its run selected on "
+                                        r"validation, which meta.json records: .*--logged-model runs:/0123abcd/"):
+        run_export("mult-reference", str(tmp_path / "out"), checkpoint=str(folder))
+    # A run's `model` artifact of a selecting job (a finished run) must hold them, recorded or not.
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["files"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"--run-id: run feed's `model` artifact holds no best_model.pt, the weights "
+                                        r"the run selected on validation \(valid/mae\).*--logged-model "
+                                        r"runs:/feed/final_model"):
+        from_checkpoint(folder, key="--run-id", run_id="feed")
+    # A checkpoint written before the run's first validation: its last weights, said so.
+    result = run_export("mult-reference", str(tmp_path / "out"), checkpoint=str(folder))
+    provenance = json.loads((result.out / PROVENANCE_FILE).read_text())
+    assert provenance["weights"] == "last" and provenance["selected_on"] is None
+    assert any("no weights selected on validation" in n for n in provenance["notes"])
+
+
+def test_the_export_names_the_selected_weights_and_their_metric(tmp_path, capsys):
+    folder = _selecting_checkpoint(tmp_path)
+    result = run_export("mult-reference", str(tmp_path / "out"), checkpoint=str(folder))
+    assert f"(weights selected on valid/mae) to {result.out}" in capsys.readouterr().out
+    provenance = json.loads((result.out / PROVENANCE_FILE).read_text())
+    assert (provenance["weights"], provenance["selected_on"]) == ("selected", "valid/mae")
+
+
+def test_an_out_that_cannot_be_written_is_one_error_naming_it(tmp_path):
+    folder = _selecting_checkpoint(tmp_path)
+    (tmp_path / "file").write_text("x")
+    for out, message in ((tmp_path / "file" / "out", r"--out: '.*/file/out' cannot be made: '.*/file' is a file"),
+                         (tmp_path / "file", r"--out: '.*/file' is a file; expected a folder"),
+                         ("/proc/xmodal-export", r"--out: '/proc/xmodal-export' cannot be written: '/proc' refuses"),
+                         ("s3://bucket/export", r"--out: 's3://bucket/export' is a URI; expected a local folder")):
+        with pytest.raises(UserError, match=message):
+            run_export("mult-reference", str(out), checkpoint=str(folder))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "file"]
+
+
 def test_a_mult_checkpoint_exports_to_the_mult_reference(tmp_path):
     cfg = load_config(MultTrainConfig, overrides=["preset=reference", "model.l_dim=12", "model.a_dim=7",
                                                   "model.v_dim=5", "model.layers=1"])

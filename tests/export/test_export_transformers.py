@@ -174,7 +174,7 @@ def test_an_existing_output_is_kept_unless_forced(tmp_path):
     with pytest.raises(UserError, match="--out: .* the folder it goes in, does not exist"):
         export(src, "transformers", tmp_path / "missing" / "hf")
     (tmp_path / "file").write_text("")
-    with pytest.raises(UserError, match="--out: .*/file' is a file; expected a folder to create"):
+    with pytest.raises(UserError, match="--out: .*/file' is a file; expected a folder"):
         export(src, "transformers", tmp_path / "file")
     (tmp_path / "file").unlink()
     export(src, "transformers", out, force=True)

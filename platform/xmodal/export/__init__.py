@@ -14,10 +14,12 @@ Targets (`TARGETS`):
   `models/mult_reference.py`) with its `hyp_params` in `hyp_params.json`.
 
 What a target cannot hold is refused before anything is written (an `ExportError` naming the model
-option or variant and the target). The output is written into a temporary folder beside `--out` and
-renamed into place at the end (`data/common.py: publish_dir`); an existing non-empty `--out` is
-replaced only with `force`. Every output has `xmodal_export.json`: the source, the weights, the files
-and the notes (what was adapted, e.g. a zero token-type table).
+option or variant and the target). `--out` is checked first (`xmodal.outputs.check_writable_dir`: a
+place that cannot be written is one error, not a traceback half-way). The output is written into a
+temporary folder beside `--out` and renamed into place at the end (`data/common.py: publish_dir`); an
+existing non-empty `--out` is replaced only with `force`. Every output has `xmodal_export.json`: the
+source, which weights (selected on validation, and on which metric, or the last), the files and the
+notes (what was adapted, e.g. a zero token-type table).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from xmodal.console import say
 from xmodal.errors import UserError
 from xmodal.export.source import Source, from_checkpoint, from_logged_model, from_run
+from xmodal.outputs import check_writable_dir
 
 PROVENANCE_FILE = "xmodal_export.json"
 NLVR2_HEAD_FILE = "nlvr2_classifier.safetensors"
@@ -229,15 +232,20 @@ TARGETS: dict[str, Callable[[Source], Plan]] = {
 # ------------------------------------------------------------------------------- writing
 
 
-def check_output(out: Path, force: bool) -> None:
-    """`--out` must be free: absent, an empty folder, or (with `force`) a folder to replace."""
+def check_output(out: Path | str, force: bool) -> Path:
+    """`--out` must be a local folder, writable (`check_writable_dir`: not under a file, not in a place
+    that refuses new files) and free: absent, an empty folder, or (with `force`) a folder to replace.
+    Returns it made absolute."""
+    if "://" in str(out):
+        raise ExportError(f"--out: {str(out)!r} is a URI; expected a local folder (an export is written here, "
+                          "then copied where it is needed)")
+    out = check_writable_dir(out, "--out")
     if not out.parent.is_dir():
         raise ExportError(f"--out: {str(out.parent)!r}, the folder it goes in, does not exist")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out: {str(out)!r} is a file; expected a folder to create")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ExportError(f"--out: {str(out)!r} exists and is not empty; choose another folder, or pass --force to "
                           "replace it")
+    return out
 
 
 def export(source: Source, to: str, out: str | Path, force: bool = False) -> ExportResult:
@@ -246,15 +254,16 @@ def export(source: Source, to: str, out: str | Path, force: bool = False) -> Exp
 
     if to not in TARGETS:
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
-    out = Path(out).expanduser().absolute()
-    check_output(out, force)
+    out = check_output(out, force)
     plan = TARGETS[to](source)  # every refusal happens here, before a file is written
+    plan.notes = [*source.notes, *plan.notes]
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         files = plan.write(tmp)
         (tmp / PROVENANCE_FILE).write_text(json.dumps({
             "target": to, "what": plan.what, "kind": source.kind, "source": source.origin, "run_id": source.run_id,
-            "weights": source.weights, "files": files, "notes": plan.notes}, indent=2) + "\n")
+            "weights": source.weights, "selected_on": source.selected_on, "files": files, "notes": plan.notes},
+            indent=2) + "\n")
         publish_dir(tmp, out, lambda: check_output(out, force))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -274,7 +283,7 @@ def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str 
                           + (f" (got {', '.join(named)})" if named else ""))
     if to not in TARGETS:  # before a run is downloaded
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
-    check_output(Path(out).expanduser().absolute(), force)
+    check_output(out, force)
     with tempfile.TemporaryDirectory(prefix="xmodal-export-") as work:
         if checkpoint is not None:
             source = from_checkpoint(checkpoint)
@@ -284,8 +293,8 @@ def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str 
             source = (from_run(uri, run_id, Path(work)) if run_id is not None
                       else from_logged_model(uri, logged_model, Path(work)))
         result = export(source, to, out, force)
-    say(f"[xmodal] exported the {source.kind} model of {source.origin} ({source.weights} weights) to {result.out}: "
-        f"{result.what}")
+    say(f"[xmodal] exported the {source.kind} model of {source.origin} ({source.describe_weights()}) to "
+        f"{result.out}: {result.what}")
     say(f"[xmodal]   files: {', '.join(result.files)}")
     for note in result.notes:
         say(f"[xmodal]   note: {note}")

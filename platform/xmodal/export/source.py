@@ -6,12 +6,18 @@ of selecting jobs) or its last ones, what kind of model it is, and the tokenizer
 store it was trained on when that store has one. The run's checkpoint is found and checked as
 fine-tuning's `--init run|checkpoint` finds it (`train/finetune.py: run_model_folder`,
 `checkpoint_files`); the job and its config come from the checkpoint's meta (`train/specs.py: JOBS`).
+
+A checkpoint's weight files are checked against the size and sha256 its meta records (`checkpoint.seal`)
+before they are read, and a selecting job's checkpoint that lacks the selected weights its meta records
+(or a finished selecting run's `model` artifact without them) is refused: exporting its last weights
+instead would be a different model under the run's name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +28,14 @@ from xmodal import run_tags, tracking
 from xmodal.errors import UserError
 from xmodal.train import checkpoint as ckpt
 from xmodal.train.finetune import checkpoint_files, run_model_folder
+from xmodal.train.hooks import ValidationSelection
 from xmodal.train.record import final_weights
 
 # Our model kinds: the pretraining model, the three fine-tuning tasks, MulT.
 KINDS = ("pretrain", "vqa", "gqa", "nlvr2", "mult")
 VOCAB_FILE = "vocab.txt"  # data/tokenizer.py: every LXMERT store holds its vocabulary under this name
+BEST_FILE = ValidationSelection.BEST_FILE
+WEIGHT_FILES = (ckpt.MODEL_FILE, BEST_FILE)  # what an export may read of a checkpoint, checked before
 
 
 class SourceError(UserError):
@@ -38,10 +47,18 @@ class Source:
     kind: str  # one of KINDS
     model: nn.Module  # fp32, eval, CPU
     origin: str  # what was read, for messages and the provenance file
-    weights: str  # "selected" (on validation), "last", or "logged model"
+    weights: str  # "selected" (on validation), "last", "as given", or "logged model" (a logged model saying neither)
     run_id: str | None = None
     vocab: Path | None = None  # the store's vocab.txt, when it has one
     config: dict[str, Any] | None = None  # the run's resolved config
+    selected_on: str | None = None  # the validation metric the weights were selected on (weights "selected")
+    notes: list[str] = field(default_factory=list)  # what the export's reader should know of these weights
+
+    def describe_weights(self) -> str:
+        """The weights in words, for the output line."""
+        if self.weights == "selected":
+            return f"weights selected on {self.selected_on}" if self.selected_on else "weights selected on validation"
+        return f"{self.weights} weights"
 
 
 def from_model(model: nn.Module, kind: str, origin: str = "a model in memory", vocab: Path | None = None) -> Source:
@@ -51,34 +68,97 @@ def from_model(model: nn.Module, kind: str, origin: str = "a model in memory", v
     return Source(kind, model.float().eval(), origin, "as given", vocab=vocab)
 
 
-def from_checkpoint(path: str | Path, key: str = "--checkpoint") -> Source:
+def from_checkpoint(path: str | Path, key: str = "--checkpoint", run_id: str | None = None) -> Source:
     """A checkpoint folder (`train/checkpoint.py`: model.pt, meta.json; `best_model.pt` when the job
-    selects on validation) or the `model` artifact folder of a run."""
+    selects on validation) or, with `run_id`, the downloaded `model` artifact folder of that run (its
+    final checkpoint: a selecting job's must hold the selected weights)."""
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise SourceError(f"{key}: {str(p)!r} does not exist")
     folder = checkpoint_files(p, key)
+    meta_file = folder / ckpt.META_FILE
     try:
         meta = ckpt.read_meta(folder)
     except (OSError, ValueError) as e:
-        raise SourceError(f"{key}: {folder / ckpt.META_FILE} is not readable JSON: {e}") from None
+        raise SourceError(f"{key}: {meta_file} is not readable JSON: {e}") from None
     raw = meta.get("config") if isinstance(meta, dict) else None
     if not isinstance(raw, dict):
-        raise SourceError(f"{key}: {folder / ckpt.META_FILE} holds no config (not an xmodal checkpoint?)")
-    kind, cfg = job_config(raw, f"{key}: {folder / ckpt.META_FILE}")
+        raise SourceError(f"{key}: {meta_file} holds no config (not an xmodal checkpoint?)")
+    kind, cfg, selects = job_config(raw, f"{key}: {meta_file}")
+    # What the messages call the folder: a run's artifact is downloaded into a temporary folder.
+    where = f"run {run_id}'s `model` artifact" if run_id is not None else str(folder)
+    recorded = check_recorded(folder, meta, key, where)
+    notes = []
+    if not (folder / BEST_FILE).is_file():
+        if run_id is not None and selects:
+            raise SourceError(
+                f"{key}: {where} holds no {BEST_FILE}, the weights the run selected on validation "
+                f"({cfg.train.best_metric}); runs logged before the artifact held that file lack it: export its "
+                f"MLflow model (--logged-model runs:/{run_id}/final_model), which holds them, or its final "
+                "checkpoint folder (--checkpoint RUNS/NAME/checkpoint_...)")
+        if BEST_FILE in recorded:
+            logged = f"runs:/{meta['run_id']}/final_model" if meta.get("run_id") else "runs:/RUN_ID/final_model"
+            raise SourceError(
+                f"{key}: {where} lacks {BEST_FILE}, the weights its run selected on validation, which "
+                f"{meta_file.name} records: export the whole checkpoint folder, or the run's MLflow model "
+                f"(--logged-model {logged})")
+        if selects:
+            notes.append("this checkpoint holds no weights selected on validation (written before the run's first "
+                         "validation): these are its last weights, not the run's selected model")
     try:
         state, which = final_weights(folder)
     except Exception as e:  # torch's own errors for a foreign or truncated file
-        raise SourceError(f"{key}: the weights in {folder} cannot be read ({type(e).__name__}: {e})") from None
-    model = bare_model(kind, cfg, state, f"{key}: {folder}")
+        raise SourceError(f"{key}: the weights in {where} cannot be read ({type(e).__name__}: {e})") from None
+    model = bare_model(kind, cfg, state, f"{key}: {where}")
     return Source(kind, model, f"checkpoint {folder}", which, run_id=meta.get("run_id"),
-                  vocab=vocab_of(meta.get("store")), config=raw)
+                  vocab=vocab_of(meta.get("store")), config=raw,
+                  selected_on=cfg.train.best_metric if which == "selected" else None, notes=notes)
+
+
+def check_recorded(folder: Path, meta: dict[str, Any], key: str, where: str) -> set[str]:
+    """The weight files of a checkpoint folder against the size and sha256 its meta records
+    (`checkpoint.seal`); a mismatch is refused, naming the file. Returns the names the meta records (none
+    for a folder written before checksums, which is read as it is)."""
+    files = meta.get("files")
+    if files is None:
+        return set()
+    if not isinstance(files, dict):
+        raise SourceError(f"{key}: {where}: {ckpt.META_FILE}'s 'files' is {type(files).__name__}; expected the "
+                          "name -> {bytes, sha256} table a checkpoint records")
+    for name in WEIGHT_FILES:
+        f = folder / name
+        if name not in files or not f.is_file():
+            continue
+        try:
+            size, digest = int(files[name]["bytes"]), str(files[name]["sha256"])
+        except (KeyError, TypeError, ValueError):
+            raise SourceError(f"{key}: {where}: {ckpt.META_FILE} records {name} as {files[name]!r}; expected "
+                              "{bytes, sha256}") from None
+        actual = f.stat().st_size
+        if actual != size:
+            raise SourceError(f"{key}: {name} in {where} has {actual} bytes, but {ckpt.META_FILE} records {size}: "
+                              "truncated or changed since the run wrote it; refusing to export it")
+        found = _sha256(f)
+        if found != digest:
+            raise SourceError(f"{key}: {name} in {where} does not match the sha256 {ckpt.META_FILE} records "
+                              f"({found[:12]}..., recorded {digest[:12]}...): changed or corrupted since the run "
+                              "wrote it; refusing to export it")
+    return set(files)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def from_run(uri: str, run_id: str, download_dir: Path) -> Source:
-    """An MLflow run's final checkpoint (its `model` artifact), downloaded into `download_dir`."""
+    """An MLflow run's final checkpoint (its `model` artifact), downloaded into `download_dir`: the
+    weights its MLflow model holds (selected on validation where the job selects)."""
     folder = run_model_folder(uri, run_id, Path(download_dir), key="--run-id")
-    source = from_checkpoint(folder, key="--run-id")
+    source = from_checkpoint(folder, key="--run-id", run_id=run_id)
     source.origin, source.run_id = f"run {run_id} ({uri})", run_id
     return source
 
@@ -106,12 +186,28 @@ def from_logged_model(uri: str, model_uri: str, download_dir: Path) -> Source:
     if logged.run_id:
         tags = tracking.get_run(uri, logged.run_id).tags
         vocab = vocab_of(tags.get(run_tags.FINETUNE_SET) or tags.get(run_tags.STORE))
-    return Source(kind, m.float().eval(), f"logged model {model_uri} ({uri})", "logged model",
-                  run_id=logged.run_id, vocab=vocab, config=logged.config)
+    # The run said which weights it logged (`record.log_model`'s metadata: "selected on METRIC" or "last").
+    said = str(logged_metadata(logged.path).get("weights", ""))
+    which, selected_on = ("selected", said[len("selected on "):] or None) if said.startswith("selected on ") \
+        else ("last", None) if said == "last" else ("logged model", None)
+    return Source(kind, m.float().eval(), f"logged model {model_uri} ({uri})", which,
+                  run_id=logged.run_id, vocab=vocab, config=logged.config, selected_on=selected_on)
+
+
+def logged_metadata(folder: Path) -> dict[str, Any]:
+    """The `metadata` of a downloaded MLflow model's MLmodel file ({} when it has none)."""
+    import yaml
+
+    try:
+        meta = (yaml.safe_load((Path(folder) / "MLmodel").read_text()) or {}).get("metadata")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def job_config(raw: dict[str, Any], where: str):
-    """(kind, typed config) of a run's resolved config: the job whose config class accepts it."""
+    """(kind, typed config, whether the job selects its model on validation) of a run's resolved config:
+    the job whose config class accepts it."""
     from xmodal.train.specs import JOBS
 
     errors = []
@@ -121,7 +217,7 @@ def job_config(raw: dict[str, Any], where: str):
         except ValidationError as e:
             errors.append(f"{name}: {e.errors()[0]['loc']}")
             continue
-        return ({"pretrain": "pretrain", "mult": "mult"}.get(name) or cfg.task), cfg
+        return ({"pretrain": "pretrain", "mult": "mult"}.get(name) or cfg.task), cfg, JOBS[name].selects_on_validation
     raise SourceError(f"{where}: its config is no pretraining, fine-tuning or MulT config ({'; '.join(errors)})")
 
 

@@ -105,6 +105,14 @@ def final_weights(folder: Path) -> tuple[dict[str, torch.Tensor], str]:
     return torch.load(Path(folder) / ckpt.MODEL_FILE, map_location="cpu", weights_only=True), "last"
 
 
+def model_artifact_files(folder: Path) -> list[Path]:
+    """The final checkpoint's files the run's `model` artifact holds: the last weights, the meta (config
+    and every file's sha256) and, for a selecting job, the weights selected on validation, so that an
+    export from the run (`xmodal.export`) reads the model its MLflow model holds."""
+    d = Path(folder)
+    return [d / f for f in (ckpt.MODEL_FILE, ckpt.META_FILE, ValidationSelection.BEST_FILE) if (d / f).is_file()]
+
+
 def exported_model(objective: nn.Module) -> nn.Module:
     """What the run's MLflow model holds: the bare model under the objective (no losses or metrics),
     the one a user runs on new inputs."""
