@@ -252,3 +252,167 @@ def test_every_preset_is_valid_and_checkpoint_every_is_gone():
     for name in MULT:
         load_config(MultTrainConfig, overrides=[f"preset={name}"])
     assert "checkpoint_every" not in TrainConfig.model_fields
+
+
+# ---------------------------------------------------------------- non-finite numbers
+
+
+def _float_keys(cls) -> list[str]:
+    """The dotted key of every float option of a job's default config (not inside lists or tuples)."""
+    from xmodal.config_paths import config_values
+
+    return [".".join(loc) for loc, v in config_values(load_config(cls))
+            if isinstance(v, float) and all(isinstance(p, str) for p in loc)]
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune", "mult"])
+def test_every_float_option_rejects_inf_and_nan(job):
+    from xmodal.config import FinetuneConfig, MultTrainConfig
+
+    cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
+    keys = _float_keys(cls)
+    assert {"optim.lr", "train.fault_seed"} & set(keys) == {"optim.lr"} and len(keys) > 10, keys
+    for key in keys:
+        for bad in ("inf", "-inf", "nan", ".inf", "1e999"):
+            with pytest.raises(ConfigError) as e:
+                load_config(cls, overrides=[f"{key}={bad}"])
+            assert f"  {key} = " in str(e.value) and "a finite number" in str(e.value), (key, bad, str(e.value))
+
+
+@pytest.mark.parametrize("cls, override, expected", [
+    (PretrainConfig, "optim.lr=inf", "optim.lr = inf: expected a finite number > 0"),
+    (PretrainConfig, "optim.lr=nan", "optim.lr = 'nan': expected a finite number > 0"),
+    (PretrainConfig, "optim.betas=[.nan, 0.9]", "optim.betas.0 = nan: expected a finite number in [0, 1)"),
+    (PretrainConfig, "scale.resources_per_worker={accel: .inf}",
+     "scale.resources_per_worker.accel = inf: expected a finite number >= 0"),
+    ("chain", "pretrain.model.initializer_range=inf", "pretrain.model.initializer_range = inf: expected a finite "
+                                                      "number > 0"),
+])
+def test_non_finite_values_name_the_key_and_what_is_allowed(cls, override, expected):
+    from xmodal.config import PretrainFinetuneConfig
+
+    with pytest.raises(ConfigError) as e:
+        load_config(PretrainFinetuneConfig if cls == "chain" else cls, overrides=[override])
+    assert expected in str(e.value)
+
+
+# ---------------------------------------------------------------- options that nothing uses
+
+
+@pytest.mark.parametrize("job, overrides, expected", [
+    ("finetune", ["nlvr2_output=softmax"], "nlvr2_output = 'softmax': only used by the NLVR2 classifier (task=nlvr2), "
+                                           "but task='vqa'; drop it"),
+    ("finetune", ["task=nlvr2", "qa_loss=ce"], "qa_loss = 'ce': only used by the VQA and GQA answer loss"),
+    ("finetune", ["task=nlvr2", "qa_loss=bce"], "qa_loss = 'bce': only used"),  # given, even at its default
+    ("finetune", ["init.source=transformers", "init.path=hf", "init.answer_head_from_qa=false"],
+     "init.answer_head_from_qa = False: only used when a VQA or GQA answer head starts from pretrained weights"),
+    ("finetune", ["robust.conditions=[shuffle_boxes]", "robust.noise_sigma=2"],
+     "robust.noise_sigma = 2.0: only used by the feat_noise condition (in robust.conditions), but "
+     "robust.conditions=['shuffle_boxes']"),
+    ("finetune", ["data.store=set", "data.synthetic_questions_per_image=3"],
+     "data.synthetic_questions_per_image = 3: only used to build the embedded VQA or GQA set"),
+    ("finetune", ["task=nlvr2", "data.synthetic_questions_per_image=3"], "but task='nlvr2'"),
+    ("finetune", ["init.source=checkpoint", "init.path=ck", "preset=tiny"],
+     "preset = 'tiny': only used to build the model from scratch"),
+    ("finetune", ["init.source=run", "init.run_id=abc", "model.hidden_size=128"],
+     "model.hidden_size = 128: only used to build the model from scratch (init.source=scratch, or latest when no "
+     "pretraining run is found), but init.source=run takes the architecture from its weights; drop it, or fine-tune "
+     "from scratch (--init scratch)"),
+    ("mult", ["robust.conditions=[zero_text, zero_audio]", "robust.noise_sigma=1"], "robust.noise_sigma = 1.0"),
+    ("mult", ["robust.conditions=[zero_text]", "robust.seed=5"], "robust.seed = 5: only used by the noise_* conditions"),
+    ("mult", ["data.store=st", "data.synthetic.num_samples=50"], "data.synthetic.num_samples = 50: only used to build "
+                                                                 "the embedded synthetic store"),
+    ("pretrain", ["tasks.obj_feat=false", "tasks.feat_loss=l2"], "tasks.feat_loss = 'l2': only used by the "
+                                                                 "feature-regression task (tasks.obj_feat=true)"),
+    ("pretrain", ["tasks.obj_label=false", "tasks.label_objects=all"], "tasks.label_objects = 'all'"),
+    ("pretrain", ["tasks.obj_label=false", "tasks.label_confidence_weighted=true"], "tasks.label_confidence_weighted"),
+    ("pretrain", ["tasks.obj_feat=false", "tasks.obj_label=false", "tasks.visual_loss_scale=6.667"],
+     "tasks.visual_loss_scale = 6.667: only used by the visual tasks"),
+    ("pretrain", ["tasks.qa=false", "schedule.qa_from_fraction=0.5"], "schedule.qa_from_fraction = 0.5"),
+    ("pretrain", ["tasks.qa=false", "data.masking.qa_target=argmax"], "data.masking.qa_target = 'argmax'"),
+    ("pretrain", ["data.store=st", "data.synthetic={num_images: 100, seed: 3}"], "data.synthetic.seed = 3"),
+    ("pretrain", ["model.x_layers=0", "model.shared_cross_attention=false"], "model.shared_cross_attention = False"),
+    ("pretrain", ["train.fault_seed=7"], "train.fault_seed = 7: only used to draw train.random_faults's steps"),
+    ("chain", ["finetune.task=nlvr2", "finetune.qa_loss=ce"], "finetune.qa_loss = 'ce': only used by the VQA and "
+                                                              "GQA answer loss (task=vqa or gqa), but task='nlvr2' "
+                                                              "(in finetune)"),
+])
+def test_an_option_nothing_uses_is_an_error_naming_what_would(job, overrides, expected):
+    from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainFinetuneConfig
+
+    cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig,
+           "chain": PretrainFinetuneConfig}[job]
+    with pytest.raises(ConfigError) as e:
+        load_config(cls, overrides=overrides)
+    assert expected in str(e.value)
+
+
+def test_options_are_fine_where_something_uses_them_and_defaults_never_trip(tmp_path):
+    from xmodal.config import FinetuneConfig, MultTrainConfig
+
+    for cls in (PretrainConfig, FinetuneConfig, MultTrainConfig):
+        load_config(cls)
+    load_config(FinetuneConfig, overrides=["task=nlvr2"])  # qa_loss, nlvr2_output... keep their defaults unread
+    load_config(FinetuneConfig, overrides=["task=nlvr2", "nlvr2_output=softmax", "init.source=scratch"])
+    load_config(FinetuneConfig, overrides=["task=gqa", "qa_loss=ce", "init.answer_head_from_qa=false"])
+    load_config(FinetuneConfig, overrides=["preset=tiny"])  # latest: from scratch when no pretraining run is found
+    load_config(PretrainConfig, overrides=["tasks.obj_label=false", "tasks.feat_loss=smooth_l1",
+                                           "tasks.visual_loss_scale=6.667", "train.random_faults=1",
+                                           "train.fault_seed=3"])
+    load_config(MultTrainConfig, overrides=["robust.conditions=[noise_text]", "robust.noise_sigma=1", "robust.seed=2"])
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  synthetic: {num_images: 100}\n")  # the embedded store's options, no store named
+    assert load_config(PretrainConfig, f).data.synthetic.num_images == 100
+
+
+def test_every_use_names_a_key_of_its_config_and_all_problems_are_listed():
+    from xmodal.config import USES, check_used
+    from xmodal.config_paths import config_has
+
+    for cls, uses in USES.items():
+        for use in uses:
+            assert config_has(cls, use.key), (cls.__name__, use.key)
+    cfg = load_config(PretrainConfig, overrides=["tasks.qa=false", "tasks.obj_feat=false"])
+    with pytest.raises(ConfigError) as e:  # dotted keys, as a search space assigns them
+        check_used(cfg, ["schedule.qa_from_fraction", "tasks.feat_loss", "optim.lr"], "a space")
+    assert str(e.value).splitlines()[0] == "invalid config (a space):"
+    assert [x.split(" = ")[0] for x in str(e.value).splitlines()[1:]] == ["  tasks.feat_loss",
+                                                                         "  schedule.qa_from_fraction"]
+
+
+# ---------------------------------------------------------------- where a run writes: scale.storage_path
+
+
+@pytest.mark.parametrize("configured, expected", [
+    ("/proc/xmodal-runs", "scale.storage_path: '/proc/xmodal-runs' cannot be written"),
+    ("notes/runs", "scale.storage_path: 'notes/runs' cannot be made"),
+    ("s3:/runs", "scale.storage_path: 's3:/runs' looks like a URI with a slash missing"),
+    ("s3:///runs", "scale.storage_path: 's3:///runs' names no bucket"),
+    ("s3://my bucket/runs", "scale.storage_path: 's3://my bucket/runs' has bucket 'my bucket'"),
+])
+def test_storage_path_is_checked_before_any_work_and_nothing_is_made(tmp_path, monkeypatch, configured, expected):
+    from xmodal.errors import UserError
+    from xmodal.train.cluster import storage_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes").write_text("x")
+    with pytest.raises(UserError) as e:
+        storage_path(configured)
+    assert expected in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+
+
+def test_storage_path_from_the_environment_or_the_default_is_checked_too(tmp_path, monkeypatch):
+    from xmodal.errors import UserError
+    from xmodal.train.cluster import storage_path
+
+    monkeypatch.setenv("XMODAL_STORAGE_PATH", "gs:bucket/runs")
+    with pytest.raises(UserError, match=r"XMODAL_STORAGE_PATH \(scale.storage_path unset\): 'gs:bucket/runs' looks"):
+        storage_path(None)
+    assert storage_path("s3://bucket/runs") == "s3://bucket/runs"  # the config wins over the environment
+    monkeypatch.delenv("XMODAL_STORAGE_PATH")
+    monkeypatch.chdir("/proc")
+    with pytest.raises(UserError, match=r"scale.storage_path \(unset: ./runs\): 'runs' cannot be written"):
+        storage_path(None)
+    monkeypatch.chdir(tmp_path)
+    assert storage_path(None) == str(tmp_path.resolve() / "runs") and not (tmp_path / "runs").exists()

@@ -1,7 +1,8 @@
 """Typed experiment configs: YAML files plus dotted `--set key=value` overrides.
 
 Every section forbids unknown keys and every field has its bounds (here, or as `Annotated` metadata
-in the model and data dataclasses, see xmodal.bounds), so a bad value fails here, before Ray or
+in the model and data dataclasses, see xmodal.bounds), every float is finite, and an option the user
+gave that the config does not read is an error (`USES`), so a bad value fails here, before Ray or
 MLflow start. Errors name the file, the dotted key, the bad value and what was expected, one line
 each. Model sections start from a named preset and take overrides on top.
 """
@@ -9,7 +10,10 @@ each. Model sections start from a named preset and take overrides on top.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -17,7 +21,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xmodal.bounds import Dropout, NonNegInt, PosInt, Seed, describe_bounds
-from xmodal.config_paths import deep_merge, field_names, keys_beside, set_dotted, type_at
+from xmodal.config_paths import (
+    config_values,
+    deep_merge,
+    dotted_keys,
+    field_names,
+    keys_beside,
+    set_dotted,
+    type_at,
+)
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions, SyntheticMultOptions
 from xmodal.errors import UserError
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
@@ -82,7 +94,7 @@ class ScaleConfig(Section):
     cpus_per_worker: float = Field(0.5, gt=0)
     max_failures: int = Field(2, ge=0)
     storage_path: str | None = Field(None, min_length=1)  # default: ./runs (env XMODAL_STORAGE_PATH on a cluster)
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "SPREAD"
     # Extra custom resources per worker.
     resources_per_worker: dict[Annotated[str, Field(min_length=1)], Annotated[float, Field(ge=0)]] = \
         Field(default_factory=dict)
@@ -203,6 +215,20 @@ class _Job(Section):
         if cls.PRESETS is None:
             return data
         return _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
+
+    @model_validator(mode="after")
+    def _finite(self) -> _Job:
+        # pydantic's floats take inf and nan ('inf' and 'nan' as text too), and inf passes a lower bound
+        # (`optim.lr=inf`): no option of ours means anything at either.
+        for loc, value in config_values(self):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{'.'.join(map(str, loc))} = {value}: expected {finite_bounds(type(self), loc)}")
+        return self
+
+
+def finite_bounds(model: type, loc: tuple) -> str:
+    """'a finite number > 0', ...: what the float field at `loc` allows."""
+    return describe_bounds(type_at(model, loc)[1], "a finite number") or "a finite number"
 
 
 class PretrainConfig(_Job):
@@ -468,6 +494,122 @@ class PretrainFinetuneConfig(_Job):
         return self
 
 
+# ---------------------------------------------------------------- options that nothing uses
+
+
+@dataclass(frozen=True)
+class Use:
+    """An option (a field, or a whole section: every key under it) that the job reads only when `when`
+    holds on its config: given otherwise, it would change nothing, so it is an error naming `what`
+    reads it and the setting (`now`) that leaves it unread."""
+
+    key: str  # dotted, from the job's config
+    when: Callable[[Any], bool]
+    what: str  # "by ...", "to ...": what reads it
+    now: Callable[[Any], str]  # the setting that leaves it unread
+    hint: str = "drop it"
+
+
+def _has_noise(conditions: Iterable[str]) -> bool:
+    return any(c.startswith("noise_") for c in conditions)
+
+
+_EMBEDDED = Use("data.synthetic", lambda c: c.data.store is None, "to build the embedded synthetic store "
+                "(data.store unset)", lambda c: f"data.store={c.data.store!r} is read instead")
+_FAULT_SEED = Use("train.fault_seed", lambda c: c.train.random_faults > 0, "to draw train.random_faults's steps",
+                  lambda c: "train.random_faults=0")
+_CROSS = Use("model.shared_cross_attention", lambda c: c.model.x_layers > 0, "by the cross-modality layers "
+             "(model.x_layers > 0)", lambda c: "model.x_layers=0")
+_SCRATCH = "to build the model from scratch (init.source=scratch, or latest when no pretraining run is found)"
+_PRETRAINED_HEAD = ("latest", "run", "checkpoint")  # the init sources whose weights carry a QA head and its answers
+
+# Job config class -> its options read only under a condition. `unused_options` walks a config with it
+# (into the chain's stages too); only the keys a user gave count, so a default never trips it.
+USES: dict[type, tuple[Use, ...]] = {
+    PretrainConfig: (
+        Use("tasks.feat_loss", lambda c: c.tasks.obj_feat, "by the feature-regression task (tasks.obj_feat=true)",
+            lambda c: "tasks.obj_feat=false"),
+        Use("tasks.label_objects", lambda c: c.tasks.obj_label, "by the object-label task (tasks.obj_label=true)",
+            lambda c: "tasks.obj_label=false"),
+        Use("tasks.label_confidence_weighted", lambda c: c.tasks.obj_label,
+            "by the object-label task (tasks.obj_label=true)", lambda c: "tasks.obj_label=false"),
+        Use("tasks.visual_loss_scale", lambda c: c.tasks.obj_feat or c.tasks.obj_label,
+            "by the visual tasks (tasks.obj_feat or tasks.obj_label)", lambda c: "both are off"),
+        Use("schedule.qa_from_fraction", lambda c: c.tasks.qa, "by the QA task (tasks.qa=true)",
+            lambda c: "tasks.qa=false"),
+        Use("data.masking.qa_target", lambda c: c.tasks.qa, "by the QA task (tasks.qa=true)",
+            lambda c: "tasks.qa=false"),
+        _EMBEDDED, _CROSS, _FAULT_SEED),
+    FinetuneConfig: (
+        Use("nlvr2_output", lambda c: c.task == "nlvr2", "by the NLVR2 classifier (task=nlvr2)",
+            lambda c: f"task={c.task!r}"),
+        Use("qa_loss", lambda c: c.task != "nlvr2", "by the VQA and GQA answer loss (task=vqa or gqa)",
+            lambda c: f"task={c.task!r}"),
+        Use("init.answer_head_from_qa", lambda c: c.task != "nlvr2" and c.init.source in _PRETRAINED_HEAD,
+            "when a VQA or GQA answer head starts from pretrained weights with a QA head (task=vqa or gqa, "
+            "init.source=latest, run or checkpoint)", lambda c: f"task={c.task!r}, init.source={c.init.source!r}"),
+        Use("robust.noise_sigma", lambda c: "feat_noise" in c.robust.conditions,
+            "by the feat_noise condition (in robust.conditions)",
+            lambda c: f"robust.conditions={list(c.robust.conditions)}"),
+        Use("robust.seed", lambda c: bool(c.robust.conditions), "by the robustness conditions (robust.conditions)",
+            lambda c: "robust.conditions=[]"),
+        _EMBEDDED,
+        Use("data.synthetic_questions_per_image", lambda c: c.data.store is None and c.task != "nlvr2",
+            "to build the embedded VQA or GQA set (data.store unset, task=vqa or gqa)",
+            lambda c: f"data.store={c.data.store!r}" if c.data.store is not None else "task='nlvr2'"),
+        Use("preset", lambda c: c.init.source in ("scratch", "latest"), _SCRATCH,
+            lambda c: f"init.source={c.init.source} takes the architecture from its weights",
+            "drop it, or fine-tune from scratch (--init scratch)"),
+        Use("model", lambda c: c.init.source in ("scratch", "latest"), _SCRATCH,
+            lambda c: f"init.source={c.init.source} takes the architecture from its weights",
+            "drop it, or fine-tune from scratch (--init scratch)"),
+        _CROSS, _FAULT_SEED),
+    MultTrainConfig: (
+        Use("robust.noise_sigma", lambda c: _has_noise(c.robust.conditions),
+            "by the noise_* conditions (in robust.conditions)",
+            lambda c: f"robust.conditions={list(c.robust.conditions)}"),
+        Use("robust.seed", lambda c: _has_noise(c.robust.conditions), "by the noise_* conditions "
+            "(in robust.conditions; zero_* draws nothing)", lambda c: f"robust.conditions={list(c.robust.conditions)}"),
+        _EMBEDDED, _FAULT_SEED),
+}
+
+
+def unused_options(cfg: BaseModel, given: Iterable[str], prefix: str = "") -> list[str]:
+    """One line per option in `given` (dotted keys a user set) that `cfg`, a job's validated config, does
+    not read (`USES`); the stages of a chain are walked under their own prefix."""
+    keys = sorted(set(given))
+    stage = f" (in {prefix.rstrip('.')})" if prefix else ""  # what/now name keys within the stage
+    out = []
+    for use in USES.get(type(cfg), ()):
+        if use.when(cfg):
+            continue
+        full = prefix + use.key
+        for key in (k for k in keys if k == full or k.startswith(full + ".")):
+            shown = short_repr(_value_at(cfg, key[len(prefix):]))
+            out.append(f"{key}{f' = {shown}' if shown else ''}: only used {use.what}, but {use.now(cfg)}{stage}; "
+                       f"{use.hint}")
+    for name in type(cfg).model_fields:
+        sub = getattr(cfg, name)
+        if isinstance(sub, _Job):
+            out += unused_options(sub, keys, f"{prefix}{name}.")
+    return out
+
+
+def _value_at(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+    return node
+
+
+def check_used(cfg: BaseModel, given: dict | Iterable[str], source: str) -> None:
+    """Raise ConfigError listing every option a user gave (`given`: their raw config, or its dotted keys)
+    that this config does not read."""
+    problems = unused_options(cfg, dotted_keys(given) if isinstance(given, dict) else given)
+    if problems:
+        raise ConfigError(f"invalid config ({source}):\n" + "\n".join(f"  {x}" for x in problems))
+
+
 # ---------------------------------------------------------------- loading and overrides
 
 
@@ -484,8 +626,9 @@ def format_validation_error(err: ValidationError, model: type, source: str) -> s
 
 _BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 # A check's message that starts with a field name ("hidden_size = 130: ...", "MultConfig.dim = 31: ...",
-# "run_id: required ...") is reported under that field's dotted key.
-_FIELD_MESSAGE = re.compile(r"^(?:[A-Z]\w*\.)?([a-z_]\w*)(?= = |: )")
+# "run_id: required ...", a dotted key within the section: "optim.lr = inf: ...") is reported under that
+# field's dotted key.
+_FIELD_MESSAGE = re.compile(r"^(?:[A-Z]\w*\.)?([a-z_][\w.]*)(?= = |: )")
 
 
 def error_line(e: dict, model: type) -> str:
@@ -501,13 +644,14 @@ def error_line(e: dict, model: type) -> str:
     if kind in ("value_error", "assertion_error"):
         msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         m = _FIELD_MESSAGE.match(msg)
-        if loc and m and m.group(1) in field_names(type_at(model, loc)[0]):
+        if loc and m and m.group(1).split(".")[0] in field_names(type_at(model, loc)[0]):
             return f"{key}.{m.group(1)}{msg[m.end():]}"
         return f"{key}: {msg}" if loc else msg  # a check across sections names its keys itself
     msg = str(e["msg"]).removeprefix("Input should be ")
     if kind in _BOUND_ERRORS:
         typ, meta = type_at(model, loc)
-        msg = describe_bounds(meta, "an integer" if typ is int else "a number") or msg
+        what = "an integer" if typ is int else "a finite number" if _non_finite(e.get("input")) else "a number"
+        msg = describe_bounds(meta, what) or msg
     elif kind == "string_too_short":
         msg = "a non-empty string"
     elif kind == "too_short":
@@ -515,6 +659,14 @@ def error_line(e: dict, model: type) -> str:
         msg = f"at least {n} item{'s' if n != 1 else ''}"
     where = key or "<top level>"
     return f"{where} = {got}: expected {msg}" if got is not None else f"{where}: expected {msg}"
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether a value given for a float field is inf or nan (pydantic reads 'inf' and 'nan' as such)."""
+    try:
+        return not isinstance(value, bool) and not math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def short_repr(value: Any, limit: int = 60) -> str | None:
@@ -612,20 +764,26 @@ def load_config(model: type[Section], path: str | Path | None = None, overrides:
 
     Files and overrides are merged into the config's own defaults, so `--set train.epochs=2`
     keeps the job's other `train` defaults. The model section is the exception: it is
-    overrides on top of the chosen preset.
+    overrides on top of the chosen preset. An option given (in `base`, the file or an override)
+    that the resulting config does not read is an error (`check_used`).
     """
     data = _job_defaults(model, base or {})
+    given = base or {}  # what the user wrote, without the defaults: the options they set
     source = "defaults"
     if path is not None:
-        data = deep_merge(data, read_yaml(path))
+        raw = read_yaml(path)
+        data, given = deep_merge(data, raw), deep_merge(given, raw)
         source = str(path)
     if overrides:
         data = apply_overrides(data, overrides)
+        given = apply_overrides(given, overrides)
         source += " + --set " + " ".join(overrides)
     try:
-        return model.model_validate(data)
+        cfg = model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, model, source)) from None
+    check_used(cfg, given, source)
+    return cfg
 
 
 def flatten(cfg: BaseModel | dict, prefix: str = "") -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Dotted config keys: the one walker of the config type tree, and the dotted getter, setter and merge
-on raw config dicts (what YAML files, `--set` overrides and search spaces are before validation).
+"""Dotted config keys: the one walker of the config type tree, the dotted getter, setter, merge and key
+list of raw config dicts (what YAML files, `--set` overrides and search spaces are before validation),
+and the values of a validated config with their locations.
 
 The config loader (xmodal.config) and the search-space checks (xmodal.sweep.space) both name keys as
 `section.field.subfield`; both read the types and write the dicts through these functions, so a key
@@ -12,7 +13,7 @@ import copy
 import dataclasses
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, NamedTuple, Union
 
 from pydantic import BaseModel
@@ -149,3 +150,35 @@ def keys_beside(model: type, loc: Sequence[str | int]) -> list[str]:
     path = [p for p in loc[:-1] if not isinstance(p, int)]
     w = walk(model, path, sections_only=True)
     return field_names(w.typ) if w.depth == len(path) else []
+
+
+def dotted_keys(data: dict, prefix: str = "") -> set[str]:
+    """The dotted keys of a raw config dict's values, sections followed down: {'a': {'b': 1}, 'c.d': 2}
+    -> {'a.b', 'c.d'} (an empty section counts as given itself)."""
+    out: set[str] = set()
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out |= dotted_keys(v, key + ".")
+        else:
+            out.add(key)
+    return out
+
+
+def config_values(node: Any, loc: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    """(location, value) of every value in a validated config, down through sections (pydantic models,
+    dataclasses), lists, tuples and mappings; a location is what `walk` follows."""
+    if isinstance(node, BaseModel):
+        for name in type(node).model_fields:
+            yield from config_values(getattr(node, name), (*loc, name))
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from config_values(getattr(node, f.name), (*loc, f.name))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from config_values(item, (*loc, i))
+    elif isinstance(node, dict):
+        for k, item in node.items():
+            yield from config_values(item, (*loc, k))
+    else:
+        yield loc, node

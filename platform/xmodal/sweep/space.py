@@ -23,13 +23,14 @@ from xmodal.config import (
     ConfigError,
     StrictLoader,
     apply_overrides,
+    check_used,
     format_validation_error,
     load_yaml,
     read_user_file,
     short_repr,
     yaml_problem,
 )
-from xmodal.config_paths import config_has, deep_merge, unknown_key
+from xmodal.config_paths import config_has, deep_merge, dotted_keys, unknown_key
 from xmodal.config_paths import set_dotted as _set_dotted
 
 Scalar = bool | int | float | str
@@ -494,6 +495,7 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
     job = f"the {space.job} config ({config_cls.__name__})"
     try:
         base_cfg = validate_config(config_cls, base, f"{source}: base config")
+        check_used(base_cfg, base, f"{source}: base config")
     except ConfigError as e:
         raise SpaceError(str(e)) from None
     problems: list[str] = []
@@ -508,9 +510,12 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
         raise SpaceError(f"invalid search space ({source}):\n" + "\n".join(f"  {x}" for x in problems))
 
     def check(chosen: dict[str, Any], what: str, allowed: str | None) -> str | None:
-        raw = with_assignments(base, space.assignments(chosen), f"{source}: ")
+        assigned = space.assignments(chosen)
+        raw = with_assignments(base, assigned, f"{source}: ")
         try:
-            validate_config(config_cls, raw, "")
+            # A value this configuration does not read makes a trial that repeats another; options of
+            # the base that some configurations do not read are the base's business.
+            check_used(validate_config(config_cls, raw, ""), dotted_keys(assigned), "")
         except ConfigError as e:
             detail = str(e).split("\n", 1)[-1]
             return f"{what} is rejected by {job}:\n{detail}" + (f"\n    (the space allows {allowed})" if allowed
