@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,75 @@ def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
     (tmp_path / "notes.pth").write_text("not a checkpoint\n")
     with pytest.raises(ConfigError, match=message):
         FinetuneJob().check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.fixture(scope="module")
+def mult_run(tmp_path_factory):
+    """A MulT run as jobs/train_mult.py opens it (the engine's own check and open_run: its tags say MulT), with a
+    `model` artifact as its end logs one: a MulT checkpoint's model.pt and meta.json."""
+    from xmodal import run_tags
+    from xmodal.config import MultTrainConfig
+    from xmodal.data.mult.synthetic import SyntheticMultOptions
+    from xmodal.data.mult.synthetic import build_synthetic_store as build_mult
+    from xmodal.train import engine
+    from xmodal.train.mult import MultJob
+
+    root = tmp_path_factory.mktemp("mult_run")
+    store = build_mult(root / "mult", SyntheticMultOptions(num_samples=60)).path
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    cfg = load_config(MultTrainConfig, overrides=[f"data.store={store}", "preset=tiny", f"mlflow.tracking_uri={uri}",
+                                                  "mlflow.run_name=mult", f"scale.storage_path={root / 'runs'}"])
+    spec = MultJob()
+    checked = engine.check(spec, cfg)
+    plan = engine.open_run(spec, checked, "test", tags={run_tags.SOURCE_NAME: "jobs/train_mult.py"})
+    folder = root / "ckpt"
+    folder.mkdir()
+    torch.save(spec.build_objective(checked.prepared.cfg, checked.prepared.data).state_dict(), folder / "model.pt")
+    (folder / "meta.json").write_text(json.dumps({"step": 1, "config": plan.config, "store": plan.data}))
+    for f in ("model.pt", "meta.json"):
+        tracking.log_artifact(uri, plan.run_id, folder / f, "model")
+    tracking.set_terminated(uri, plan.run_id, "FINISHED")
+    return uri, plan.run_id
+
+
+def test_init_run_of_a_mult_run_is_refused_in_the_users_terms_before_any_download(mult_run, tmp_path):
+    """jobs/finetune.py --init run with a MulT run: one error line saying so (not LxmertConfig's own
+    TypeError), exit 2, and nothing downloaded or made under runs/."""
+    from xmodal_testing import PYTHON, REPO
+
+    uri, run_id = mult_run
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    env["PYTHONPATH"] = str(REPO / "platform")
+    out = subprocess.run([PYTHON, str(REPO / "jobs" / "finetune.py"), "--init", "run", "--init-run-id", run_id,
+                          "--set", f"mlflow.tracking_uri={uri}"], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+    assert line == (f"error: init.run_id: run '{run_id}' is a MulT run (job train_mult); --init run needs an LXMERT "
+                    "pretraining or fine-tuning run")
+    assert list(cwd.iterdir()) == []  # no runs/<name>/init/, no mlflow.db, no data/
+
+
+def test_an_untagged_mult_run_is_refused_after_its_download_which_is_removed(mult_run, tmp_path):
+    """A run whose tags do not say its model (a MulT run whose `model` tag is gone): its checkpoint is
+    downloaded and read, refused in the user's terms, and the download and the folders made for it removed."""
+    from mlflow import MlflowClient
+
+    from xmodal.train.finetune import FinetuneJob
+
+    uri, run_id = mult_run
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(Path(uri.removeprefix("sqlite:///")).read_bytes())  # a copy: the module's run keeps its tags
+    copy = f"sqlite:///{db}"
+    MlflowClient(copy).delete_tag(run_id, "model")
+    cfg = config(tmp_path, "init.source=run", f"init.run_id={run_id}")
+    with pytest.raises(ConfigError, match=rf"init.run_id: the `model` artifact of run '{run_id}' holds a MulT model's "
+                                          "checkpoint; fine-tuning needs an LXMERT pretraining or fine-tuning"):
+        FinetuneJob().check(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": copy})}))
     assert not (tmp_path / "runs").exists()
 
 

@@ -35,6 +35,7 @@ from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 from xmodal.train import checkpoint as ckpt
+from xmodal.train.cluster import removed_on_failure
 from xmodal.train.hooks import say
 from xmodal.train.job import Inputs, JobSpec, Prepared, open_configured
 from xmodal.train.loop import gather_rows
@@ -70,7 +71,7 @@ class FinetuneJob(JobSpec):
         if i.source in ("run", *INIT_PATH_SOURCES):
             _check_model_unset(cfg)
         if i.source == "run":
-            check_init_run(inputs.tracking_uri, i.run_id)
+            check_init_run(inputs.tracking_uri, i.run_id, lxmert=True)
         elif i.source in INIT_PATH_SOURCES:
             path_init = resolve_path_init(i.source, i.path)  # a reference snapshot is read once
         data = self.open_set(cfg, inputs)
@@ -183,15 +184,18 @@ def checkpoint_files(path: Path, key: str = "init.path") -> Path:
     return folder
 
 
-def run_model_folder(uri: str, run_id: str, download_dir: Path, key: str = "init.run_id") -> Path:
-    """The run's `model` artifact (its final checkpoint folder) checked (`check_init_run`) and
-    downloaded into `download_dir / run_id`."""
-    check_init_run(uri, run_id, key)
-    try:
-        folder = tracking.download_artifacts(uri, run_id, "model", download_dir / run_id)
-    except Exception as e:
-        raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
-    return checkpoint_files(folder, key)
+def run_model_folder(uri: str, run_id: str, download_dir: Path, key: str = "init.run_id", lxmert: bool = False
+                     ) -> Path:
+    """The run's `model` artifact (its final checkpoint folder) checked (`check_init_run`; `lxmert`: the
+    run must be of an LXMERT job) and downloaded into `download_dir / run_id`. A failed download or check
+    leaves nothing there, nor any folder made for it."""
+    check_init_run(uri, run_id, key, lxmert=lxmert)
+    with removed_on_failure(download_dir / run_id) as dest:
+        try:
+            folder = tracking.download_artifacts(uri, run_id, "model", dest)
+        except Exception as e:
+            raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
+        return checkpoint_files(folder, key)
 
 
 def _pretrain_answers(store_path: str | None) -> list[str] | None:
@@ -220,7 +224,9 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
         return Init("scratch"), None
     if source in INIT_PATH_SOURCES:
         return resolve_path_init(source, i.path)
-    init, model = _checkpoint_init(run_model_folder(uri, run_id, download_dir))
+    with removed_on_failure(download_dir / run_id):  # a download whose checkpoint is refused goes too
+        init, model = _checkpoint_init(run_model_folder(uri, run_id, download_dir, lxmert=True),
+                                       f"init.run_id: the `model` artifact of run {run_id!r}")
     return dataclasses.replace(init, source="run", run_id=run_id), model
 
 
@@ -257,11 +263,13 @@ def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
     return Init("reference", path=str(path)), weights.config
 
 
-def _checkpoint_init(folder: Path) -> tuple[Init, LxmertConfig]:
+def _checkpoint_init(folder: Path, what: str | None = None) -> tuple[Init, LxmertConfig]:
     """A checkpoint folder's architecture (meta.json) and its weights file read as a state dict (memory-mapped,
-    no code run), so that what a worker would refuse is refused here."""
+    no code run), so that what a worker would refuse is refused here. `what`: the folder as the
+    messages name it (a run's downloaded artifact), else `init.path: <its meta.json>`."""
     from xmodal.models.lxmert_init import PretrainedWeightsError, read_state_dict_file
 
+    where = what or f"init.path: {folder / ckpt.META_FILE}"
     try:
         meta = ckpt.read_meta(folder)
     except (OSError, ValueError) as e:  # ValueError: JSON's decode and UTF-8 errors
@@ -269,10 +277,17 @@ def _checkpoint_init(folder: Path) -> tuple[Init, LxmertConfig]:
     model = meta.get("config", {}).get("model") if isinstance(meta, dict) else None
     if not isinstance(model, dict) or not model:
         raise ConfigError(f"init: {folder / ckpt.META_FILE} holds no model config (not an xmodal checkpoint?)")
+    if MULT_MODEL_KEYS & set(model):  # a run or folder of jobs/train_mult.py, untagged or named by path
+        raise ConfigError(f"{where} holds a MulT model's checkpoint; fine-tuning needs an LXMERT pretraining or "
+                          "fine-tuning checkpoint")
+    foreign = sorted(set(model) - {f.name for f in dataclasses.fields(LxmertConfig)})
+    if foreign:
+        raise ConfigError(f"{where}: its model config has keys an LXMERT model does not take: "
+                          f"{', '.join(foreign[:8])} (not an LXMERT checkpoint, or one of another xmodal version)")
     try:
         config = LxmertConfig(**model)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"init: {folder / ckpt.META_FILE}: its model config is not valid: {e}") from None
+        raise ConfigError(f"{where}: its model config is not valid: {e}") from None
     try:
         read_state_dict_file(folder / ckpt.MODEL_FILE)
     except PretrainedWeightsError as e:
@@ -280,10 +295,11 @@ def _checkpoint_init(folder: Path) -> tuple[Init, LxmertConfig]:
     return Init("checkpoint", path=str(folder), pretrain_answers=_pretrain_answers(meta.get("store"))), config
 
 
-def check_init_run(uri: str, run_id: str, key: str = "init.run_id") -> None:
-    """The run of init.source=run exists in the tracking store and has a `model` artifact. Reads only:
-    a SQLite database or file store that does not exist is not created (it holds no runs). `key`: the
-    option that named the run, for the errors."""
+def check_init_run(uri: str, run_id: str, key: str = "init.run_id", lxmert: bool = False) -> None:
+    """The run of init.source=run exists in the tracking store and has a `model` artifact; with `lxmert`,
+    it is not the run of another model (`run_model`: its tags say). Reads only: a SQLite database or file
+    store that does not exist is not created (it holds no runs). `key`: the option that named the run,
+    for the errors."""
     local = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else \
         uri[len("file://"):] if uri.startswith("file://") else None
     if local is not None and not Path(local).exists():
@@ -293,9 +309,11 @@ def check_init_run(uri: str, run_id: str, key: str = "init.run_id") -> None:
         raise ConfigError(f"{key}: cannot look up run {run_id!r}: the tracking server {uri} does not answer "
                           "(mlflow.tracking_uri)")
     try:
-        tracking.get_run(uri, run_id)
+        run = tracking.get_run(uri, run_id)
     except tracking.RunNotFound:
         raise ConfigError(f"{key}: no MLflow run {run_id!r} at {uri}") from None
+    if lxmert:
+        _check_lxmert_run(run, key)
     try:
         listed = tracking.list_artifacts(uri, run_id, "model")
     except Exception as e:  # the artifact store's own errors (a missing folder, a refused bucket)
@@ -305,6 +323,30 @@ def check_init_run(uri: str, run_id: str, key: str = "init.run_id") -> None:
     if missing:
         raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact with {', '.join(missing)} (did it "
                           "finish? a pretraining run logs it at its end)")
+
+
+MODEL_NAMES = {"lxmert": "an LXMERT", "mult": "a MulT"}  # run_tags.MODEL's values, in words
+MULT_MODEL_KEYS = {"variant", "l_dim", "a_dim", "v_dim"}  # keys of MulT's model config that LXMERT's lacks
+
+
+def run_model(run: tracking.RunRecord) -> str | None:
+    """The model family a run trained, as its tags say (run_tags.MODEL: lxmert or mult; a multi-seed
+    parent has only the job's name in run_tags.TASK), or None when they do not say."""
+    return run.tags.get(run_tags.MODEL) or {"mult": "mult", "pretrain": "lxmert"}.get(run.tags.get(run_tags.TASK, ""))
+
+
+def _check_lxmert_run(run: tracking.RunRecord, key: str) -> None:
+    """The run given to fine-tuning's `--init run` is not known to be another model's (MulT's) run or a
+    sweep's parent run, which hold no LXMERT weights: said in the user's terms, before any download."""
+    model = run_model(run)
+    if model is not None and model != "lxmert":
+        source = run.tags.get(run_tags.SOURCE_NAME, "")
+        job = f" (job {Path(source).stem})" if source.startswith("jobs/") else ""
+        raise ConfigError(f"{key}: run {run.run_id!r} is {MODEL_NAMES.get(model, f'a {model!r}')} run{job}; "
+                          "--init run needs an LXMERT pretraining or fine-tuning run")
+    if run.tags.get(run_tags.KIND) == "sweep":
+        raise ConfigError(f"{key}: run {run.run_id!r} is a sweep's parent run, which holds no model; give the run "
+                          "id of one of its trials (the MLflow UI lists them under it)")
 
 
 def _check_model_unset(cfg: FinetuneConfig) -> None:
