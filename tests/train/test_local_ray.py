@@ -158,3 +158,39 @@ def _state(pid: str) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_local_ray_that_does_not_start_is_tried_once_more_then_one_error_and_the_run_failed(tmp_path):
+    """A local Ray that misses its start-up deadline (Ray's own: no time at all to reach its GCS, as on a
+    machine too loaded to start it in time) is started once more, then the job ends with one `error:`
+    line saying what to do, exit 2, no traceback, nothing of either try left running, and its MLflow
+    run FAILED (not RUNNING for ever)."""
+    from xmodal import tracking
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.data.options import SyntheticLxmertOptions
+
+    store = build_synthetic_store(tmp_path / "store", SyntheticLxmertOptions(
+        num_images=32, feat_dim=16, num_objects=8, num_object_labels=10, num_attr_labels=4, num_answers=20)).path
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        env = ray_env(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO / "platform"),
+                      RAY_py_gcs_connect_timeout_s="0", RAY_gcs_server_port_wait_time_s="0")
+        out = subprocess.run([PYTHON, str(REPO / "jobs" / "pretrain.py"), "--store", str(store), "--run-name", "nostart",
+                              "--experiment", "nostart", "--storage-path", str(tmp_path / "runs"),
+                              "--set", "preset=tiny", "--set", f"mlflow.tracking_uri={uri}",
+                              "--set", "mlflow.system_metrics=false"],
+                             env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        shown = f"--- rc {out.returncode}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-3000:]}"
+        assert out.returncode == 2, shown
+        assert "Traceback" not in out.stdout + out.stderr, shown
+        (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith("error: the local Ray did not start, in 2 tries (Failed to start GCS.)"), shown
+        assert "ray start --head" in line and "RAY_ADDRESS=auto" in line, line
+        assert (out.stdout + out.stderr).count("trying once more") == 1, shown
+        assert len(list((ray_tmp / "ray").glob("session_2*"))) == 2  # two starts, each its own Ray session
+        run = tracking.find_run(uri, tracking.get_experiment_id(uri, "nostart"), "nostart")
+        assert run is not None and run.status == "FAILED", run
+        assert not [p for p in os.listdir("/proc") if p.isdigit() and _in(p, str(ray_tmp))], "a Ray process outlived it"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from xmodal.console import PREFIX, say
 from xmodal.errors import UserError
+from xmodal.outputs import check_output_location
 
 
 def require_ray():
@@ -170,8 +175,43 @@ def start_local(**init_kwargs) -> None:
     while they start (a blocked-signal mask is inherited across fork and exec, by the raylet's workers
     too), so the driver alone acts on it. They still end with the driver: Ray ties them to it (PR_SET_PDEATHSIG,
     SIGKILL), and `ray.shutdown()` ends them. Its processes also get Ray Train's preemption watcher
-    off (`PREEMPTION_WATCHER_ENV`) and the log monitor's slower pace (`LOG_MONITOR_ENV`)."""
+    off (`PREEMPTION_WATCHER_ENV`) and the log monitor's slower pace (`LOG_MONITOR_ENV`).
+
+    A start that fails (on a loaded machine the node can miss Ray's start-up deadlines: "The current
+    node timed out during startup", "Failed to start GCS") is tried once more, after the processes the
+    failed try left are ended; a second failure is one `LocalRayStartError` saying what to do."""
     ray = require_ray()
+    for attempt in range(1, LOCAL_START_TRIES + 1):
+        before = _child_pids()
+        try:
+            _start_local_once(ray, init_kwargs)
+            return
+        except (TypeError, ValueError):  # options Ray refuses: the same on every try
+            raise
+        except Exception as e:
+            ray.shutdown()  # whatever state the failed ray.init kept in this process
+            _end_new_children(before)
+            reason = _first_sentence(e)
+            if attempt == LOCAL_START_TRIES:
+                logs = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray" / "session_latest" / "logs"
+                raise LocalRayStartError(
+                    f"the local Ray did not start, in {LOCAL_START_TRIES} tries ({reason}): the machine may be too "
+                    "loaded to start it within Ray's deadlines; run the job again when it is less busy, or start "
+                    "Ray yourself (`ray start --head`) and run the job with RAY_ADDRESS=auto (Ray's logs: "
+                    f"{logs})") from None
+            say(f"{PREFIX}the local Ray did not start ({reason}); trying once more")
+            time.sleep(LOCAL_RETRY_PAUSE_S)
+
+
+LOCAL_START_TRIES = 2  # tries of a local Ray's start (`start_local`)
+LOCAL_RETRY_PAUSE_S = 2.0  # between them: a loaded machine's moment to settle
+
+
+class LocalRayStartError(UserError):
+    """A local Ray failed to start on every try (`start_local`)."""
+
+
+def _start_local_once(ray, init_kwargs: dict) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -193,10 +233,63 @@ def start_local(**init_kwargs) -> None:
                 os.environ[k] = v
 
 
+def _child_pids() -> set[int]:
+    import psutil  # a dependency of Ray's
+
+    return {c.pid for c in psutil.Process().children(recursive=True)}
+
+
+def _end_new_children(before: set[int], wait_s: float = 5.0) -> None:
+    """End the processes a failed ray.init started (they are this process's children since `before`):
+    a half-started node (its GCS, a raylet) would hold the machine while the next try starts another.
+    SIGKILL: they were started with SIGTERM blocked (`start_local`), and hold nothing to save."""
+    import psutil
+
+    new = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    for c in new:
+        try:
+            c.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(new, timeout=wait_s)
+
+
+def _first_sentence(e: BaseException) -> str:
+    """Ray's reason in a few words: the first sentence of the error (its message may go on with a
+    traceback's text), else the exception's name."""
+    text = " ".join(str(e).split())
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0][:200] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: Path):
+    """On an exception in the block, remove `path` if it did not exist on entry, and the parents made
+    for it that are empty again (a download that failed, or whose check did, leaves nothing). A parent
+    that holds anything else stays: another job starting at the same time may have written there."""
+    path = Path(path)
+    missing = [p for p in [path, *path.parents] if not p.exists()]  # deepest first
+    try:
+        yield path
+    except BaseException:
+        if missing and missing[0] == path:
+            shutil.rmtree(path, ignore_errors=True)
+        for parent in missing[1:]:
+            try:
+                parent.rmdir()
+            except OSError:  # not empty, or already gone
+                break
+        raise
+
+
 def storage_path(configured: str | None) -> str:
-    """Config > $XMODAL_STORAGE_PATH (set by the cluster) > ./runs. Local paths become absolute
+    """Config > $XMODAL_STORAGE_PATH (set by the cluster) > ./runs, checked before any work (a local
+    folder that can be made and written, or a well-formed URI). Local paths become absolute
     because workers do not share the driver's working directory."""
-    path = configured or os.environ.get("XMODAL_STORAGE_PATH") or "runs"
+    env = os.environ.get("XMODAL_STORAGE_PATH")
+    path = configured or env or "runs"
+    option = ("scale.storage_path" if configured else "XMODAL_STORAGE_PATH (scale.storage_path unset)" if env
+              else "scale.storage_path (unset: ./runs)")
+    check_output_location(path, option)
     if "://" in path:
         return path
     return str(Path(path).expanduser().resolve())

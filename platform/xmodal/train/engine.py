@@ -32,7 +32,7 @@ from xmodal.config import ConfigError, flatten
 from xmodal.scores import SELECTED_PREFIX
 from xmodal.train import checkpoint as ckpt
 from xmodal.train import record, recovery, timeline
-from xmodal.train.cluster import check_cluster, connect, storage_path
+from xmodal.train.cluster import check_cluster, connect, removed_on_failure, storage_path
 from xmodal.train.faults import check_fault_storage, fault_schedule
 from xmodal.train.interrupt import GracefulStop
 from xmodal.train.job import (
@@ -77,24 +77,27 @@ def check(spec: JobSpec, cfg) -> Checked:
         check_cluster(cfg.scale)
         cluster_checked.append(True)
 
-    prepared = spec.prepare(cfg, Inputs(uri, Path(storage) / name / "init", before_build=before_build))
-    if not cluster_checked:  # configured data: its errors come first, they need no cluster
-        check_cluster(cfg.scale)
-    cfg = prepared.cfg
-    epochs = epoch_plan(prepared, micro, cfg.scale.num_workers)
-    total = sum(epochs)
-    try:
-        with torch.device("meta"):  # the whole model, no memory: shapes and options checked
-            parameters = sum(p.numel() for p in spec.build_objective(cfg, prepared.data).parameters())
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"model: {e}") from None
-    faults = fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name)
-    plan = RunPlan(job=spec.name, config=cfg.model_dump(mode="json"), data=prepared.path, start=prepared.start,
-                   train_options=prepared.train_options, tracking_uri=uri, run_name=name, storage=storage,
-                   total_steps=total, micro_batch=micro, epoch_steps=epochs, faults=faults,
-                   fault_dir=str(Path(storage) / name / ".faults") if faults else None,
-                   baselines=prepared.baselines, metric_order=prepared.metric_order, verbose=console.verbose())
-    return Checked(plan, prepared, parameters)
+    # Where fine-tuning's `--init run` downloads its weights: a check that fails leaves nothing there, nor
+    # any folder made for it.
+    with removed_on_failure(Path(storage) / name / "init") as download:
+        prepared = spec.prepare(cfg, Inputs(uri, download, before_build=before_build))
+        if not cluster_checked:  # configured data: its errors come first, they need no cluster
+            check_cluster(cfg.scale)
+        cfg = prepared.cfg
+        epochs = epoch_plan(prepared, micro, cfg.scale.num_workers)
+        total = sum(epochs)
+        try:
+            with torch.device("meta"):  # the whole model, no memory: shapes and options checked
+                parameters = sum(p.numel() for p in spec.build_objective(cfg, prepared.data).parameters())
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"model: {e}") from None
+        faults = fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name)
+        plan = RunPlan(job=spec.name, config=cfg.model_dump(mode="json"), data=prepared.path, start=prepared.start,
+                       train_options=prepared.train_options, tracking_uri=uri, run_name=name, storage=storage,
+                       total_steps=total, micro_batch=micro, epoch_steps=epochs, faults=faults,
+                       fault_dir=str(Path(storage) / name / ".faults") if faults else None,
+                       baselines=prepared.baselines, metric_order=prepared.metric_order, verbose=console.verbose())
+        return Checked(plan, prepared, parameters)
 
 
 def open_run(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
@@ -108,11 +111,16 @@ def open_run(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | 
                 **prepared.tags, **(tags or {})}
     run_id = record.open_run(plan.tracking_uri, cfg.mlflow.experiment, plan.run_name, flatten(cfg), all_tags,
                              parent_run_id, where=functools.partial(record.resume_note, plan.storage, plan.run_name))
-    record.log_dataset(spec.name, prepared, plan.tracking_uri, run_id)
-    if plan.baselines:
-        tracking.log_metrics(plan.tracking_uri, run_id,
-                             {f"baseline/{k.split('/', 1)[-1]}": v[0] for k, v in plan.baselines.items()})
-    return dataclasses.replace(plan, run_id=run_id)
+    plan = dataclasses.replace(plan, run_id=run_id)
+    try:
+        record.log_dataset(spec.name, prepared, plan.tracking_uri, run_id)
+        if plan.baselines:
+            tracking.log_metrics(plan.tracking_uri, run_id,
+                                 {f"baseline/{k.split('/', 1)[-1]}": v[0] for k, v in plan.baselines.items()})
+    except BaseException as e:
+        end_failed(plan, e)
+        raise
+    return plan
 
 
 def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=None):
@@ -188,12 +196,12 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
     marks = {} if marks is None else marks
     interruptible = trial is None and threading.current_thread() is threading.main_thread()
     term = signal.getsignal(signal.SIGTERM) if interruptible else None
-    connect()
-    if interruptible and term is not None:  # ray.init's SIGTERM handler exits without a word: keep the cli's
-        signal.signal(signal.SIGTERM, term)
-    console.CONSOLE.begin(plan.total_steps, plan.baselines, plan.metric_order)
-    timeline.mark(marks, "fit_call")
     try:
+        connect()  # a local Ray that does not start (LocalRayStartError) fails the run like any error below
+        if interruptible and term is not None:  # ray.init's SIGTERM handler exits without a word: keep the cli's
+            signal.signal(signal.SIGTERM, term)
+        console.CONSOLE.begin(plan.total_steps, plan.baselines, plan.metric_order)
+        timeline.mark(marks, "fit_call")
         try:
             if interruptible:
                 with GracefulStop() as stop:
@@ -230,15 +238,21 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
                        ) from None
     except BaseException as e:
         if trial is None or trial.marks_end:
-            out = outbox(plan)
-            out.terminated("FAILED")
-            out.report()
+            end_failed(plan, e)
         write_error = checkpoint_write_error(e)
         if write_error is not None:
             raise ckpt.CheckpointStorageError(write_error.advice()) from None
         raise
     return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
                      plan.baselines)
+
+
+def end_failed(plan: RunPlan, error: BaseException) -> None:
+    """The end of an opened run that an error stopped: FAILED in MLflow (KILLED after Ctrl-C), so that no
+    run the driver opened stays RUNNING; through the outbox, kept for replay while the store is down."""
+    out = outbox(plan)
+    out.terminated("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+    out.report()
 
 
 def _stopped(plan: RunPlan, stop: errors.RunInterrupted) -> errors.RunInterrupted:
@@ -275,13 +289,18 @@ def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None 
     checked = check(spec, cfg)
     p = open_run(spec, checked, source, parent_run_id, tags)
     checked_cfg = checked.prepared.cfg  # the run name set; `cfg.mlflow.run_name` below is the one given
-    console.CONSOLE.show(console.banner(
-        job=spec.name, run_name=p.run_name, data=p.data,
-        train_examples=checked.prepared.train_examples, preset=getattr(checked_cfg, "preset", None),
-        parameters=checked.parameters, steps=p.total_steps, epochs=len(p.epoch_steps),
-        batch_size=checked_cfg.train.batch_size, workers=checked_cfg.scale.num_workers,
-        gpus_per_worker=checked_cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
-        experiment=checked_cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
+    try:
+        console.CONSOLE.show(console.banner(
+            job=spec.name, run_name=p.run_name, data=p.data,
+            train_examples=checked.prepared.train_examples, preset=getattr(checked_cfg, "preset", None),
+            parameters=checked.parameters, steps=p.total_steps, epochs=len(p.epoch_steps),
+            batch_size=checked_cfg.train.batch_size, workers=checked_cfg.scale.num_workers,
+            gpus_per_worker=checked_cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
+            experiment=checked_cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
+    except BaseException as e:  # train_and_finish ends the run from here on
+        if trial is None or trial.marks_end:
+            end_failed(p, e)
+        raise
     try:
         return train_and_finish(spec, p, checked.prepared.data, trial, marks)
     except errors.RunInterrupted as e:
@@ -309,8 +328,8 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
         out.artifact(cfg_file)
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            for f in (ckpt.MODEL_FILE, ckpt.META_FILE):
-                out.artifact(Path(d) / f, "model")
+            for f in record.model_artifact_files(Path(d)):
+                out.artifact(f, "model")
             if spec is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
                 model_id = record.log_model(spec, plan, data, Path(d))
                 if model_id is not None and plan.config.get("mlflow", {}).get("registered_model"):
@@ -340,12 +359,16 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     try:
         finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
                   for seed in seeds]
+        summary = record.finish_seeds_parent(uri, parent, finals, seeds)
     except KeyboardInterrupt as e:  # the seed's run says where it stopped; a rerun resumes it
         tracking.set_terminated(uri, parent, "KILLED")
         if isinstance(e, errors.RunInterrupted) and cfg.mlflow.run_name is None:
             e.hint = f" with --run-name {base}"  # the seeds' runs are named after it
         raise
-    return RunResult(parent, base, uri, record.finish_seeds_parent(uri, parent, finals, seeds))
+    except BaseException:  # a seed's run failed (it ended FAILED itself): so does the parent
+        tracking.set_terminated(uri, parent, "FAILED")
+        raise
+    return RunResult(parent, base, uri, summary)
 
 
 def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None) -> RunResult:
@@ -356,7 +379,7 @@ def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None =
     c.show(console.end_summary(
         run_name=out.run_name, wall_s=time.monotonic() - started, metrics=shown, history=c.history,
         baselines=out.baselines, order=c.order, checkpoint=out.checkpoint.path if out.checkpoint is not None else None,
-        run_id=out.run_id, view=tracking.ui_command(out.tracking_uri)))
+        run_id=out.run_id, view=tracking.ui_command(out.tracking_uri, out.run_id)))
     return out
 
 
