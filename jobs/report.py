@@ -40,7 +40,10 @@ def main(argv: list[str]) -> int:
 
     def go() -> None:
         from xmodal import tracking
+        from xmodal.outputs import check_writable_dir
 
+        if args.out:  # before MLflow is opened: the default folder is checked once the sweep's name is known
+            check_writable_dir(args.out, "--out")
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=args.out,
                           metric=args.metric, log=not args.no_log, baseline=baseline)

@@ -305,10 +305,22 @@ def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "b", log=False,
                       baseline={"model.x_layers": 1})
     assert [r.params["model.x_layers"] for r in rep.rows if r.baseline] == [1]
-    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "c", log=False, baseline={"model.x_layers": 7})
+    # A baseline asked for that names no row is an error listing the rows (a report without the tests
+    # asked for would look complete); the sweep's own baseline naming none is a note in the report.
+    with pytest.raises(ReportError, match=r"--baseline model.x_layers=7: matches no row; expected the parameters of "
+                                          r"exactly one row \(the rows are: model.x_layers=2 tasks.obj_feat=False; "
+                                          r"model.x_layers=1 tasks.obj_feat=False\)"):
+        make_report(uri, parent_run_id=parent, out_dir=tmp_path / "c", log=False, baseline={"model.x_layers": 7})
+    with pytest.raises(ReportError, match="--baseline model.depth=2: names model.depth, which is not an ablation "
+                                          "parameter of these runs"):
+        make_report(uri, parent_run_id=parent, out_dir=tmp_path / "c", log=False, baseline={"model.depth": 2})
+    assert not (tmp_path / "c").exists()
+    orphan = costed_sweep(uri, exp, "tf-gone", {1: [0.6, 0.62], 2: [0.7, 0.72]},
+                          parent_params={"try_first": json.dumps([{"model.x_layers": 9}])})
+    rep = make_report(uri, parent_run_id=orphan, out_dir=tmp_path / "d", log=False)
     assert not any(r.baseline or r.test for r in rep.rows)
-    assert "No significance test: no row matches the baseline (model.x_layers=7)." in \
-        (tmp_path / "c" / "table.md").read_text()
+    assert "No significance test: the baseline (model.x_layers=9) matches no row." in \
+        (tmp_path / "d" / "table.md").read_text()
 
 
 def _report_cli(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -350,6 +362,23 @@ def test_bad_report_requests_are_one_line_and_write_nothing(store, tmp_path):
     assert "experiment 'nope' not found" in line and "xmodal-sweep-demo" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
     assert tracking.list_artifacts(uri, parent) == artifacts
+
+
+def test_an_unwritable_out_or_a_baseline_naming_no_row_fails_before_anything_is_written(store, tmp_path):
+    """--out where nothing can be written (checked before MLflow is opened), and --baseline naming no
+    row (it used to write the report without its tests and exit 0): one line each, naming the rows."""
+    uri, exp, _ = store
+    parent = costed_sweep(uri, tracking.ensure_experiment(uri, "xmodal-sweep-cli-baseline"), "cb",
+                          {1: [0.6, 0.62], 2: [0.7, 0.72]})
+    artifacts = tracking.list_artifacts(uri, parent)
+    line = _one_error(_report_cli("--parent-run", parent, "--tracking-uri", uri, "--out", "/proc/xmodal-report",
+                                  cwd=tmp_path))
+    assert "--out: '/proc/xmodal-report' cannot be written" in line
+    line = _one_error(_report_cli("--parent-run", parent, "--tracking-uri", uri, "--baseline", "model.x_layers=3",
+                                  cwd=tmp_path))
+    assert line == ("error: --baseline model.x_layers=3: matches no row; expected the parameters of exactly one row "
+                    "(the rows are: model.x_layers=2 tasks.obj_feat=False; model.x_layers=1 tasks.obj_feat=False)")
+    assert list(tmp_path.iterdir()) == [] and tracking.list_artifacts(uri, parent) == artifacts
 
 
 def test_a_report_never_creates_or_migrates_a_database(tmp_path):

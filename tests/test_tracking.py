@@ -415,6 +415,52 @@ def test_replay_into_a_file_that_is_not_an_mlflow_database_leaves_it_alone(tmp_p
         assert [r[0] for r in db.execute("select name from sqlite_master")] == ["notes"]
 
 
+def _replay_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "replay_tracking.py"), *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd, env=env)
+
+
+def test_a_spool_naming_a_deleted_or_foreign_run_replays_nothing_and_says_which(tmp_path):
+    """Every run of the file is checked before the first record is sent: a deleted run (MLflow refuses
+    its values) or one the store does not hold is one error naming it, and the runs before it in the
+    file get nothing (they used to be logged before the replay failed on the next run, half-done)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp = tracking.ensure_experiment(uri, "e")
+    alive, deleted = (tracking.create_run(uri, exp, name, {}, {}) for name in ("alive", "deleted"))
+    MlflowClient(uri).delete_run(deleted)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    foreign = tracking.create_run(other, tracking.ensure_experiment(other, "e"), "elsewhere", {}, {})
+
+    def spool(name: str, *run_ids: str):
+        f = tmp_path / name
+        f.write_text("".join(json.dumps(rec) + "\n" for r in run_ids for rec in (
+            {"op": "metrics", "uri": uri, "run_id": r, "items": [["loss", 0.5, 1, 1], ["loss", 0.4, 2, 2]]},
+            {"op": "terminated", "uri": uri, "run_id": r, "status": "FINISHED"})))
+        return f
+
+    out = _replay_cli(str(spool("one.jsonl", deleted)), cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert f"run '{deleted}' is deleted in {uri}" in lines[0] and "nothing was replayed" in lines[0]
+    assert f"mlflow runs restore --run-id {deleted}" in lines[0]
+
+    for f, bad, said in ((spool("two.jsonl", alive, deleted), deleted, "is deleted in"),
+                         (spool("three.jsonl", alive, foreign), foreign, f"is not in {uri}")):
+        with pytest.raises(UserError) as e:
+            tracking.replay(f)
+        assert f"record 3 (2 runs in the file): run '{bad}' {said}" in str(e.value)
+        assert "nothing was replayed" in str(e.value) and f.exists()
+        assert tracking.metric_points(uri, alive, "loss") == []  # the first run's records were not sent
+        assert tracking.get_run(uri, alive).status == "RUNNING"
+    assert not list(tmp_path.glob("*.replayed"))
+    assert tracking.metric_points(other, foreign, "loss") == []
+
+
 # ---------------------------------------------------------------- what the MLflow UI reads
 
 
@@ -443,14 +489,28 @@ def test_experiments_open_in_the_training_view_and_datasets_are_logged_once(tmp_
     client = MlflowClient(uri)
     exp = tracking.ensure_experiment(uri, "new")
     assert client.get_experiment(exp).tags[T.EXPERIMENT_KIND] == "custom_model_development"
+    # its description, by the job that created it (here pytest: the general one)
+    assert client.get_experiment(exp).tags[T.NOTE] == "Model-training runs logged by xmodal (experiment 'new')."
+    assert tracking.experiment_description("x", ["/repo/jobs/sweep.py", "space.yaml"]).startswith(
+        "Ablation sweeps (jobs/sweep.py): one parent run per sweep")
     old = client.create_experiment("old")  # made before experiments were marked
-    genai = client.create_experiment("genai", tags={T.EXPERIMENT_KIND: "genai_development"})
-    assert tracking.ensure_experiment(uri, "old") == old
+    genai = client.create_experiment("genai", tags={T.EXPERIMENT_KIND: "genai_development", T.NOTE: "mine"})
+    assert tracking.ensure_experiment(uri, "old", description="Pretraining runs.") == old
     assert client.get_experiment(old).tags[T.EXPERIMENT_KIND] == "custom_model_development"
+    assert client.get_experiment(old).tags[T.NOTE] == "Pretraining runs."
     tracking.ensure_experiment(uri, "genai")
     assert client.get_experiment(genai).tags[T.EXPERIMENT_KIND] == "genai_development"  # a user's choice stays
+    assert client.get_experiment(genai).tags[T.NOTE] == "mine"  # and so does a user's description
 
     run_id = tracking.create_run(uri, exp, "r", {}, {})
+    # The end summary's address opens the run's page in the training view (MLflow 3.17's UI decides the
+    # view by the address's query, defaulting to GenAI, whatever the experiment's kind tag).
+    page = f"http://127.0.0.1:5000/#/experiments/{exp}/runs/{run_id}?workflowType=machine_learning"
+    assert tracking.run_url(uri, run_id) == page
+    assert tracking.ui_command(uri, run_id) == f"mlflow ui --backend-store-uri {uri}\n  then open   {page}"
+    assert tracking.ui_command(uri) == f"mlflow ui --backend-store-uri {uri}"
+    assert tracking.run_url("http://head:5000/", "abc", "7") == \
+        "http://head:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
     for _ in range(2):  # a resumed run logs its data again
         tracking.log_dataset(uri, run_id, "lxmert", str(tmp_path / "store"), "0123456789abcdef",
                              {"rows": {"train": 10}, "dims": {"feat_dim": 16}})

@@ -49,6 +49,7 @@ from typing import Any
 from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.errors import UserError
+from xmodal.outputs import check_writable_dir
 from xmodal.scores import SELECTED_PREFIX, selected_key
 
 MISSING = "-"  # a conditional parameter that did not apply to a run
@@ -308,20 +309,35 @@ def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
-def _baseline_row(rows: list[Row], keys: list[str], baseline: dict[str, Any], notes: list[str]) -> Row | None:
+# Rows named in full in the error of a --baseline that names none (the rest are counted).
+ROWS_LISTED = 20
+
+
+def _baseline_row(rows: list[Row], keys: list[str], baseline: dict[str, Any], notes: list[str],
+                  asked: bool = False) -> Row | None:
+    """The one row of `baseline`'s configuration. When it has none: the sweep's own baseline gets a
+    note in the report (no tests); a baseline `asked` for (--baseline) is a ReportError listing the
+    rows, since a report without the tests asked for would look complete."""
     wanted = {k: v for k, v in baseline.items() if k not in T.REPLICATE_KEYS}
     described = ", ".join(f"{k}={_fmt_param(v)}" for k, v in wanted.items())
     unknown = [k for k in wanted if k not in keys]
+    found = [] if unknown else [r for r in rows if all(_same(r.params[k], v) for k, v in wanted.items())]
+    if len(found) == 1:
+        return found[0]
     if unknown:
-        notes.append(f"No significance test: the baseline ({described}) names {', '.join(unknown)}, which is not an "
-                     f"ablation parameter of these runs ({', '.join(keys)}).")
-        return None
-    found = [r for r in rows if all(_same(r.params[k], v) for k, v in wanted.items())]
-    if len(found) != 1:
-        notes.append(f"No significance test: {'no row matches' if not found else f'{len(found)} rows match'} "
-                     f"the baseline ({described}).")
-        return None
-    return found[0]
+        why = (f"names {', '.join(unknown)}, which is not an ablation parameter of these runs "
+               f"({', '.join(keys) or 'none'})")
+    else:
+        why = "matches no row" if not found else f"matches {len(found)} rows"
+    if asked:
+        listed = "; ".join(" ".join(f"{k}={_fmt_param(v)}" for k, v in r.params.items()) or "(no parameter)"
+                           for r in (found or rows)[:ROWS_LISTED])
+        more = f"; ... ({len(found or rows)} in all)" if len(found or rows) > ROWS_LISTED else ""
+        which = "the rows it matches" if found else "the rows are"
+        raise ReportError(f"--baseline {' '.join(f'{k}={_fmt_param(v)}' for k, v in wanted.items())}: {why}; "
+                          f"expected the parameters of exactly one row ({which}: {listed}{more})")
+    notes.append(f"No significance test: the baseline ({described}) {why}.")
+    return None
 
 
 def _finished_values(row: Row, metric: str) -> list[float]:
@@ -469,7 +485,8 @@ def build_report(trials: list[TrialRun], parents: list[tracking.RunRecord], metr
                  parents=[p.run_id for p in parents], cost_columns=cost_columns,
                  baseline=baseline if baseline is not None else _baseline_of(parents),
                  importance=_importance_of(parents))
-    base = _baseline_row(rows, keys, rep.baseline, rep.notes) if rep.baseline is not None else None
+    base = _baseline_row(rows, keys, rep.baseline, rep.notes, asked=baseline is not None) \
+        if rep.baseline is not None else None
     if base is not None:
         base.baseline = True
         for row in rows:
@@ -889,14 +906,6 @@ def _check_metric(metric: str, trials: list[TrialRun]) -> None:
         raise ReportError(f"--metric {metric!r}: no trial run logged it; the runs have: {shown or 'no metric'}")
 
 
-def _check_out(out: Path) -> None:
-    """The output folder: new or a folder, never a file (nor under one); checked before anything is written."""
-    for p in (out, *out.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise ReportError(f"--out {out}: {p} is a file; expected a folder for the report")
-            return
-
 
 def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
                 out_dir: str | Path | None = None, metric: str | None = None, log: bool = True,
@@ -914,7 +923,7 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
     metric = metric or _sweep_metric(parents)
     mode = _sweep_mode(parents)
     out = Path(out_dir or Path("reports") / _slug(title.split(" ", 1)[1])).resolve()
-    _check_out(out)
+    check_writable_dir(out, "--out")  # before anything is written (jobs/report.py checked a given one already)
     rep = build_report(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(to_markdown(rep))

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable
@@ -57,6 +58,7 @@ class RunRecord:
     tags: dict[str, str] = field(default_factory=dict, hash=False)
     params: dict[str, str] = field(default_factory=dict, hash=False)
     metrics: dict[str, float] = field(default_factory=dict, hash=False)  # the last value of each metric
+    lifecycle_stage: str = "active"  # "deleted": in MLflow's trash, which takes no more values
 
     @property
     def parent_run_id(self) -> str | None:
@@ -78,7 +80,8 @@ def _record(run) -> RunRecord:
     tags = dict(data.tags)
     return RunRecord(run_id=info.run_id, name=info.run_name or tags.get(RUN_NAME_TAG, ""),
                      experiment_id=info.experiment_id, status=info.status, start_time=info.start_time,
-                     end_time=info.end_time, tags=tags, params=dict(data.params), metrics=dict(data.metrics))
+                     end_time=info.end_time, tags=tags, params=dict(data.params), metrics=dict(data.metrics),
+                     lifecycle_stage=info.lifecycle_stage)
 
 
 def _mlflow():
@@ -137,10 +140,50 @@ def check_existing_store(uri: str) -> None:
         raise UserError(f"MLflow at {uri} is unreachable; expected a running tracking server")
 
 
-def ui_command(uri: str) -> str:
+# Where `mlflow ui` serves by default.
+UI_ADDRESS = "http://127.0.0.1:5000"
+# The query that opens MLflow 3's model-training view. Its UI (3.17) takes the GenAI / model-training
+# choice from the page's `workflowType` query, else from a per-browser setting that defaults to GenAI;
+# the experiment's `mlflow.experimentKind` tag does not decide it there. Without the query a run's
+# page sits under "Evaluation runs" of the GenAI view.
+TRAINING_VIEW_QUERY = "?workflowType=machine_learning"
+
+
+def run_url(uri: str, run_id: str, experiment_id: str | None = None) -> str:
+    """The address of a run's page in the MLflow UI, in the model-training view: on `mlflow ui`'s default
+    address for a SQLite or file store, else on the tracking server itself. The experiment id is read
+    from the run when not given (a few seconds at most: a store that does not answer gets MLflow's
+    run-only address, which opens the same page without the training view's query)."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
+    if experiment_id is None:
+        try:
+            experiment_id = _waited(uri, f"reading run {run_id}",
+                                    lambda: _client(uri).get_run(run_id).info.experiment_id, wait_s=5)
+        except Exception:  # the address is a convenience: the run id is printed beside it
+            return f"{base}/#/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW_QUERY}"
+
+
+def ui_command(uri: str, run_id: str | None = None) -> str:
+    """How to see the store in the MLflow UI: `mlflow ui` for a SQLite file, the server's address
+    otherwise. With `run_id`, the run's page too (`run_url`), on a second line indented as the rows of
+    the run's end summary (`console.end_summary`)."""
     if uri.startswith("sqlite:"):
-        return f"mlflow ui --backend-store-uri {uri}"
-    return f"open {uri} in a browser (MLflow server)"
+        command = f"mlflow ui --backend-store-uri {uri}"
+        return command if run_id is None else f"{command}\n  then open   {run_url(uri, run_id)}"
+    page = run_url(uri, run_id) if run_id is not None else f"{uri.rstrip('/')}/#/experiments{TRAINING_VIEW_QUERY}"
+    return f"open {page} in a browser (MLflow server){_through_tunnel(uri, page)}"
+
+
+def _through_tunnel(uri: str, page: str) -> str:
+    """On a cluster's node (node_env.sh's XMODAL_HEAD_IP), a server at the head's private address opens
+    from the cluster's network only; from a user's computer, through the SSH tunnel docs/cluster.md
+    opens (`ray attach CONFIG -p PORT`): that page's address there, on a second line, else nothing."""
+    parts = urllib.parse.urlsplit(uri)
+    if not os.environ.get("XMODAL_HEAD_IP") or parts.hostname != os.environ["XMODAL_HEAD_IP"] or parts.port is None:
+        return ""
+    local = page.replace(f"{parts.scheme}://{parts.netloc}", f"http://127.0.0.1:{parts.port}", 1)
+    return f"\n  or open    {local} through the SSH tunnel (`ray attach CLUSTER.yaml -p {parts.port}`)"
 
 
 def _client(uri: str):
@@ -222,9 +265,36 @@ def artifact_location(uri: str, name: str) -> str | None:
     return (db.parent / "mlruns" / f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}").as_uri()
 
 
-def ensure_experiment(uri: str, name: str) -> str:
+# What an experiment holds, by the entry point that creates it (its description in the MLflow UI).
+_DESCRIPTIONS = {
+    "pretrain.py": "LXMERT pretraining runs (jobs/pretrain.py): one run per job, with its config, dataset, "
+                   "metrics beside their chance levels, checkpoints and final model.",
+    "finetune.py": "LXMERT fine-tuning runs (jobs/finetune.py) on VQA, GQA or NLVR2: one run per job, with its "
+                   "config, dataset, metrics, prediction files and the model selected on validation.",
+    "train_mult.py": "MulT training runs (jobs/train_mult.py): one run per job (a multi-seed job: a parent run "
+                     "with one child per seed), with its config, dataset, metrics and the model selected on "
+                     "validation.",
+    "sweep.py": "Ablation sweeps (jobs/sweep.py): one parent run per sweep, holding its search space, best trial "
+                "and report (jobs/report.py); one child run per trial.",
+    "benchmark.py": "Throwaway runs of the tracking benchmark (jobs/benchmark.py tracking).",
+}
+
+
+def experiment_description(name: str, argv: list[str] | None = None) -> str:
+    """The description (Markdown) of an experiment xmodal creates: what its runs are, by the job that
+    creates it (`sys.argv[0]`), else a general one."""
+    args = sys.argv if argv is None else argv
+    entry = Path(args[0]).name if args else ""
+    return _DESCRIPTIONS.get(entry, f"Model-training runs logged by xmodal (experiment {name!r}).")
+
+
+def ensure_experiment(uri: str, name: str, description: str | None = None) -> str:
     """The experiment's id (created if new), marked as a model-training experiment unless it is
-    marked otherwise: MLflow 3's UI then opens the training view (runs, charts), not the GenAI one."""
+    marked otherwise (`mlflow.experimentKind`), and described (`mlflow.note.content`: `description`,
+    default `experiment_description`) unless it has a description. MLflow's UI shows the description on
+    the experiment's page; the kind is what MLflow records for the training view (its 3.17 UI opens that
+    view from the address's query instead: `run_url`)."""
+    text = description or experiment_description(name)
 
     def ensure() -> str:
         c = _client(uri)
@@ -232,13 +302,15 @@ def ensure_experiment(uri: str, name: str) -> str:
         if exp is None:
             try:
                 return c.create_experiment(name, artifact_location=artifact_location(uri, name),
-                                           tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT})
+                                           tags={T.EXPERIMENT_KIND: T.TRAINING_EXPERIMENT, T.NOTE: text})
             except Exception:  # created concurrently by another driver
                 exp = c.get_experiment_by_name(name)
                 if exp is None:
                     raise
         if T.EXPERIMENT_KIND not in exp.tags:  # made before the kind was set, or by MLflow itself
             c.set_experiment_tag(exp.experiment_id, T.EXPERIMENT_KIND, T.TRAINING_EXPERIMENT)
+        if not exp.tags.get(T.NOTE):  # made before experiments were described; a user's text stays
+            c.set_experiment_tag(exp.experiment_id, T.NOTE, text)
         return exp.experiment_id
 
     return _waited(uri, f"opening experiment {name!r}", ensure, first_contact=True)
@@ -1034,34 +1106,53 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
         except UserError as e:
             raise UserError(f"{p}: cannot replay into {uri}: {e} (replay never creates a tracking store: pass the "
                             "one that holds the run with --tracking-uri)") from None
+    # Every run checked before the first record is sent: MLflow refuses values for a run that is not
+    # there or is deleted, and a replay that stopped at the second run would leave the first one's
+    # records logged and the file half-replayed.
     runs = list(dict.fromkeys((uri_of[r["uri"]], r["run_id"]) for r in records))
+    line_of = {}
+    for n, rec in enumerate(records, 1):
+        line_of.setdefault((uri_of[rec["uri"]], rec["run_id"]), n)
+    others = f" ({len(runs)} runs in the file)" if len(runs) > 1 else ""
     for uri, run_id in runs:
+        where = f"{p}: record {line_of[uri, run_id]}{others}: run {run_id!r}"
         try:
-            get_run(uri, run_id)
+            found = get_run(uri, run_id)
         except RunNotFound:
-            raise UserError(f"{p}: run {run_id!r} is not in {uri}; pass the tracking server that holds it "
+            raise UserError(f"{where} is not in {uri}; nothing was replayed; pass the tracking store that holds it "
                             "with --tracking-uri") from None
+        if found.lifecycle_stage != "active":
+            raise UserError(f"{where} is deleted in {uri}, so MLflow takes no values for it; nothing was replayed; "
+                            f"restore it (mlflow runs restore --run-id {run_id}, with MLFLOW_TRACKING_URI={uri}) and "
+                            "replay again") from None
     mlflow = _mlflow()
+    from mlflow.exceptions import MlflowException
+
     logged = skipped = artifacts = terminated = 0
-    for rec in records:
+    for n, rec in enumerate(records, 1):
         uri, run_id = uri_of[rec["uri"]], rec["run_id"]
-        if rec["op"] == "metrics":
-            unique = {(k, int(step)): mlflow.entities.Metric(k, float(v), int(ts), int(step))
-                      for k, v, ts, step in reversed(rec["items"])}  # a repeated (key, step): the first wins
-            items = sorted(unique.values(), key=lambda m: (m.step, m.timestamp))
-            todo = _waited(uri, f"reading the metrics of run {run_id}",
-                           lambda u=uri, r=run_id, i=items: _drop_logged(_client(u), r, i))
-            for i in range(0, len(todo), RunLogger.BATCH):
-                _log_batch_once(uri, run_id, todo[i:i + RunLogger.BATCH], f"replaying metrics into run {run_id}")
-            logged, skipped = logged + len(todo), skipped + len(rec["items"]) - len(todo)
-        elif rec["op"] == "artifact":
-            log_artifact(uri, run_id, rec["path"], rec.get("artifact_path"))
-            artifacts += 1
-        elif rec["op"] == "tags":
-            set_tags(uri, run_id, rec["tags"])
-        else:
-            set_terminated(uri, run_id, rec["status"])
-            terminated += 1
+        try:
+            if rec["op"] == "metrics":
+                unique = {(k, int(step)): mlflow.entities.Metric(k, float(v), int(ts), int(step))
+                          for k, v, ts, step in reversed(rec["items"])}  # a repeated (key, step): the first wins
+                items = sorted(unique.values(), key=lambda m: (m.step, m.timestamp))
+                todo = _waited(uri, f"reading the metrics of run {run_id}",
+                               lambda u=uri, r=run_id, i=items: _drop_logged(_client(u), r, i))
+                for i in range(0, len(todo), RunLogger.BATCH):
+                    _log_batch_once(uri, run_id, todo[i:i + RunLogger.BATCH], f"replaying metrics into run {run_id}")
+                logged, skipped = logged + len(todo), skipped + len(rec["items"]) - len(todo)
+            elif rec["op"] == "artifact":
+                log_artifact(uri, run_id, rec["path"], rec.get("artifact_path"))
+                artifacts += 1
+            elif rec["op"] == "tags":
+                set_tags(uri, run_id, rec["tags"])
+            else:
+                set_terminated(uri, run_id, rec["status"])
+                terminated += 1
+        except MlflowException as e:  # refused after the checks above (the run deleted meanwhile, say)
+            raise UserError(f"{p}: record {n} of {len(records)} ({rec['op']}, run {run_id!r}) refused by MLflow at "
+                            f"{uri} ({_first_line(e)}); the records before it were sent and the file is kept: "
+                            "replaying it again skips the metric values the runs already hold") from None
     done = p if p.name.endswith(".replayed") else p.rename(p.with_name(p.name + ".replayed"))
     return ReplaySummary(done, tuple(r for _, r in runs), logged, skipped, artifacts, terminated)
 

@@ -49,3 +49,15 @@ def test_postgres_backend_without_psycopg2_names_the_package(tmp_path):
     assert "--backend postgres needs the psycopg2 package (pip install psycopg2-binary)" in run.stderr
     assert not (tmp_path / "out").exists()
     assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_an_unwritable_out_fails_before_anything_is_measured(tmp_path):
+    """The results are written last: --out is checked first, so a bad one costs no benchmark run."""
+    run = subprocess.run([sys.executable, str(ROOT / "jobs" / "benchmark.py"), "tracking", "--writers", "1",
+                          "--out", "/proc/xmodal-bench", "--work", str(tmp_path / "work")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: --out: '/proc/xmodal-bench' cannot be written: '/proc' refuses new files")
+    assert "benchmark tracking" not in run.stdout and not (tmp_path / "work").exists()

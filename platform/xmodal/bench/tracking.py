@@ -34,6 +34,7 @@ from typing import Any
 from xmodal import tracking
 from xmodal.console import say
 from xmodal.errors import UserError
+from xmodal.outputs import check_writable_dir
 
 BACKENDS = ("sqlite", "server", "postgres")
 EXPERIMENT = "xmodal-bench-tracking"
@@ -247,6 +248,9 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.bench import at_least, begin, write_results
 
     at_least(args, 1, "writers", "steps", "metrics", "flush_every", "server_workers")
+    check_writable_dir(args.out, "--out")  # the results are written last: a bad --out would waste the run
+    if args.work:
+        check_writable_dir(args.work, "--work")
     work, stamp, meta = begin(args, "tracking", backend=args.backend)
     res: dict[str, Any] = {"meta": meta}
     say(f"benchmark tracking on {meta['machine']}: {args.writers} writers, {args.backend}; work in {work}")

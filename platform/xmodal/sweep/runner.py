@@ -552,7 +552,7 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     if summary["errors"]:
         log.info(f"{summary['errors']} of {summary['trials']} trials failed; see {plan.path}")
     log.info(f"MLflow parent run {parent_run_id} in experiment {plan.experiment!r}; view it: "
-             f"{tracking.ui_command(uri)}")
+             f"{tracking.ui_command(uri, parent_run_id)}")
     return {"name": plan.name, "path": plan.path, "parent_run_id": parent_run_id, "tracking_uri": uri,
             "experiment": plan.experiment, "report": report_dir, **summary}
 
