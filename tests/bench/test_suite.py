@@ -1,14 +1,16 @@
 """`jobs/benchmark.py suite --device cpu --quick`: the one command a GPU run uses, run end to end on
 the CPU (tiny presets, compiled rows through aot_eager) in a fresh interpreter where Ray, MLflow and
 Optuna cannot be imported (the device machines have none). Checks the JSON has every field, each
-figure is finite and positive where it must be, and the Markdown table is written beside it. Speed
-is not asserted: CI machines differ."""
+figure is finite and positive where it must be, a row's step figures come from its recorded steps,
+the Markdown table is written beside it, and the console holds no profiler log lines. Speed is not
+asserted: CI machines differ."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -33,7 +35,7 @@ SCRIPT = textwrap.dedent("""
     sys.exit(main(sys.argv[1:]))
 """)
 ROW_FIELDS = {"section", "impl", "mode", "preset", "batch", "precision", "params", "samples_s", "samples_s_mean", "ms_step",
-              "peak_gib", "gflop_per_sample", "mfu", "compile_s", "graph_breaks", "final_loss"}
+              "peak_gib", "gflop_per_sample", "mfu", "compile_s", "graph_breaks", "final_loss", "step_ms"}
 
 
 @pytest.mark.slow
@@ -42,6 +44,7 @@ def test_quick_cpu_suite_writes_every_field(tmp_path):
                          capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "USDT" not in out.stdout + out.stderr, out.stderr[-3000:]  # torch.profiler's C++ log lines
     (js,) = tmp_path.glob("*.json")
     assert js.with_suffix(".md").read_text().startswith("Benchmark suite,")
     res = json.loads(js.read_text())
@@ -65,6 +68,11 @@ def test_quick_cpu_suite_writes_every_field(tmp_path):
             if section != "ddp":
                 assert r["gflop_per_sample"] > 0 and r["graph_breaks"] >= 0
             assert (r["compile_s"] is not None) == (r["mode"] == "compiled")
+            # CPU: ms/step and both samples/s from the same recorded steps
+            assert len(r["step_ms"]) == meta["settings"]["steps"]
+            assert r["ms_step"] == pytest.approx(statistics.median(r["step_ms"]))
+            assert r["samples_s"] == pytest.approx(r["batch"] / (r["ms_step"] / 1e3))
+            assert r["samples_s_mean"] == pytest.approx(r["batch"] / (statistics.fmean(r["step_ms"]) / 1e3))
         assert rows[0]["peak_gib"] > 0, section  # --quick: the memory figure of each section's first row only
     ours = [r for r in res["lxmert"] + res["mult"] if r["impl"] == "xmodal"]
     assert all(r["graph_breaks"] == 0 for r in ours)  # our objectives compile whole

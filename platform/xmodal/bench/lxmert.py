@@ -9,6 +9,12 @@ CUDA: the models run one after the other, so torch.cuda.max_memory_allocated is 
 MFU = FLOPs counted by FlopCounterMode (forward + backward) x steps/s / --peak-tflops.
 CPU: both models stay built and the timed steps alternate in rounds, so the noise of a shared
 machine falls on both; memory = peak live CPU tensor bytes in one step (profiler memory timeline).
+One torch thread unless --threads says otherwise: on a loaded 2-core machine two threads stalled each
+other for up to seconds a step, and the ratio came out anywhere from 0.66x to 1.54x where one thread
+gave 1.21x by both median and mean. Every CPU step is timed on its own, and all the step figures of
+a row come from those same steps: samples/s = batch / the median step, beside the quartiles and the
+mean (stalls included); the ratio is that of the samples/s shown. On CUDA steps are not synchronised
+one by one: samples/s = batch / the mean step over the timed stretch. `--json FILE` keeps every figure and every step time.
 
 Needs torch and transformers only (no Ray, MLflow or pyarrow); transformers is imported in `run()`.
 """
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +39,7 @@ from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.console import say
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
+from xmodal.outputs import check_writable_file
 from xmodal.train.cost import count_flops
 from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.train.step import TrainState, adamw, train_step
@@ -48,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"),
                    help="torch.compile mode (with --compile)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per model")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per model first (compile happens here)")
     p.add_argument("--losses", choices=("paper", "reference"), default="paper",
                    help="our task options: 'paper' = the platform defaults (L2, labels on masked objects); "
@@ -59,10 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accelerator peak for MFU (H200 dense bf16: 989)")
     p.add_argument("--peer-optimizer", choices=("default", "fused"), default="default",
                    help="transformers' AdamW: torch's default implementation, or fused like ours")
-    p.add_argument("--rounds", type=int, default=4, help="CPU: timed steps are split into alternating rounds")
-    p.add_argument("--threads", type=int, default=0, help="CPU: torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--rounds", type=int, default=10, help="CPU: timed steps are split into alternating rounds")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU: torch.set_num_threads (default 1: on a shared machine other processes stall "
+                        "multi-threaded steps; 0 = torch's default)")
     p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP count")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="also write every figure and each timed step's time (CPU) to FILE")
 
 
 @dataclass
@@ -78,11 +91,34 @@ class Contender:
     peak_mem_bytes: int | None = None
     final_loss: float = float("nan")
 
-    def samples_per_s(self, batch_size: int) -> float:
-        return self.steps * batch_size / self.elapsed_s
-
     def median_step_ms(self) -> float:
+        """CPU: the median of the timed steps; CUDA: the mean over the timed stretch."""
         return 1e3 * (statistics.median(self.step_times) if self.step_times else self.elapsed_s / self.steps)
+
+    def mean_step_ms(self) -> float:
+        return 1e3 * (statistics.fmean(self.step_times) if self.step_times else self.elapsed_s / self.steps)
+
+    def quartiles_ms(self) -> tuple[float, float]:
+        """The 25th and 75th percentiles of the timed steps (CPU): how much they spread."""
+        if len(self.step_times) < 2:
+            return self.median_step_ms(), self.median_step_ms()
+        q1, _, q3 = statistics.quantiles(self.step_times, n=4, method="inclusive")
+        return 1e3 * q1, 1e3 * q3
+
+    def samples_per_s(self, batch_size: int) -> float:
+        """From the median step, the figure beside it in the table (the mean is at the mercy of stalls)."""
+        return batch_size / (self.median_step_ms() / 1e3)
+
+    def mean_samples_per_s(self, batch_size: int) -> float:
+        return batch_size / (self.mean_step_ms() / 1e3)
+
+    def figures(self, batch_size: int) -> dict:
+        q1, q3 = self.quartiles_ms()
+        return {"name": self.name, "params": self.params, "steps": self.steps,
+                "samples_s": self.samples_per_s(batch_size), "samples_s_mean": self.mean_samples_per_s(batch_size),
+                "median_ms": self.median_step_ms(), "mean_ms": self.mean_step_ms(), "p25_ms": q1, "p75_ms": q3,
+                "step_ms": [1e3 * t for t in self.step_times], "peak_mem_bytes": self.peak_mem_bytes,
+                "flops_per_step": self.flops_per_step, "final_loss": self.final_loss}
 
 
 class HFPretraining(nn.Module):
@@ -195,27 +231,51 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n / 2**20:,.1f} MiB" if n < 10 * 2**30 else f"{n / 2**30:,.2f} GiB"
 
 
+UNSTEADY = 1.25  # mean step over median, or 75th over 25th percentile: the steps of a row vary too much
+
+
 def print_table(cs: list[Contender], args, device: torch.device) -> None:
-    mfu_on = device.type == "cuda" and args.flops
-    head = f"{'model':<14}{'params':>10}{'samples/s':>12}{'median ms':>11}{'peak memory':>14}{'GFLOP/sample':>14}"
-    head += f"{'MFU':>8}" if mfu_on else ""
+    cpu = device.type == "cpu"
+    mfu_on = not cpu and args.flops
+    head = f"{'model':<14}{'params':>10}{'samples/s':>12}"
+    head += f"{'median ms':>11}{'p25-p75 ms':>16}{'mean ms':>10}" if cpu else f"{'mean ms':>10}"
+    head += f"{'peak memory':>14}{'GFLOP/sample':>14}" + (f"{'MFU':>8}" if mfu_on else "")
     say(head)
     say("-" * len(head))
     for c in cs:
         sps = c.samples_per_s(args.batch)
         gflop = "n/a" if c.flops_per_step is None else f"{c.flops_per_step / args.batch / 1e9:,.3f}"
-        line = (f"{c.name:<14}{c.params / 1e6:>9.2f}M{sps:>12,.1f}{c.median_step_ms():>11.2f}"
-                f"{_fmt_bytes(c.peak_mem_bytes):>14}{gflop:>14}")
+        line = f"{c.name:<14}{c.params / 1e6:>9.2f}M{sps:>12,.1f}"
+        if cpu:
+            q1, q3 = c.quartiles_ms()
+            line += f"{c.median_step_ms():>11.2f}{f'{q1:.2f}-{q3:.2f}':>16}{c.mean_step_ms():>10.2f}"
+        else:
+            line += f"{c.mean_step_ms():>10.2f}"
+        line += f"{_fmt_bytes(c.peak_mem_bytes):>14}{gflop:>14}"
         if mfu_on:
             mfu = c.flops_per_step * sps / args.batch / (args.peak_tflops * 1e12)
             line += f"{100 * mfu:>7.1f}%"
         say(line + f"   final loss {c.final_loss:.3f}")
+    if cpu:
+        say(f"samples/s = batch {args.batch} / median step, of {cs[0].steps} timed steps per model in alternating "
+            f"rounds; mean ms over the same steps, stalls included")
+    else:
+        say(f"samples/s = batch {args.batch} / mean step over {cs[0].steps} timed steps per model")
     if len(cs) == 2:
         ours, theirs = cs
-        line = f"ratio xmodal/transformers: {ours.samples_per_s(args.batch) / theirs.samples_per_s(args.batch):.2f}x samples/s"
+        b = args.batch
+        line = f"ratio xmodal/transformers: {ours.samples_per_s(b) / theirs.samples_per_s(b):.2f}x samples/s"
+        if cpu:
+            line += f" ({ours.mean_samples_per_s(b) / theirs.mean_samples_per_s(b):.2f}x by the mean step)"
         if ours.peak_mem_bytes and theirs.peak_mem_bytes:
             line += f", {ours.peak_mem_bytes / theirs.peak_mem_bytes:.2f}x peak memory"
         say(line)
+    unsteady = [c.name for c in cs if cpu and (c.mean_step_ms() > UNSTEADY * c.median_step_ms()
+                                              or c.quartiles_ms()[1] > UNSTEADY * c.quartiles_ms()[0])]
+    if unsteady:
+        say(f"note: the steps of {' and '.join(unsteady)} vary widely (load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores): the figures will differ from run to run; more --steps, a quieter machine"
+            f"{', or --threads 1' if torch.get_num_threads() > 1 else ''} steady them")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,8 +287,9 @@ def run(args: argparse.Namespace) -> int:
     at_least(args, 1, "steps", "batch", "rounds")
     at_least(args, 0, "warmup", "threads")
     at_least(args, 1e-9, "peak_tflops")
+    json_path = None if args.json is None else check_writable_file(args.json, "--json")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.threads:
+    if args.threads and device.type == "cpu":
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 training on Hopper uses TF32; same for both
@@ -246,7 +307,10 @@ def run(args: argparse.Namespace) -> int:
         generator=torch.Generator().manual_seed(args.seed),
     ).to(device, float_dtype=torch.float32)  # features travel as fp16; both models take fp32 (autocast casts)
 
-    where = f"{torch.get_num_threads()} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    threads = torch.get_num_threads()
+    where = (f"{threads} thread{'s' if threads > 1 else ''}, load average {os.getloadavg()[0]:.1f} on "
+             f"{os.cpu_count()} cores"
+             if device.type == "cpu" else torch.cuda.get_device_name(device))
     compiled = f"on ({args.compile_mode})" if args.compile else "off"
     say(f"LXMERT train step: preset={args.preset} batch={args.batch} T={SEQ_LEN} N={NUM_OBJECTS} "
         f"precision={args.precision} device={device.type} ({where}) compile={compiled} "
@@ -290,4 +354,12 @@ def run(args: argparse.Namespace) -> int:
     print_table(cs, args, device)
     if device.type == "cuda" and args.flops:
         say(f"MFU = counted FLOPs (forward + backward, FlopCounterMode) x steps/s / {args.peak_tflops:g} TFLOP/s")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_path.with_name(json_path.name + ".tmp")  # the file whole or not at all
+        tmp.write_text(json.dumps({"settings": vars(args),
+                                   "device": device.type, "batch": args.batch,
+                                   "models": [c.figures(args.batch) for c in cs]}, indent=1, default=str))
+        tmp.replace(json_path)
+        say(f"wrote {json_path}")
     return 0

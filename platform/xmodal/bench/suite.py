@@ -29,19 +29,21 @@ plumbing; they are not speed figures).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
 import math
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -145,6 +147,7 @@ class Result:
     compile_s: float | None = None
     graph_breaks: int | None = None
     final_loss: float = float("nan")
+    step_ms: list[float] = field(default_factory=list)  # CPU: each timed step, whence ms_step and both samples/s
 
 
 @dataclass
@@ -172,15 +175,46 @@ def graph_breaks(module: nn.Module, batch) -> int:
     return breaks
 
 
+# A line of kineto's own log (torch.profiler's C++ library): `USDT:2026-12-03 21:10:40 5398:5398
+# SyncActivityProfilerHandler.cpp:52] profiler_start`. Kineto writes them to stderr from C++ (std::cerr);
+# the USDT ones on every profile, whatever KINETO_LOG_LEVEL says, so no setting keeps them off the console.
+KINETO_LINE = re.compile(r"^(USDT|STAGE|INFO|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\] ")
+
+
+@contextlib.contextmanager
+def without_kineto_lines() -> Iterator[None]:
+    """While it runs, the process's stderr (file descriptor 2, where C++ writes) goes to a temporary
+    file; after, every line written there that is not one of kineto's informational lines is passed
+    on to stderr (a warning or error, Python's or kineto's, still shows)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not KINETO_LINE.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def cpu_peak_tensor_bytes(state: TrainState, batch) -> int | None:
     """Peak bytes of live CPU tensors during one train step (parameters, optimizer state, batch,
     activations, gradients): the CPU analogue of max_memory_allocated, from the torch.profiler memory
-    timeline (a private API, guarded: None when it is not there)."""
+    timeline (a private API, guarded: None when it is not there). Kineto's log lines stay off the
+    console (`without_kineto_lines`)."""
     from torch.profiler import ProfilerActivity, profile
 
     try:
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                     with_stack=True) as prof:
+        with without_kineto_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                             record_shapes=True, with_stack=True) as prof:
             train_step(state, [batch])
         timeline = prof._memory_profile().timeline
     except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the suite
@@ -241,11 +275,13 @@ def time_steps(c: Contender, n: int, device: torch.device) -> None:
 
 def finish(c: Contender, s: Settings) -> None:
     r = c.result
-    r.samples_s_mean = c.steps * r.batch / c.elapsed
+    # CPU: both figures from the same recorded steps (`step_ms`); CUDA: over the whole timed stretch.
+    r.samples_s_mean = r.batch / statistics.fmean(c.step_times) if c.step_times else c.steps * r.batch / c.elapsed
     r.ms_step = 1e3 * (statistics.median(c.step_times) if c.step_times else c.elapsed / c.steps)
     # On a shared CPU a few steps stall on other processes; the median step is the figure that
     # repeats. On CUDA steps are not synchronised one by one, so the mean over all is the figure.
     r.samples_s = r.batch / (r.ms_step / 1e3) if c.step_times else r.samples_s_mean
+    r.step_ms = [1e3 * t for t in c.step_times]
     if r.gflop_per_sample is not None and s.device.type == "cuda":
         r.mfu = r.gflop_per_sample * 1e9 * r.samples_s / (s.peak_tflops * 1e12)
     if not math.isfinite(r.final_loss):
@@ -464,7 +500,10 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{r['samples_s']:,.1f} | {r['ms_step']:.2f} | {_f(r['peak_gib'], '.3f')} | "
                 f"{_f(r['gflop_per_sample'], '.3f')} | {_f(None if r['mfu'] is None else 100 * r['mfu'], '.1f')}"
                 f"{'%' if r['mfu'] is not None else ''} | {_f(r['compile_s'], '.1f')} | {_f(r['graph_breaks'], 'd')} |")
-        lines.append("")
+        lines += ["", "samples/s = batch / ms/step: " + (
+            "the mean step over the timed stretch (steps are not synchronised one by one)" if m["device"] == "cuda"
+            else "the median of the row's timed steps (each in the JSON, `step_ms`; `samples_s_mean` from their "
+                 "mean, stalls included)"), ""]
     if res.get("data"):
         lines += ["| data pipeline (1 core) | sentences/image | samples/s (best) | median | target |",
                   "|---|---:|---:|---:|---:|"]
