@@ -17,6 +17,7 @@ few seconds. The cases run four at a time (one module fixture) and are reported 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import pickle
@@ -346,10 +347,95 @@ CASES = [
     Case("sweep-cluster-does-not-answer", "sweep.py", ["space.yaml"],
          ["RAY_ADDRESS", "ray status --address 127.0.0.1:1"], files={"space.yaml": SPACE}),
     # ---- exports: the selected model, recorded checksums, the output folder
+    Case("export-out-under-proc", "export.py", ["--to", "reference", "--checkpoint", "ckpt", "--out",
+                                                 "/proc/xmodal-export"],
+         ["--out", "'/proc/xmodal-export'", "refuses new files"], files={"ckpt": None}),
+    Case("export-out-under-a-file", "export.py", ["--to", "reference", "--checkpoint", "ckpt", "--out", "notes.txt/out"],
+         ["--out", "'notes.txt/out'", "is a file"], files={"ckpt": None, "notes.txt": "x"}),
+    Case("export-out-is-a-uri", "export.py", ["--to", "reference", "--checkpoint", "ckpt", "--out", "s3://bucket/out"],
+         ["--out", "'s3://bucket/out'", "expected a local folder"], files={"ckpt": None}),
+    Case("export-checkpoint-sha256-mismatch", "export.py", ["--to", "reference", "--checkpoint", ".", "--out", "out"],
+         ["--checkpoint", "model.pt", "sha256", "refusing to export"],
+         files={"model.pt": "garbage", "meta.json": json.dumps({"config": {}, "files": {
+             "model.pt": {"bytes": 7, "sha256": "0" * 64}}})}),
+    Case("export-checkpoint-without-its-selected-weights", "export.py",
+         ["--to", "reference", "--checkpoint", ".", "--out", "out"],
+         ["--checkpoint", "best_model.pt", "selected on validation", "--logged-model runs:/0123abcd/final_model"],
+         files={"model.pt": "garbage", "meta.json": json.dumps({"run_id": "0123abcd", "config": {"task": "vqa"}, "files": {
+             "model.pt": {"bytes": 7, "sha256": hashlib.sha256(b"garbage").hexdigest()},
+             "best_model.pt": {"bytes": 7, "sha256": "0" * 64}}})}),
     # ---- output places and options that nothing uses (the whole config)
+    Case("pretrain-storage-path-under-proc", "pretrain.py", ["--storage-path", "/proc/xmodal-runs"],
+         ["scale.storage_path", "'/proc/xmodal-runs'", "cannot be written"]),
+    Case("pretrain-storage-path-under-a-file", "pretrain.py", ["--storage-path", "notes/runs"],
+         ["scale.storage_path", "'notes/runs'", "is a file"], files={"notes": "x"}),
+    Case("mult-storage-path-slash-missing", "train_mult.py", ["--storage-path", "s3:/runs"],
+         ["scale.storage_path", "'s3:/runs'", "slash missing"]),
+    Case("finetune-storage-path-no-bucket", "finetune.py", ["--storage-path", "s3:///runs"],
+         ["scale.storage_path", "'s3:///runs'", "names no bucket"]),
+    Case("pretrain-storage-path-bucket-with-space", "pretrain.py", _set("scale.storage_path=s3://my bucket/runs"),
+         ["scale.storage_path", "'my bucket'", "not a valid bucket name"]),
+    Case("sweep-storage-path-slash-missing", "sweep.py", ["space.yaml", "--storage-path", "gs:runs"],
+         ["'gs:runs'", "slash missing"], files={"space.yaml": SPACE}),
+    Case("finetune-nlvr2-output-on-vqa", "finetune.py", ["--task", "vqa", *_set("nlvr2_output=softmax")],
+         ["nlvr2_output", "'softmax'", "task=nlvr2", "task='vqa'"]),
+    Case("finetune-qa-loss-on-nlvr2", "finetune.py", ["--task", "nlvr2", *_set("qa_loss=ce")],
+         ["qa_loss", "'ce'", "task='nlvr2'"]),
+    Case("finetune-answer-head-from-qa-from-scratch", "finetune.py",
+         ["--init", "scratch", *_set("init.answer_head_from_qa=false")],
+         ["init.answer_head_from_qa", "init.source='scratch'"]),
+    Case("finetune-robust-seed-without-conditions", "finetune.py", _set("robust.conditions=[]", "robust.seed=4"),
+         ["robust.seed", "robust.conditions=[]"]),
+    Case("mult-noise-sigma-without-noise", "train_mult.py", _set("robust.conditions=[zero_audio]", "robust.noise_sigma=2"),
+         ["robust.noise_sigma", "2", "noise_*", "['zero_audio']"]),
+    Case("pretrain-feat-loss-without-feature-regression", "pretrain.py",
+         _set("tasks.obj_feat=false", "tasks.feat_loss=smooth_l1"),
+         ["tasks.feat_loss", "'smooth_l1'", "tasks.obj_feat=false"]),
+    Case("pretrain-fault-seed-without-random-faults", "pretrain.py", _set("train.fault_seed=3"),
+         ["train.fault_seed", "train.random_faults=0"]),
+    Case("pretrain-config-synthetic-beside-a-store", "pretrain.py", ["--config", "c.yaml"],
+         ["data.synthetic.num_images", "100", "data.store='st'"],
+         files={"c.yaml": "data:\n  store: st\n  synthetic: {num_images: 100}\n"}),
+    Case("sweep-parameter-nothing-uses-in-a-combination", "sweep.py", ["space.yaml"],
+         ["space.yaml", "tasks.feat_loss", "tasks.obj_feat=false"],
+         files={"space.yaml": SPACE + "  tasks.obj_feat: {type: choice, values: [true, false]}\n"
+                                      "  tasks.feat_loss: {type: choice, values: [l2, smooth_l1]}\n"}),
+    Case("sweep-chain-base-option-its-stage-does-not-use", "sweep.py", ["space.yaml"],
+         ["space.yaml", "pretrain.schedule.qa_from_fraction", "tasks.qa=false (in pretrain)"],
+         files={"space.yaml": "job: pretrain_finetune\nmetric: valid/accuracy\nmode: max\nnum_samples: 2\n"
+                              "scheduler: {type: fifo}\nbase: {config: {pretrain: {tasks: {qa: false}, "
+                              "schedule: {qa_from_fraction: 0.5}}}}\n"
+                              "parameters:\n  pretrain.optim.lr: {type: choice, values: [1e-3, 1e-2]}\n"}),
+    Case("pretrain-lr-inf", "pretrain.py", _set("optim.lr=inf"), ["optim.lr", "inf", "a finite number > 0"]),
+    Case("pretrain-lr-nan", "pretrain.py", _set("optim.lr=nan"), ["optim.lr", "nan", "a finite number > 0"]),
+    Case("mult-cpus-per-worker-inf", "train_mult.py", _set("scale.cpus_per_worker=.inf"),
+         ["scale.cpus_per_worker", "inf", "finite"]),
+    Case("finetune-initializer-range-overflows", "finetune.py", ["--init", "scratch",
+                                                                 *_set("model.initializer_range=1e999")],
+         ["model.initializer_range", "finite"]),
     # ---- tracking: replay, report, the tracking benchmark
+    # (--baseline naming no row and a spool naming a deleted or foreign run need an MLflow database with
+    # runs: tests/test_report.py and tests/test_tracking.py run those scripts on one.)
+    Case("report-out-unwritable", "report.py", ["--experiment", "x", "--out", "/proc/xmodal-report"],
+         ["--out", "'/proc/xmodal-report'", "cannot be written"]),
+    Case("report-out-is-a-file", "report.py", ["--experiment", "x", "--out", "r"], ["--out", "'r'", "is a file"],
+         files={"r": "x"}),
+    Case("bench-tracking-out-unwritable", "benchmark.py", ["tracking", "--writers", "1", "--out", "/proc/xmodal-bench"],
+         ["--out", "'/proc/xmodal-bench'", "cannot be written"]),
+    Case("bench-tracking-work-unwritable", "benchmark.py", ["tracking", "--writers", "1", "--work", "/proc/xmodal-w"],
+         ["--work", "'/proc/xmodal-w'", "cannot be written"]),
     # ---- fine-tuning's start and a failed start
+    Case("finetune-init-checkpoint-of-mult", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
+         ["init.path", "meta.json", "holds a MulT model's checkpoint", "needs an LXMERT"],
+         files={"ck": None, "ck/meta.json": '{"config": {"model": {"variant": "full", "l_dim": 300}}}', "ck/model.pt": "x"}),
+    Case("finetune-init-checkpoint-foreign-model-keys", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
+         ["init.path", "meta.json", "keys an LXMERT model does not take: colour"],
+         files={"ck": None, "ck/meta.json": '{"config": {"model": {"hidden_size": 8, "colour": 3}}}', "ck/model.pt": "x"}),
     # ---- benchmarks
+    Case("bench-lxmert-json-is-a-folder", "benchmark.py", ["lxmert", "--json", "results"],
+         ["--json", "'results'", "is a folder"], files={"results": None}),
+    Case("bench-lxmert-json-under-a-file", "benchmark.py", ["lxmert", "--json", "notes.txt/r.json"],
+         ["--json", "notes.txt", "is a file"], files={"notes.txt": "x"}),
 ]
 
 
@@ -466,7 +552,7 @@ def results(tmp_path_factory) -> dict[str, Result]:
 def test_the_table_is_large_and_ids_are_unique():
     assert len(CASES) >= 25 and len({c.id for c in CASES}) == len(CASES)
     assert {c.script for c in CASES} == {"pretrain.py", "finetune.py", "train_mult.py", "sweep.py", "ingest.py",
-                                         "report.py", "benchmark.py", "replay_tracking.py"}
+                                         "report.py", "benchmark.py", "replay_tracking.py", "export.py"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
