@@ -224,6 +224,13 @@ CASES = [
     Case("ingest-vqa-zero-answers", "ingest.py",
          ["vqa", "out", "--store", "st", "--train", "t.json", "--num-answers", "0"], ["--num-answers 0", ">= 1"],
          files={"t.json": "[]"}),
+    # ---- jobs/ingest.py: where a store or set would be written, checked before anything is read
+    Case("ingest-synthetic-out-under-proc", "ingest.py", ["synthetic", "/proc/xmodal-store", "--no-progress"],
+         ["output folder", "'/proc/xmodal-store'", "refuses new files"]),
+    Case("ingest-mult-synthetic-out-under-a-file", "ingest.py", ["mult-synthetic", "afile/store"],
+         ["'afile/store'", "is a file, not a folder"], files={"afile": "x"}),
+    Case("ingest-features-out-half-uri", "ingest.py", ["features", "s3:/bucket/store", "--tsv", "f.tsv"],
+         ["'s3:/bucket/store'", "a slash missing", "s3://bucket/prefix"], files={"f.tsv": ""}),
     # ---- jobs/report.py: a report only reads; it never creates or migrates a database
     Case("report-no-database", "report.py", ["--experiment", "x"], ["mlflow.db", "no MLflow database", "--tracking-uri"]),
     Case("report-database-is-an-empty-file", "report.py", ["--parent-run", "abc"], ["mlflow.db", "an empty file"],

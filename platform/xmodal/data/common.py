@@ -39,6 +39,7 @@ import pydantic
 
 from xmodal.console import say
 from xmodal.errors import UserError
+from xmodal.outputs import check_writable_dir
 
 MANIFEST_FILE = "manifest.json"
 
@@ -377,7 +378,11 @@ def local_target(path: str | Path) -> Path:
     if is_uri(str(path)):
         raise StoreError(f"{path}: stores and sets are written to a local folder; write it here, then upload "
                          "it (e.g. `aws s3 sync STORE s3://bucket/prefix/STORE`)")
-    return Path(path).expanduser().resolve()
+    target = Path(path).expanduser().resolve()
+    # Creatable and writable before anything is read (a half URI such as `s3:/bucket` included): the
+    # temporary folder beside it is the first thing written, after the (possibly long) read.
+    check_writable_dir(path if not target.exists() else target.parent, "output folder")
+    return target
 
 
 def check_target(path: Path, overwrite: bool, kind: str) -> None:
