@@ -15,7 +15,6 @@ instead would be a different model under the run's name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,32 +125,15 @@ def check_recorded(folder: Path, meta: dict[str, Any], key: str, where: str) -> 
         raise SourceError(f"{key}: {where}: {ckpt.META_FILE}'s 'files' is {type(files).__name__}; expected the "
                           "name -> {bytes, sha256} table a checkpoint records")
     for name in WEIGHT_FILES:
-        f = folder / name
-        if name not in files or not f.is_file():
+        if name not in files or not (folder / name).is_file():
             continue
         try:
-            size, digest = int(files[name]["bytes"]), str(files[name]["sha256"])
-        except (KeyError, TypeError, ValueError):
-            raise SourceError(f"{key}: {where}: {ckpt.META_FILE} records {name} as {files[name]!r}; expected "
-                              "{bytes, sha256}") from None
-        actual = f.stat().st_size
-        if actual != size:
-            raise SourceError(f"{key}: {name} in {where} has {actual} bytes, but {ckpt.META_FILE} records {size}: "
-                              "truncated or changed since the run wrote it; refusing to export it")
-        found = _sha256(f)
-        if found != digest:
-            raise SourceError(f"{key}: {name} in {where} does not match the sha256 {ckpt.META_FILE} records "
-                              f"({found[:12]}..., recorded {digest[:12]}...): changed or corrupted since the run "
-                              "wrote it; refusing to export it")
+            wrong = ckpt.file_mismatch(folder, name, files[name])
+        except ValueError as e:
+            raise SourceError(f"{key}: {where}: {e}") from None
+        if wrong:
+            raise SourceError(f"{key}: {name} in {where} {wrong}; refusing to export it")
     return set(files)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def from_run(uri: str, run_id: str, download_dir: Path) -> Source:

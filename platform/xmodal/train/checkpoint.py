@@ -62,7 +62,7 @@ def seal(directory: str | Path) -> None:
     Called last, when the folder is complete (after the jobs' `on_checkpoint` files)."""
     d = Path(directory)
     meta = read_meta(d)
-    meta["files"] = {f.relative_to(d).as_posix(): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    meta["files"] = {f.relative_to(d).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256_of(f)}
                      for f in sorted(d.rglob("*")) if f.is_file() and f.relative_to(d).as_posix() != META_FILE}
     (d / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
@@ -95,7 +95,7 @@ def verify(directory: str | Path) -> str | None:
         actual = f.stat().st_size
         if actual != size:
             return f"{name} has {actual} bytes, expected {size} (truncated or overwritten)"
-        if _sha256(f) != digest:
+        if sha256_of(f) != digest:
             return f"{name}: sha256 mismatch (corrupted)"
     return None
 
@@ -144,7 +144,25 @@ def is_storage_failure(error: BaseException) -> bool:
     return False
 
 
-def _sha256(path: Path) -> str:
+def file_mismatch(folder: Path, name: str, record: Any) -> str | None:
+    """How the file `name` of a checkpoint folder differs from its `record` in the meta's `files`
+    ({bytes, sha256}, `seal`), as the end of a sentence naming the file, or None when it matches.
+    Raises ValueError when the record itself is malformed."""
+    try:
+        size, digest = int(record["bytes"]), str(record["sha256"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{META_FILE} records {name} as {record!r}; expected {{bytes, sha256}}") from None
+    actual = (folder / name).stat().st_size
+    if actual != size:
+        return f"has {actual} bytes, but {META_FILE} records {size}: truncated or changed since the run wrote it"
+    found = sha256_of(folder / name)
+    if found != digest:
+        return (f"does not match the sha256 {META_FILE} records ({found[:12]}..., recorded {digest[:12]}...): "
+                "changed or corrupted since the run wrote it")
+    return None
+
+
+def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

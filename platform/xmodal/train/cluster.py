@@ -11,6 +11,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from xmodal.console import PREFIX, say
@@ -279,6 +280,21 @@ def removed_on_failure(path: Path):
             except OSError:  # not empty, or already gone
                 break
         raise
+
+
+@contextlib.contextmanager
+def init_download_dir(storage: str, run_name: str) -> Iterator[Path]:
+    """Where the driver downloads fine-tuning's `--init run` weights: the run's folder
+    `<storage>/<run>/init` when the storage is a local (on a cluster, shared) folder, removed with the
+    folders made for it when a check fails; a scratch folder, removed after the checks, when the storage
+    is a URI (`s3://...`), which names no local folder (it would have become one named `s3:`). Workers
+    that do not see the driver's copy fetch the weights themselves (`finetune.run_weights_here`)."""
+    if "://" not in storage:
+        with removed_on_failure(Path(storage) / run_name / "init") as folder:
+            yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="xmodal-init-") as scratch:
+        yield Path(scratch)
 
 
 def storage_path(configured: str | None) -> str:

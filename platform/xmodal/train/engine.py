@@ -32,7 +32,7 @@ from xmodal.config import ConfigError, flatten
 from xmodal.scores import SELECTED_PREFIX
 from xmodal.train import checkpoint as ckpt
 from xmodal.train import record, recovery, timeline
-from xmodal.train.cluster import check_cluster, connect, removed_on_failure, storage_path
+from xmodal.train.cluster import check_cluster, connect, init_download_dir, storage_path
 from xmodal.train.faults import check_fault_storage, fault_schedule
 from xmodal.train.interrupt import GracefulStop
 from xmodal.train.job import (
@@ -77,9 +77,7 @@ def check(spec: JobSpec, cfg) -> Checked:
         check_cluster(cfg.scale)
         cluster_checked.append(True)
 
-    # Where fine-tuning's `--init run` downloads its weights: a check that fails leaves nothing there, nor
-    # any folder made for it.
-    with removed_on_failure(Path(storage) / name / "init") as download:
+    with init_download_dir(storage, name) as download:
         prepared = spec.prepare(cfg, Inputs(uri, download, before_build=before_build))
         if not cluster_checked:  # configured data: its errors come first, they need no cluster
             check_cluster(cfg.scale)

@@ -21,9 +21,11 @@ reference snapshot, the answer head is the snapshot's when its shapes match.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,7 @@ class Init:
     path: str | None = None  # folder with model.pt (+ meta.json), the transformers directory, or the reference file
     run_id: str | None = None
     pretrain_answers: list[str] | None = None  # the pretraining QA table, when its store is known
+    tracking_uri: str | None = None  # source run: where a worker that cannot see `path` fetches the weights
 
 
 class FinetuneJob(JobSpec):
@@ -227,7 +230,7 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
     with removed_on_failure(download_dir / run_id):  # a download whose checkpoint is refused goes too
         init, model = _checkpoint_init(run_model_folder(uri, run_id, download_dir, lxmert=True),
                                        f"init.run_id: the `model` artifact of run {run_id!r}")
-    return dataclasses.replace(init, source="run", run_id=run_id), model
+    return dataclasses.replace(init, source="run", run_id=run_id, tracking_uri=uri), model
 
 
 def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
@@ -385,6 +388,38 @@ def with_data_dims(cfg: FinetuneConfig, data, pretrained: LxmertConfig | None) -
     return cfg.model_copy(update={"model": model})
 
 
+@contextlib.contextmanager
+def run_weights_here(init: Init) -> Iterator[Path]:
+    """The folder of the starting weights as this process sees it. A source run's weights were
+    downloaded by the driver into the run's storage (`<storage>/<run>/init`); a worker on a host that
+    does not see that folder (the storage is not shared, or is an object store, so the driver's copy
+    was a scratch folder) downloads the run's `model` artifact itself into a scratch folder, removed
+    after. Either copy is checked against the sha256 the run recorded for its model file."""
+    folder = Path(init.path)
+    if init.source != "run":
+        yield folder
+        return
+    if (folder / ckpt.MODEL_FILE).is_file():
+        _check_weights(folder, init)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="xmodal-init-") as scratch:
+        got = tracking.download_artifacts(init.tracking_uri, init.run_id, "model", scratch)
+        _check_weights(got, init)
+        yield got
+
+
+def _check_weights(folder: Path, init: Init) -> None:
+    try:
+        record = ckpt.read_meta(folder).get("files", {}).get(ckpt.MODEL_FILE)
+        wrong = ckpt.file_mismatch(folder, ckpt.MODEL_FILE, record) if record is not None else None
+    except (OSError, ValueError) as e:
+        wrong = f"cannot be checked ({e})"
+    if wrong:
+        raise ckpt.CorruptCheckpointError(f"init.run_id: {ckpt.MODEL_FILE} of run {init.run_id!r} in {folder} "
+                                          f"{wrong}; run the job again to download it afresh")
+
+
 def load_init(objective, init: Init, answers: list[str] | None, answer_head_from_qa: bool) -> str:
     """Load the starting weights into the objective's model; returns a line saying what was loaded."""
     from xmodal.models.lxmert_init import (
@@ -412,7 +447,8 @@ def load_init(objective, init: Init, answers: list[str] | None, answer_head_from
         _, state = encoder_state_from_hf_dir(init.path)
         pretrain_answers = None  # transformers' checkpoints carry no answer table
     else:
-        state = torch.load(Path(init.path) / ckpt.MODEL_FILE, map_location="cpu", weights_only=True)
+        with run_weights_here(init) as folder:
+            state = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True)
         pretrain_answers = init.pretrain_answers
     model = objective.model
     load_pretrained_encoder(model, state)
