@@ -161,10 +161,11 @@ def _state(pid: str) -> str:
 
 
 def test_a_local_ray_that_does_not_start_is_tried_once_more_then_one_error_and_the_run_failed(tmp_path):
-    """A local Ray that misses its start-up deadline (Ray's own: no time at all to reach its GCS, as on a
-    machine too loaded to start it in time) is started once more, then the job ends with one `error:`
-    line saying what to do, exit 2, no traceback, nothing of either try left running, and its MLflow
-    run FAILED (not RUNNING for ever)."""
+    """A local Ray whose GCS does not start (on a loaded machine: Ray's start-up deadlines missed; here,
+    every time: the GCS's RocksDB folders are files, so it exits at once, and Ray's deadlines are 0 so
+    that each try fails fast) is started once more, then the job ends with one `error:` line saying what
+    to do, exit 2, no traceback, nothing of either try left running, and its MLflow run FAILED (not
+    RUNNING for ever). Zero deadlines alone do not fail a start: a fast machine's GCS is up at Ray's one look."""
     from xmodal import tracking
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
@@ -174,7 +175,12 @@ def test_a_local_ray_that_does_not_start_is_tried_once_more_then_one_error_and_t
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ray_tmp = Path(tempfile.mkdtemp(prefix="rx", dir="/tmp"))  # short: Ray's socket paths live under it
     try:
+        gcs_store = ray_tmp / "gcs"
+        gcs_store.mkdir()
+        for name in ("tables", "kv"):  # where the GCS's RocksDB opens its databases: a file, not a folder
+            (gcs_store / name).write_text("")
         env = ray_env(RAY_TMPDIR=str(ray_tmp), PYTHONPATH=str(REPO / "platform"),
+                      RAY_gcs_storage="rocksdb", RAY_gcs_storage_path=str(gcs_store),
                       RAY_py_gcs_connect_timeout_s="0", RAY_gcs_server_port_wait_time_s="0")
         out = subprocess.run([PYTHON, str(REPO / "jobs" / "pretrain.py"), "--store", str(store), "--run-name", "nostart",
                               "--experiment", "nostart", "--storage-path", str(tmp_path / "runs"),
