@@ -264,7 +264,7 @@ def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapt
                                f"init.path={tmp_path / 'model_LXRT.pth'}", "mlflow.system_metrics=false"))
     assert checked.prepared.cfg.model == src.config  # the reference's architecture: 64-wide heads, token types, pooler
     assert checked.prepared.start == {"source": "reference", "path": str(tmp_path / "model_LXRT.pth"), "run_id": None,
-                             "pretrain_answers": None}
+                             "pretrain_answers": None, "tracking_uri": None}
     objective = job.build_objective(checked.prepared.cfg, data)
     line = load_init(objective, Init(**checked.prepared.start), list(data.answers.answers), True)
     assert line == f"encoder from reference {tmp_path / 'model_LXRT.pth'}"
