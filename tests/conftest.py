@@ -36,10 +36,10 @@ HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
 HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "train/test_pretrain.py", "test_cluster.py",
                   "train/test_learning.py", "sweep/test_sweep.py", "train/test_interrupt.py", "test_tracking.py",
                   "train/test_finetune_job.py", "train/test_mult_job.py", "train/test_outage.py",
-                  "train/test_mult_learning.py", "bench/test_suite.py", "test_report.py", "test_tracking_load.py",
+                  "train/test_mult_learning.py", "export/test_export_selected.py", "bench/test_suite.py", "test_report.py", "test_tracking_load.py",
                   "train/test_pretrain_s3.py", "bench/test_scale.py", "bench/test_sweep_bench.py",
                   "export/test_export_source.py", "test_bad_configs.py", "data/finetune/test_finetune_stream.py",
-                  "test_cluster_postgres.py")
+                  "train/test_local_ray.py", "test_cluster_postgres.py")
 
 
 def pytest_collection_modifyitems(config, items):
