@@ -75,7 +75,7 @@ class TrainConfig(Section):
     best_mode: Literal["max", "min"] = "max"
     log_every: int = Field(20, ge=1)
     seed: Seed = 0
-    # A testing aid (docs/architecture.md, "Fault injection"): a Train worker exits once at each of these
+    # A testing aid (docs/reliability.md, "Fault injection"): a Train worker exits once at each of these
     # steps (one step or a list), and at `random_faults` more steps drawn from `fault_seed` and the run name.
     fail_at_step: list[PosInt] | None = None
     random_faults: int = Field(0, ge=0)
@@ -159,7 +159,7 @@ def _store_field() -> Any:
 def embedded_lxmert_store() -> SyntheticLxmertOptions:
     """The embedded default's synthetic corpus: 6,000 images of 1-3 named object groups and nothing
     else (no background boxes), 32 named classes, 8 colours, 64-dim features, 4 sentences each, a
-    quarter of them questions, every caption naming all of its image's groups (docs/architecture.md,
+    quarter of them questions, every caption naming all of its image's groups (docs/learning.md,
     "What the embedded default learns", says why)."""
     return SyntheticLxmertOptions(
         num_images=6000, num_objects=8, feat_dim=64, num_object_labels=40, num_attr_labels=8, num_answers=60,

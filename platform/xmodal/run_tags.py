@@ -29,7 +29,7 @@ INIT_RUN_ID = "init_run_id"  # fine-tuning from a run: that run
 PRETRAIN_RUN_ID = "pretrain_run_id"  # a chain's fine-tuning stage: its pretraining stage's run
 TOTAL_STEPS = "xmodal.total_steps"  # set before fit(): tells a finished run from a stopped one (sweeps read it)
 CHAIN_STAGE = "xmodal.chain_stage"  # a chain's stage: "pretrain" or "finetune"
-# What "same seed, data, config and workers -> the same metrics" rests on (docs/architecture.md)
+# What "same seed, data, config and workers -> the same metrics" rests on (docs/reliability.md)
 REPRO_SEED = "xmodal.repro.seed"  # train.seed
 REPRO_WORKERS = "xmodal.repro.workers"  # scale.num_workers
 REPRO_DATA_MANIFEST = "xmodal.repro.data_manifest_sha256"  # also the logged dataset's digest

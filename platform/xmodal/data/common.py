@@ -605,7 +605,7 @@ def epoch_units(units: Sequence[Unit], *, seed: int, epoch: int, rank: int = 0, 
     """This rank's units of an epoch: one permutation of all units from (seed, epoch), the same on
     every rank, of which rank r takes every world-th from r. Ranks get disjoint units that together
     cover the split, and the same ones in the same order in every run: a run is reproducible and
-    resumes exactly (docs/architecture.md, "Reproducible runs")."""
+    resumes exactly (docs/reliability.md, "Reproducible runs")."""
     units = list(units)
     if shuffle:
         order = np.random.default_rng([seed, epoch, 0x5EED]).permutation(len(units))

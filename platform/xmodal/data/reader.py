@@ -4,7 +4,7 @@ Data tasks, in the units' order.
 
 Each rank reads only its own units, and the same ones in the same order in every run, so a run
 with the same seed, store and number of workers sees the same samples, and a run resumed from a
-checkpoint sees the samples the uninterrupted run saw (docs/architecture.md, "Reproducible runs").
+checkpoint sees the samples the uninterrupted run saw (docs/reliability.md, "Reproducible runs").
 Reads run as Ray tasks beside the workers: leave CPUs to them (`scale.cpus_per_worker` below 1).
 """
 

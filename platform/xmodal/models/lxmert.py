@@ -53,7 +53,7 @@ class LxmertConfig:
     # Std of the N(0, std) initial weights (BERT and the paper: 0.02, transformers'
     # `initializer_range`). 0.02 is calibrated for width 768: a projection scales a unit-variance
     # input by about std * sqrt(hidden_size), 0.55 at 768 but 0.23 at 128, so a narrow model starts
-    # with almost no signal through attention (see docs/architecture.md, Objectives).
+    # with almost no signal through attention (see docs/learning.md, Objectives).
     initializer_range: PosFloat = 0.02
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """What a run costs, measured on the worker: parameters, GFLOP per sample (counted), training
 throughput, peak memory, wall time and device-hours. Imports only torch and the standard library.
 
-Every job logs these as `cost/*` metrics (docs/architecture.md, "Sweeps ... and reports"):
+Every job logs these as `cost/*` metrics (docs/sweeps.md, "Sweeps ... and reports"):
 
     cost/params            trainable and frozen parameters of the objective
     cost/gflop_per_sample  one training forward + backward of the first micro-batch, counted by

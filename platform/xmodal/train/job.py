@@ -10,7 +10,7 @@ in its own module. It says three things, each a few methods:
     worker      setup, train_batches, evaluate, held_out
 
 `check` and `run` are the engine's (`xmodal.train.engine`), the same for every job; a job made of
-stages (the chain) overrides them with engine calls of its own. docs/architecture.md, "A new job",
+stages (the chain) overrides them with engine calls of its own. docs/architecture.md, "A new model or job",
 walks through one spec.
 """
 

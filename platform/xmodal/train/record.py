@@ -1,6 +1,6 @@
 """What a run records in MLflow besides its metrics: the reproducibility tags, the run found again by
 name or created (with its source), where a rerun resumes, the data as a dataset input, the final
-model, and the multi-seed parent run's summary over its seeds (docs/architecture.md, "What a run
+model, and the multi-seed parent run's summary over its seeds (docs/tracking.md, "What a run
 records for the MLflow UI"). The engine's driver calls these; the MLflow calls are `xmodal.tracking`'s.
 """
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
     """What the promise "same seed, data, config and workers -> the same metrics" rests on
-    (docs/architecture.md, "Reproducible runs"); the config itself is the run's params."""
+    (docs/reliability.md, "Reproducible runs"); the config itself is the run's params."""
     digest = manifest_digest(data_path)
     versions = []
     for package in ("torch", "numpy", "pyarrow", "ray"):

@@ -3,7 +3,7 @@
 The training path, `iter_rank_batches`: each Train worker reads its own units of the epoch
 (row groups dealt out from the seed, `common.epoch_units`) through Ray Data (`data/reader.py`) into
 the same blocks and batches as the Ray-free `iter_local_batches`, so runs are reproducible and
-resume exactly (docs/architecture.md, "Reproducible runs").
+resume exactly (docs/reliability.md, "Reproducible runs").
 
 How it flows: read tasks decode the rank's row groups (one image a row, float16 features as a
 fixed-shape tensor) into the object store; the worker takes them as Arrow tables (zero-copy, no
@@ -12,7 +12,7 @@ and turns those into LxmertBatches with the vectorised builder in a background t
 batches ahead of the training step.
 
 Leave CPUs to the read tasks: Train workers that hold every CPU starve them and fit() hangs
-(docs/architecture.md, "The pretraining job"); e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
+(docs/training.md, "The pretraining job"); e.g. ScalingConfig(resources_per_worker={"CPU": 0.5}).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The training path, `iter_rank_batches`: each Train worker reads its own units of the epoch (row
 groups dealt out from the seed, `common.epoch_units`) through Ray Data (`data/reader.py`): the
 same batches as `batches_from_tables` over `read_unit` of the same units (the in-process path), so
-runs are reproducible and resume exactly (docs/architecture.md, "Reproducible runs").
+runs are reproducible and resume exactly (docs/reliability.md, "Reproducible runs").
 
 The streaming path (benchmarks and tests):   ds = mult_dataset(store, "train", seed=cfg.train.seed)
                TorchTrainer(..., datasets={"train": ds})  # DataConfig splits it: streaming_split(n, equal=True)
@@ -23,7 +23,7 @@ hands blocks to whichever worker asks first, so the clip-to-worker assignment va
 runs; the Ray-free `MultSplit.batches` is bit-for-bit reproducible. `MultBatch.index` holds each
 clip's row in its split, so predictions can be joined with ids after gathering.
 
-Leave CPUs to the read tasks (docs/architecture.md, "The pretraining job"): Train workers holding every CPU starve them.
+Leave CPUs to the read tasks (docs/training.md, "The pretraining job"): Train workers holding every CPU starve them.
 """
 
 from __future__ import annotations
