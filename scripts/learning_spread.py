@@ -1,6 +1,6 @@
 """The spread behind the learning tests' bars: the embedded default pretrained (and fine-tuned from
 pretrained and from scratch) in-process, once per seed and thread count, exactly as
-tests/train/test_learning.py runs it.
+tests/jobs/test_learning.py runs it.
 
     python scripts/learning_spread.py [--seeds 0,1,2,3,4] [--threads 1,2] [--out spread.jsonl]
 
@@ -27,8 +27,8 @@ from xmodal.config import FinetuneConfig, PretrainConfig, load_config
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.priors import pretraining_priors
 from xmodal.data.lxmert.synthetic import build_synthetic_store
-from xmodal.train.finetune import Init, finetune_in_process
-from xmodal.train.pretrain import pretrain_in_process, with_store_dims
+from xmodal.jobs.finetune_job import Init, finetune_in_process
+from xmodal.jobs.pretrain_job import pretrain_in_process, with_store_dims
 
 
 def one_run(seed: int, threads: int, tmp: Path, finetune: bool) -> dict:

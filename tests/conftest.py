@@ -33,13 +33,13 @@ os.environ.update(s3_environment(S3_PORT))
 # (xdist's own `--dist loadgroup` marks no longer group anything under pytest 9.2, which made node ids
 # read-only, hence a scheduler of our own.)
 HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
-HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "train/test_pretrain.py", "test_cluster.py",
-                  "train/test_learning.py", "sweep/test_sweep.py", "train/test_interrupt.py", "test_tracking.py",
-                  "train/test_finetune_job.py", "train/test_mult_job.py", "train/test_outage.py",
-                  "train/test_mult_learning.py", "export/test_export_selected.py", "bench/test_suite.py", "test_report.py", "test_tracking_load.py",
-                  "train/test_pretrain_s3.py", "bench/test_scale.py", "bench/test_sweep_bench.py",
+HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "jobs/test_pretrain_job.py", "test_cluster.py",
+                  "jobs/test_learning.py", "sweep/test_sweep.py", "runner/test_interrupt.py", "test_tracking.py",
+                  "jobs/test_finetune_job.py", "jobs/test_mult_job.py", "runner/test_outage.py",
+                  "jobs/test_mult_learning.py", "export/test_export_selected.py", "bench/test_suite.py", "test_report.py", "test_tracking_load.py",
+                  "jobs/test_pretrain_job_s3.py", "bench/test_scale.py", "bench/test_sweep_bench.py",
                   "export/test_export_source.py", "test_bad_configs.py", "data/finetune/test_finetune_stream.py",
-                  "train/test_local_ray.py", "test_cluster_postgres.py")
+                  "runner/test_local_ray.py", "test_cluster_postgres.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -73,7 +73,7 @@ def ray_local():
     (Tune with ASHA needs it to free stopped trials' resources).
     """
     ray = pytest.importorskip("ray")
-    from xmodal.train.cluster import start_local
+    from xmodal.runner.ray_cluster import start_local
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     start_local(num_cpus=4, include_dashboard=True, log_to_driver=True, object_store_memory=1_000_000_000)
@@ -123,3 +123,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+@pytest.fixture(scope="session")
+def stores(tmp_path_factory):
+    """A tiny LXMERT store, a MulT store, a VQA set on the LXMERT store's images and an NLVR2 set."""
+    from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.data.mult.synthetic import SyntheticMultOptions
+    from xmodal.data.mult.synthetic import build_synthetic_store as build_mult
+    from xmodal.data.options import SyntheticLxmertOptions
+
+    root = tmp_path_factory.mktemp("stores")
+    images = build_synthetic_store(root / "lxmert", SyntheticLxmertOptions(
+        num_images=160, feat_dim=16, num_objects=8, num_object_labels=10, num_attr_labels=4, num_answers=20))
+    spelled = build_synthetic_store(root / "lxmert-nlvr2", SyntheticLxmertOptions(
+        num_images=160, num_objects=8, feat_dim=16, num_object_labels=40, num_attr_labels=8, num_answers=60,
+        sentences_per_image=6, minival_fraction=0.25))  # a corpus whose vocabulary spells the NLVR2 statements
+    return {"pretrain": images.path, "mult": build_mult(root / "mult", SyntheticMultOptions(num_samples=240)).path,
+            "finetune": build_synthetic_vqa(images.path, root / "vqa", questions_per_image=2).path,
+            "nlvr2": build_synthetic_nlvr2(spelled.path, root / "nlvr2").path}

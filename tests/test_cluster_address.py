@@ -9,7 +9,7 @@ import time
 import pytest
 
 from xmodal.errors import UserError
-from xmodal.train.cluster import check_cluster_address, cluster_address
+from xmodal.runner.ray_cluster import check_cluster_address, cluster_address
 
 
 @pytest.mark.parametrize("value, expected", [

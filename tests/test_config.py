@@ -392,7 +392,7 @@ def test_every_use_names_a_key_of_its_config_and_all_problems_are_listed():
 ])
 def test_storage_path_is_checked_before_any_work_and_nothing_is_made(tmp_path, monkeypatch, configured, expected):
     from xmodal.errors import UserError
-    from xmodal.train.cluster import storage_path
+    from xmodal.runner.ray_cluster import storage_path
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes").write_text("x")
@@ -404,7 +404,7 @@ def test_storage_path_is_checked_before_any_work_and_nothing_is_made(tmp_path, m
 
 def test_storage_path_from_the_environment_or_the_default_is_checked_too(tmp_path, monkeypatch):
     from xmodal.errors import UserError
-    from xmodal.train.cluster import storage_path
+    from xmodal.runner.ray_cluster import storage_path
 
     monkeypatch.setenv("XMODAL_STORAGE_PATH", "gs:bucket/runs")
     with pytest.raises(UserError, match=r"XMODAL_STORAGE_PATH \(scale.storage_path unset\): 'gs:bucket/runs' looks"):

@@ -17,7 +17,7 @@ machine's monotonic clock, so the cases read when a node was declared dead and w
 without starting a Ray driver each time.
 
 Once the nodes have joined, every host name resolves to 127.0.0.1 (the hosts file rewritten): gloo must
-take its interface from the node IP (xmodal.train.gloo), not from its host name, or the workers on the
+take its interface from the node IP (xmodal.runner.gloo), not from its host name, or the workers on the
 two hosts each dial their own loopback.
 
 Every job is `jobs/pretrain.py` (tiny preset, 50 steps, a checkpoint every 10) with 2 Train workers of
@@ -342,7 +342,7 @@ def cluster(mlflow_template, request) -> Iterator[Cluster]:
         # From now on every host name resolves to 127.0.0.1 (as in many a machine's /etc/hosts; Ray's
         # nodes, which joined already, cannot start with that): gloo's own choice of
         # address would then be loopback, and the workers on two hosts would dial themselves.
-        # xmodal.train.gloo sets GLOO_SOCKET_IFNAME from the node IP instead. (The file is bind-mounted
+        # xmodal.runner.gloo sets GLOO_SOCKET_IFNAME from the node IP instead. (The file is bind-mounted
         # into every host; rewritten in place, they all see it.)
         with open(hosts_file, "r+") as f:
             f.truncate(0)

@@ -166,7 +166,7 @@ class RayHead:
         def launch() -> subprocess.Popen:
             with open(log, "a") as out:  # each try's output after the last's
                 # RAY_ADDRESS for the node's processes: Ray Train's placement-group cleaner finds "its" cluster
-                # by it, else by the file the last `ray start` wrote (xmodal.train.cluster.start_local).
+                # by it, else by the file the last `ray start` wrote (xmodal.runner.ray_cluster.start_local).
                 return subprocess.Popen(cmd, env={**self.env, "RAY_ADDRESS": self.address}, stdout=out,
                                         stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
 
@@ -244,9 +244,9 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     import torch
 
     from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
-    from xmodal.train.job import Inputs, split_batch
-    from xmodal.train.specs import job_spec
-    from xmodal.train.worker import make_worker
+    from xmodal.jobs.registry import job_spec
+    from xmodal.runner.spec import Inputs, split_batch
+    from xmodal.runner.worker import make_worker
 
     spec = job_spec(job)
     config = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]

@@ -27,7 +27,7 @@ def setup_console(verbose: bool) -> None:
 def user_errors(fn: Callable[[], int | None]) -> int:
     """Run a command: a `UserError` becomes one line `error: ...` on stderr and exit code 2, no
     traceback (tracebacks are for bugs); Ctrl-C or SIGTERM one line saying where the run stopped
-    (`RunInterrupted`, xmodal.train.interrupt) and exit code 130. Every command line of the package
+    (`RunInterrupted`, xmodal.runner.interrupt) and exit code 130. Every command line of the package
     goes through here."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM outside a run's training: as Ctrl-C
@@ -81,8 +81,8 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
     (plus `extra`: flag -> (dotted key, value template, help)), validated into the job's config
     class and run by the engine. Bad input is reported as one clear line and exit code 2."""
     from xmodal.config import load_config
-    from xmodal.train.engine import run_job
-    from xmodal.train.specs import job_spec
+    from xmodal.jobs.registry import job_spec
+    from xmodal.runner.engine import run_job
 
     spec = job_spec(job)
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

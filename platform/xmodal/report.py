@@ -28,7 +28,7 @@ with fewer, are not tested.
 Parameter importance: the sweep driver (xmodal.sweep.runner, the one Optuna importer) computes
 fANOVA importances over its finished trials and tags the parent run with them (T.IMPORTANCE, plain
 JSON); the report shows each parent's as a table, importance.csv and parameter_importance.png.
-Cost: every job logs `cost/*` (xmodal.train.cost); the table shows their means beside the scores,
+Cost: every job logs `cost/*` (xmodal.core.cost); the table shows their means beside the scores,
 and marks the rows on the Pareto front of score against GFLOP per sample.
 Plots: the metric against each ablation parameter, the learning curves of the best configurations,
 and the score against cost (GFLOP per sample, device-hours) with the Pareto front and the baseline.

@@ -106,7 +106,7 @@ var() { printf 'export %s=%q\n' "$1" "$2"; }
     var MLFLOW_TRACKING_URI "http://$head_ip:$port"
     var RAY_AUTH_MODE token
     # Ray Train's controller polls its workers every 2 s by default: a run's end and a dead worker
-    # are seen later, and each trial's teardown waits on more polls (platform/xmodal/train/cluster.py)
+    # are seen later, and each trial's teardown waits on more polls (platform/xmodal/runner/ray_cluster.py)
     var RAY_TRAIN_HEALTH_CHECK_INTERVAL_S 0.5
     if [ -n "$venv" ]; then
         var XMODAL_VENV "$venv"

@@ -12,12 +12,12 @@ from lxmert_reference_layout import reference_pretraining, reference_task
 from xmodal.errors import UserError
 from xmodal.export import export
 from xmodal.export.source import from_model
+from xmodal.jobs.finetune_job import load_init, resolve_path_init
 from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.models.lxmert_init import reference_weights
 from xmodal.models.mult import Mult
 from xmodal.models.mult import preset as mult_preset
-from xmodal.train.finetune import load_init, resolve_path_init
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

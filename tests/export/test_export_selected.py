@@ -12,10 +12,10 @@ import torch
 
 from mult_reference_layout import MULTModel
 from xmodal.config import FinetuneConfig, MultTrainConfig, load_config
+from xmodal.core import checkpoint as ckpt
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import bare_model, job_config
-from xmodal.train import checkpoint as ckpt
-from xmodal.train.hooks import ValidationSelection
+from xmodal.runner.hooks import ValidationSelection
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -43,7 +43,7 @@ def test_a_vqa_run_exports_its_selected_model(tmp_path, ray_local, capsys):
     from xmodal.data.finetune.synthetic import build_synthetic_vqa
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.train.finetune import FinetuneJob
+    from xmodal.jobs.finetune_job import FinetuneJob
 
     images = build_synthetic_store(tmp_path / "images", SyntheticLxmertOptions(
         num_images=64, num_objects=8, feat_dim=16, num_object_labels=10, num_attr_labels=4, num_answers=20))
@@ -78,7 +78,7 @@ def test_a_vqa_run_exports_its_selected_model(tmp_path, ray_local, capsys):
 
 def test_a_mult_run_exports_its_selected_model(tmp_path, ray_local):
     from xmodal.data.mult.synthetic import SyntheticMultOptions, build_synthetic_store
-    from xmodal.train.mult import MultJob
+    from xmodal.jobs.mult_job import MultJob
 
     store = build_synthetic_store(tmp_path / "mult", SyntheticMultOptions(num_samples=240))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -1,4 +1,4 @@
-"""Export sources: checkpoint folders in train/checkpoint.py's format (the weights a run selected), the
+"""Export sources: checkpoint folders in core/checkpoint.py's format (the weights a run selected), the
 command line, an MLflow run's final checkpoint and its logged model from a real pretraining run, and
 bad sources refused before anything is written."""
 
@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
+from xmodal.core import checkpoint as ckpt
+from xmodal.core.step import TrainState
 from xmodal.errors import UserError
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import from_checkpoint
@@ -21,9 +23,7 @@ from xmodal.models.mult import Mult
 from xmodal.objectives.finetune import FinetuneObjective
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.objectives.sentiment import MultObjective
-from xmodal.train import checkpoint as ckpt
-from xmodal.train.hooks import ValidationSelection
-from xmodal.train.step import TrainState
+from xmodal.runner.hooks import ValidationSelection
 from xmodal_testing import PYTHON, REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -215,7 +215,7 @@ def test_a_real_pretraining_runs_checkpoint_and_logged_model_export_to_transform
     from xmodal import tracking
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.train.pretrain import PretrainJob
+    from xmodal.jobs.pretrain_job import PretrainJob
 
     monkeypatch.chdir(tmp_path)  # the experiment's artifacts (./mlruns) go here
     store = build_synthetic_store(tmp_path / "store", SyntheticLxmertOptions(

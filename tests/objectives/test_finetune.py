@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from xmodal.batches import Nlvr2Batch, VqaBatch
+from xmodal.jobs.predictions import write_gqa_predictions, write_nlvr2_predictions, write_vqa_predictions
 from xmodal.models.lxmert import preset
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.objectives.finetune import (
@@ -19,7 +20,6 @@ from xmodal.objectives.finetune import (
     nlvr2_statement,
     predicted_soft_scores,
 )
-from xmodal.train.predictions import write_gqa_predictions, write_nlvr2_predictions, write_vqa_predictions
 
 CFG = preset("tiny")
 T, N = 8, 4

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from xmodal.batches import LxmertBatch
+from xmodal.core.step import TrainState, adamw, linear_warmup_decay, train_step
 from xmodal.models.lxmert import LxmertForPretraining, preset
 from xmodal.objectives.pretraining import (
     IGNORE,
@@ -18,7 +19,6 @@ from xmodal.objectives.pretraining import (
     pretraining_eval_metrics,
     pretraining_losses,
 )
-from xmodal.train.step import TrainState, adamw, linear_warmup_decay, train_step
 from xmodal_testing import all_logits
 
 CFG = preset("tiny")

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
+from xmodal.jobs.registry import job_spec
 from xmodal.sweep.plan import SweepOptions, plan_sweep
 from xmodal.sweep.runner import TRIAL_RESOURCES, in_process_trials, trial_resources
 from xmodal.sweep.space import validate_config
-from xmodal.train.specs import job_spec
 from xmodal_testing import REPO
 
 

@@ -83,7 +83,7 @@ def test_task_subsets_keep_mlm_and_matching_on_and_are_scored_downstream():
 def test_mult_space_validates_against_the_mult_job_config(tmp_path):
     path = SPACES / "mult_ablation.yaml"
     plan = plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
-    # Every variant gets the job's default budget, the one tests/train/test_mult_learning.py measures:
+    # Every variant gets the job's default budget, the one tests/jobs/test_mult_learning.py measures:
     # validated as a trial validates it (a partial train section keeps the job's batch size).
     cfg = validate_config(xmodal.config.MultTrainConfig, plan.base, "trial")
     default = xmodal.config.load_config(xmodal.config.MultTrainConfig)

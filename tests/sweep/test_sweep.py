@@ -18,8 +18,8 @@ import pytest
 
 from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.runner import timeline
 from xmodal.scores import better, selected_key
-from xmodal.train import timeline
 from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")
@@ -133,7 +133,7 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
             assert steps == [2, 4, 6]
             arts = set(tracking.list_artifacts(uri, r.run_id))
             assert {"config.yaml", "model"} <= arts
-            # where the trial's time went: its phases (xmodal.train.timeline) and Tune's share add up
+            # where the trial's time went: its phases (xmodal.runner.timeline) and Tune's share add up
             # to its life as the driver saw it; everything but training is overhead
             m = r.metrics
             phases = [m[f"time/{p}"] for p in timeline.PHASES]
@@ -479,9 +479,9 @@ def test_a_chain_trial_runs_both_stages_in_its_process(tmp_path, tiny_store, ray
     run folders hold the trial session's checkpoint list, not Ray Train's run state), the pretraining
     stage is a finished child run beside the trial's, and the trial is scored by its fine-tuning stage."""
     from xmodal.data.finetune.synthetic import build_synthetic_vqa
+    from xmodal.runner.session import TrialSession
     from xmodal.sweep.plan import SweepOptions
     from xmodal.sweep.runner import run_sweep
-    from xmodal.train.session import TrialSession
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "2")

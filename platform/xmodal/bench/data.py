@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
 
         s_open, s_tsv = startup("store", store.path), startup("tsv", tsv)
         if args.ray:  # before pinning: Ray's processes would inherit the one-core affinity
-            from xmodal.train.cluster import start_local
+            from xmodal.runner.ray_cluster import start_local
 
             start_local(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
         pinned = _one_core()

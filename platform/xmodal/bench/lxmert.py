@@ -1,7 +1,7 @@
 """LXMERT train step: samples/s, peak memory and MFU of ours vs transformers' LxmertForPreTraining.
 
 Both models get the same config, the same batch (`LxmertBatch.random`), the same precision and go
-through the same `xmodal.train.step.train_step` (forward, all five pretraining losses, backward,
+through the same `xmodal.core.step.train_step` (forward, all five pretraining losses, backward,
 AdamW step). Ours: `PretrainingObjective` + `adamw`. transformers': `LxmertForPreTraining` with its
 own losses (labels, obj_labels, matched_label, ans) + `torch.optim.AdamW`.
 
@@ -37,12 +37,12 @@ from xmodal.batches import LxmertBatch
 from xmodal.bench import at_least, cuda_arg
 from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.console import say
+from xmodal.core.cost import count_flops
+from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
+from xmodal.core.step import TrainState, adamw, train_step
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 from xmodal.outputs import check_writable_file
-from xmodal.train.cost import count_flops
-from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
-from xmodal.train.step import TrainState, adamw, train_step
 
 SEQ_LEN, NUM_OBJECTS = 20, 36  # paper: sentences of at most 20 tokens, 36 objects
 

@@ -3,7 +3,7 @@
     python jobs/benchmark.py mult [--batch 24 256] [--precision fp32 bf16] [--device cpu|cuda]
                                   [--steps N] [--compile] [--plain] [--lengths full|variable]
 
-One step = `xmodal.train.step.train_step` (forward, L1 loss, backward, grad-norm clip 0.8,
+One step = `xmodal.core.step.train_step` (forward, L1 loss, backward, grad-norm clip 0.8,
 Adam), the `reference` preset unless --preset says otherwise. --plain also times
 `PlainMult`, a straightforward per-direction re-implementation of the reference
 architecture (nn.MultiheadAttention, a float -inf causal mask, one module per
@@ -29,6 +29,9 @@ from torch import Tensor, nn
 from xmodal.batches import MultBatch
 from xmodal.bench import at_least, cuda_arg, preset_arg
 from xmodal.console import say
+from xmodal.core.cost import peak_memory_gib
+from xmodal.core.runtime import apply_precision, compile_module
+from xmodal.core.step import TrainState, train_step
 from xmodal.errors import UserError
 from xmodal.models.mult import (
     DIRECTIONS,
@@ -41,9 +44,6 @@ from xmodal.models.mult import (
     sinusoidal_positions,
 )
 from xmodal.objectives.sentiment import MultObjective
-from xmodal.train.cost import peak_memory_gib
-from xmodal.train.runtime import apply_precision, compile_module
-from xmodal.train.step import TrainState, train_step
 
 MOSEI_SHAPES = {"dims": (300, 74, 35), "seq_lens": (50, 500, 500)}
 

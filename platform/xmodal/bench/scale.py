@@ -17,7 +17,7 @@ For each LXMERT size N (images), in a temporary folder under --work:
    reads, straight from the files instead of through Ray Data) on the tiny preset, in a fresh process.
 MulT: a MOSEI-size reference pickle (16,326 / 1,871 / 4,659 clips; text 50 x 300, audio 500 x 74,
 vision 500 x 35, float32, front padding) or MOSI-size with --mult-size small; the same figures, the
-worker (`train/mult.py`'s job, tiny preset) capped at --mult-steps steps (a MulT epoch at 500-step
+worker (`jobs/mult_job.py`'s job, tiny preset) capped at --mult-steps steps (a MulT epoch at 500-step
 sequences is minutes on a CPU; its data path reads one row group at a time, so a partial epoch
 shows the same resident set).
 
@@ -226,8 +226,8 @@ def _worker_run(job, cfg, store, batch: int) -> dict[str, Any]:
     time and peak RSS, and the RSS it started from."""
     import torch
 
-    from xmodal.train.cost import peak_memory_gib
-    from xmodal.train.inprocess import run_in_process
+    from xmodal.core.cost import peak_memory_gib
+    from xmodal.runner.inprocess import run_in_process
 
     before = _rss()["VmRSS"]
     t = time.perf_counter()
@@ -243,7 +243,7 @@ def lxmert_worker(store: str, batch: int) -> dict[str, Any]:
 
     from xmodal.config import PretrainConfig, load_config
     from xmodal.data.lxmert.store import open_store
-    from xmodal.train.pretrain import PretrainJob
+    from xmodal.jobs.pretrain_job import PretrainJob
 
     torch.set_num_threads(1)
     s = open_store(store)
@@ -303,7 +303,7 @@ def ingest_mult_timed(out: str, pkl: str, dataset: str) -> dict[str, Any]:
 
 
 def mult_pipeline(store: str, batch: int, batches: int) -> dict[str, Any]:
-    """The MulT worker's in-process data path (`train/mult.py`): row groups -> MultBatches, one core."""
+    """The MulT worker's in-process data path (`jobs/mult_job.py`): row groups -> MultBatches, one core."""
     import itertools
 
     from xmodal.bench.data import _one_core
@@ -338,7 +338,7 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
 
     from xmodal.config import MultTrainConfig, load_config
     from xmodal.data.mult.store import open_store
-    from xmodal.train.mult import MultJob
+    from xmodal.jobs.mult_job import MultJob
 
     torch.set_num_threads(1)
     s = open_store(store)

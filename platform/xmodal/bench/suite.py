@@ -52,11 +52,11 @@ from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
 from xmodal.console import say
+from xmodal.core.cost import count_flops
+from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
+from xmodal.core.step import TrainState, train_step
 from xmodal.errors import UserError
 from xmodal.tracking import git_commit
-from xmodal.train.cost import count_flops
-from xmodal.train.runtime import apply_precision, compile_module, resolve_precision
-from xmodal.train.step import TrainState, train_step
 
 H200_BF16_DENSE_TFLOPS = 989.0
 SECTIONS = ("lxmert", "mult", "ddp", "data")

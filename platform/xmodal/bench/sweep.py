@@ -2,7 +2,7 @@
 (search_spaces/mult_ablation.yaml, its first N variants) on the embedded default (local Ray, the
 synthetic MulT store), with a throwaway MLflow file and storage. Prints, per trial and on average,
 its life as Tune's driver saw it, its training (`time/training_s`) and where the rest went (the
-`time/*` phases of xmodal.train.timeline, Tune's share), the sweep's wall time against the trials'
+`time/*` phases of xmodal.runner.timeline, Tune's share), the sweep's wall time against the trials'
 summed training, and whether the overhead is within its target: at most 10 % of the training or
 5 s a trial, whichever is larger (docs/sweeps.md, "Sweeps").
 
@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from xmodal.console import say
-from xmodal.train import timeline
+from xmodal.runner import timeline
 
 SPACE = Path(__file__).resolve().parents[3] / "search_spaces" / "mult_ablation.yaml"
 TARGET_RATIO, TARGET_S = 0.10, 5.0  # a trial's life outside training: at most the larger of the two
@@ -138,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.bench import at_least, begin, write_results
     from xmodal.cli import setup_console
     from xmodal.errors import UserError
+    from xmodal.runner.ray_cluster import connect, require_ray
     from xmodal.sweep.plan import SweepOptions
     from xmodal.sweep.runner import run_sweep
-    from xmodal.train.cluster import connect, require_ray
 
     at_least(args, 1, "trials", "concurrent", "epochs")
     variants = len(yaml.safe_load(SPACE.read_text())["parameters"]["model.variant"]["values"])

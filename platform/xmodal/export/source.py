@@ -1,11 +1,11 @@
 """What an export reads: a trained model, from an MLflow run, a checkpoint folder or a logged model.
 
 Each source gives a `Source`: the bare model (the one the run's MLflow model holds,
-`train/record.py: exported_model`) in fp32 eval mode with the weights the run selected (`best_model.pt`
+`runner/run_record.py: exported_model`) in fp32 eval mode with the weights the run selected (`best_model.pt`
 of selecting jobs) or its last ones, what kind of model it is, and the tokenizer vocabulary of the
 store it was trained on when that store has one. The run's checkpoint is found and checked as
-fine-tuning's `--init run|checkpoint` finds it (`train/finetune.py: run_model_folder`,
-`checkpoint_files`); the job and its config come from the checkpoint's meta (`train/specs.py: JOBS`).
+fine-tuning's `--init run|checkpoint` finds it (`jobs/finetune_job.py: run_model_folder`,
+`checkpoint_files`); the job and its config come from the checkpoint's meta (`jobs/registry.py: JOBS`).
 
 A checkpoint's weight files are checked against the size and sha256 its meta records (`checkpoint.seal`)
 before they are read, and a selecting job's checkpoint that lacks the selected weights its meta records
@@ -24,11 +24,11 @@ from pydantic import ValidationError
 from torch import nn
 
 from xmodal import run_tags, tracking
+from xmodal.core import checkpoint as ckpt
 from xmodal.errors import UserError
-from xmodal.train import checkpoint as ckpt
-from xmodal.train.finetune import checkpoint_files, run_model_folder
-from xmodal.train.hooks import ValidationSelection
-from xmodal.train.record import final_weights
+from xmodal.jobs.finetune_job import checkpoint_files, run_model_folder
+from xmodal.runner.hooks import ValidationSelection
+from xmodal.runner.run_record import final_weights
 
 # Our model kinds: the pretraining model, the three fine-tuning tasks, MulT.
 KINDS = ("pretrain", "vqa", "gqa", "nlvr2", "mult")
@@ -68,7 +68,7 @@ def from_model(model: nn.Module, kind: str, origin: str = "a model in memory", v
 
 
 def from_checkpoint(path: str | Path, key: str = "--checkpoint", run_id: str | None = None) -> Source:
-    """A checkpoint folder (`train/checkpoint.py`: model.pt, meta.json; `best_model.pt` when the job
+    """A checkpoint folder (`core/checkpoint.py`: model.pt, meta.json; `best_model.pt` when the job
     selects on validation) or, with `run_id`, the downloaded `model` artifact folder of that run (its
     final checkpoint: a selecting job's must hold the selected weights)."""
     p = Path(path).expanduser().resolve()
@@ -190,7 +190,7 @@ def logged_metadata(folder: Path) -> dict[str, Any]:
 def job_config(raw: dict[str, Any], where: str):
     """(kind, typed config, whether the job selects its model on validation) of a run's resolved config:
     the job whose config class accepts it."""
-    from xmodal.train.specs import JOBS
+    from xmodal.jobs.registry import JOBS
 
     errors = []
     for name in ("pretrain", "finetune", "mult"):

@@ -14,6 +14,7 @@ from typing import Any
 from xmodal import tracking
 from xmodal.config import MODEL_NAME_RE
 from xmodal.config_paths import config_has, get_dotted
+from xmodal.jobs.registry import job_spec
 from xmodal.sweep.space import (
     NAME_RE,
     SearchSpace,
@@ -24,7 +25,6 @@ from xmodal.sweep.space import (
     validate_config,
     validate_space,
 )
-from xmodal.train.specs import job_spec
 
 
 @dataclass
@@ -76,7 +76,7 @@ def trial_run_name(sweep: str, trial_id: str) -> str:
 
 
 def _sweep_root(configured: str | None) -> str:
-    from xmodal.train.cluster import storage_path
+    from xmodal.runner.ray_cluster import storage_path
 
     if configured:
         return storage_path(configured)

@@ -6,7 +6,7 @@ several is a Ray Train run.
     xmodal.sweep.plan.plan_sweep(options)  every check on the space and config, before Ray starts
     run_sweep(plan)      store, parent run, Tuner (new or restored), best-trial summary, report
 
-Trials (`run_trial`) run the job's spec through the engine (`xmodal.train.engine`); the job never
+Trials (`run_trial`) run the job's spec through the engine (`xmodal.runner.engine`); the job never
 imports this package. What the trial function cannot do, the driver does through `SweepCallback`: code after
 the training never runs for a trial the scheduler stops, so the driver marks its child run.
 
@@ -39,6 +39,9 @@ from xmodal import run_tags as T
 from xmodal.config import ConfigError, flatten
 from xmodal.config_paths import config_has
 from xmodal.errors import RunInterrupted, UserError
+from xmodal.jobs.registry import job_spec
+from xmodal.runner import recovery, timeline
+from xmodal.runner.spec import Trial
 from xmodal.scores import selected_key
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
@@ -49,9 +52,6 @@ from xmodal.sweep.space import (
     validate_config,
     with_assignments,
 )
-from xmodal.train import recovery, timeline
-from xmodal.train.job import Trial
-from xmodal.train.specs import job_spec
 
 SETUP_FILE = "xmodal_sweep.json"  # the trials' common setup, beside Tune's state (read back by --resume)
 # Trials take 1 CPU by default and starve their own Train workers; a trial function that starts a Ray
@@ -513,7 +513,7 @@ def run_sweep(opts: SweepOptions | SweepPlan) -> dict[str, Any]:
     plan = opts if isinstance(opts, SweepPlan) else plan_sweep(opts)
     plan.base, cfg = _check_base(plan)
 
-    from xmodal.train.cluster import connect
+    from xmodal.runner.ray_cluster import connect
 
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", TUNE_STATE_PERIOD_S)
     console.CONSOLE.sweep = True  # trial lines only: no progress bar or tables from the trials' runs

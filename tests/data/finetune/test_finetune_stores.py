@@ -165,8 +165,8 @@ def test_changed_store_is_detected_and_old_manifests_open(tmp_path: Path, small_
 def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Path, small_store: LxmertStore):
     """The job's own path in process (no Ray): config checks, model dims, batches, evaluation, predictions."""
     from xmodal.config import FinetuneConfig, load_config
-    from xmodal.train.finetune import FinetuneJob
-    from xmodal.train.inprocess import run_in_process
+    from xmodal.jobs.finetune_job import FinetuneJob
+    from xmodal.runner.inprocess import run_in_process
 
     ids = [f"x-{k}-img{j}" for k in range(16) for j in (0, 1)]
     feats, _ = _features_store(tmp_path, "nlvr2_feats", ids, seed=8)
@@ -180,7 +180,7 @@ def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Pa
         "train.log_every=1", f"data.store={data.path}", f"scale.storage_path={tmp_path / 'runs'}"])
     _, final = run_in_process(FinetuneJob(), cfg, open_finetune(data.path))
     # Evaluated on all 16 valid pairs: accuracy and consistency are multiples of 1/16 and 1/16 statements.
-    clean = {k: v for k, v in final.items() if not k.startswith("robust/")}  # robustness: tests/train/test_robust_eval.py
+    clean = {k: v for k, v in final.items() if not k.startswith("robust/")}  # robustness: tests/jobs/test_robust_eval.py
     assert set(clean) == {"best_valid/accuracy", "best_valid/loss", "best_valid/consistency"}, final
     assert (final["best_valid/accuracy"] * 16).is_integer() and np.isfinite(final["best_valid/loss"]), final
 

@@ -121,8 +121,8 @@ def _rows(batches):
 
 
 def test_train_batches_are_disjoint_equal_in_number_resumable_and_planned(sets):
-    from xmodal.train.finetune import FinetuneJob
-    from xmodal.train.job import Inputs, epoch_plan
+    from xmodal.jobs.finetune_job import FinetuneJob
+    from xmodal.runner.spec import Inputs, epoch_plan
 
     data = sets["nlvr2"]
     layout = data.layout("train")
@@ -175,8 +175,8 @@ t0 = time.time()
 from xmodal.config import FinetuneConfig, load_config
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
-from xmodal.train.worker import Worker
-from xmodal.train.finetune import FinetuneJob, predict_split, with_data_dims
+from xmodal.runner.worker import Worker
+from xmodal.jobs.finetune_job import FinetuneJob, predict_split, with_data_dims
 
 def peak():  # kB: the highest resident set since the last reset
     return int(next(x for x in open("/proc/self/status") if x.startswith("VmHWM:")).split()[1])

@@ -1,6 +1,6 @@
 """Synthetic MulT data: its construction and the CLI. That it takes two modalities to learn it (the
 job's default full MulT learns it, every unimodal variant stays at chance, and the unimodal
-controls learn a label their stream carries alone) is tested in tests/train/test_mult_learning.py."""
+controls learn a label their stream carries alone) is tested in tests/jobs/test_mult_learning.py."""
 
 from __future__ import annotations
 

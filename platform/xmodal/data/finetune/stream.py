@@ -1,6 +1,6 @@
 """A fine-tuning split streamed from its image stores: each rank reads only its own row groups.
 
-The job's path (`xmodal.train.finetune`); `sets.iter_finetune_batches` keeps a split's images in
+The job's path (`xmodal.jobs.finetune_job`); `sets.iter_finetune_batches` keeps a split's images in
 memory and is left for small sets and tests.
 
 Layout (`split_layout`, from metadata only: the split's rows, the stores' img_id columns and Parquet

@@ -1,0 +1,72 @@
+"""The pretrain-then-fine-tune chain (`PretrainFinetuneConfig`) as one job: what a sweep trial runs to
+score a pretraining ablation by downstream accuracy, as the paper's Tables 3 to 5 do.
+
+Both stages run through the engine: the pretraining stage is a run of its own (`<name>-pretrain`,
+resumed or skipped when it already finished), then the fine-tuning stage (`<name>`) starts from that
+run's final model. Both stages' configs are checked before the first starts. The trial's metric is
+the fine-tuning stage's (e.g. valid/accuracy): its run is the one that reports to a sweep (`Trial`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from xmodal import run_tags
+from xmodal.config import FinetuneInit, PretrainFinetuneConfig
+from xmodal.jobs.finetune_job import FinetuneJob
+from xmodal.jobs.pretrain_job import PretrainJob
+from xmodal.runner import engine
+from xmodal.runner.hooks import say
+from xmodal.runner.spec import JobSpec, RunResult, Trial
+
+
+def stages(cfg: PretrainFinetuneConfig, name: str):
+    """(pretraining config, fine-tuning config without its init) with the chain's mlflow and scale."""
+    ml = cfg.mlflow
+
+    def stage(sub, run_name: str, register: str | None):
+        return sub.model_copy(update={"scale": cfg.scale, "mlflow": sub.mlflow.model_copy(update={
+            "tracking_uri": ml.tracking_uri, "experiment": ml.experiment, "run_name": run_name,
+            "system_metrics": ml.system_metrics, "registered_model": register})})
+
+    # The chain's model is the fine-tuned one: only that stage registers (mlflow.registered_model).
+    return stage(cfg.pretrain, f"{name}-pretrain", None), stage(cfg.finetune, name, ml.registered_model)
+
+
+class ChainJob(JobSpec):
+    name = "pretrain_finetune"
+    config_class = PretrainFinetuneConfig
+    run_name = "chain"
+
+    def check(self, cfg: PretrainFinetuneConfig):
+        """Both stages, before either starts: the fine-tuning stage as it will run, on the
+        pretraining stage's architecture (its weights do not exist yet)."""
+        pre, fine = stages(cfg, cfg.mlflow.run_name or "chain")
+        checked = engine.check(PretrainJob(), pre)
+        fine = fine.model_copy(update={"model": checked.prepared.cfg.model, "init": FinetuneInit(source="scratch")})
+        engine.check(FinetuneJob(), fine)
+        return checked
+
+    def run(self, cfg: PretrainFinetuneConfig, source: str = "defaults", parent_run_id: str | None = None,
+            tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
+        name = cfg.mlflow.run_name or f"chain-{time.strftime('%Y%m%d-%H%M%S')}"
+        cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
+        self.check(cfg)
+        pre, fine = stages(cfg, name)
+        # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
+        stage_tags = {run_tags.CHAIN_STAGE: "pretrain",
+                      **{k: v for k, v in (tags or {}).items() if k != run_tags.KIND}}
+        # A trial whose worker runs in its own process (`Trial.in_process`) holds the worker's resources:
+        # its pretraining stage runs there too, reporting to no one (Tune ranks the fine-tuning stage).
+        stage = Trial(report=_unreported, marks_end=True) if trial is not None and trial.in_process else None
+        first = engine.run(PretrainJob(), pre, source, parent_run_id, stage_tags, stage)
+        say(f"[xmodal] chain {name}: pretraining stage done (MLflow run {first.run_id}); fine-tuning from it")
+        fine = fine.model_copy(update={"init": FinetuneInit(
+            source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
+            answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
+        fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
+        return engine.run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial)
+
+
+def _unreported(_metrics: dict) -> None:
+    """The pretraining stage's reports within a trial: Tune ranks the trial by its fine-tuning stage."""

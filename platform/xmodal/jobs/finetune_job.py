@@ -1,0 +1,582 @@
+"""LXMERT fine-tuning (`jobs/finetune.py --task vqa|gqa|nlvr2`): one job spec (`xmodal.runner.spec`).
+
+Workers read only their own row groups of the image stores (`data.finetune.stream`: Ray Data tasks
+on a Train worker, the files straight in-process; the same batches): each epoch the units holding
+the train split's images are dealt out from (seed, epoch), every worker takes the same number of
+steps; evaluation predicts every example of a split exactly once over the workers. They evaluate
+the validation split every `eval_every` steps, keep the best model by `train.best_metric`, and at
+the end evaluate every held-out split with that model and write the reference's prediction files
+(VQA/GQA: JSON list of {question_id, answer}; NLVR2: CSV of identifier,True|False), logged as
+artifacts under `predictions/`; then the validation split once per `robust.conditions`, the visual
+inputs perturbed (`robust/<condition>/<metric>`, xmodal.robustness).
+
+Where the weights come from (`init.source`): the newest finished pretraining run on the same image
+store (`latest`, the default; scratch when there is none), an MLflow run id (`run`), a checkpoint
+folder (`checkpoint`), a transformers LxmertForPreTraining directory (`transformers`), or a snapshot
+file of the reference code (`reference`: its pretrained model_LXRT.pth or a fine-tuned BEST.pth). From a
+pretrained model the architecture is the checkpoint's, and the answer head starts from the
+pretraining QA head where the answer tables overlap (the reference's trick); from a fine-tuned
+reference snapshot, the answer head is the snapshot's when its shapes match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xmodal import run_tags, tracking
+from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
+from xmodal.core import checkpoint as ckpt
+from xmodal.core.loop import gather_rows
+from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert import LxmertConfig
+from xmodal.objectives.finetune import finetune_metrics
+from xmodal.runner.hooks import say
+from xmodal.runner.ray_cluster import removed_on_failure
+from xmodal.runner.spec import Inputs, JobSpec, Prepared, open_configured
+from xmodal.runner.worker import Worker
+
+DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
+
+
+@dataclasses.dataclass
+class Init:
+    """The resolved `init`: what the workers load (plain JSON-able data in the run plan)."""
+
+    source: str  # scratch | run | checkpoint | transformers | reference
+    path: str | None = None  # folder with model.pt (+ meta.json), the transformers directory, or the reference file
+    run_id: str | None = None
+    pretrain_answers: list[str] | None = None  # the pretraining QA table, when its store is known
+    tracking_uri: str | None = None  # source run: where a worker that cannot see `path` fetches the weights
+
+
+class FinetuneJob(JobSpec):
+    name = "finetune"
+    config_class = FinetuneConfig
+    run_name = "finetune-{cfg.task}"
+    selects_on_validation = True
+
+    # ------------------------------------------------ data
+    def prepare(self, cfg: FinetuneConfig, inputs: Inputs) -> Prepared:
+        """`init` checked first where it needs no data (the model section is not set beside
+        pretrained weights, which fix the architecture; the folder, file or run named exists and
+        holds what it should; no database is created), then the set opened or the embedded one
+        built, the starting weights resolved and the model fitted to both."""
+        i = cfg.init
+        path_init = None
+        if i.source in ("run", *INIT_PATH_SOURCES):
+            _check_model_unset(cfg)
+        if i.source == "run":
+            check_init_run(inputs.tracking_uri, i.run_id, lxmert=True)
+        elif i.source in INIT_PATH_SOURCES:
+            path_init = resolve_path_init(i.source, i.path)  # a reference snapshot is read once
+        data = self.open_set(cfg, inputs)
+        init, pretrained = path_init or self.resolve_start(cfg, data, inputs.tracking_uri, inputs.download_dir)
+        cfg = with_data_dims(cfg, data, pretrained)
+        m, store = data.manifest, data.store.manifest
+        dataset = {"name": f"{cfg.task} ({data.path.name})", "rows": dict(m.splits),
+                   "dims": {"feat_dim": store.feat_dim, "num_objects": store.num_objects,
+                            "vocab_size": store.vocab_size, "max_seq_len": m.max_seq_len,
+                            "num_answers": m.num_answers}}
+        tags = {run_tags.MODEL: "lxmert", run_tags.TASK: f"finetune-{cfg.task}", run_tags.STORE: str(data.store.path),
+                run_tags.FINETUNE_SET: str(data.path), run_tags.INIT: init.source}
+        if init.run_id:
+            tags[run_tags.INIT_RUN_ID] = init.run_id
+        return Prepared(cfg, data, str(data.path), train_examples=len(data.split("train")),
+                        units=data.layout("train").units, dataset=dataset, start=dataclasses.asdict(init),
+                        tags=tags)
+
+    def resolve_start(self, cfg: FinetuneConfig, data, tracking_uri: str, download_dir: Path
+                      ) -> tuple[Init, LxmertConfig | None]:
+        return resolve_init(cfg, str(data.store.path), tracking_uri, download_dir)
+
+    def open_set(self, cfg: FinetuneConfig, inputs: Inputs):
+        """The fine-tuning set: the configured one, or the embedded synthetic set of the task."""
+        from xmodal.data.finetune.sets import open_finetune
+        from xmodal.data.finetune.synthetic import ensure_synthetic_finetune
+        from xmodal.data.lxmert.synthetic import ensure_synthetic_store
+        from xmodal.jobs.pretrain_job import DEFAULT_STORE
+
+        def embedded():
+            images = ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic)
+            options = {} if cfg.task == "nlvr2" else {"questions_per_image": cfg.data.synthetic_questions_per_image}
+            return ensure_synthetic_finetune(cfg.task, images.path, Path(DEFAULT_SETS[cfg.task]).resolve(), **options)
+
+        data = open_configured(inputs, cfg.data.store, embedded, open_finetune,
+                               f"python jobs/ingest.py {cfg.task}|synthetic-{cfg.task} {{path}} --store IMAGES")
+        if data.task != cfg.task:
+            raise ConfigError(f"data.store: {str(data.path)!r} is a {data.task} set, but task={cfg.task!r}")
+        if "valid" not in data.splits:
+            raise ConfigError(f"data.store: {data.path} has no valid split (model selection needs one); "
+                              f"it has {', '.join(data.splits)}")
+        return data
+
+    def open_data(self, path: str):
+        from xmodal.data.finetune.sets import open_finetune
+
+        return open_finetune(path)
+
+    # ------------------------------------------------ model
+    def build_objective(self, cfg: FinetuneConfig, data):
+        from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+        from xmodal.objectives.finetune import FinetuneObjective
+
+        if cfg.task == "nlvr2":
+            model = LxmertForNlvr2(cfg.model, output=cfg.nlvr2_output)
+        else:
+            model = LxmertForQuestionAnswering(cfg.model, data.num_answers)
+        return FinetuneObjective(model, cfg.task, qa_loss=cfg.qa_loss)
+
+    # ------------------------------------------------ worker
+    def load_start(self, objective, cfg: FinetuneConfig, data, start: dict[str, Any]) -> str:
+        answers = list(data.answers.answers) if data.answers is not None else None
+        return f"fine-tuning {cfg.task}: " + load_init(objective, Init(**start), answers,
+                                                        cfg.init.answer_head_from_qa)
+
+    def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
+        """This worker's own units of the epoch, read by Ray Data tasks on a Train worker and straight
+        from the files in-process: the same batches either way."""
+        from xmodal.data.finetune.stream import iter_train_batches
+
+        it = iter_train_batches(w.data, "train", w.micro_batch, seed=w.cfg.train.seed, epoch=epoch, rank=w.rank,
+                                world=w.world, start_batch=skip, reader=reader(w), pin_memory=w.device.type == "cuda")
+        return map(w.to_device, it)
+
+    def evaluate(self, w: Worker) -> dict[str, float]:
+        return split_metrics(w.cfg.task, w.data, "valid", predict_split(w, "valid"))
+
+    def held_out(self, w: Worker, folder: Path | None) -> dict[str, float]:
+        """Every held-out split with the selected model; the prediction files go to `predictions/`."""
+        final: dict[str, float] = {}
+        for split in (s for s in w.data.splits if s != "train"):
+            p = predict_split(w, split)
+            if split != "valid" and has_labels(w.data.split(split)):  # a test split may come unlabelled
+                final.update(split_metrics(w.cfg.task, w.data, split, p))
+            if folder is not None:
+                (folder / "predictions").mkdir(exist_ok=True)
+                write_predictions(w.cfg.task, w.data, split, p, folder / "predictions")
+        if folder is not None:
+            selected = {"best": w.selection.score, **w.selection.valid, **final}
+            (folder / "predictions" / "selected.json").write_text(json.dumps(selected, indent=2))
+        return {**final, **robust_metrics(w, "valid")}
+
+
+def reader(w: Worker):
+    """How a worker reads its units (`stream.Reader`): Ray Data tasks on a Train worker, the files
+    straight in-process; the same tables either way."""
+    from xmodal.data.finetune.stream import local_reader, ray_reader
+
+    return ray_reader() if w.ray_data else local_reader()
+
+
+def checkpoint_files(path: Path, key: str = "init.path") -> Path:
+    """A folder holding model.pt and meta.json (given the folder or its model.pt); `key` is the option
+    that named it, for the error (`xmodal.export` reads checkpoints the same way)."""
+    folder = path.parent if path.is_file() else path
+    missing = [f for f in (ckpt.MODEL_FILE, ckpt.META_FILE) if not (folder / f).is_file()]
+    if missing:
+        raise ConfigError(f"{key}: {str(path)!r} is not a checkpoint: {', '.join(missing)} missing (expected "
+                          "a checkpoint folder of a run, or the `model` artifact folder of its MLflow run)")
+    return folder
+
+
+def run_model_folder(uri: str, run_id: str, download_dir: Path, key: str = "init.run_id", lxmert: bool = False
+                     ) -> Path:
+    """The run's `model` artifact (its final checkpoint folder) checked (`check_init_run`; `lxmert`: the
+    run must be of an LXMERT job) and downloaded into `download_dir / run_id`. A failed download or check
+    leaves nothing there, nor any folder made for it."""
+    check_init_run(uri, run_id, key, lxmert=lxmert)
+    with removed_on_failure(download_dir / run_id) as dest:
+        try:
+            folder = tracking.download_artifacts(uri, run_id, "model", dest)
+        except Exception as e:
+            raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact (did it finish?): {e}") from None
+        return checkpoint_files(folder, key)
+
+
+def _pretrain_answers(store_path: str | None) -> list[str] | None:
+    from xmodal.data.lxmert.store import open_store
+
+    try:
+        return list(open_store(store_path).answers().answers) if store_path else None
+    except (OSError, ValueError):
+        return None  # the pretraining store is not readable here: the answer head starts fresh
+
+
+def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: Path) -> tuple[Init, LxmertConfig | None]:
+    """Where the weights come from, and the architecture they fix (None = from scratch: cfg.model)."""
+    i = cfg.init
+    source, run_id = i.source, i.run_id
+    if source == "latest":
+        run = tracking.latest_finished_run(uri, i.pretrain_experiment, {run_tags.TASK: "pretrain", run_tags.STORE: image_store}) \
+            if uri else None
+        if run is None:
+            say(f"[xmodal] no finished pretraining run on {image_store} in experiment {i.pretrain_experiment!r}: "
+                "fine-tuning from scratch")
+            return Init("scratch"), None
+        source, run_id = "run", run.run_id
+        say(f"[xmodal] fine-tuning from the latest pretraining run {run.name} ({run_id})")
+    if source == "scratch":
+        return Init("scratch"), None
+    if source in INIT_PATH_SOURCES:
+        return resolve_path_init(source, i.path)
+    with removed_on_failure(download_dir / run_id):  # a download whose checkpoint is refused goes too
+        init, model = _checkpoint_init(run_model_folder(uri, run_id, download_dir, lxmert=True),
+                                       f"init.run_id: the `model` artifact of run {run_id!r}")
+    return dataclasses.replace(init, source="run", run_id=run_id, tracking_uri=uri), model
+
+
+def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
+    """init.source checkpoint, transformers or reference: the folder or file read and checked (a
+    foreign or malicious file fails here, in the driver), and the architecture it fixes."""
+    path = Path(path_text).expanduser().resolve()
+    if not path.exists():
+        raise ConfigError(f"init.path: {str(path)!r} does not exist")
+    if source == "checkpoint":
+        return _checkpoint_init(checkpoint_files(path))
+    if source == "transformers":
+        from xmodal.models.lxmert_hf import config_from_hf_dir, weights_present
+
+        try:
+            config = config_from_hf_dir(path)
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            raise ConfigError(f"init.path: {e}") from None
+        if not weights_present(path):
+            raise ConfigError(f"init.path: no weights in {path}: expected model.safetensors, pytorch_model.bin or "
+                              "their .index.json beside config.json")
+        return Init("transformers", path=str(path)), config
+    from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights
+
+    if not path.is_file():
+        raise ConfigError(f"init.path: {str(path)!r} is not a file; expected a snapshot of the reference "
+                          "code: its pretrained model_LXRT.pth or a fine-tuned BEST.pth")
+    try:
+        weights = reference_weights(path)
+    except (OSError, PretrainedWeightsError) as e:
+        raise ConfigError(f"init.path: {e}") from None
+    what = f"a fine-tuned snapshot ({weights.head})" if weights.head else "a pretrained snapshot"
+    say(f"[xmodal] fine-tuning from the reference code's {what} {path}")
+    return Init("reference", path=str(path)), weights.config
+
+
+def _checkpoint_init(folder: Path, what: str | None = None) -> tuple[Init, LxmertConfig]:
+    """A checkpoint folder's architecture (meta.json) and its weights file read as a state dict (memory-mapped,
+    no code run), so that what a worker would refuse is refused here. `what`: the folder as the
+    messages name it (a run's downloaded artifact), else `init.path: <its meta.json>`."""
+    from xmodal.models.lxmert_init import PretrainedWeightsError, read_state_dict_file
+
+    where = what or f"init.path: {folder / ckpt.META_FILE}"
+    try:
+        meta = ckpt.read_meta(folder)
+    except (OSError, ValueError) as e:  # ValueError: JSON's decode and UTF-8 errors
+        raise ConfigError(f"init.path: {folder / ckpt.META_FILE} is not readable JSON: {e}") from None
+    model = meta.get("config", {}).get("model") if isinstance(meta, dict) else None
+    if not isinstance(model, dict) or not model:
+        raise ConfigError(f"init: {folder / ckpt.META_FILE} holds no model config (not an xmodal checkpoint?)")
+    if MULT_MODEL_KEYS & set(model):  # a run or folder of jobs/train_mult.py, untagged or named by path
+        raise ConfigError(f"{where} holds a MulT model's checkpoint; fine-tuning needs an LXMERT pretraining or "
+                          "fine-tuning checkpoint")
+    foreign = sorted(set(model) - {f.name for f in dataclasses.fields(LxmertConfig)})
+    if foreign:
+        raise ConfigError(f"{where}: its model config has keys an LXMERT model does not take: "
+                          f"{', '.join(foreign[:8])} (not an LXMERT checkpoint, or one of another xmodal version)")
+    try:
+        config = LxmertConfig(**model)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: its model config is not valid: {e}") from None
+    try:
+        read_state_dict_file(folder / ckpt.MODEL_FILE)
+    except PretrainedWeightsError as e:
+        raise ConfigError(f"init.path: {e}") from None
+    return Init("checkpoint", path=str(folder), pretrain_answers=_pretrain_answers(meta.get("store"))), config
+
+
+def check_init_run(uri: str, run_id: str, key: str = "init.run_id", lxmert: bool = False) -> None:
+    """The run of init.source=run exists in the tracking store and has a `model` artifact; with `lxmert`,
+    it is not the run of another model (`run_model`: its tags say). Reads only: a SQLite database or file
+    store that does not exist is not created (it holds no runs). `key`: the option that named the run,
+    for the errors."""
+    local = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else \
+        uri[len("file://"):] if uri.startswith("file://") else None
+    if local is not None and not Path(local).exists():
+        raise ConfigError(f"{key}: no MLflow run {run_id!r}: there is no MLflow store at {local} "
+                          "(mlflow.tracking_uri)")
+    if uri.startswith(("http://", "https://")) and not tracking.reachable(uri):
+        raise ConfigError(f"{key}: cannot look up run {run_id!r}: the tracking server {uri} does not answer "
+                          "(mlflow.tracking_uri)")
+    try:
+        run = tracking.get_run(uri, run_id)
+    except tracking.RunNotFound:
+        raise ConfigError(f"{key}: no MLflow run {run_id!r} at {uri}") from None
+    if lxmert:
+        _check_lxmert_run(run, key)
+    try:
+        listed = tracking.list_artifacts(uri, run_id, "model")
+    except Exception as e:  # the artifact store's own errors (a missing folder, a refused bucket)
+        raise ConfigError(f"{key}: the artifacts of run {run_id!r} cannot be read: {e}") from None
+    names = {Path(a).name for a in listed}
+    missing = [f for f in (ckpt.MODEL_FILE, ckpt.META_FILE) if f not in names]
+    if missing:
+        raise ConfigError(f"{key}: run {run_id!r} has no `model` artifact with {', '.join(missing)} (did it "
+                          "finish? a pretraining run logs it at its end)")
+
+
+MODEL_NAMES = {"lxmert": "an LXMERT", "mult": "a MulT"}  # run_tags.MODEL's values, in words
+MULT_MODEL_KEYS = {"variant", "l_dim", "a_dim", "v_dim"}  # keys of MulT's model config that LXMERT's lacks
+
+
+def run_model(run: tracking.RunRecord) -> str | None:
+    """The model family a run trained, as its tags say (run_tags.MODEL: lxmert or mult; a multi-seed
+    parent has only the job's name in run_tags.TASK), or None when they do not say."""
+    return run.tags.get(run_tags.MODEL) or {"mult": "mult", "pretrain": "lxmert"}.get(run.tags.get(run_tags.TASK, ""))
+
+
+def _check_lxmert_run(run: tracking.RunRecord, key: str) -> None:
+    """The run given to fine-tuning's `--init run` is not known to be another model's (MulT's) run or a
+    sweep's parent run, which hold no LXMERT weights: said in the user's terms, before any download."""
+    model = run_model(run)
+    if model is not None and model != "lxmert":
+        source = run.tags.get(run_tags.SOURCE_NAME, "")
+        job = f" (job {Path(source).stem})" if source.startswith("jobs/") else ""
+        raise ConfigError(f"{key}: run {run.run_id!r} is {MODEL_NAMES.get(model, f'a {model!r}')} run{job}; "
+                          "--init run needs an LXMERT pretraining or fine-tuning run")
+    if run.tags.get(run_tags.KIND) == "sweep":
+        raise ConfigError(f"{key}: run {run.run_id!r} is a sweep's parent run, which holds no model; give the run "
+                          "id of one of its trials (the MLflow UI lists them under it)")
+
+
+def _check_model_unset(cfg: FinetuneConfig) -> None:
+    """Pretrained weights fix the architecture: a preset or model key set beside them would be ignored."""
+    default = type(cfg).model_fields["preset"].default
+    preset = LXMERT_PRESETS[cfg.preset]
+    changed = [f"model.{f.name}" for f in dataclasses.fields(cfg.model)
+               if getattr(cfg.model, f.name) != getattr(preset, f.name)]
+    if cfg.preset != default or changed:
+        key = "preset" if cfg.preset != default else changed[0]
+        raise ConfigError(f"{key}: init.source={cfg.init.source} takes the architecture from its weights, so {key} "
+                          "would be ignored; drop it, or fine-tune from scratch (--init scratch)")
+
+
+def with_data_dims(cfg: FinetuneConfig, data, pretrained: LxmertConfig | None) -> FinetuneConfig:
+    """The architecture (pretrained, else cfg.model) with the set's vocabulary, features and tokens."""
+    store = data.store.manifest
+    model = pretrained or cfg.model
+    if pretrained is None:
+        model = dataclasses.replace(model, vocab_size=store.vocab_size, visual_feat_dim=store.feat_dim,
+                                    num_object_labels=store.num_object_labels, num_attr_labels=store.num_attr_labels)
+    problems = []
+    if model.vocab_size < store.vocab_size:
+        problems.append(f"vocab_size {model.vocab_size} < the store's {store.vocab_size}")
+    if model.visual_feat_dim != store.feat_dim:
+        problems.append(f"visual_feat_dim {model.visual_feat_dim} != the store's feat_dim {store.feat_dim}")
+    if model.max_positions < data.manifest.max_seq_len:
+        problems.append(f"max_positions {model.max_positions} < the set's max_seq_len {data.manifest.max_seq_len}")
+    if problems:
+        what = "the pretrained model" if pretrained is not None else "model"
+        raise ConfigError(f"{what} does not fit the fine-tuning set {data.path}: " + "; ".join(problems))
+    metrics = finetune_metrics(cfg.task)
+    if cfg.train.best_metric not in metrics:
+        raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not measured on {cfg.task}; "
+                          f"valid: {', '.join(metrics)}")
+    return cfg.model_copy(update={"model": model})
+
+
+@contextlib.contextmanager
+def run_weights_here(init: Init) -> Iterator[Path]:
+    """The folder of the starting weights as this process sees it. A source run's weights were
+    downloaded by the driver into the run's storage (`<storage>/<run>/init`); a worker on a host that
+    does not see that folder (the storage is not shared, or is an object store, so the driver's copy
+    was a scratch folder) downloads the run's `model` artifact itself into a scratch folder, removed
+    after. Either copy is checked against the sha256 the run recorded for its model file."""
+    folder = Path(init.path)
+    if init.source != "run":
+        yield folder
+        return
+    if (folder / ckpt.MODEL_FILE).is_file():
+        _check_weights(folder, init)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="xmodal-init-") as scratch:
+        got = tracking.download_artifacts(init.tracking_uri, init.run_id, "model", scratch)
+        _check_weights(got, init)
+        yield got
+
+
+def _check_weights(folder: Path, init: Init) -> None:
+    try:
+        record = ckpt.read_meta(folder).get("files", {}).get(ckpt.MODEL_FILE)
+        wrong = ckpt.file_mismatch(folder, ckpt.MODEL_FILE, record) if record is not None else None
+    except (OSError, ValueError) as e:
+        wrong = f"cannot be checked ({e})"
+    if wrong:
+        raise ckpt.CorruptCheckpointError(f"init.run_id: {ckpt.MODEL_FILE} of run {init.run_id!r} in {folder} "
+                                          f"{wrong}; run the job again to download it afresh")
+
+
+def load_init(objective, init: Init, answers: list[str] | None, answer_head_from_qa: bool) -> str:
+    """Load the starting weights into the objective's model; returns a line saying what was loaded."""
+    from xmodal.models.lxmert_init import (
+        encoder_state_from_hf_dir,
+        init_answer_head_from_qa,
+        load_finetuned_head,
+        load_pretrained_encoder,
+        reference_weights,
+    )
+
+    if init.source == "scratch":
+        return "from scratch"
+    if init.source == "reference":
+        weights = reference_weights(init.path)
+        load_pretrained_encoder(objective.model, weights.state)
+        line = f"encoder from reference {init.path}"
+        if weights.head is not None:
+            loaded = load_finetuned_head(objective.model, weights)
+            line += (f"; {weights.head} from the snapshot" if loaded else
+                     f"; the snapshot's {weights.head} does not fit this model's head (another task or answer "
+                     "count): the head starts fresh")
+        # A pretrained snapshot's QA head stays unused: the reference's answer table is not in the file.
+        return line
+    if init.source == "transformers":
+        _, state = encoder_state_from_hf_dir(init.path)
+        pretrain_answers = None  # transformers' checkpoints carry no answer table
+    else:
+        with run_weights_here(init) as folder:
+            state = torch.load(folder / ckpt.MODEL_FILE, map_location="cpu", weights_only=True)
+        pretrain_answers = init.pretrain_answers
+    model = objective.model
+    load_pretrained_encoder(model, state)
+    line = f"encoder from {init.source} {init.run_id or init.path}"
+    if answer_head_from_qa and answers is not None and pretrain_answers is not None and hasattr(model, "answer_head"):
+        from xmodal.data.answers import AnswerTable
+
+        table = AnswerTable(pretrain_answers)
+        n = init_answer_head_from_qa(model, state, [table.index(a) for a in answers],
+                                     num_pretrain_answers=len(pretrain_answers))
+        line += f"; answer head: {n} of {len(answers)} answers from the pretraining QA head"
+    return line
+
+
+def robust_metrics(w: Worker, split: str) -> dict[str, float]:
+    """`split` predicted under each of `robust.conditions` (`robust/<condition>/<metric>`): the
+    validation split, the one every set has labelled (its clean figures are `best_valid/*`); the
+    noise is scaled by each feature dimension's std over the split's images' real objects, streamed:
+    float64 sums over each worker's blocks, added over the workers (`split_feature_std`)."""
+    from xmodal.robustness import finetune_perturbation
+
+    r = w.cfg.robust
+    if not r.conditions:
+        return {}
+    std = split_feature_std(w, split) if "feat_noise" in r.conditions else None
+    out: dict[str, float] = {}
+    for condition in r.conditions:
+        p = predict_split(w, split, finetune_perturbation(condition, r.noise_sigma, std, r.seed))
+        metrics = split_metrics(w.cfg.task, w.data, split, p)
+        out.update({f"robust/{condition}/{k.split('/', 1)[1]}": v for k, v in metrics.items()})
+    return out
+
+
+def split_feature_std(w: Worker, split: str) -> torch.Tensor:
+    """`robustness.feature_std` over every image the split uses, each worker summing its own units
+    (`stream.feature_sums`) and the sums added over the workers: memory of one block, not the split."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from xmodal.data.finetune.stream import feature_sums
+
+    mine = feature_sums(w.data, split, rank=w.rank, world=w.world, reader=reader(w))
+    parts = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+    n = sum(p[0] for p in parts)
+    if n == 0:
+        raise ValueError(f"split {split!r}: no real objects to measure the feature std on")
+    mean = sum(p[1] for p in parts) / n
+    var = sum(p[2] for p in parts) / n - mean * mean
+    return torch.from_numpy(np.sqrt(np.maximum(var, 0.0))).float()
+
+
+@torch.no_grad()
+def predict_split(w: Worker, split: str, perturb: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Every example of a split predicted exactly once across the workers (one forward per batch):
+    row, prediction and score for all rows, plus the mean loss. Each worker reads only its own row
+    groups of the image stores (`stream.iter_eval_batches`: a window of blocks in memory, not the
+    split); the rows are gathered on every worker. `perturb`: applied to each batch on the device
+    (robustness)."""
+    from xmodal.data.finetune.stream import iter_eval_batches
+
+    objective = w.model
+    objective.eval()
+    rows, preds, scores, loss_sum = [], [], [], 0.0
+    for batch in iter_eval_batches(w.data, split, w.micro_batch, rank=w.rank, world=w.world, reader=reader(w)):
+        batch = w.to_device(batch)
+        if perturb is not None:
+            batch = perturb(batch)
+        out = objective(batch, with_predictions=True)
+        pred = out["prediction"]
+        rows.append(batch.index)
+        preds.append(pred)
+        if hasattr(batch, "targets"):  # VQA: the soft score of the answer; GQA: 1 for an exact match
+            s = batch.targets.gather(1, pred[:, None])[:, 0].float()
+            scores.append((s > 0).float() if objective.task == "gqa" else s)
+        else:
+            scores.append((pred == batch.labels).float())
+        loss_sum += float(out["loss"]) * len(batch)
+
+    def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(xs).cpu() if xs else torch.zeros(0)
+
+    row, cols, sums = gather_rows(cat(rows), {"pred": cat(preds), "score": cat(scores)}, {"loss": loss_sum})
+    return {"row": row.long(), "pred": cols["pred"].long(), "score": cols["score"],
+            "loss": sums["loss"] / max(len(row), 1)}
+
+
+def split_metrics(task: str, data, split: str, p: dict[str, Any]) -> dict[str, float]:
+    from xmodal.objectives.finetune import nlvr2_consistency
+
+    out = {"accuracy": float(p["score"].mean()) if len(p["score"]) else float("nan"), "loss": p["loss"]}
+    if task == "nlvr2":
+        ids = data.ids(split)
+        out["consistency"] = nlvr2_consistency([ids[r] for r in p["row"].tolist()], (p["score"] > 0).tolist())
+    return {f"{split}/{k}": v for k, v in out.items()}
+
+
+def has_labels(sp) -> bool:
+    """Whether a split carries answers (VQA/GQA) or labels (NLVR2: -1 = unknown) to score against."""
+    if sp.labels is not None:
+        return bool((sp.labels >= 0).any())
+    return sp.ans_ids is not None and len(sp.ans_ids) > 0
+
+
+def write_predictions(task: str, data, split: str, p: dict[str, Any], folder: Path) -> Path:
+    from xmodal.jobs.predictions import write_gqa_predictions, write_nlvr2_predictions, write_vqa_predictions
+
+    ids = data.ids(split)
+    row_ids = [ids[r] for r in p["row"].tolist()]
+    if task == "nlvr2":
+        return write_nlvr2_predictions(folder / f"{split}_predict.csv", row_ids, p["pred"].tolist())
+    answers = [data.answers.answer(a) for a in p["pred"].tolist()]
+    write = write_vqa_predictions if task == "vqa" else write_gqa_predictions
+    return write(folder / f"{split}_predict.json", row_ids, answers)
+
+
+def finetune_in_process(cfg: FinetuneConfig, data, init: Init, pretrained: LxmertConfig | None = None
+                        ) -> dict[str, float]:
+    """The worker's fine-tuning in this process, on the CPU, without Ray (`inprocess.run_in_process`),
+    from `init`: the validation metrics of the model the job selects (what it logs as best_valid/*).
+    The learning tests run the embedded default through it."""
+    from xmodal.runner.inprocess import run_in_process
+
+    class Given(FinetuneJob):
+        def resolve_start(self, cfg, data, uri, download_dir):
+            return init, pretrained
+
+    _, final = run_in_process(Given(), cfg, data)
+    return {k.removeprefix("best_"): v for k, v in final.items() if k.startswith("best_valid/")}

@@ -1,0 +1,98 @@
+"""Which checkpoint a run resumes from: the newest intact one in the run's storage folder.
+
+Ray Train registers a checkpoint only when its controller collects the report that carries it; a
+worker killed, or a driver stopped, between the copy to storage and that poll leaves a complete
+checkpoint on storage that Ray Train does not list. A run therefore resumes from what is on storage,
+not from Ray Train's registry: every `checkpoint_*` folder of the run, newest step first, the first
+that verifies (`checkpoint.verify`: every file's size and sha256 as sealed). The driver (to say where a
+rerun resumes) and every worker (to restore) make the same choice from the same folders.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from xmodal.console import say
+from xmodal.core import checkpoint as ckpt
+
+PREFIX = "checkpoint_"
+
+
+@dataclass(frozen=True)
+class Found:
+    """The checkpoint chosen: its folder on the filesystem and its step."""
+
+    fs: Any  # pyarrow.fs.FileSystem
+    path: str
+    step: int
+
+    def checkpoint(self):
+        from ray.train import Checkpoint
+
+        return Checkpoint(path=self.path, filesystem=self.fs)
+
+
+def run_folder(storage: str, run_name: str) -> tuple[Any, str]:
+    """(filesystem, path) of a run's folder under `scale.storage_path` (a local path or a URI)."""
+    import pyarrow.fs
+
+    if "://" in storage:
+        fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    else:
+        fs, root = pyarrow.fs.LocalFileSystem(), storage
+    return fs, f"{root.rstrip('/')}/{run_name}"
+
+
+def newest_intact(fs, folder: str) -> tuple[Found | None, list[tuple[str, str]]]:
+    """(the newest checkpoint of the run folder that verifies or None, [(path, why)] of the newer
+    folders that did not)."""
+    import pyarrow.fs
+
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return None, []
+    candidates = sorted(((_meta_step(fs, i.path), i.base_name, i.path) for i in infos
+                         if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith(PREFIX)),
+                        reverse=True)  # highest step first; unreadable metas (-1) last, then by name
+    skipped: list[tuple[str, str]] = []
+    for step, _, path in candidates:
+        why = _verify(fs, path)
+        if why is None:
+            return Found(fs, path, step), skipped
+        skipped.append((path, why))
+    return None, skipped
+
+
+def resume_point(fs, folder: str, loud: bool = True) -> Found | None:
+    """`newest_intact`; `loud`: say which newer folders were skipped and why, and where it resumes."""
+    found, skipped = newest_intact(fs, folder)
+    if loud:
+        for path, why in skipped:
+            say(f"[xmodal] checkpoint {path} is corrupt ({why}); skipped")
+        if skipped:
+            say(f"[xmodal] resuming from {found.path} (step {found.step}), the newest intact checkpoint"
+                if found is not None else
+                "[xmodal] no checkpoint of the run verifies; starting from scratch")
+    return found
+
+
+def _verify(fs, path: str) -> str | None:
+    from ray.train import Checkpoint
+
+    try:
+        with Checkpoint(path=path, filesystem=fs).as_directory() as d:
+            return ckpt.verify(d)
+    except OSError as e:  # a folder that vanished or cannot be read
+        return " ".join(str(e).split())
+
+
+def _meta_step(fs, folder: str) -> int:
+    """The step in a checkpoint folder's meta, -1 if it cannot be read (sorted last)."""
+    try:
+        with fs.open_input_stream(f"{folder}/{ckpt.META_FILE}") as f:
+            return int(json.loads(f.read())["step"])
+    except Exception:  # any unreadable meta (missing, truncated, not JSON): verification says why
+        return -1

@@ -1,0 +1,227 @@
+"""What a training job is to the engine: a `JobSpec` (three small protocols), what its driver side
+resolves (`Prepared`), the plan every worker gets (`RunPlan`), and what a run returns (`RunResult`).
+
+A job (pretraining, fine-tuning, MulT, the pretrain-then-fine-tune chain) is one `JobSpec` subclass
+in its own module. It says three things, each a few methods:
+
+    data        prepare (driver: config -> opened data, fitted config, what the run records about it)
+                open_data (a worker reopens the data from its path)
+    model       build_objective, load_start, step_kwargs
+    worker      setup, train_batches, evaluate, held_out
+
+`check` and `run` are the engine's (`xmodal.runner.engine`), the same for every job; a job made of
+stages (the chain) overrides them with engine calls of its own. docs/architecture.md, "A new model or job",
+walks through one spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from torch import nn
+
+from xmodal.config import ConfigError
+from xmodal.data.common import epoch_samples, locate
+
+if TYPE_CHECKING:  # the worker module imports this one; its Worker only annotates the hooks here
+    from xmodal.runner.worker import Worker
+
+
+@dataclass
+class Inputs:
+    """What a job's `prepare` gets beside the config."""
+
+    tracking_uri: str  # "" in-process (no MLflow)
+    download_dir: Path  # where starting weights from an MLflow run are downloaded
+    data: Any = None  # the data, already open (in-process runs); None: the configured or embedded data
+    before_build: Callable[[], None] = lambda: None  # called before the embedded default is built
+
+
+@dataclass
+class Prepared:
+    """What a job's driver side resolves from a config: the opened data, the config fitted to it,
+    and what the engine records and plans with. Every check a worker would make on the data and the
+    starting weights has passed."""
+
+    cfg: Any  # the model's dimensions taken from the data
+    data: Any  # the opened store or fine-tuning set
+    path: str  # where the workers reopen it (`JobSpec.open_data`)
+    train_examples: int
+    units: Sequence[Any]  # the train split's units, dealt out to the workers each epoch (data.common)
+    dataset: dict[str, Any]  # MLflow's dataset input: {"name", "rows": {split: count}, "dims": {name: width}}
+    start: dict[str, Any] = dataclasses.field(default_factory=dict)  # where the weights come from (plain
+    # data in the plan, for `load_start`); empty: from scratch
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    baselines: dict[str, list] = dataclasses.field(default_factory=dict)  # metric -> [chance or prior, what it is]
+    metric_order: list[str] = dataclasses.field(default_factory=list)  # the console tables' order
+    train_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.prepare's DDP options
+
+
+@dataclass
+class RunPlan:
+    """Everything a worker needs, resolved on the driver (plain JSON-able data). `check` fills all
+    but the MLflow run; `engine.open_run` sets `run_id`."""
+
+    job: str
+    config: dict[str, Any]
+    data: str  # the path the job's `open_data` reopens on the worker
+    start: dict[str, Any]  # Prepared.start
+    train_options: dict[str, Any]  # Prepared.train_options
+    tracking_uri: str
+    run_name: str
+    storage: str
+    total_steps: int
+    micro_batch: int
+    epoch_steps: list[int]  # the steps of each epoch, the same on every worker (`epoch_plan`)
+    faults: list[tuple[int, int]]  # (step, rank) at which a worker exits once (fault injection, a testing aid)
+    fault_dir: str | None  # where each fault, once injected, leaves its marker
+    baselines: dict[str, list] = dataclasses.field(default_factory=dict)
+    metric_order: list[str] = dataclasses.field(default_factory=list)
+    run_id: str = ""
+    verbose: bool = False  # Ray's own output on the workers too (`--verbose`)
+
+
+@dataclass
+class RunResult:
+    """What a finished run returns: its MLflow run, its last report, its final checkpoint."""
+
+    run_id: str
+    run_name: str
+    tracking_uri: str
+    metrics: dict[str, Any]
+    checkpoint: Any = None  # ray.train.Checkpoint
+    baselines: dict[str, list] = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class Trial:
+    """A run that is a sweep trial: Tune stops it by interrupting it, and the sweep driver (which knows
+    a stop from an error) marks the run's end (unless `marks_end`: the chain's pretraining stage).
+    With `report` (Tune's), the run's one worker runs in this process and reports there
+    (`session.TrialSession`); else Ray Train runs the workers and reports to Tune through `callbacks`."""
+
+    callbacks: list = dataclasses.field(default_factory=list)
+    report: Callable[[dict[str, Any]], None] | None = None
+    marks_end: bool = False
+
+    @property
+    def in_process(self) -> bool:
+        return self.report is not None
+
+
+class JobSpec:
+    """One training job. Subclasses set the class attributes and implement the protocols' methods."""
+
+    name: ClassVar[str]  # the job's key: sweeps' `job:`, MLflow's `task` tag
+    config_class: ClassVar[type]  # its pydantic config (xmodal.config)
+    run_name: ClassVar[str]  # a run's default name (a timestamp follows): format fields of `cfg`
+    optimizer: ClassVar[str] = "adamw"  # or "adam" (the MulT reference)
+    # Model selection on a validation split: the best weights travel in every checkpoint and
+    # `held_out` evaluates them at the end.
+    selects_on_validation: ClassVar[bool] = False
+
+    # ------------------------------------------------ data
+    def prepare(self, cfg, inputs: Inputs) -> Prepared:
+        """The data opened (`open_configured`), the starting weights resolved, the config fitted to
+        both, and the batch builder made once. Raises UserError naming the key."""
+        raise NotImplementedError
+
+    def open_data(self, path: str) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------ model
+    def build_objective(self, cfg, data) -> nn.Module:
+        """The model under its losses and metrics; its bare model is `.model` (the run's MLflow model)."""
+        raise NotImplementedError
+
+    def load_start(self, objective: nn.Module, cfg, data, start: dict[str, Any]) -> str | None:
+        """Put the starting weights in place (fresh runs only); returns a line saying what was loaded."""
+        return None
+
+    def step_kwargs(self, cfg) -> Callable[[int], dict[str, Any]]:
+        """epoch -> train_step's keyword arguments (pretraining: the tasks active in that epoch)."""
+        return _no_step_kwargs
+
+    # ------------------------------------------------ worker
+    def setup(self, w: Worker) -> None:
+        """Once per worker, before training: build what the batches and evaluation share (`w.parts`)."""
+
+    def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
+        """This worker's micro-batches of `epoch`, the first `skip` left out (on the device)."""
+        raise NotImplementedError
+
+    def evaluate(self, w: Worker) -> dict[str, float]:
+        raise NotImplementedError
+
+    def held_out(self, w: Worker, folder: Path | None) -> dict[str, float]:
+        """At the end, with the selected model (selects_on_validation): the held-out splits' metrics;
+        files written to `folder` (rank 0 only) are logged as the run's artifacts."""
+        return {}
+
+    # ------------------------------------------------ the whole job (the engine's)
+    def check(self, cfg):
+        from xmodal.runner import engine
+
+        return engine.check(self, cfg)
+
+    def run(self, cfg, source: str = "defaults", parent_run_id: str | None = None,
+            tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
+        from xmodal.runner import engine
+
+        return engine.run(self, cfg, source, parent_run_id, tags, trial)
+
+
+def _no_step_kwargs(epoch: int) -> dict[str, Any]:
+    return {}
+
+
+def default_run_name(spec: JobSpec, cfg) -> str:
+    return spec.run_name.format(cfg=cfg)
+
+
+def open_configured(inputs: Inputs, configured: str | None, embedded: Callable[[], Any],
+                    open_data: Callable[[Any], Any], build_hint: str) -> Any:
+    """The data already open (`inputs.data`), or `data.store` opened, or with it unset the job's
+    embedded default (built on first use, after `inputs.before_build`); a path that does not exist
+    is an error saying how to build one (`build_hint`, a command line). `data.store` is a local path
+    or a URI (`s3://bucket/prefix/store`: read where it is, `data.common.Location`)."""
+    if inputs.data is not None:
+        return inputs.data
+    if configured is None:
+        inputs.before_build()
+        return embedded()
+    path = locate(configured)
+    if not path.exists():
+        build = (f"`{build_hint.format(path=path.name)}` and upload it to {path}" if path.remote
+                 else f"`{build_hint.format(path=path)}`")
+        raise ConfigError(f"data.store: {str(path)!r} does not exist; build it with {build} "
+                          "or leave data.store unset for the embedded synthetic data")
+    return open_data(path)
+
+
+def split_batch(cfg) -> int:
+    """The micro-batch per worker (the config checks at load that the batch splits evenly)."""
+    return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
+
+
+def epoch_plan(prepared: Prepared, micro: int, workers: int) -> list[int]:
+    """The optimizer steps of each epoch the run trains (the last one cut at `train.max_steps`).
+    Each epoch deals the train split's units out to the workers from the seed (`data.common.epoch_units`);
+    every worker stops the epoch when the one with the fewest samples runs out, so every worker takes
+    exactly these steps and the loop needs no agreement on who still has a batch."""
+    cfg = prepared.cfg
+    plan: list[int] = []
+    for epoch in range(cfg.train.epochs):
+        shares = epoch_samples(prepared.units, seed=cfg.train.seed, epoch=epoch, world=workers)
+        steps = min(shares) // micro // cfg.train.grad_accum
+        if steps < 1:
+            raise ConfigError(f"train.batch_size {cfg.train.batch_size} is larger than a worker's share of the "
+                              f"{prepared.train_examples} training examples of {prepared.path}")
+        if cfg.train.max_steps and sum(plan) + steps >= cfg.train.max_steps:
+            return [*plan, cfg.train.max_steps - sum(plan)]
+        plan.append(steps)
+    return plan

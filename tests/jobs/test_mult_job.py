@@ -1,0 +1,112 @@
+"""The MulT job end to end on the shared local Ray: selection on validation, test once, seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xmodal import tracking
+from xmodal.config import ConfigError, MultTrainConfig, load_config
+
+
+@pytest.fixture(scope="module")
+def mult_store(tmp_path_factory):
+    from xmodal.data.mult.synthetic import SyntheticMultOptions, build_synthetic_store
+
+    path = tmp_path_factory.mktemp("mult") / "store"
+    return build_synthetic_store(path, SyntheticMultOptions(num_samples=240))
+
+
+def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
+    from xmodal.jobs.mult_job import MultJob
+
+    # A metric no MulT store measures fails at load; one of the other task's, once the store is opened.
+    with pytest.raises(ConfigError, match="train.best_metric: 'valid/bleu'.*valid/mae"):
+        load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", "train.best_metric=valid/bleu"])
+    cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", "train.best_metric=valid/mean_f1",
+                                                  f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    with pytest.raises(ConfigError, match="train.best_metric: 'valid/mean_f1' is not measured on a sentiment store"):
+        MultJob().check(cfg)
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_run_tags_name_the_f1_protocol(mult_store):
+    from xmodal.jobs.mult_job import MultJob
+    from xmodal.runner.spec import Inputs
+
+    for protocol in ("sklearn", "reference"):
+        cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", f"f1_protocol={protocol}"])
+        tags = MultJob().prepare(cfg, Inputs("", Path("."), mult_store)).tags
+        assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
+
+
+# Two workers, an evaluation and checkpoint every 5 steps, a log step every step: the seeds' runs, and
+# the worker-fault case (which adds a fault at step 7).
+RUN = ["preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "train.log_every=1",
+       "scale.num_workers=2", "scale.max_failures=2", "mlflow.system_metrics=false", "f1_protocol=reference"]
+
+
+@pytest.fixture(scope="module")
+def seeded(mult_store, tmp_path_factory, ray_local):
+    """(tracking URI, the parent run's id, folder): `seeds=[1, 2]` through the engine, as the job runs them.
+    The seed-1 run is also the fault-free run the worker-fault case must equal (one run less)."""
+    from xmodal.jobs.mult_job import MultJob
+    from xmodal.runner.engine import run_job
+
+    tmp = tmp_path_factory.mktemp("seeded")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    cfg = load_config(MultTrainConfig, overrides=[
+        f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
+        *RUN, "seeds=[1, 2]", "mlflow.run_name=seeded"])
+    return uri, run_job(MultJob(), cfg).run_id, tmp
+
+
+@pytest.mark.slow
+def test_seeds_select_on_validation_and_report_mean_and_std(seeded):
+    uri, parent_id, _ = seeded
+    parent = tracking.get_run(uri, parent_id)
+    assert parent.status == "FINISHED"
+    children = tracking.child_runs(uri, parent_id)
+    assert sorted(r.params["train.seed"] for r in children) == ["1", "2"]
+    maes = []
+    for child in children:
+        m = child.metrics
+        assert child.status == "FINISHED"
+        assert child.tags["f1_protocol"] == "reference" and child.params["f1_protocol"] == "reference"
+        for key in ("test/mae", "test/corr", "test/acc7", "test/acc2", "test/f1", "test/acc2_has0", "best_valid/mae"):
+            assert key in m, key
+        # Robustness (robust.* defaults): the test split once more per condition, on both workers' rows.
+        for condition in ("zero_text", "zero_audio", "zero_vision", "noise_text", "noise_audio", "noise_vision"):
+            assert {f"robust/{condition}/{k}" for k in ("mae", "acc2", "f1", "loss")} <= set(m), condition
+        assert len(tracking.metric_points(uri, child.run_id, "robust/zero_audio/mae")) == 1  # at the end only
+        # The selected model is the best on validation: no logged validation MAE beats it.
+        hist = [x.value for x in tracking.metric_points(uri, child.run_id, "valid/mae")]
+        assert m["best_valid/mae"] == pytest.approx(min(hist))
+        maes.append(m["test/mae"])
+    pm = parent.metrics
+    assert pm["test/mae_mean"] == pytest.approx(sum(maes) / 2)
+    assert pm["test/mae_std"] == pytest.approx(abs(maes[0] - maes[1]) / 2 ** 0.5)
+    assert pm["robust/zero_audio/acc2_mean"] == pytest.approx(
+        sum(c.metrics["robust/zero_audio/acc2"] for c in children) / 2)
+
+
+@pytest.mark.slow
+def test_a_worker_fault_resumes_exactly(mult_store, seeded, ray_local):
+    """MulT on 2 workers: a worker dies at step 7 and the run resumes from its step-5 checkpoint; the
+    seed-1 run of `seeded` (same seed and config, no fault) logged the same per-step losses, validation
+    and test metrics."""
+    from xmodal.jobs.mult_job import MultJob
+
+    uri, parent_id, tmp = seeded
+    cfg = load_config(MultTrainConfig, overrides=[
+        f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
+        *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=7"])
+    faulty = MultJob().run(cfg).run_id
+    (clean,) = [r.run_id for r in tracking.child_runs(uri, parent_id) if r.params["train.seed"] == "1"]
+    assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [5]
+    for key in ("train/loss", "valid/mae", "valid/acc2", "test/mae", "test/acc2", "best_valid/mae"):
+        f, c = (dict(tracking.metric_history(uri, r, key)) for r in (faulty, clean))
+        assert f.keys() == c.keys() and f, key
+        worst = max(abs(f[s] - c[s]) for s in c)
+        assert worst <= 1e-5, f"{key}: the resumed run differs from the uninterrupted one by {worst}"
