@@ -124,6 +124,18 @@ def one_thread():
     yield
     torch.set_num_threads(n)
 
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    """A small synthetic LXMERT store (160 images, 16-dim features, 8 objects each)."""
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.data.options import SyntheticLxmertOptions
+
+    out = tmp_path_factory.mktemp("store") / "lxmert"
+    build_synthetic_store(out, SyntheticLxmertOptions(num_images=160, feat_dim=16, num_objects=8,
+                                                      num_object_labels=10, num_attr_labels=4, num_answers=20))
+    return out
+
+
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory):
     """A tiny LXMERT store, a MulT store, a VQA set on the LXMERT store's images and an NLVR2 set."""

@@ -15,6 +15,7 @@ from xmodal.config import FinetuneConfig, MultTrainConfig, load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import bare_model, job_config
+from xmodal.runner import engine
 from xmodal.runner.hooks import ValidationSelection
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -49,7 +50,7 @@ def test_a_vqa_run_exports_its_selected_model(tmp_path, ray_local, capsys):
         num_images=64, num_objects=8, feat_dim=16, num_object_labels=10, num_attr_labels=4, num_answers=20))
     vqa = build_synthetic_vqa(images.path, tmp_path / "vqa", questions_per_image=2)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = FinetuneJob().run(load_config(FinetuneConfig, overrides=[
+    result = engine.run(FinetuneJob(), load_config(FinetuneConfig, overrides=[
         f"data.store={vqa.path}", "init.source=scratch", "preset=tiny", f"mlflow.tracking_uri={uri}",
         f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=vqa", "train.epochs=2", *SELECT_WORST]))
     selected, last = selected_and_last(result)
@@ -83,7 +84,7 @@ def test_a_mult_run_exports_its_selected_model(tmp_path, ray_local):
     store = build_synthetic_store(tmp_path / "mult", SyntheticMultOptions(num_samples=240))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # MULTModel's layout: the reference preset (d = 30, kernel 1), one crossmodal layer to stay small.
-    result = MultJob().run(load_config(MultTrainConfig, overrides=[
+    result = engine.run(MultJob(), load_config(MultTrainConfig, overrides=[
         f"data.store={store.path}", "preset=reference", "model.layers=1", f"mlflow.tracking_uri={uri}",
         f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=mult", "train.epochs=2", *SELECT_WORST]))
     selected, last = selected_and_last(result)

@@ -23,6 +23,7 @@ from xmodal.models.mult import Mult
 from xmodal.objectives.finetune import FinetuneObjective
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.objectives.sentiment import MultObjective
+from xmodal.runner import engine
 from xmodal.runner.hooks import ValidationSelection
 from xmodal_testing import PYTHON, REPO
 
@@ -225,7 +226,7 @@ def test_a_real_pretraining_runs_checkpoint_and_logged_model_export_to_transform
         f"data.store={store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=to-export",
         f"mlflow.tracking_uri={uri}", "preset=tiny", "train.epochs=1", "train.max_steps=4", "train.batch_size=16",
         "train.eval_every=4", "train.log_every=2", "data.eval_batches=1", "mlflow.system_metrics=false"])
-    result = PretrainJob().run(cfg)
+    result = engine.run(PretrainJob(), cfg)
     with result.checkpoint.as_directory() as d:
         trained = from_checkpoint(d).model  # the run's final weights, as our model
 

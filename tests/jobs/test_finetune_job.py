@@ -18,6 +18,7 @@ from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
 from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.runner import engine
 
 TINY = ["preset=tiny", "train.batch_size=16", "train.eval_every=4", "train.log_every=2",
         "mlflow.system_metrics=false"]
@@ -63,7 +64,7 @@ def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
     overrides = [o.format(tmp=tmp_path) for o in overrides]
     (tmp_path / "notes.pth").write_text("not a checkpoint\n")
     with pytest.raises(ConfigError, match=message):
-        FinetuneJob().check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
+        engine.check(FinetuneJob(), config(tmp_path, f"data.store={sets['vqa']}", "init.source=scratch", *overrides))
     assert not (tmp_path / "runs").exists()
 
 
@@ -132,7 +133,7 @@ def test_an_untagged_mult_run_is_refused_after_its_download_which_is_removed(mul
     cfg = config(tmp_path, "init.source=run", f"init.run_id={run_id}")
     with pytest.raises(ConfigError, match=rf"init.run_id: the `model` artifact of run '{run_id}' holds a MulT model's "
                                           "checkpoint; fine-tuning needs an LXMERT pretraining or fine-tuning"):
-        FinetuneJob().check(cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": copy})}))
+        engine.check(FinetuneJob(), cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"tracking_uri": copy})}))
     assert not (tmp_path / "runs").exists()
 
 
@@ -153,7 +154,7 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
                  f"pretrain.data.store={sets['images']}", "pretrain.train.max_steps=8",
                  f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
                  cls=PretrainFinetuneConfig)
-    out = ChainJob().run(cfg)
+    out = engine.run(ChainJob(), cfg)
     uri = out.tracking_uri
     fine = tracking.get_run(uri, out.run_id)
     pre_id = fine.tags["pretrain_run_id"]
@@ -190,7 +191,7 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
     from xmodal.jobs.finetune_job import FinetuneJob
 
     # A worker exits once at step 6; training resumes from the step-4 checkpoint with its selection.
-    out = FinetuneJob().run(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
+    out = engine.run(FinetuneJob(), config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
                               "train.epochs=3", "scale.num_workers=2", "train.fail_at_step=6",
                               "mlflow.run_name=nlvr2"))
     uri = out.tracking_uri
@@ -215,7 +216,7 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
     assert {r[1] for r in rows} <= {"True", "False"}
 
     # Exact resume: the same run without the fault logs the same losses and evaluations at every step.
-    clean = FinetuneJob().run(config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}",
+    clean = engine.run(FinetuneJob(), config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}",
                                      "init.source=scratch", "train.epochs=3", "scale.num_workers=2",
                                      "mlflow.run_name=nlvr2-clean"))
     for key in ("train/loss", "valid/accuracy", "valid/loss", "best_valid/accuracy"):
@@ -237,7 +238,7 @@ def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_
         r_layers=1, x_layers=1, max_position_embeddings=40, visual_feat_dim=store.feat_dim, num_qa_labels=7)
     transformers.LxmertForPreTraining(hf_cfg).save_pretrained(tmp_path / "hf")
     job = FinetuneJob()
-    checked = job.check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=transformers",
+    checked = engine.check(job, config(tmp_path, f"data.store={sets['vqa']}", "init.source=transformers",
                                f"init.path={tmp_path / 'hf'}", "mlflow.system_metrics=false"))
     cfg = checked.prepared.cfg
     assert (cfg.model.hidden_size, cfg.model.x_layers, cfg.model.token_type_embedding) == (32, 1, True)
@@ -260,7 +261,7 @@ def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapt
         max_positions=40, token_type_embedding=True, visual_feat_dim=store.feat_dim, num_qa_labels=7)))
     torch.save(reference_pretraining(src), tmp_path / "model_LXRT.pth")
     job = FinetuneJob()
-    checked = job.check(config(tmp_path, f"data.store={sets['vqa']}", "init.source=reference",
+    checked = engine.check(job, config(tmp_path, f"data.store={sets['vqa']}", "init.source=reference",
                                f"init.path={tmp_path / 'model_LXRT.pth'}", "mlflow.system_metrics=false"))
     assert checked.prepared.cfg.model == src.config  # the reference's architecture: 64-wide heads, token types, pooler
     assert checked.prepared.start == {"source": "reference", "path": str(tmp_path / "model_LXRT.pth"), "run_id": None,

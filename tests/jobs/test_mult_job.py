@@ -8,6 +8,7 @@ import pytest
 
 from xmodal import tracking
 from xmodal.config import ConfigError, MultTrainConfig, load_config
+from xmodal.runner import engine
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
     cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", "train.best_metric=valid/mean_f1",
                                                   f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
     with pytest.raises(ConfigError, match="train.best_metric: 'valid/mean_f1' is not measured on a sentiment store"):
-        MultJob().check(cfg)
+        engine.check(MultJob(), cfg)
     assert not (tmp_path / "m.db").exists()
 
 
@@ -102,7 +103,7 @@ def test_a_worker_fault_resumes_exactly(mult_store, seeded, ray_local):
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
         *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=7"])
-    faulty = MultJob().run(cfg).run_id
+    faulty = engine.run(MultJob(), cfg).run_id
     (clean,) = [r.run_id for r in tracking.child_runs(uri, parent_id) if r.params["train.seed"] == "1"]
     assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [5]
     for key in ("train/loss", "valid/mae", "valid/acc2", "test/mae", "test/acc2", "best_valid/mae"):

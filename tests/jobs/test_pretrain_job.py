@@ -11,6 +11,7 @@ import pytest
 
 from xmodal import tracking
 from xmodal.config import ConfigError, PretrainConfig, load_config
+from xmodal.runner import engine
 from xmodal_testing import PYTHON, REPO, RayHead, ray_env, wait_job
 
 PRETRAIN = str(REPO / "jobs" / "pretrain.py")
@@ -138,7 +139,7 @@ def test_worker_failure_resumes_exactly_into_one_history(submitted, tiny_store, 
     from xmodal.jobs.pretrain_job import PretrainJob
 
     tmp_path = submitted[0]
-    result = PretrainJob().run(load_config(PretrainConfig, overrides=[
+    result = engine.run(PretrainJob(), load_config(PretrainConfig, overrides=[
         f"data.store={tiny_store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=faulty",
         f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", *FAULT_CASE, "train.fail_at_step=10"]))
     assert (tmp_path / "runs" / "faulty" / ".faults" / "step10-rank1").exists()
@@ -192,7 +193,7 @@ def checkpoint_bytes(store: Path) -> int:
     from xmodal.jobs.pretrain_job import PretrainJob
 
     cfg = load_config(PretrainConfig, overrides=[f"data.store={store}", "preset=tiny"])
-    checked = PretrainJob().check(cfg)
+    checked = engine.check(PretrainJob(), cfg)
     n = sum(p.numel() * p.element_size() for p in PretrainJob().build_objective(checked.prepared.cfg, checked.prepared.data)
             .parameters())
     return 3 * n

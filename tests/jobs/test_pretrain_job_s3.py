@@ -10,6 +10,7 @@ import pytest
 
 from xmodal import run_tags, tracking
 from xmodal.config import ConfigError, PretrainConfig, load_config
+from xmodal.runner import engine
 from xmodal_testing import S3_BUCKET
 
 
@@ -30,7 +31,7 @@ def test_a_run_on_an_s3_store_learns_what_the_local_copy_teaches(tmp_path, store
 
     local = stores["pretrain"]
     uri = s3.upload(local, f"runs-{uuid.uuid4().hex[:8]}/lxmert")
-    result = PretrainJob().run(config(tmp_path, uri, "on-s3"))
+    result = engine.run(PretrainJob(), config(tmp_path, uri, "on-s3"))
     db = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = tracking.get_run(db, result.run_id)
     assert run.status == "FINISHED"

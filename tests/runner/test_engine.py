@@ -96,7 +96,7 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
         cfg = load_config(config_class, overrides=[
             f"data.store={stores[job]}", "preset=tiny", f"mlflow.tracking_uri={uri}", f"mlflow.run_name={job}",
             f"scale.storage_path={tmp_path / 'runs'}", *extra])
-        checked = spec.check(cfg)
+        checked = engine.check(spec, cfg)
         plan = engine.open_run(spec, checked, "test")
         torch.manual_seed(1)
         objective = spec.build_objective(checked.prepared.cfg, checked.prepared.data)

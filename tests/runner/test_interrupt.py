@@ -17,7 +17,7 @@ from xmodal import run_tags as T
 from xmodal import tracking
 from xmodal.config import PretrainConfig, load_config
 from xmodal.core import checkpoint as ckpt
-from xmodal.runner import recovery
+from xmodal.runner import engine, recovery
 from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
 
 PRETRAIN = str(REPO / "jobs" / "pretrain.py")
@@ -121,7 +121,7 @@ def clean_run(tmp_path_factory, stores, ray_local):
     cfg = load_config(PretrainConfig, overrides=[
         f"data.store={stores['pretrain']}", f"scale.storage_path={tmp / 'runs'}", "mlflow.run_name=clean",
         f"mlflow.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", *SETTINGS])
-    PretrainJob().run(cfg)
+    engine.run(PretrainJob(), cfg)
     return tmp, f"sqlite:///{tmp / 'mlflow.db'}"
 
 

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_pretrain import tiny_store  # noqa: F401 - the fixture
 
 from xmodal import tracking
 from xmodal.config import PretrainConfig, load_config
+from xmodal.runner import engine
 from xmodal_testing import MlflowServer
 
 
@@ -29,7 +29,7 @@ def start_run(tmp: Path, store: Path, server: MlflowServer, name: str, *extra: s
 
     def job() -> None:
         try:
-            outcome["result"] = PretrainJob().run(cfg)
+            outcome["result"] = engine.run(PretrainJob(), cfg)
         except BaseException as e:  # noqa: BLE001 - handed to the test thread
             outcome["error"] = e
 

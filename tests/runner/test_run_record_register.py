@@ -35,7 +35,7 @@ def test_each_run_registers_a_new_version_of_its_logged_model(mult_store, tmp_pa
             f"data.store={mult_store.path}", "preset=tiny", f"mlflow.tracking_uri={uri}", f"mlflow.run_name={name}",
             f"scale.storage_path={tmp_path / 'runs'}", "mlflow.registered_model=mult-job"])
         spec = MultJob()
-        checked = spec.check(cfg)
+        checked = engine.check(spec, cfg)
         plan = engine.open_run(spec, checked, "test")
         objective = spec.build_objective(checked.prepared.cfg, checked.prepared.data)
         folder = tmp_path / "ckpt" / name

@@ -25,17 +25,6 @@ from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env
 SWEEP = str(REPO / "jobs" / "sweep.py")
 
 
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory):
-    from xmodal.data.lxmert.synthetic import build_synthetic_store
-    from xmodal.data.options import SyntheticLxmertOptions
-
-    out = tmp_path_factory.mktemp("store") / "lxmert"
-    build_synthetic_store(out, SyntheticLxmertOptions(num_images=160, feat_dim=16, num_objects=8,
-                                                      num_object_labels=10, num_attr_labels=4, num_answers=20))
-    return out
-
-
 def space_file(tmp: Path, store: Path, body: str, train: str) -> Path:
     """A space on the tiny preset, 16 sentences a step; `train` sets steps and evaluations (= reports)."""
     head = f"""

@@ -35,7 +35,7 @@ from torch import nn
 
 from xmodal.batches import LxmertBatch
 from xmodal.bench import at_least, cuda_arg
-from xmodal.bench.suite import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
+from xmodal.bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.console import say
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision

@@ -29,21 +29,19 @@ plumbing; they are not speed figures).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import gc
 import json
 import math
 import os
 import platform
-import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +49,7 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
+from xmodal.bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.console import say
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
@@ -58,7 +57,6 @@ from xmodal.core.step import TrainState, train_step
 from xmodal.errors import UserError
 from xmodal.tracking import git_commit
 
-H200_BF16_DENSE_TFLOPS = 989.0
 SECTIONS = ("lxmert", "mult", "ddp", "data")
 TARGETS = {  # samples/s on one H200 (docs/performance.md); the data target is per CPU core
     "lxmert_paper_b256_bf16": 8000.0,
@@ -175,61 +173,6 @@ def graph_breaks(module: nn.Module, batch) -> int:
     return breaks
 
 
-# A line of kineto's own log (torch.profiler's C++ library): `USDT:2026-12-03 21:10:40 5398:5398
-# SyncActivityProfilerHandler.cpp:52] profiler_start`. Kineto writes them to stderr from C++ (std::cerr);
-# the USDT ones on every profile, whatever KINETO_LOG_LEVEL says, so no setting keeps them off the console.
-KINETO_LINE = re.compile(r"^(USDT|STAGE|INFO|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\] ")
-
-
-@contextlib.contextmanager
-def without_kineto_lines() -> Iterator[None]:
-    """While it runs, the process's stderr (file descriptor 2, where C++ writes) goes to a temporary
-    file; after, every line written there that is not one of kineto's informational lines is passed
-    on to stderr (a warning or error, Python's or kineto's, still shows)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            caught.seek(0)
-            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
-                    if not KINETO_LINE.match(line)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
-
-
-def cpu_peak_tensor_bytes(state: TrainState, batch) -> int | None:
-    """Peak bytes of live CPU tensors during one train step (parameters, optimizer state, batch,
-    activations, gradients): the CPU analogue of max_memory_allocated, from the torch.profiler memory
-    timeline (a private API, guarded: None when it is not there). Kineto's log lines stay off the
-    console (`without_kineto_lines`)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with without_kineto_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                                             record_shapes=True, with_stack=True) as prof:
-            train_step(state, [batch])
-        timeline = prof._memory_profile().timeline
-    except Exception as err:  # noqa: BLE001 - a missing memory figure must not fail the suite
-        say(f"note: no CPU memory figure ({type(err).__name__}: {err})")
-        return None
-    live = peak = 0
-    for _, action, (key, _), size in timeline:
-        if key.device.type != "cpu":
-            continue
-        if action.name in ("PREEXISTING", "CREATE"):
-            live += size
-        elif action.name == "DESTROY":
-            live -= size
-        peak = max(peak, live)
-    return peak
 
 
 def setup(c: Contender, s: Settings, count: bool) -> None:

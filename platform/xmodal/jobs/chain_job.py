@@ -9,15 +9,12 @@ the fine-tuning stage's (e.g. valid/accuracy): its run is the one that reports t
 
 from __future__ import annotations
 
-import time
-
 from xmodal import run_tags
 from xmodal.config import FinetuneInit, PretrainFinetuneConfig
 from xmodal.jobs.finetune_job import FinetuneJob
 from xmodal.jobs.pretrain_job import PretrainJob
-from xmodal.runner import engine
 from xmodal.runner.hooks import say
-from xmodal.runner.spec import JobSpec, RunResult, Trial
+from xmodal.runner.spec import RunResult, StagedJob, Trial
 
 
 def stages(cfg: PretrainFinetuneConfig, name: str):
@@ -33,25 +30,24 @@ def stages(cfg: PretrainFinetuneConfig, name: str):
     return stage(cfg.pretrain, f"{name}-pretrain", None), stage(cfg.finetune, name, ml.registered_model)
 
 
-class ChainJob(JobSpec):
+class ChainJob(StagedJob):
     name = "pretrain_finetune"
     config_class = PretrainFinetuneConfig
     run_name = "chain"
 
-    def check(self, cfg: PretrainFinetuneConfig):
+    def check_stages(self, cfg: PretrainFinetuneConfig, check):
         """Both stages, before either starts: the fine-tuning stage as it will run, on the
         pretraining stage's architecture (its weights do not exist yet)."""
         pre, fine = stages(cfg, cfg.mlflow.run_name or "chain")
-        checked = engine.check(PretrainJob(), pre)
+        checked = check(PretrainJob(), pre)
         fine = fine.model_copy(update={"model": checked.prepared.cfg.model, "init": FinetuneInit(source="scratch")})
-        engine.check(FinetuneJob(), fine)
+        check(FinetuneJob(), fine)
         return checked
 
-    def run(self, cfg: PretrainFinetuneConfig, source: str = "defaults", parent_run_id: str | None = None,
-            tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
-        name = cfg.mlflow.run_name or f"chain-{time.strftime('%Y%m%d-%H%M%S')}"
-        cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
-        self.check(cfg)
+    def run_stages(self, cfg: PretrainFinetuneConfig, run, source: str, parent_run_id: str | None,
+                   tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
+        name = cfg.mlflow.run_name
+        pre, fine = stages(cfg, name)
         pre, fine = stages(cfg, name)
         # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
         stage_tags = {run_tags.CHAIN_STAGE: "pretrain",
@@ -59,13 +55,13 @@ class ChainJob(JobSpec):
         # A trial whose worker runs in its own process (`Trial.in_process`) holds the worker's resources:
         # its pretraining stage runs there too, reporting to no one (Tune ranks the fine-tuning stage).
         stage = Trial(report=_unreported, marks_end=True) if trial is not None and trial.in_process else None
-        first = engine.run(PretrainJob(), pre, source, parent_run_id, stage_tags, stage)
+        first = run(PretrainJob(), pre, source, parent_run_id, stage_tags, stage)
         say(f"[xmodal] chain {name}: pretraining stage done (MLflow run {first.run_id}); fine-tuning from it")
         fine = fine.model_copy(update={"init": FinetuneInit(
             source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
             answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
         fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
-        return engine.run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial)
+        return run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial)
 
 
 def _unreported(_metrics: dict) -> None:

@@ -35,13 +35,13 @@ from xmodal import run_tags, tracking
 from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.loop import gather_rows
+from xmodal.data.finetune.stream import split_layout
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 from xmodal.runner.hooks import say
 from xmodal.runner.ray_cluster import removed_on_failure
-from xmodal.runner.spec import Inputs, JobSpec, Prepared, open_configured
-from xmodal.runner.worker import Worker
+from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
 
@@ -90,7 +90,7 @@ class FinetuneJob(JobSpec):
         if init.run_id:
             tags[run_tags.INIT_RUN_ID] = init.run_id
         return Prepared(cfg, data, str(data.path), train_examples=len(data.split("train")),
-                        units=data.layout("train").units, dataset=dataset, start=dataclasses.asdict(init),
+                        units=split_layout(data, "train").units, dataset=dataset, start=dataclasses.asdict(init),
                         tags=tags)
 
     def resolve_start(self, cfg: FinetuneConfig, data, tracking_uri: str, download_dir: Path

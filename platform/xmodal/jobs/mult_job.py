@@ -25,8 +25,7 @@ from xmodal.core.loop import gather_rows
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
-from xmodal.runner.spec import Inputs, JobSpec, Prepared, open_configured
-from xmodal.runner.worker import Worker
+from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured
 
 DEFAULT_STORE = "data/synthetic_mult"
 SENTIMENT_METRICS = MULT_METRICS["sentiment"]

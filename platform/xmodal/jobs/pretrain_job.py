@@ -21,8 +21,7 @@ from xmodal.config import ConfigError, PretrainConfig
 from xmodal.core.loop import evaluate_sums, ratios
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
-from xmodal.runner.spec import Inputs, JobSpec, Prepared, open_configured
-from xmodal.runner.worker import Worker
+from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured
 
 DEFAULT_STORE = "data/synthetic_lxmert"
 

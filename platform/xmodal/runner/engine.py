@@ -41,9 +41,10 @@ from xmodal.runner.spec import (
     Prepared,
     RunPlan,
     RunResult,
+    StagedJob,
     Trial,
-    default_run_name,
     epoch_plan,
+    named,
     split_batch,
 )
 from xmodal.scores import SELECTED_PREFIX
@@ -59,16 +60,19 @@ class Checked:
     parameters: int  # the model's, counted on the meta device
 
 
-def check(spec: JobSpec, cfg) -> Checked:
+def check(spec: JobSpec | StagedJob, cfg) -> Checked:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
     bounds (pydantic, at load), the faults, the job's data and starting weights (`prepare`), the
-    cluster's address, the steps, and the model built on the meta device. Raises UserError."""
+    cluster's address, the steps, and the model built on the meta device. A staged job: every stage,
+    before the first starts. Raises UserError."""
+    if isinstance(spec, StagedJob):
+        return spec.check_stages(cfg, check)
     micro = split_batch(cfg)
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)  # every wait of the driver on the store
     storage = storage_path(cfg.scale.storage_path)
-    name = cfg.mlflow.run_name or f"{default_run_name(spec, cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
+    cfg = named(spec, cfg)
+    name = cfg.mlflow.run_name
     check_fault_storage(cfg.train, storage)
     if cfg.train.max_steps:  # the run has at most max_steps steps: faults beyond them fail before any data
         fault_schedule(cfg.train, cfg.scale.num_workers, cfg.train.max_steps, storage, name)
@@ -280,9 +284,14 @@ def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | 
     return None
 
 
-def run(spec: JobSpec, cfg, source: str = "defaults", parent_run_id: str | None = None,
+def run(spec: JobSpec | StagedJob, cfg, source: str = "defaults", parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
-    """check -> open the MLflow run -> Ray Train -> finish, for one run of any job."""
+    """check -> open the MLflow run -> Ray Train -> finish, for one run of any job. A staged job: its
+    name fixed once, every stage checked, then the stages run in order (each a run of its own)."""
+    if isinstance(spec, StagedJob):
+        cfg = named(spec, cfg)
+        check(spec, cfg)
+        return spec.run_stages(cfg, run, source, parent_run_id, tags, trial)
     marks: dict[str, float] = {}
     timeline.mark(marks, "run_start")
     checked = check(spec, cfg)
@@ -349,10 +358,10 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     if not seeds:
         return _run_and_sum_up(spec, cfg, source)
     for seed in seeds:  # every seed's config is checked before the first run starts
-        spec.check(_seeded(cfg, seed, "check"))
+        check(spec, _seeded(cfg, seed, "check"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)
-    base = cfg.mlflow.run_name or f"{default_run_name(spec, cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = named(spec, cfg).mlflow.run_name
     parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                              {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
@@ -372,7 +381,7 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
 
 def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None) -> RunResult:
     started = time.monotonic()
-    out = spec.run(cfg, source, parent_run_id=parent_run_id)
+    out = run(spec, cfg, source, parent_run_id=parent_run_id)
     c = console.CONSOLE
     shown = {k: v for k, v in out.metrics.items() if not k.startswith(SELECTED_PREFIX)}  # the best column has it
     c.show(console.end_summary(

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from xmodal.core.loop import NoHooks, fit
-from xmodal.runner.spec import Inputs, JobSpec, epoch_plan, split_batch
-from xmodal.runner.worker import Worker, make_worker, selected_held_out
+from xmodal.runner.spec import Inputs, JobSpec, Worker, epoch_plan, split_batch
+from xmodal.runner.worker import make_worker, selected_held_out
 
 
 class LocalSelection(NoHooks):

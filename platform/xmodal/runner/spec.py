@@ -9,26 +9,26 @@ in its own module. It says three things, each a few methods:
     model       build_objective, load_start, step_kwargs
     worker      setup, train_batches, evaluate, held_out
 
-`check` and `run` are the engine's (`xmodal.runner.engine`), the same for every job; a job made of
-stages (the chain) overrides them with engine calls of its own. docs/architecture.md, "A new model or job",
-walks through one spec.
+Checking and running a job are the engine's (`engine.check`, `engine.run`), the same for every
+job. A job made of stages (the chain) is a `StagedJob`: stages of ordinary specs that the engine
+checks and runs in order. docs/architecture.md, "A new model or job", walks through one spec.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from xmodal.config import ConfigError
 from xmodal.data.common import epoch_samples, locate
-
-if TYPE_CHECKING:  # the worker module imports this one; its Worker only annotates the hooks here
-    from xmodal.runner.worker import Worker
+from xmodal.runner.hooks import ValidationSelection
 
 
 @dataclass
@@ -113,6 +113,28 @@ class Trial:
         return self.report is not None
 
 
+@dataclass
+class Worker:
+    """What a job's worker hooks see: the job's config and data, the training state, the place of
+    this worker in the group, and how it reads its share of the train split (`ray_data`: through Ray
+    Data on a Train worker; in-process, with the same units and batches, straight from the files)."""
+
+    cfg: Any
+    data: Any
+    state: Any  # TrainState
+    model: nn.Module  # the plain objective (no DDP, no compile): evaluation runs it directly
+    rank: int
+    world: int
+    device: torch.device
+    micro_batch: int
+    ray_data: bool = False
+    selection: ValidationSelection | None = None
+    parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
+
+    def to_device(self, batch):
+        return batch.to(self.device, torch.float32, non_blocking=True)
+
+
 class JobSpec:
     """One training job. Subclasses set the class attributes and implement the protocols' methods."""
 
@@ -162,25 +184,43 @@ class JobSpec:
         files written to `folder` (rank 0 only) are logged as the run's artifacts."""
         return {}
 
-    # ------------------------------------------------ the whole job (the engine's)
-    def check(self, cfg):
-        from xmodal.runner import engine
 
-        return engine.check(self, cfg)
+class StagedJob:
+    """A job made of ordinary specs run one after the other (the pretrain-then-fine-tune chain). The
+    engine knows it: `engine.check` and `engine.run` hand it their own `check` and `run`, with which it
+    checks every stage before the first starts and runs them in order; the last stage's run is the
+    job's result (the one a sweep trial reports). Like a spec, it names its job and config class."""
 
-    def run(self, cfg, source: str = "defaults", parent_run_id: str | None = None,
-            tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
-        from xmodal.runner import engine
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    run_name: ClassVar[str]
 
-        return engine.run(self, cfg, source, parent_run_id, tags, trial)
+    def check_stages(self, cfg, check: Callable[[JobSpec, Any], Any]) -> Any:
+        """`check` (the engine's) on every stage's spec and config; returns the first stage's result."""
+        raise NotImplementedError
+
+    def run_stages(self, cfg, run: Callable[..., RunResult], source: str, parent_run_id: str | None,
+                   tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
+        """The stages run in order through `run` (the engine's); returns the last stage's result."""
+        raise NotImplementedError
 
 
 def _no_step_kwargs(epoch: int) -> dict[str, Any]:
     return {}
 
 
-def default_run_name(spec: JobSpec, cfg) -> str:
-    return spec.run_name.format(cfg=cfg)
+def timestamped(stem: str) -> str:
+    """`stem` and the time to the second: a new run's or sweep's name when none is given."""
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def named(spec: JobSpec | StagedJob, cfg) -> Any:
+    """The config with its run's name: the one given (`mlflow.run_name`), else the job's default (its
+    `run_name`, formatted with `cfg`) and the time. The one place a run is named."""
+    if cfg.mlflow.run_name:
+        return cfg
+    name = timestamped(spec.run_name.format(cfg=cfg))
+    return cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
 
 
 def open_configured(inputs: Inputs, configured: str | None, embedded: Callable[[], Any],

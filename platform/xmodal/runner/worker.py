@@ -8,17 +8,14 @@ trial's process. The driver's side is `xmodal.runner.engine`, which hands each w
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from xmodal import console, tracking
 from xmodal.core import checkpoint as ckpt
@@ -29,29 +26,7 @@ from xmodal.runner import recovery, timeline
 from xmodal.runner.hooks import RunHooks, ValidationSelection, say
 from xmodal.runner.interrupt import StopWatch
 from xmodal.runner.session import RayTrainSession
-from xmodal.runner.spec import JobSpec, RunPlan
-
-
-@dataclass
-class Worker:
-    """What a job's worker hooks see: the job's config and data, the training state, the place of
-    this worker in the group, and how it reads its share of the train split (`ray_data`: through Ray
-    Data on a Train worker; in-process, with the same units and batches, straight from the files)."""
-
-    cfg: Any
-    data: Any
-    state: Any  # TrainState
-    model: nn.Module  # the plain objective (no DDP, no compile): evaluation runs it directly
-    rank: int
-    world: int
-    device: torch.device
-    micro_batch: int
-    ray_data: bool = False
-    selection: ValidationSelection | None = None
-    parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
-
-    def to_device(self, batch):
-        return batch.to(self.device, torch.float32, non_blocking=True)
+from xmodal.runner.spec import JobSpec, RunPlan, Worker
 
 
 def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,

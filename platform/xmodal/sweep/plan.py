@@ -6,7 +6,6 @@ storage and MLflow experiment. Imports no Ray, Tune or Optuna.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from xmodal import tracking
 from xmodal.config import MODEL_NAME_RE
 from xmodal.config_paths import config_has, get_dotted
 from xmodal.jobs.registry import job_spec
+from xmodal.runner.spec import timestamped
 from xmodal.sweep.space import (
     NAME_RE,
     SearchSpace,
@@ -105,7 +105,7 @@ def _choose_name(opts: SweepOptions, space: SearchSpace, stem: str, root: str) -
         if not found:
             raise SpaceError(f"--resume: no sweep of {stem!r} under {root} (looked for {stem}-*/tuner.pkl)")
         return found[-1]  # names end in a timestamp: the latest
-    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return timestamped(stem)
 
 
 def plan_sweep(opts: SweepOptions) -> SweepPlan:

@@ -40,7 +40,7 @@ from xmodal.config import ConfigError, flatten
 from xmodal.config_paths import config_has
 from xmodal.errors import RunInterrupted, UserError
 from xmodal.jobs.registry import job_spec
-from xmodal.runner import recovery, timeline
+from xmodal.runner import engine, recovery, timeline
 from xmodal.runner.spec import Trial
 from xmodal.scores import selected_key
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
@@ -73,7 +73,7 @@ def _check_base(plan: SweepPlan) -> tuple[dict[str, Any], Any]:
     spec = job_spec(plan.space.job)
     cfg = validate_config(spec.config_class, plan.base, str(plan.space_path))
     try:
-        checked = spec.check(cfg)
+        checked = engine.check(spec, cfg)
     except ConfigError as e:
         raise ConfigError(f"{plan.space_path}: {e}") from None
     if config_has(spec.config_class, "data.store"):
@@ -180,7 +180,7 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
         raw = set_dotted(raw, "mlflow.run_name", run_name)
     source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
     cfg = validate_config(spec.config_class, raw, source)
-    spec.run(cfg, source, parent_run_id=setup["parent_run_id"],
+    engine.run(spec, cfg, source, parent_run_id=setup["parent_run_id"],
              tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
              trial=Trial(report=tune.report) if setup.get("in_process") else Trial([TuneReportCallback()]))
 

@@ -14,6 +14,7 @@ import torch
 from xmodal.data.common import Location
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.sets import FinetuneError, open_finetune
+from xmodal.data.finetune.stream import split_layout
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal_testing import S3_BUCKET
 
@@ -31,10 +32,10 @@ def test_a_set_over_an_s3_store_reads_as_the_set_over_the_local_copy(s3, small_s
         a, b = remote.split(split), local.split(split)
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.input_ids, b.input_ids)
         assert np.array_equal(remote.images(split).features, local.images(split).features)
-    units = remote.layout("train").units
+    units = split_layout(remote, "train").units
     assert units and all(u.file.startswith(f"{images}/") for u in units)
     assert [(u.group, u.rows, u.samples) for u in units] == [(u.group, u.rows, u.samples)
-                                                             for u in local.layout("train").units]
+                                                             for u in split_layout(local, "train").units]
     kw = dict(seed=4, epoch=1, rank=1, world=2)
     got = list(stream.iter_train_batches(remote, "train", 8, **kw))
     want = list(stream.iter_train_batches(local, "train", 8, **kw))

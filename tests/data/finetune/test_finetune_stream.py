@@ -20,6 +20,7 @@ from xmodal.config import FinetuneConfig, load_config
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
+from xmodal.data.finetune.stream import split_layout
 from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
 from xmodal.data.lxmert.features import ingest_features
 from xmodal.data.lxmert.synthetic import build_synthetic_store
@@ -89,14 +90,14 @@ def test_ranks_predict_every_example_exactly_once_with_the_in_memory_tensors(set
         assert n % (world * 7), f"{task} {split}: {n} examples, want a size that is no multiple of {world} x 7"
         _check_exactly_once(data, split, 7, world)
     # A rank reads only its own row groups: the units are dealt out, each example at home in one.
-    layout = data.layout("valid")
+    layout = split_layout(data, "valid")
     mine = [set(b for b in stream.eval_plan(layout, r, world).blocks for b in b) for r in range(world)]
     assert sum(len(m) for m in mine) == len(layout.units) == len(set().union(*mine))
 
 
 def test_nlvr2_partners_in_other_row_groups_and_stores_are_read(split_stores):
     data = split_stores
-    layout = data.layout("valid")
+    layout = split_layout(data, "valid")
     assert (layout.img_unit[:, 0] != layout.img_unit[:, 1]).all()  # no pair shares a unit
     assert len({u.file for u in layout.units}) > 2  # several shards of two stores
     for world in (1, 2, 4):
@@ -125,7 +126,7 @@ def test_train_batches_are_disjoint_equal_in_number_resumable_and_planned(sets):
     from xmodal.runner.spec import Inputs, epoch_plan
 
     data = sets["nlvr2"]
-    layout = data.layout("train")
+    layout = split_layout(data, "train")
     for world in (1, 2, 3):
         common = stream.common_batches(layout, 8, seed=4, epoch=1, world=world)
         shares = [list(stream.iter_train_batches(data, "train", 8, seed=4, epoch=1, rank=r, world=world))
@@ -175,7 +176,7 @@ t0 = time.time()
 from xmodal.config import FinetuneConfig, load_config
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
-from xmodal.runner.worker import Worker
+from xmodal.runner.spec import Worker
 from xmodal.jobs.finetune_job import FinetuneJob, predict_split, with_data_dims
 
 def peak():  # kB: the highest resident set since the last reset
@@ -190,7 +191,7 @@ stream.IMAGES_PER_BLOCK = 16  # a small window, so that the small set already fi
 data = open_finetune(path)
 cfg = with_data_dims(load_config(FinetuneConfig, overrides=["preset=tiny", "init.source=scratch"]), data, None)
 w = Worker(cfg, data, None, FinetuneJob().build_objective(cfg, data), 0, 1, torch.device("cpu"), 32)
-data.split("valid"), data.layout("valid")  # the split's rows and where they lie: metadata, O(examples)
+data.split("valid"), split_layout(data, "valid")  # the split's rows and where they lie: metadata, O(examples)
 reset_peak()  # import and model start-up peaks are the same for both sets and would hide the difference
 out = {"rows": len(predict_split(w, "valid")["row"]), "peak_kb": peak()}
 if also_in_memory:  # then the in-memory path's batches (the split's images held; no forward needed to show it)

@@ -309,7 +309,7 @@ class FinetuneData:
         self._splits: dict[str, FinetuneSplit] = {}
         self._images: dict[str, SplitImages] = {}
         self._store_index: dict[str, tuple[int, str, int]] | None = None
-        self._layouts: dict[str, Any] = {}
+        self._layouts: dict[str, Any] = {}  # split -> its layout, `stream.split_layout`'s cache
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "manifest": self.manifest, "store": self.store, "answers": self.answers,
@@ -371,14 +371,6 @@ class FinetuneData:
         if self._store_index is None:
             self._store_index = image_index(self.image_stores)
         return self._store_index
-
-    def layout(self, split: str):
-        """Where the split's images lie in the stores' row groups (`stream.split_layout`, cached)."""
-        if split not in self._layouts:
-            from xmodal.data.finetune.stream import split_layout
-
-            self._layouts[split] = split_layout(self, split)
-        return self._layouts[split]
 
     def images(self, split: str) -> SplitImages:
         """Features, boxes and masks of all the images the split uses, in memory (read from the store

@@ -65,7 +65,14 @@ class SplitLayout:
 
 
 def split_layout(data: FinetuneData, split: str) -> SplitLayout:
-    """The split's units and where each example's images lie in them (no feature read)."""
+    """The split's units and where each example's images lie in them (no feature read), computed once
+    per opened set and split."""
+    if split not in data._layouts:
+        data._layouts[split] = _layout(data, split)
+    return data._layouts[split]
+
+
+def _layout(data: FinetuneData, split: str) -> SplitLayout:
     from xmodal.data.finetune.sets import FinetuneError
 
     sp = data.split(split)
@@ -190,7 +197,7 @@ def iter_eval_batches(data: FinetuneData, split: str, batch_size: int, *, rank: 
     """This rank's share of the split for prediction: over ranks 0..world-1 every example exactly
     once; the last batch may be short."""
     images_per_block = images_per_block or IMAGES_PER_BLOCK
-    plan = eval_plan(data.layout(split), rank, world, images_per_block)
+    plan = eval_plan(split_layout(data, split), rank, world, images_per_block)
     batches = _batches(data, split, plan, batch_size, reader or local_reader(), images_per_block,
                        drop_last=False)
     yield from prefetch_iter(batches, prefetch)
@@ -203,7 +210,7 @@ def iter_train_batches(data: FinetuneData, split: str, batch_size: int, *, seed:
     """One training epoch of this rank: `common_batches` full batches (a longer rank's extra examples
     are dropped), from `start_batch` on. The same batches with the local or the Ray Data reader."""
     images_per_block = images_per_block or IMAGES_PER_BLOCK
-    layout = data.layout(split)
+    layout = split_layout(data, split)
     plan = train_plan(layout, seed=seed, epoch=epoch, rank=rank, world=world, images_per_block=images_per_block)
     limit = common_batches(layout, batch_size, seed=seed, epoch=epoch, world=world)
     batches = _batches(data, split, plan, batch_size, reader or local_reader(), images_per_block,
@@ -216,7 +223,7 @@ def _batches(data: FinetuneData, split: str, plan: RankPlan, batch_size: int, re
              ) -> Iterator[VqaBatch | Nlvr2Batch]:
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected >= 1")
-    layout = data.layout(split)
+    layout = split_layout(data, split)
     total = plan.num_examples
     n = total // batch_size if drop_last else -(-total // batch_size)
     if limit is not None:
@@ -321,7 +328,7 @@ def feature_sums(data: FinetuneData, split: str, *, rank: int = 0, world: int = 
     the split's images in this rank's evaluation units; added over ranks they cover every image the
     split uses once (`robustness.feature_std`'s figures, streamed)."""
     images_per_block = images_per_block or IMAGES_PER_BLOCK
-    layout = data.layout(split)
+    layout = split_layout(data, split)
     plan = eval_plan(layout, rank, world, images_per_block)
     dim = data.image_stores[0].manifest.feat_dim
     n, total, squares = 0, np.zeros(dim), np.zeros(dim)
