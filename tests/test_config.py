@@ -1,6 +1,7 @@
 import pytest
 
-from xmodal.config import ConfigError, PretrainConfig, apply_overrides, flatten, load_config, load_yaml
+from xmodal.config import ConfigError, apply_overrides, flatten, load_config, load_yaml
+from xmodal.jobs.pretrain_config import PretrainConfig
 
 
 def test_defaults_use_the_small_preset():
@@ -104,7 +105,7 @@ def test_flatten_gives_dotted_params():
 
 
 def test_partial_section_override_keeps_the_jobs_other_defaults():
-    from xmodal.config import MultTrainConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     cfg = load_config(PretrainConfig, overrides=["train.epochs=2"])
     assert (cfg.train.epochs, cfg.train.batch_size, cfg.optim.lr) == (2, 64, 2e-3)
@@ -113,7 +114,7 @@ def test_partial_section_override_keeps_the_jobs_other_defaults():
 
 
 def test_mult_config_rejects_bad_model_values():
-    from xmodal.config import MultTrainConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     with pytest.raises(ConfigError, match="model.variant = 'xx': expected 'full'.*'early_fusion'"):
         load_config(MultTrainConfig, overrides=["model.variant=xx"])
@@ -122,7 +123,7 @@ def test_mult_config_rejects_bad_model_values():
 
 
 def test_mult_f1_protocol_takes_sklearn_or_reference():
-    from xmodal.config import MultTrainConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     assert load_config(MultTrainConfig).f1_protocol == "sklearn"
     assert load_config(MultTrainConfig, overrides=["f1_protocol=reference"]).f1_protocol == "reference"
@@ -174,7 +175,8 @@ def test_mult_f1_protocol_takes_sklearn_or_reference():
     ("finetune", "init.run_id=", "init.run_id = '': expected a non-empty string"),
 ])
 def test_bounds_name_the_key_the_value_and_what_is_allowed(config, override, expected):
-    from xmodal.config import FinetuneConfig, MultTrainConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[config]
     with pytest.raises(ConfigError) as e:
@@ -183,7 +185,7 @@ def test_bounds_name_the_key_the_value_and_what_is_allowed(config, override, exp
 
 
 def test_messages_are_one_line_per_problem_without_pydantic_noise():
-    from xmodal.config import FinetuneConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
 
     with pytest.raises(ConfigError) as e:
         load_config(FinetuneConfig, overrides=["init.source=run"])
@@ -225,7 +227,8 @@ def test_tracking_uri_that_is_not_a_uri(uri, expected):
 
 @pytest.mark.parametrize("config", ["pretrain", "mult", "finetune"])
 def test_batch_size_splits_over_workers_and_accumulation(config):
-    from xmodal.config import FinetuneConfig, MultTrainConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[config]
     ok = load_config(cls, overrides=["train.batch_size=12", "scale.num_workers=2", "train.grad_accum=3"])
@@ -236,14 +239,15 @@ def test_batch_size_splits_over_workers_and_accumulation(config):
 
 
 def test_chain_checks_both_stages_batches_against_its_scale():
-    from xmodal.config import PretrainFinetuneConfig
+    from xmodal.jobs.chain_config import PretrainFinetuneConfig
 
     with pytest.raises(ConfigError, match=r"finetune.train.batch_size = 32: expected a multiple .* = 3"):
         load_config(PretrainFinetuneConfig, overrides=["scale.num_workers=3", "pretrain.train.batch_size=63"])
 
 
 def test_every_preset_is_valid_and_checkpoint_every_is_gone():
-    from xmodal.config import MultTrainConfig, TrainConfig
+    from xmodal.config import TrainConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.models.lxmert import PRESETS as LXMERT
     from xmodal.models.mult import PRESETS as MULT
 
@@ -267,7 +271,8 @@ def _float_keys(cls) -> list[str]:
 
 @pytest.mark.parametrize("job", ["pretrain", "finetune", "mult"])
 def test_every_float_option_rejects_inf_and_nan(job):
-    from xmodal.config import FinetuneConfig, MultTrainConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
     keys = _float_keys(cls)
@@ -289,7 +294,7 @@ def test_every_float_option_rejects_inf_and_nan(job):
                                                       "number > 0"),
 ])
 def test_non_finite_values_name_the_key_and_what_is_allowed(cls, override, expected):
-    from xmodal.config import PretrainFinetuneConfig
+    from xmodal.jobs.chain_config import PretrainFinetuneConfig
 
     with pytest.raises(ConfigError) as e:
         load_config(PretrainFinetuneConfig if cls == "chain" else cls, overrides=[override])
@@ -338,7 +343,9 @@ def test_non_finite_values_name_the_key_and_what_is_allowed(cls, override, expec
                                                               "(in finetune)"),
 ])
 def test_an_option_nothing_uses_is_an_error_naming_what_would(job, overrides, expected):
-    from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainFinetuneConfig
+    from xmodal.jobs.chain_config import PretrainFinetuneConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     cls = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig,
            "chain": PretrainFinetuneConfig}[job]
@@ -348,7 +355,8 @@ def test_an_option_nothing_uses_is_an_error_naming_what_would(job, overrides, ex
 
 
 def test_options_are_fine_where_something_uses_them_and_defaults_never_trip(tmp_path):
-    from xmodal.config import FinetuneConfig, MultTrainConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     for cls in (PretrainConfig, FinetuneConfig, MultTrainConfig):
         load_config(cls)
@@ -366,11 +374,12 @@ def test_options_are_fine_where_something_uses_them_and_defaults_never_trip(tmp_
 
 
 def test_every_use_names_a_key_of_its_config_and_all_problems_are_listed():
-    from xmodal.config import USES, check_used
+    from xmodal.config import check_used
     from xmodal.config_paths import config_has
+    from xmodal.jobs.registry import JOBS
 
-    for cls, uses in USES.items():
-        for use in uses:
+    for cls in {spec.config_class for spec in JOBS.values()}:
+        for use in cls.USES:
             assert config_has(cls, use.key), (cls.__name__, use.key)
     cfg = load_config(PretrainConfig, overrides=["tasks.qa=false", "tasks.obj_feat=false"])
     with pytest.raises(ConfigError) as e:  # dotted keys, as a search space assigns them

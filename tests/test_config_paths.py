@@ -2,7 +2,6 @@
 
 import pytest
 
-from xmodal.config import MultTrainConfig, PretrainConfig
 from xmodal.config_paths import (
     config_has,
     deep_merge,
@@ -12,6 +11,8 @@ from xmodal.config_paths import (
     type_at,
     unknown_key,
 )
+from xmodal.jobs.mult_config import MultTrainConfig
+from xmodal.jobs.pretrain_config import PretrainConfig
 
 
 def test_type_at_follows_sections_items_and_mappings():

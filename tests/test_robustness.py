@@ -195,7 +195,9 @@ def test_the_end_summary_puts_each_condition_on_one_line():
 
 
 def test_robust_config_is_on_by_default_and_names_bad_values():
-    from xmodal.config import ConfigError, FinetuneConfig, MultTrainConfig, load_config
+    from xmodal.config import ConfigError, load_config
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
 
     assert tuple(load_config(MultTrainConfig).robust.conditions) == MULT_CONDITIONS
     assert tuple(load_config(FinetuneConfig).robust.conditions) == FINETUNE_CONDITIONS

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from mult_reference_layout import MULTModel
-from xmodal.config import FinetuneConfig, MultTrainConfig, load_config
+from xmodal.config import load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import bare_model, job_config
+from xmodal.jobs.finetune_config import FinetuneConfig
+from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.runner import engine
 from xmodal.runner.hooks import ValidationSelection
 

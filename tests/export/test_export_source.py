@@ -11,12 +11,15 @@ import subprocess
 import pytest
 import torch
 
-from xmodal.config import FinetuneConfig, MultTrainConfig, PretrainConfig, load_config
+from xmodal.config import load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.step import TrainState
 from xmodal.errors import UserError
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import from_checkpoint
+from xmodal.jobs.finetune_config import FinetuneConfig
+from xmodal.jobs.mult_config import MultTrainConfig
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.models.lxmert_finetune import LxmertForQuestionAnswering
 from xmodal.models.mult import Mult

@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from xmodal import tracking
-from xmodal.config import ConfigError, FinetuneConfig, PretrainFinetuneConfig, load_config
+from xmodal.config import ConfigError, load_config
 from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
 from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.jobs.chain_config import PretrainFinetuneConfig
+from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.runner import engine
 
 TINY = ["preset=tiny", "train.batch_size=16", "train.eval_every=4", "train.log_every=2",
@@ -73,9 +75,9 @@ def mult_run(tmp_path_factory):
     """A MulT run as jobs/train_mult.py opens it (the engine's own check and open_run: its tags say MulT), with a
     `model` artifact as its end logs one: a MulT checkpoint's model.pt and meta.json."""
     from xmodal import run_tags
-    from xmodal.config import MultTrainConfig
     from xmodal.data.mult.synthetic import SyntheticMultOptions
     from xmodal.data.mult.synthetic import build_synthetic_store as build_mult
+    from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.mult_job import MultJob
     from xmodal.runner import engine
 
@@ -90,7 +92,7 @@ def mult_run(tmp_path_factory):
     folder = root / "ckpt"
     folder.mkdir()
     torch.save(spec.build_objective(checked.prepared.cfg, checked.prepared.data).state_dict(), folder / "model.pt")
-    (folder / "meta.json").write_text(json.dumps({"step": 1, "config": plan.config, "store": plan.data}))
+    (folder / "meta.json").write_text(json.dumps({"step": 1, "config": plan.config.model_dump(mode="json"), "store": plan.data}))
     for f in ("model.pt", "meta.json"):
         tracking.log_artifact(uri, plan.run_id, folder / f, "model")
     tracking.set_terminated(uri, plan.run_id, "FINISHED")

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from xmodal import tracking
-from xmodal.config import ConfigError, MultTrainConfig, load_config
+from xmodal.config import ConfigError, load_config
+from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.runner import engine
 
 

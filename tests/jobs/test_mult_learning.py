@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import pytest
 
-from xmodal.config import MultTrainConfig, load_config
+from xmodal.config import load_config
 from xmodal.data.mult.synthetic import build_synthetic_store
+from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.jobs.mult_job import MultJob
 from xmodal.runner.inprocess import run_in_process
 

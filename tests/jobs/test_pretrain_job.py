@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from xmodal import tracking
-from xmodal.config import ConfigError, PretrainConfig, load_config
+from xmodal.config import ConfigError, load_config
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal_testing import PYTHON, REPO, RayHead, ray_env, wait_job
 

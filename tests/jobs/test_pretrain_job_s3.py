@@ -9,7 +9,8 @@ import uuid
 import pytest
 
 from xmodal import run_tags, tracking
-from xmodal.config import ConfigError, PretrainConfig, load_config
+from xmodal.config import ConfigError, load_config
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal_testing import S3_BUCKET
 

@@ -11,7 +11,8 @@ import textwrap
 import pytest
 import torch
 
-from xmodal.config import ConfigError, PretrainConfig, load_config
+from xmodal.config import ConfigError, load_config
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner.faults import fault_schedule
 from xmodal_testing import PYTHON, REPO
 
@@ -79,8 +80,9 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
 
     from xmodal import run_tags as T
     from xmodal import tracking
-    from xmodal.config import FinetuneConfig, MultTrainConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
     from xmodal.jobs.finetune_job import FinetuneJob
+    from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.mult_job import MultJob
     from xmodal.jobs.pretrain_job import PretrainJob
     from xmodal.runner import engine

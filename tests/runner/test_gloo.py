@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-from xmodal.config import PretrainConfig, load_config  # noqa: E402
+from xmodal.config import load_config  # noqa: E402
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.jobs.pretrain_job import PretrainJob  # noqa: E402
 from xmodal.runner import gloo  # noqa: E402
 from xmodal.runner.engine import trainer  # noqa: E402
@@ -36,7 +37,7 @@ def test_the_node_ip_chooses_gloo_interface_unless_one_is_set(monkeypatch):
 def test_the_trainer_sets_gloo_interface_and_bounds_failed_starts(tmp_path):
     cfg = load_config(PretrainConfig, overrides=["preset=tiny", "scale.max_failures=3",
                                                  "scale.placement_strategy=SPREAD"])
-    plan = RunPlan(job="pretrain", config=cfg.model_dump(mode="json"), data=str(tmp_path), start={},
+    plan = RunPlan(job="pretrain", config=cfg, data=str(tmp_path), start={},
                    train_options={}, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_name="r",
                    storage=str(tmp_path / "runs"), total_steps=1, micro_batch=1, epoch_steps=[1], faults=[],
                    fault_dir=None)

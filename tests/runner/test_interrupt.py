@@ -15,8 +15,9 @@ import pytest
 
 from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.config import PretrainConfig, load_config
+from xmodal.config import load_config
 from xmodal.core import checkpoint as ckpt
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine, recovery
 from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from xmodal import tracking
-from xmodal.config import PretrainConfig, load_config
+from xmodal.config import load_config
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal_testing import MlflowServer
 

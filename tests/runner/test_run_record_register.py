@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from xmodal import tracking
-from xmodal.config import ConfigError, MultTrainConfig, load_config
+from xmodal.config import ConfigError, load_config
+from xmodal.jobs.mult_config import MultTrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,8 @@ def test_a_trial_tune_ends_at_a_report_leaves_no_logger_thread_and_loses_no_metr
     the next trial): the worker's MLflow logger is closed on the way out, with every metric up to that
     report in MLflow. A real MulT worker in this process, a real SQLite MLflow file, real checkpoints."""
     from xmodal import console, tracking
-    from xmodal.config import MultTrainConfig, load_config
+    from xmodal.config import load_config
+    from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.registry import job_spec
     from xmodal.runner import engine
     from xmodal.runner.worker import run_worker

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 import xmodal.config
-from xmodal.config import PretrainConfig, PretrainFinetuneConfig
+from xmodal.jobs.chain_config import PretrainFinetuneConfig
+from xmodal.jobs.mult_config import MultTrainConfig
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.sweep.plan import SweepOptions, plan_sweep
 from xmodal.sweep.space import (
     DefineByRun,
@@ -85,8 +87,8 @@ def test_mult_space_validates_against_the_mult_job_config(tmp_path):
     plan = plan_sweep(SweepOptions(space=str(path), storage_path=str(tmp_path)))
     # Every variant gets the job's default budget, the one tests/jobs/test_mult_learning.py measures:
     # validated as a trial validates it (a partial train section keeps the job's batch size).
-    cfg = validate_config(xmodal.config.MultTrainConfig, plan.base, "trial")
-    default = xmodal.config.load_config(xmodal.config.MultTrainConfig)
+    cfg = validate_config(MultTrainConfig, plan.base, "trial")
+    default = xmodal.config.load_config(MultTrainConfig)
     assert (cfg.train, cfg.optim, cfg.preset, cfg.model, cfg.data) == (
         default.train, default.optim, default.preset, default.model, default.data)
 
@@ -110,7 +112,7 @@ def test_mult_depth_space_runs_every_crossmodal_depth_at_each_width_once(tmp_pat
     widths = space.parameters["width"].options
     assert rows == {(d, w) for d in range(1, 9) for w in widths} and space.num_samples == len(space.try_first)
     for w, keys in widths.items():
-        cfg = validate_config(xmodal.config.MultTrainConfig,
+        cfg = validate_config(MultTrainConfig,
                               with_assignments(plan.base, space.assignments({"model.layers": 8, "width": w})), w)
         # Only the crossmodal depth and the width vary: the self-attention transformers keep the preset's depth.
         assert (cfg.model.layers, cfg.model.dim, cfg.model.num_heads) == (8, keys["model.dim"], keys["model.num_heads"])

@@ -235,10 +235,10 @@ def our_batches(store, batch: int, mix_units: int | None = None) -> Iterator:
 
 def negative_mix(work: Path, mix_units: int | None) -> str:
     """One line: same-shard matching negatives, old blocking vs mixed vs uniform (see the docstring)."""
-    from xmodal.config import embedded_lxmert_store
     from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, negative_shard_mix
     from xmodal.data.lxmert.masking import LxmertBatchBuilder
     from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.jobs.pretrain_config import embedded_lxmert_store
 
     k = DEFAULT_MIX_UNITS if mix_units is None else mix_units
     # The figure depends on the shard and row-group layout only: small features build it in a second.

@@ -241,8 +241,9 @@ def lxmert_worker(store: str, batch: int) -> dict[str, Any]:
     """One epoch of the pretraining job's worker (tiny preset, CPU, in this process): peak RSS."""
     import torch
 
-    from xmodal.config import PretrainConfig, load_config
+    from xmodal.config import load_config
     from xmodal.data.lxmert.store import open_store
+    from xmodal.jobs.pretrain_config import PretrainConfig
     from xmodal.jobs.pretrain_job import PretrainJob
 
     torch.set_num_threads(1)
@@ -336,8 +337,9 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
     """The MulT job's worker (tiny preset, CPU, in this process) for `steps` steps: peak RSS."""
     import torch
 
-    from xmodal.config import MultTrainConfig, load_config
+    from xmodal.config import load_config
     from xmodal.data.mult.store import open_store
+    from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.mult_job import MultJob
 
     torch.set_num_threads(1)

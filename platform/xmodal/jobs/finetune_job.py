@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from xmodal import run_tags, tracking
-from xmodal.config import INIT_PATH_SOURCES, ConfigError, FinetuneConfig
+from xmodal.config import ConfigError
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.loop import gather_rows
 from xmodal.data.finetune.stream import split_layout
+from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics

@@ -20,9 +20,10 @@ import torch
 
 from xmodal import run_tags
 from xmodal.batches import MultBatch
-from xmodal.config import ConfigError, MultTrainConfig
+from xmodal.config import ConfigError
 from xmodal.core.loop import gather_rows
 from xmodal.data.common import epoch_units, read_unit
+from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
 from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from xmodal import run_tags
-from xmodal.config import ConfigError, PretrainConfig
+from xmodal.config import ConfigError
 from xmodal.core.loop import evaluate_sums, ratios
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
 from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured

@@ -95,7 +95,7 @@ def check(spec: JobSpec | StagedJob, cfg) -> Checked:
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
         faults = fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name)
-        plan = RunPlan(job=spec.name, config=cfg.model_dump(mode="json"), data=prepared.path, start=prepared.start,
+        plan = RunPlan(job=spec.name, config=cfg, data=prepared.path, start=prepared.start,
                        train_options=prepared.train_options, tracking_uri=uri, run_name=name, storage=storage,
                        total_steps=total, micro_batch=micro, epoch_steps=epochs, faults=faults,
                        fault_dir=str(Path(storage) / name / ".faults") if faults else None,
@@ -136,7 +136,7 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     from xmodal.runner.gloo import NodeInterfaceTorchConfig
     from xmodal.runner.worker import worker
 
-    cfg = spec.config_class.model_validate(plan.config)
+    cfg = plan.config
     scale, train = cfg.scale, cfg.train
     resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
     if scale.gpus_per_worker:
@@ -180,7 +180,7 @@ def in_trial_process(spec: JobSpec, plan: RunPlan, data, trial: Trial) -> InProc
     from xmodal.runner.session import TrialSession
     from xmodal.runner.worker import run_worker
 
-    cfg = spec.config_class.model_validate(plan.config)
+    cfg = plan.config
     session = TrialSession(plan.storage, plan.run_name, trial.report, cfg.train.keep_best, cfg.train.best_metric,
                            cfg.train.best_mode, cfg.scale.gpus_per_worker)
     run_worker(spec, plan, session, data=data)
@@ -321,7 +321,7 @@ def outbox(plan: RunPlan) -> tracking.Outbox:
     """The driver's end-of-run MLflow calls, retried while the server is down (`mlflow.outage_wait_s`),
     then kept in the run's spool file for jobs/replay_tracking.py."""
     return tracking.Outbox(plan.tracking_uri, plan.run_id, tracking.spool_path(plan.storage, plan.run_name),
-                           plan.config["mlflow"]["outage_wait_s"])
+                           plan.config.mlflow.outage_wait_s)
 
 
 def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None,
@@ -332,7 +332,7 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
     out = outbox(plan)
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "config.yaml"
-        cfg_file.write_text(yaml.safe_dump(plan.config, sort_keys=False))
+        cfg_file.write_text(yaml.safe_dump(plan.config.model_dump(mode="json"), sort_keys=False))
         out.artifact(cfg_file)
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -340,7 +340,7 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
                 out.artifact(f, "model")
             if spec is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
                 model_id = record.log_model(spec, plan, data, Path(d))
-                if model_id is not None and plan.config.get("mlflow", {}).get("registered_model"):
+                if model_id is not None and plan.config.mlflow.registered_model:
                     record.register(plan, model_id)
     if marks:
         timeline.mark(marks, "finished")

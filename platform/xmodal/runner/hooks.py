@@ -107,7 +107,7 @@ class RunHooks:
         self.meter = Throughput(meta.get("step", 0), plan.total_steps)
         self.logger = (tracking.RunLogger(plan.tracking_uri, plan.run_id, system_metrics,
                                           spool=tracking.spool_path(plan.storage, plan.run_name),
-                                          outage_wait_s=plan.config["mlflow"]["outage_wait_s"])
+                                          outage_wait_s=plan.config.mlflow.outage_wait_s)
                        if rank == 0 else None)
         self.closed = False
         self.window: dict[str, torch.Tensor] = {}  # loss sums since the last log step
@@ -246,7 +246,7 @@ class RunHooks:
             with tempfile.TemporaryDirectory() as tmp:
                 where = tmp
                 ckpt.save(tmp, state, {"epoch": epoch, "pos": pos, "finished": finished, "best": self.best,
-                                       "run_id": self.plan.run_id, "config": self.plan.config,
+                                       "run_id": self.plan.run_id, "config": self.plan.config.model_dump(mode="json"),
                                        "store": self.plan.data,
                                        "wall_s": self.cost.wall_s() if self.cost is not None else 0.0})
                 if self.on_checkpoint is not None:

@@ -125,12 +125,12 @@ def log_model(spec: JobSpec, plan: RunPlan, data, folder: Path) -> str | None:
     weights either way, so a failure is one line, not a failed run."""
     started = time.monotonic()
     try:
-        cfg = spec.config_class.model_validate(plan.config)
+        cfg = plan.config
         model, which = final_model(spec, cfg, data, folder)
         step = ckpt.read_meta(folder).get("step", 0)
         metadata = {"xmodal_job": spec.name, "xmodal_run_name": plan.run_name, "step": step,
                     "weights": f"selected on {cfg.train.best_metric}" if which == "selected" else "last"}
-        model_id = tracking.log_pytorch_model(plan.tracking_uri, plan.run_id, model, config=plan.config,
+        model_id = tracking.log_pytorch_model(plan.tracking_uri, plan.run_id, model, config=cfg.model_dump(mode="json"),
                                               metadata=metadata, step=step)
     except Exception as e:  # any failure to build, pickle or send it: the run's training is done
         say(f"[xmodal] the final model was not logged as an MLflow model ({type(e).__name__}: {e}); "
@@ -144,7 +144,7 @@ def register(plan: RunPlan, model_id: str) -> tracking.ModelVersion | None:
     """The run's logged model as a new version of the registered model `mlflow.registered_model`. Best effort,
     as `log_model`: the run's training is done and its model logged either way; a failure is one line
     that says how to register it by hand."""
-    name = plan.config["mlflow"]["registered_model"]
+    name = plan.config.mlflow.registered_model
     try:
         version = tracking.register_model(plan.tracking_uri, name, model_id, plan.run_id,
                                           tags={run_tags.RUN_NAME_TAG: plan.run_name})

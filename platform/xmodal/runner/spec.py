@@ -63,11 +63,13 @@ class Prepared:
 
 @dataclass
 class RunPlan:
-    """Everything a worker needs, resolved on the driver (plain JSON-able data). `check` fills all
-    but the MLflow run; `engine.open_run` sets `run_id`."""
+    """Everything a worker needs, resolved on the driver. `check` fills all but the MLflow run;
+    `engine.open_run` sets `run_id`. The config travels as the typed object `check` validated and
+    fitted (pickled to Ray Train's workers); it is dumped to JSON only where it is written down (the
+    run's `config.yaml`, a checkpoint's `meta.json`, the MLflow model)."""
 
     job: str
-    config: dict[str, Any]
+    config: Any  # the job's config class (pydantic), validated once, at load, and fitted by `prepare`
     data: str  # the path the job's `open_data` reopens on the worker
     start: dict[str, Any]  # Prepared.start
     train_options: dict[str, Any]  # Prepared.train_options

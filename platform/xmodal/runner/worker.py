@@ -67,7 +67,7 @@ def run_worker(spec: JobSpec, plan: RunPlan, session, data=None, stop_flag=None)
     ray_data = data is None
     console.set_verbose(plan.verbose)
     console.quiet_worker()
-    cfg = spec.config_class.model_validate(plan.config)
+    cfg = plan.config
     tracking.set_outage_wait(plan.tracking_uri, cfg.mlflow.outage_wait_s)  # this worker's waits on the store
     rank, world = session.rank, session.world
     found = recovery.resume_point(*session.folder(), loud=rank == 0)

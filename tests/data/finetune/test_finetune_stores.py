@@ -164,7 +164,8 @@ def test_changed_store_is_detected_and_old_manifests_open(tmp_path: Path, small_
 
 def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Path, small_store: LxmertStore):
     """The job's own path in process (no Ray): config checks, model dims, batches, evaluation, predictions."""
-    from xmodal.config import FinetuneConfig, load_config
+    from xmodal.config import load_config
+    from xmodal.jobs.finetune_config import FinetuneConfig
     from xmodal.jobs.finetune_job import FinetuneJob
     from xmodal.runner.inprocess import run_in_process
 

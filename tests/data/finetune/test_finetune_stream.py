@@ -16,7 +16,7 @@ import pytest
 import torch
 from refdata import ref_image
 
-from xmodal.config import FinetuneConfig, load_config
+from xmodal.config import load_config
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
@@ -25,6 +25,7 @@ from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_syntheti
 from xmodal.data.lxmert.features import ingest_features
 from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.robustness import feature_std
 
 

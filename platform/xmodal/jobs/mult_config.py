@@ -1,0 +1,105 @@
+"""The MulT job's config (`jobs/train_mult.py`, `mult_job.MultJob`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from xmodal.bounds import Seed
+from xmodal.config import (
+    EMBEDDED_USE,
+    FAULT_SEED_USE,
+    JobConfig,
+    MlflowConfig,
+    OptimConfig,
+    RobustSection,
+    ScaleConfig,
+    Section,
+    TrainConfig,
+    Use,
+    check_batch,
+    store_field,
+)
+from xmodal.data.options import SyntheticMultOptions
+from xmodal.models.mult import PRESETS as MULT_PRESETS
+from xmodal.models.mult import MultConfig
+from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
+from xmodal.robustness import MULT_CONDITIONS, MultCondition
+
+
+class MultRobustConfig(RobustSection):
+    """Robustness, evaluated once at the end on the test split with the selected model (never at the
+    per-step evaluations): each condition logged as `robust/<condition>/<metric>`. [] = off."""
+
+    # zero_<m>: modality m missing (features zeroed); noise_<m>: Gaussian noise on m (xmodal.robustness).
+    conditions: list[MultCondition] = Field(default_factory=lambda: list(MULT_CONDITIONS))
+    # Noise std as a multiple of each feature dimension's std over the evaluated split's real steps.
+    noise_sigma: float = Field(0.5, gt=0, le=10)
+    seed: Seed = 0  # with the condition and each example's row: the noise drawn
+
+
+def _has_noise(conditions: Iterable[str]) -> bool:
+    return any(c.startswith("noise_") for c in conditions)
+
+
+
+class MultDataConfig(Section):
+    store: str | None = store_field()  # None = the embedded synthetic store, built on first use
+    synthetic: SyntheticMultOptions = Field(default_factory=SyntheticMultOptions)
+
+
+class MultTrainConfig(JobConfig):
+    """MulT training: `jobs/train_mult.py`. Defaults (the embedded default): the `small` preset with
+    the reference code's optimiser (Adam, clip 0.8, L1) at lr 3e-3 on the embedded synthetic store,
+    792 steps (12 epochs of 66), about 20 s of training on a 2-core CPU. Paper / reference runs set
+    `preset=reference` (or `paper_mosei`, ...) and `optim.lr=1e-3` (the reference's rate)."""
+
+    PRESETS = MULT_PRESETS
+    preset: Literal["small", "reference", "paper_mosei", "paper_mosi", "paper_iemocap", "tiny"] = "small"
+    model: MultConfig = Field(default_factory=lambda: MULT_PRESETS["small"])
+    regression_loss: Literal["l1", "l2", "smooth_l1"] = "l1"
+    # Metrics: whose support weights the sentiment F1 (`f1`, non-zero protocol). "sklearn": the true
+    # classes' (sklearn's documented order, MMSA); "reference": the predicted classes', as the MulT
+    # reference's src/eval_metrics.py computes it and its published F1s are. IEMOCAP F1s are the same
+    # under both. Logged as the run tag `f1_protocol`.
+    f1_protocol: F1Protocol = "sklearn"
+    robust: MultRobustConfig = Field(default_factory=MultRobustConfig)
+    data: MultDataConfig = Field(default_factory=MultDataConfig)
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(
+        lr=3e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(
+        epochs=12, batch_size=24, eval_every=50, log_every=10, best_metric="valid/mae", best_mode="min"))
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    mlflow: MlflowConfig = Field(default_factory=lambda: MlflowConfig(experiment="xmodal-mult"))
+    # One training per seed; the parent MLflow run gets each metric's mean and std.
+    seeds: list[Seed] | None = Field(None, min_length=1)
+
+    # Options read only under a condition (`config.unused_options`): given otherwise, an error.
+    USES: ClassVar[tuple[Use, ...]] = (
+        Use("robust.noise_sigma", lambda c: _has_noise(c.robust.conditions),
+            "by the noise_* conditions (in robust.conditions)",
+            lambda c: f"robust.conditions={list(c.robust.conditions)}"),
+        Use("robust.seed", lambda c: _has_noise(c.robust.conditions), "by the noise_* conditions "
+            "(in robust.conditions; zero_* draws nothing)", lambda c: f"robust.conditions={list(c.robust.conditions)}"),
+        EMBEDDED_USE, FAULT_SEED_USE,
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> MultTrainConfig:
+        # (MultConfig checks itself: bounds as field metadata, the rest in its __post_init__.)
+        check_batch(self.train, self.scale)
+        if self.seeds is not None and len(set(self.seeds)) < len(self.seeds):
+            raise ValueError(f"seeds = {self.seeds}: expected distinct seeds")
+        if self.seeds is not None and self.train.seed != type(self).model_fields["train"].default_factory().seed:
+            raise ValueError(f"train.seed = {self.train.seed}: not used with seeds = {self.seeds} (each run takes its "
+                             "seed from seeds); drop one of them")
+        # The embedded store is a sentiment set; a named store's task is checked again once it is opened.
+        tasks = ["sentiment"] if self.data.store is None else list(MULT_METRICS)
+        valid = mult_valid_metrics(*tasks)
+        if self.train.best_metric not in valid:
+            what = "on the embedded (sentiment) store" if self.data.store is None else "on a sentiment or emotions store"
+            raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured {what}; "
+                             f"valid: {', '.join(valid)}")
+        return self

@@ -1,0 +1,114 @@
+"""The pretraining job's config (`jobs/pretrain.py`, `pretrain_job.PretrainJob`): the shared sections
+of `xmodal.config` plus the tasks, their schedule and the LXMERT store."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from xmodal.bounds import NonNegInt, PosInt
+from xmodal.config import (
+    CROSS_USE,
+    EMBEDDED_USE,
+    FAULT_SEED_USE,
+    JobConfig,
+    MlflowConfig,
+    OptimConfig,
+    ScaleConfig,
+    Section,
+    TrainConfig,
+    Use,
+    check_batch,
+    store_field,
+)
+from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
+from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert import LxmertConfig
+from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metrics
+
+
+class TaskSchedule(Section):
+    # The paper adds QA only in the last 10 of 20 epochs (0.5); the embedded default trains it from
+    # the first step (PretrainConfig.schedule).
+    qa_from_fraction: float = Field(0.5, ge=0, lt=1)
+
+
+def embedded_lxmert_store() -> SyntheticLxmertOptions:
+    """The embedded default's synthetic corpus: 6,000 images of 1-3 named object groups and nothing
+    else (no background boxes), 32 named classes, 8 colours, 64-dim features, 4 sentences each, a
+    quarter of them questions, every caption naming all of its image's groups (docs/learning.md,
+    "What the embedded default learns", says why)."""
+    return SyntheticLxmertOptions(
+        num_images=6000, num_objects=8, feat_dim=64, num_object_labels=40, num_attr_labels=8, num_answers=60,
+        sentences_per_image=4, max_seq_len=16, question_fraction=0.25, background_objects=False,
+        captions_name_all_groups=True)
+
+
+class LxmertDataConfig(Section):
+    store: str | None = store_field()  # None = the embedded synthetic store, built on first use
+    synthetic: SyntheticLxmertOptions = Field(default_factory=embedded_lxmert_store)
+    masking: MaskingOptions = Field(default_factory=MaskingOptions)
+    eval_batches: PosInt | None = None  # cap on minival batches per evaluation
+    # Units (row groups) whose images are mixed into each block, the pool of matching negatives
+    # (xmodal.data.lxmert.loader.DEFAULT_MIX_UNITS); 0 = consecutive units, unmixed.
+    mix_units: NonNegInt = 16
+
+
+
+class PretrainConfig(JobConfig):
+    """LXMERT pretraining: `jobs/pretrain.py`."""
+
+    PRESETS = LXMERT_PRESETS
+    preset: Literal["small", "paper", "tiny"] = "small"
+    model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
+    tasks: PretrainTasks = Field(default_factory=PretrainTasks)
+    # The embedded default trains QA from the first step; paper runs set schedule.qa_from_fraction=0.5.
+    schedule: TaskSchedule = Field(default_factory=lambda: TaskSchedule(qa_from_fraction=0.0))
+    data: LxmertDataConfig = Field(default_factory=LxmertDataConfig)
+    # The small preset on the embedded store learns fastest at 2e-3; paper runs use 1e-4.
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3))
+    # The embedded default: about 3 minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(epochs=8, batch_size=64, eval_every=500))
+    scale: ScaleConfig = Field(default_factory=ScaleConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+    # Options read only under a condition (`config.unused_options`): given otherwise, an error.
+    USES: ClassVar[tuple[Use, ...]] = (
+        Use("tasks.feat_loss", lambda c: c.tasks.obj_feat, "by the feature-regression task (tasks.obj_feat=true)",
+            lambda c: "tasks.obj_feat=false"),
+        Use("tasks.label_objects", lambda c: c.tasks.obj_label, "by the object-label task (tasks.obj_label=true)",
+            lambda c: "tasks.obj_label=false"),
+        Use("tasks.label_confidence_weighted", lambda c: c.tasks.obj_label,
+            "by the object-label task (tasks.obj_label=true)", lambda c: "tasks.obj_label=false"),
+        Use("tasks.visual_loss_scale", lambda c: c.tasks.obj_feat or c.tasks.obj_label,
+            "by the visual tasks (tasks.obj_feat or tasks.obj_label)", lambda c: "both are off"),
+        Use("schedule.qa_from_fraction", lambda c: c.tasks.qa, "by the QA task (tasks.qa=true)",
+            lambda c: "tasks.qa=false"),
+        Use("data.masking.qa_target", lambda c: c.tasks.qa, "by the QA task (tasks.qa=true)",
+            lambda c: "tasks.qa=false"),
+        EMBEDDED_USE, CROSS_USE, FAULT_SEED_USE,
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> PretrainConfig:
+        check_batch(self.train, self.scale)
+        seq, positions = self.data.masking.max_seq_len, self.model.max_positions
+        if seq is not None and seq > positions:
+            raise ValueError(f"data.masking.max_seq_len = {seq}: expected at most model.max_positions = {positions}")
+        if self.data.store is None:  # the embedded store's sentences are tokenised to data.synthetic.max_seq_len
+            stored = self.data.synthetic.max_seq_len
+            if seq is not None and seq < stored:
+                raise ValueError(f"data.masking.max_seq_len = {seq}: expected at least the store's sentence length, "
+                                 f"data.synthetic.max_seq_len = {stored} (or leave it unset)")
+            if stored > positions:
+                raise ValueError(f"data.synthetic.max_seq_len = {stored}: expected at most model.max_positions = "
+                                 f"{positions}")
+        if not self.tasks.enabled():
+            raise ValueError("tasks: every pretraining task is switched off; enable at least one of "
+                             "mlm, obj_feat, obj_label, matching, qa")
+        valid = pretraining_eval_metrics(self.tasks)
+        if self.train.best_metric not in valid:
+            raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured with these tasks; "
+                             f"valid: {', '.join(valid)}")
+        return self
