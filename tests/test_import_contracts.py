@@ -20,7 +20,7 @@ def contract_class():
 
 @pytest.fixture(scope="module")
 def graph():
-    return grimp.build_graph("xmodal", "xmodal_bench", include_external_packages=True)
+    return grimp.build_graph("xmodal", "xmodal_bench", "xmodal_rehearsal", include_external_packages=True)
 
 
 def offences(graph, modules, allowed):
