@@ -6,7 +6,7 @@ needs MLflow).
 
 import sys
 
-from xmodal.bench import main
+from xmodal_bench import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

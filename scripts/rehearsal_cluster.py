@@ -1,4 +1,4 @@
-"""Hosts on this machine to rehearse a multi-host Ray cluster (xmodal/rehearsal.py). Run it as root.
+"""Hosts on this machine to rehearse a multi-host Ray cluster (platform/xmodal_rehearsal/). Run it as root.
 
     sudo python3 scripts/rehearsal_cluster.py up --hosts 3     # head, worker1, worker2 at 10.231.0.1, .2, .3
     sudo python3 scripts/rehearsal_cluster.py up --sshd        # and an SSH server in each (root, key login)
@@ -17,11 +17,11 @@ import shutil
 import sys
 from pathlib import Path
 
-# The module is standard library only: with the repository's platform/ on the path this runs under any
+# The package is standard library only: with the repository's platform/ on the path this runs under any
 # python3 (sudo's often lacks the project's virtual environment).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
-from xmodal.rehearsal import (  # noqa: E402
+from xmodal_rehearsal import (  # noqa: E402
     BRIDGE_ADDRESS,
     DEFAULT_PREFIX,
     Hosts,

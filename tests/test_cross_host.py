@@ -1,4 +1,4 @@
-"""Pretraining runs across four rehearsal hosts (xmodal/rehearsal.py) that lose a host, a network link
+"""Pretraining runs across four rehearsal hosts (platform/xmodal_rehearsal/) that lose a host, a network link
 or their driver midway, and a run that cannot be placed on what is left.
 
     head     10.231.0.1  the Ray head (no CPUs: drivers only), the S3 server (moto), the jobs' drivers
@@ -74,8 +74,8 @@ from pathlib import Path
 
 import pytest
 
-from xmodal import rehearsal
-from xmodal.rehearsal import Hosts
+import xmodal_rehearsal as rehearsal
+from xmodal_rehearsal import Hosts
 from xmodal_testing import NODE_START_TRIES, PYTHON, REPO, NodeStart, kill_tree, start_nodes
 
 REASON = rehearsal.unavailable_reason()

@@ -1,6 +1,7 @@
-"""No module of `xmodal` imports another in a circle. Read as text (ast): every import counts, those
-inside functions and under `if TYPE_CHECKING:` too, since a lazy import that closes a circle hides a
-layering the package does not have."""
+"""No module of the packages under platform/ (xmodal, xmodal_bench, xmodal_rehearsal) imports another in
+a circle, within a package or across them. Read as text (ast): every import counts, those inside
+functions and under `if TYPE_CHECKING:` too, since a lazy import that closes a circle hides a layering
+the package does not have."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from pathlib import Path
 from xmodal_testing import REPO
 
 PLATFORM = REPO / "platform"
+PACKAGES = ("xmodal", "xmodal_bench", "xmodal_rehearsal")
 
 
-def module_files(package: str = "xmodal") -> dict[str, Path]:
+def module_files(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     out = {}
-    for f in (PLATFORM / package).rglob("*.py"):
-        parts = f.relative_to(PLATFORM).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    for package in packages:
+        for f in (PLATFORM / package).rglob("*.py"):
+            parts = f.relative_to(PLATFORM).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
@@ -86,16 +89,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def import_graph(package: str = "xmodal") -> dict[str, set[str]]:
-    files = module_files(package)
+def import_graph(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    files = module_files(packages)
     known = set(files)
     # A package's __init__ importing its own submodules is how a facade re-exports: not a circle.
     return {name: {t for t in imports_of(name, f, known) if not (f.name == "__init__.py" and t.startswith(name + "."))}
             for name, f in files.items()}
 
 
-def test_no_import_cycle_inside_the_package():
-    found = cycles(import_graph())
+def test_no_import_cycle_inside_the_packages():
+    graph = import_graph()
+    assert {name.split(".")[0] for name in graph} == set(PACKAGES)  # each package found and scanned
+    found = cycles(graph)
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
 
 

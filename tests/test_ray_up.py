@@ -1,4 +1,4 @@
-"""`ray up` of cluster.onprem.yaml on three rehearsal hosts (xmodal/rehearsal.py) with SSH servers, a
+"""`ray up` of cluster.onprem.yaml on three rehearsal hosts (platform/xmodal_rehearsal/) with SSH servers, a
 pretraining job and a sweep on the cluster it starts, its teardown, and the runs kept after it.
 
     head     10.231.0.1  `ray up` logs in here: the Ray head (no CPUs), PostgreSQL, the MLflow server, job drivers
@@ -55,8 +55,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xmodal import rehearsal
-from xmodal.rehearsal import Hosts
+import xmodal_rehearsal as rehearsal
+from xmodal_rehearsal import Hosts
 from xmodal_testing import PYTHON, REPO
 
 REASON = rehearsal.unavailable_reason(sshd=True)

@@ -1,6 +1,6 @@
-"""Hosts of a one-machine cluster rehearsal (xmodal/rehearsal.py): real namespaces, a real bridge and real
-sockets, so root only. Every test removes what it made, even when it fails, and first removes what a
-crashed earlier run left."""
+"""Hosts of a one-machine cluster rehearsal (platform/xmodal_rehearsal/): real namespaces, a real bridge and
+real sockets, so root only. Every test removes what it made, even when it fails, and first removes what
+a crashed earlier run left."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from xmodal import rehearsal
-from xmodal.rehearsal import Hosts, RehearsalError
+import xmodal_rehearsal as rehearsal
+from xmodal_rehearsal import Hosts, RehearsalError, machine
+from xmodal_rehearsal.hosts import _kept
 
 REASON = rehearsal.unavailable_reason()
 needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")
@@ -78,8 +79,8 @@ def py(hosts: Hosts, host: str, code: str, **kwargs) -> str:
 def test_what_is_missing_is_named(monkeypatch):
     """Runs anywhere: the one error says what the machine lacks (root, commands), before anything is made."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(rehearsal.shutil, "which", lambda cmd: None if cmd in ("nsenter", "ip") else "/bin/" + cmd)
-    monkeypatch.setattr(rehearsal.sys, "platform", "linux")
+    monkeypatch.setattr(machine.shutil, "which", lambda cmd: None if cmd in ("nsenter", "ip") else "/bin/" + cmd)
+    monkeypatch.setattr(machine.sys, "platform", "linux")
     with pytest.raises(RehearsalError) as err:
         Hosts(2, PREFIX).create()
     assert str(err.value) == ("the rehearsal needs root (it makes network namespaces, a bridge and mounts; run "
@@ -166,14 +167,14 @@ def test_the_folders_kept_are_those_a_host_would_not_see(tmp_path):
     outer = Path("/tmp") / f"{PREFIX}-keep-{uuid.uuid4().hex}"
     (outer / ".venv").mkdir(parents=True)
     try:
-        assert rehearsal._kept([outer / ".venv", "/usr", outer]) == [outer]
-        assert rehearsal._kept(["/usr", "/var/tmp"]) == []
+        assert _kept([outer / ".venv", "/usr", outer]) == [outer]
+        assert _kept(["/usr", "/var/tmp"]) == []
     finally:
         shutil.rmtree(outer)
     with pytest.raises(RehearsalError, match=r"/run/xmodal-venv is under /run, which every host mounts empty"):
-        rehearsal._kept(["/run/xmodal-venv"])
+        _kept(["/run/xmodal-venv"])
     with pytest.raises(RehearsalError, match=r"/tmp is under /tmp"):
-        rehearsal._kept(["/tmp"])
+        _kept(["/tmp"])
     defaults = rehearsal.default_keep()
     assert REPO in defaults and Path(sys.prefix) in defaults
 
@@ -186,16 +187,16 @@ def test_a_checkout_under_tmp_and_its_environment_work_in_every_host(tmp_path):
     rehearsal.teardown_leftovers(PREFIX)
     checkout = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-checkout-", dir="/tmp"))
     try:
-        (checkout / "platform" / "xmodal").mkdir(parents=True)
-        for name in ("__init__.py", "rehearsal.py"):
-            shutil.copy(REPO / "platform" / "xmodal" / name, checkout / "platform" / "xmodal" / name)
+        # The package alone (no xmodal beside it): it runs on the standard library.
+        shutil.copytree(REPO / "platform" / "xmodal_rehearsal", checkout / "platform" / "xmodal_rehearsal",
+                        ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(checkout / ".venv")], check=True, timeout=120)
         made = subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-c", textwrap.dedent(f"""
             import json, sys
-            from xmodal.rehearsal import Hosts
+            from xmodal_rehearsal import Hosts
             hosts = Hosts(2, {PREFIX!r}).create()
             try:
-                seen = {{name: hosts.run(name, [sys.executable, "-c", "import sys, xmodal.rehearsal as r; "
+                seen = {{name: hosts.run(name, [sys.executable, "-c", "import sys, xmodal_rehearsal.hosts as r; "
                                                 "open(r.__file__ + '.' + sys.argv[1], 'w'); print(sys.prefix)",
                                                 name], env={{"PYTHONPATH": sys.path[1]}}).stdout.strip()
                         for name in hosts.names}}
@@ -211,8 +212,8 @@ def test_a_checkout_under_tmp_and_its_environment_work_in_every_host(tmp_path):
         assert out["seen"] == {"head": str(checkout / ".venv"), "worker1": str(checkout / ".venv")}
         assert out["tmp"] == [checkout.name]
         # What the hosts wrote there is in the machine's folder.
-        assert sorted(p.name for p in (checkout / "platform" / "xmodal").glob("rehearsal.py.*")) == \
-            ["rehearsal.py.head", "rehearsal.py.worker1"]
+        assert sorted(p.name for p in (checkout / "platform" / "xmodal_rehearsal").glob("hosts.py.*")) == \
+            ["hosts.py.head", "hosts.py.worker1"]
     finally:
         shutil.rmtree(checkout, ignore_errors=True)
         rehearsal.teardown_leftovers(PREFIX)
@@ -333,7 +334,7 @@ def test_a_crashed_run_is_found_and_removed():
     rehearsal.teardown_leftovers(PREFIX)
     maker = subprocess.Popen([PYTHON, "-c", textwrap.dedent(f"""
         import time
-        from xmodal.rehearsal import Hosts
+        from xmodal_rehearsal import Hosts
         Hosts(2, {PREFIX!r}).create()
         print("up", flush=True)
         time.sleep(300)

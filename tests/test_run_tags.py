@@ -15,13 +15,6 @@ RUN_TAGS = PLATFORM / "xmodal" / "run_tags.py"
 # Strings starting with "xmodal." that are not tag names, each with the reason it may stay where it is.
 NOT_TAGS = {
     "xmodal.data.mult.synthetic": "a MulT store manifest's `generator` (the module that wrote it)",
-    "xmodal.bench.lxmert": "a module path the bench command imports",
-    "xmodal.bench.data": "a module path the bench command imports",
-    "xmodal.bench.mult": "a module path the bench command imports",
-    "xmodal.bench.suite": "a module path the bench command imports",
-    "xmodal.bench.scale": "a module path the bench command imports",
-    "xmodal.bench.tracking": "a module path the bench command imports",
-    "xmodal.bench.sweep": "a module path the bench command imports",
     "xmodal.tracking": "a module the tracking benchmark's writer processes import in advance",
     "xmodal.tracking needs mlflow: pip install 'mlflow>=3'": "an error message naming the module",
 }

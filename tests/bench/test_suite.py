@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent("""
                 raise ImportError(f"{name} must not be imported by the benchmark suite")
 
     sys.meta_path.insert(0, Block())
-    from xmodal.bench import main
+    from xmodal_bench import main
 
     sys.exit(main(sys.argv[1:]))
 """)

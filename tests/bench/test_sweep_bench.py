@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xmodal.bench import sweep as bench_sweep
+from xmodal_bench import sweep as bench_sweep
 from xmodal_testing import ray_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,7 +40,7 @@ def test_postgres_backend_without_psycopg2_names_the_package(tmp_path):
     """Where psycopg2 is missing the backend stops before starting anything, naming the package; where it
     is installed, the same run is the benchmark (not run here: it starts PostgreSQL and a server)."""
     code = ("import sys; sys.modules['psycopg2'] = None\n"  # an import that fails, as where it is not installed
-            "from xmodal.bench import main\n"
+            "from xmodal_bench import main\n"
             f"sys.exit(main(['tracking', '--backend', 'postgres', '--writers', '1', '--out', {str(tmp_path / 'out')!r},"
             f" '--work', {str(tmp_path / 'work')!r}]))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,

@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
                 raise ImportError(f"{name} must not be imported by the LXMERT benchmark")
 
     sys.meta_path.insert(0, Block())
-    from xmodal.bench import lxmert
+    from xmodal_bench import lxmert
 
     parser = argparse.ArgumentParser()
     lxmert.add_arguments(parser)
@@ -73,8 +73,8 @@ def test_benchmark_main_path_prints_figures_that_agree_with_its_step_times(tmp_p
 
 def test_help_shows_the_benchmarks_table_lines():
     """What `jobs/benchmark.py --help` and `jobs/benchmark.py lxmert --help` print: the one-line help of
-    every entry of xmodal.bench.BENCHMARKS (argparse wraps lines, so whitespace is normalised)."""
-    from xmodal.bench import BENCHMARKS
+    every entry of xmodal_bench.BENCHMARKS (argparse wraps lines, so whitespace is normalised)."""
+    from xmodal_bench import BENCHMARKS
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
 

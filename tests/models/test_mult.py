@@ -7,13 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xmodal.bench.mult import PlainMult, reference_future_mask
 from xmodal.models.attention import (
     additive_mask,
     offset_causal_allowed,
     offset_causal_mask,
 )
 from xmodal.models.mult import PRESETS, VARIANTS, Mult, MultConfig, preset
+from xmodal_bench.mult import PlainMult, reference_future_mask
 
 DIMS = (12, 6, 5)  # tiny preset's l, a, v feature dims
 

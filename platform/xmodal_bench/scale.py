@@ -10,8 +10,8 @@ For each LXMERT size N (images), in a temporary folder under --work:
 2. times `ingest_lxmert` (one process, as `jobs/ingest.py lxmert` runs it): wall and CPU seconds,
    its peak RSS, and separately the sentence part alone (JSON check + tokenising), so that the
    per-image and per-sentence costs can be extrapolated apart; then deletes the TSV and JSON;
-3. the store: size on disk; time and peak memory to open it (`bench.data.startup`, a fresh process);
-   the data pipeline's samples/s on one pinned core (`bench.data.our_batches`, as the suite's data
+3. the store: size on disk; time and peak memory to open it (`xmodal_bench.data.startup`, a fresh process);
+   the data pipeline's samples/s on one pinned core (`xmodal_bench.data.our_batches`, as the suite's data
    section); the peak RSS of one training worker through one epoch: the pretraining job's worker
    (`inprocess.run_in_process`: the same objective, `fit` loop and batches a one-worker Ray Train run
    reads, straight from the files instead of through Ray Data) on the tiny preset, in a fresh process.
@@ -113,10 +113,10 @@ def du(path: Path) -> int:
 
 def _child(func: str, **kwargs: Any) -> dict[str, Any]:
     """Run `func(**kwargs)` of this module in a fresh Python process; its JSON result."""
-    code = ("import json, sys\nfrom xmodal.bench import scale\n"
+    code = ("import json, sys\nfrom xmodal_bench import scale\n"
             "print('@@' + json.dumps(getattr(scale, sys.argv[1])(**json.loads(sys.argv[2]))))")
     env = dict(os.environ)
-    pkg = str(Path(__file__).resolve().parents[2])
+    pkg = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([pkg, *filter(None, [env.get("PYTHONPATH")])])
     out = subprocess.run([sys.executable, "-c", code, func, json.dumps(kwargs)], capture_output=True, text=True,
                          env=env, check=False)
@@ -208,9 +208,9 @@ def ingest_lxmert_timed(out: str, tsv: str, json_file: str, vocab: str, num_obje
 
 
 def lxmert_pipeline(store: str, batch: int, batches: int) -> dict[str, Any]:
-    """`bench.data`'s measurement: our batches on one pinned core, best of 3 rounds after a warm-up."""
-    from xmodal.bench.data import _one_core, our_batches, timed
+    """`xmodal_bench.data`'s measurement: our batches on one pinned core, best of 3 rounds after a warm-up."""
     from xmodal.data.lxmert.store import open_store
+    from xmodal_bench.data import _one_core, our_batches, timed
 
     s = open_store(store)
     _one_core()
@@ -307,10 +307,10 @@ def mult_pipeline(store: str, batch: int, batches: int) -> dict[str, Any]:
     """The MulT worker's in-process data path (`jobs/mult_job.py`): row groups -> MultBatches, one core."""
     import itertools
 
-    from xmodal.bench.data import _one_core
     from xmodal.data.common import epoch_units, read_unit
     from xmodal.data.mult.pipeline import batches_from_tables
     from xmodal.data.mult.store import open_store
+    from xmodal_bench.data import _one_core
 
     s = open_store(store)
     _one_core()
@@ -354,7 +354,7 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
 
 
 def measure_lxmert(work: Path, images: int, quick: bool, batch: int, keep: bool) -> dict[str, Any]:
-    from xmodal.bench.data import startup
+    from xmodal_bench.data import startup
 
     num_objects, feat_dim = (10, 64) if quick else (36, 2048)
     inputs = work / f"inputs-{images}"
@@ -506,7 +506,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.bench import at_least, folder_arg, write_results
+    from xmodal_bench import at_least, folder_arg, write_results
 
     try:
         sizes = [int(x) for x in (args.images or ("100,1000" if args.quick else "2000,20000")).split(",") if x]

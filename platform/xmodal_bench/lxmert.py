@@ -34,8 +34,6 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch
-from xmodal.bench import at_least, cuda_arg
-from xmodal.bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.console import say
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
@@ -43,6 +41,8 @@ from xmodal.core.step import TrainState, adamw, train_step
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 from xmodal.outputs import check_writable_file
+from xmodal_bench import at_least, cuda_arg
+from xmodal_bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 
 SEQ_LEN, NUM_OBJECTS = 20, 36  # paper: sentences of at most 20 tokens, 36 objects
 

@@ -6,7 +6,7 @@
    LxmertForPreTraining, each eager and compiled: samples/s, ms/step, peak memory, GFLOP per
    sample (counted by FlopCounterMode), MFU (CUDA), compile time, graph breaks.
 2. MulT step (L1 loss, clip 0.8, Adam) at unaligned MOSEI shapes: ours and the plain per-direction
-   re-implementation of the reference (`bench.mult.PlainMult`), eager and compiled, per batch size.
+   re-implementation of the reference (`xmodal_bench.mult.PlainMult`), eager and compiled, per batch size.
 3. DDP overhead: our LXMERT step wrapped in one-worker DistributedDataParallel against the bare step.
 4. The data pipeline at paper dims (36 x 2048 fp16) on one core, at 5 and 50 sentences per image.
 
@@ -49,13 +49,13 @@ import torch
 from torch import nn
 
 from xmodal.batches import LxmertBatch, MultBatch
-from xmodal.bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 from xmodal.console import say
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.core.step import TrainState, train_step
 from xmodal.errors import UserError
 from xmodal.tracking import git_commit
+from xmodal_bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 
 SECTIONS = ("lxmert", "mult", "ddp", "data")
 TARGETS = {  # samples/s on one H200 (docs/performance.md); the data target is per CPU core
@@ -287,10 +287,10 @@ def measure(contenders: list[Contender], s: Settings, count: bool = True) -> lis
 def lxmert_contenders(s: Settings, ddp: bool = False) -> list[Contender]:
     import transformers
 
-    from xmodal.bench.lxmert import NUM_OBJECTS, SEQ_LEN, build_ours, build_transformers
     from xmodal.models.lxmert import preset
     from xmodal.models.lxmert_hf import config_to_hf
     from xmodal.objectives.pretraining import PretrainTasks
+    from xmodal_bench.lxmert import NUM_OBJECTS, SEQ_LEN, build_ours, build_transformers
 
     # transformers' LXMERT always adds token-type embedding 0; ours gets it too so the configs are equal.
     config = preset(s.lxmert_preset).replace(token_type_embedding=True)
@@ -324,9 +324,9 @@ def _ddp(device: torch.device) -> Callable[[nn.Module], nn.Module]:
 
 
 def mult_contenders(s: Settings) -> list[Contender]:
-    from xmodal.bench.mult import PlainMult, _PlainObjective
     from xmodal.models.mult import Mult, preset
     from xmodal.objectives.sentiment import MultObjective
+    from xmodal_bench.mult import PlainMult, _PlainObjective
 
     config = preset(s.mult_preset)
     out = []
@@ -370,7 +370,7 @@ def data_results(s: Settings) -> list[dict]:
         code = (
             "import json, sys, tempfile, time\n"
             "from pathlib import Path\n"
-            "from xmodal.bench.data import _one_core, our_batches, timed\n"
+            "from xmodal_bench.data import _one_core, our_batches, timed\n"
             "from xmodal.data.lxmert.synthetic import build_synthetic_store\n"
             "from xmodal.data.options import SyntheticLxmertOptions\n"
             "n, spi, batches = map(int, sys.argv[1:4])\n"
@@ -464,9 +464,9 @@ def markdown(res: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     import transformers
 
-    from xmodal.bench import at_least, cuda_arg, folder_arg, preset_arg, write_results
     from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
     from xmodal.models.mult import PRESETS as MULT_PRESETS
+    from xmodal_bench import at_least, cuda_arg, folder_arg, preset_arg, write_results
 
     cuda_arg(args.device)
     at_least(args, 1, "steps", "lxmert_batch", "mult_batch")

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xmodal.batches import MultBatch
-from xmodal.bench import at_least, cuda_arg, preset_arg
 from xmodal.console import say
 from xmodal.core.cost import peak_memory_gib
 from xmodal.core.runtime import apply_precision, compile_module
@@ -44,6 +43,7 @@ from xmodal.models.mult import (
     sinusoidal_positions,
 )
 from xmodal.objectives.sentiment import MultObjective
+from xmodal_bench import at_least, cuda_arg, preset_arg
 
 MOSEI_SHAPES = {"dims": (300, 74, 35), "seq_lens": (50, 500, 500)}
 

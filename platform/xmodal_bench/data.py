@@ -285,7 +285,7 @@ def rss():
     return out
 import numpy as np
 from xmodal.data.lxmert.store import open_store
-from xmodal.bench.data import load_obj_tsv
+from xmodal_bench.data import load_obj_tsv
 try:
     open("/proc/self/clear_refs", "w").write("5")  # reset the peak-RSS mark after the imports
 except OSError:
@@ -312,9 +312,9 @@ def startup(what: str, path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.bench import at_least, folder_arg
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
+    from xmodal_bench import at_least, folder_arg
 
     at_least(args, 2, "num_images")  # mismatched sentences come from other images
     at_least(args, 1, "batch", "feat_dim", "num_objects", "sentences_per_image", "batches", "baseline_batches",

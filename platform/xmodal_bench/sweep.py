@@ -32,7 +32,7 @@ import yaml
 from xmodal.console import say
 from xmodal.runner import timeline
 
-SPACE = Path(__file__).resolve().parents[3] / "search_spaces" / "mult_ablation.yaml"
+SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "mult_ablation.yaml"
 TARGET_RATIO, TARGET_S = 0.10, 5.0  # a trial's life outside training: at most the larger of the two
 PHASES = ("prepare_s", "train_start_s", "worker_setup_s", "data_start_s", "train_end_s", "finish_s")
 
@@ -135,12 +135,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal import tracking
-    from xmodal.bench import at_least, begin, write_results
     from xmodal.cli import setup_console
     from xmodal.errors import UserError
     from xmodal.runner.ray_cluster import connect, require_ray
     from xmodal.sweep.plan import SweepOptions
     from xmodal.sweep.runner import run_sweep
+    from xmodal_bench import at_least, begin, write_results
 
     at_least(args, 1, "trials", "concurrent", "epochs")
     variants = len(yaml.safe_load(SPACE.read_text())["parameters"]["model.variant"]["values"])

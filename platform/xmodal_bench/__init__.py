@@ -19,14 +19,14 @@ from xmodal.errors import UserError
 # name -> (module implementing it, one-line help); imported only when chosen, so `lxmert` needs no
 # pyarrow and `data` no transformers.
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "lxmert": ("xmodal.bench.lxmert", "LXMERT train step: ours vs transformers' LxmertForPreTraining"),
-    "data": ("xmodal.bench.data", "LXMERT input pipeline: ready batches/s vs the reference loader's work"),
-    "mult": ("xmodal.bench.mult", "MulT train step at unaligned MOSEI shapes"),
-    "suite": ("xmodal.bench.suite", "everything a device run must show, in one run: JSON + Markdown table"),
-    "scale": ("xmodal.bench.scale", "ingest, store, pipeline and worker RSS at two store sizes: JSON + Markdown"),
-    "tracking": ("xmodal.bench.tracking", "MLflow under N writers (sqlite, server, postgres): points present, "
+    "lxmert": ("xmodal_bench.lxmert", "LXMERT train step: ours vs transformers' LxmertForPreTraining"),
+    "data": ("xmodal_bench.data", "LXMERT input pipeline: ready batches/s vs the reference loader's work"),
+    "mult": ("xmodal_bench.mult", "MulT train step at unaligned MOSEI shapes"),
+    "suite": ("xmodal_bench.suite", "everything a device run must show, in one run: JSON + Markdown table"),
+    "scale": ("xmodal_bench.scale", "ingest, store, pipeline and worker RSS at two store sizes: JSON + Markdown"),
+    "tracking": ("xmodal_bench.tracking", "MLflow under N writers (sqlite, server, postgres): points present, "
                  "p50/p99 per call"),
-    "sweep": ("xmodal.bench.sweep", "N tiny MulT sweep trials: each trial's life against its training, per phase"),
+    "sweep": ("xmodal_bench.sweep", "N tiny MulT sweep trials: each trial's life against its training, per phase"),
 }
 
 

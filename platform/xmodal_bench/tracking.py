@@ -245,7 +245,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.bench import at_least, begin, write_results
+    from xmodal_bench import at_least, begin, write_results
 
     at_least(args, 1, "writers", "steps", "metrics", "flush_every", "server_workers")
     check_writable_dir(args.out, "--out")  # the results are written last: a bad --out would waste the run
