@@ -44,3 +44,17 @@ def test_only_the_allowed_importers_are_let_through(graph):
     assert {i for i, _, _ in offences(graph, ["mlflow"], ["xmodal.nothing"])} == {"xmodal.tracking"}
     assert offences(graph, ["mlflow"], ["xmodal.tracking"]) == []
     assert offences(graph, ["no_such_package"], []) == []
+
+
+def test_every_module_of_the_package_is_in_a_layer():
+    import re
+
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    named = {m for layer in layers for m in re.findall(r"xmodal\.\w+", layer)}
+    package = REPO / "platform" / "xmodal"
+    top = {f"xmodal.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    top |= {f"xmodal.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert top - named == set(), f"modules in no layer of pyproject.toml: {sorted(top - named)}"
