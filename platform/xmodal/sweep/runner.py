@@ -480,9 +480,9 @@ def log_importance(uri: str, space: SearchSpace, parent_run_id: str) -> dict[str
     """The parameter importances over the trials that trained to their end, as the report counts
     them (MLflow state FINISHED, not stopped early) and scored as Tune ranked them (their selected
     score), on the parent run as the T.IMPORTANCE tag; returned too."""
-    from xmodal.report import collect
+    from xmodal.report import collect_runs
 
-    trials, _ = collect(uri, parent_run_id=parent_run_id)
+    trials, _ = collect_runs(uri, parent_run_id=parent_run_id)
     points = []
     for t in trials:
         score = t.value(space.metric)
