@@ -81,8 +81,8 @@ def rows_of(path):
 def test_one_row_per_configuration_with_mean_and_std_over_seeds(store, tmp_path):
     uri, _, parent = store
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
-    assert rep.metric == "eval/match_acc" and rep.keys == ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss"]
-    assert rep.skipped == {"failed": 1}
+    assert rep.table.metric == "eval/match_acc" and rep.table.keys == ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss"]
+    assert rep.table.skipped == {"failed": 1}
     rows = rows_of(tmp_path / "out" / "table.csv")
     assert [(r["model.x_layers"], r["tasks.obj_feat"], r["tasks.feat_loss"]) for r in rows] == [
         ("4", "False", "-"), ("2", "True", "smooth_l1"), ("1", "False", "-"), ("3", "True", "l2")]
@@ -97,7 +97,8 @@ def test_one_row_per_configuration_with_mean_and_std_over_seeds(store, tmp_path)
     assert float(c["eval/match_acc mean"]) == pytest.approx(0.2)
     assert "eval/loss/mlm mean" not in b  # per-task losses are not summary columns
 
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = rep.markdown  # what the command line prints and the sweep puts on its parent run: table.md's text
+    assert (tmp_path / "out" / "table.md").read_text() == md
     assert "| model.x_layers | tasks.obj_feat | tasks.feat_loss | runs | eval/match_acc | 95% CI | eval/loss |" in md
     assert "| 1 | False | - | 2 | 0.7000 ± 0.1414 |" in md
     assert "| 2 | True | smooth_l1 | 2 (1 stopped early) | 0.9000 |" in md
@@ -106,9 +107,12 @@ def test_one_row_per_configuration_with_mean_and_std_over_seeds(store, tmp_path)
 
 def test_plots_exist_and_are_logged_to_the_parent(store, tmp_path):
     uri, _, parent = store
-    make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
     pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
-    assert "| 4 | False | - | 1 | 0.9500 |" in (tmp_path / "out" / "table.md").read_text()
+    assert "| 4 | False | - | 1 | 0.9500 |" in rep.markdown
+    assert rep.out_dir == (tmp_path / "out").resolve() and rep.files[:2] == (rep.out_dir / "table.md",
+                                                                              rep.out_dir / "table.csv")
+    assert sorted(p.name for p in rep.files[2:]) == pngs and all(p.parent == rep.out_dir for p in rep.files)
     assert pngs == ["eval_match_acc_vs_model.x_layers.png", "eval_match_acc_vs_tasks.feat_loss.png",
                     "eval_match_acc_vs_tasks.obj_feat.png", "learning_curves_eval_match_acc.png"]
     for p in pngs:
@@ -122,7 +126,7 @@ def test_an_experiment_report_groups_runs_of_several_sweeps(store, tmp_path):
     other = sweep(uri, exp, "demo-2")
     trial(uri, exp, other, "a2", {"model.x_layers": 1, "tasks.obj_feat": False, "train.seed": 2}, [0.7])
     rep = make_report(uri, experiment="xmodal-sweep-demo", out_dir=tmp_path / "exp")
-    a = next(r for r in rep.rows if r.params["model.x_layers"] == 1)
+    a = next(r for r in rep.table.rows if r.params["model.x_layers"] == 1)
     assert len(a.runs) == 3 and a.stats["eval/match_acc"][0] == pytest.approx(0.7)
     assert a.stats["eval/match_acc"][2] == 3
     assert tracking.list_artifacts(uri, other, "report_experiment")
@@ -131,7 +135,7 @@ def test_an_experiment_report_groups_runs_of_several_sweeps(store, tmp_path):
 def test_metric_override_and_errors(store, tmp_path):
     uri, _, parent = store
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", metric="eval/loss", log=False)
-    assert rep.columns[0] == "eval/loss"
+    assert rep.table.columns[0] == "eval/loss"
     with pytest.raises(ReportError, match="experiment 'nope' not found.*xmodal-sweep-demo"):
         make_report(uri, experiment="nope", out_dir=tmp_path / "x")
     with pytest.raises(ReportError, match="parent run 'deadbeef' not found"):
@@ -177,8 +181,8 @@ def test_a_job_that_logs_its_selected_model_and_test_metrics(tmp_path, monkeypat
                              step=len(hist))
         tracking.set_terminated(uri, run_id)
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o")
-    assert rep.columns == ["valid/mae", "valid/corr", "test/mae"]  # no selected/* column
-    full, early = rep.rows
+    assert rep.table.columns == ["valid/mae", "valid/corr", "test/mae"]  # no selected/* column
+    full, early = rep.table.rows
     assert full.params == {"model.variant": "full"} and len(full.runs) == 2
     assert full.stats["valid/mae"][0] == pytest.approx(0.65) and full.stats["test/mae"][0] == pytest.approx(0.69)
     assert full.stats["valid/corr"][0] == pytest.approx(0.35)  # the selected model's, not the last
@@ -216,7 +220,7 @@ def test_rows_are_tested_against_the_baseline_and_cost_is_beside_the_score(store
     parent = costed_sweep(uri, exp, "known", KNOWN, parent_tags={T.BASELINE: json.dumps(BASELINE)},
                           seeds=KNOWN_SEEDS)
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
-    by_layers = {r.params["model.x_layers"]: r for r in rep.rows}
+    by_layers = {r.params["model.x_layers"]: r for r in rep.table.rows}
     assert by_layers[1].baseline and by_layers[1].test is None
     better, same, once = by_layers[2].test, by_layers[3].test, by_layers[4].test
     assert better.delta == pytest.approx(0.10) and better.p == pytest.approx(0.0036022, rel=1e-4)
@@ -229,7 +233,7 @@ def test_rows_are_tested_against_the_baseline_and_cost_is_beside_the_score(store
     # Pareto front of score against GFLOP/sample: 3 layers cost more than 2 and score lower
     assert {k: r.pareto for k, r in by_layers.items()} == {1: True, 2: True, 3: False, 4: True}
 
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = rep.markdown
     assert ("| model.x_layers | tasks.obj_feat | runs | eval/match_acc | 95% CI | eval/loss "
             "| vs baseline (eval/match_acc; Holm over 2 rows, α=0.05) "
             "| params (M) | GFLOP/sample | samples/s | peak mem (GiB) | wall (s) | device-h | Pareto |") in md
@@ -268,7 +272,7 @@ def test_paired_where_the_seeds_match_and_holm_over_the_rows_tested(store, tmp_p
     exp = tracking.ensure_experiment(uri, "xmodal-sweep-paired")
     parent = costed_sweep(uri, exp, "paired", PAIRED_ROWS, parent_tags={T.BASELINE: json.dumps(BASELINE)})
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out", log=False)
-    tests = {r.params["model.x_layers"]: r.test for r in rep.rows if not r.baseline}
+    tests = {r.params["model.x_layers"]: r.test for r in rep.table.rows if not r.baseline}
     assert {k: t.kind for k, t in tests.items()} == {2: "paired t", 3: "paired t", 4: "paired t", 5: "Welch"}
     expected = {2: 9.7025276e-05, 3: 0.0304663, 4: 0.8240010, 5: 0.00011509}  # scipy ttest_rel / ttest_ind
     holm = {2: 4 * expected[2], 3: 2 * expected[3], 4: expected[4], 5: 4 * expected[2]}  # 3 x p5 < 4 x p2
@@ -276,7 +280,7 @@ def test_paired_where_the_seeds_match_and_holm_over_the_rows_tested(store, tmp_p
         assert t.p == pytest.approx(expected[k], rel=1e-4) and t.p_holm == pytest.approx(holm[k], rel=1e-4), k
     assert tests[3].significant_alone and tests[3].significant is False
     assert tests[2].significant and tests[5].significant and tests[4].significant is False
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = rep.markdown
     assert "| +0.0250 (paired t, p=0.03; Holm p=0.061, n.s. after Holm) |" in md
     assert "| +0.1900 (Welch, p<0.001; Holm p<0.001) |" in md
     assert "| +0.0025 (paired t, p=0.82; Holm p=0.82, n.s.) |" in md
@@ -291,7 +295,7 @@ def test_paired_where_the_seeds_match_and_holm_over_the_rows_tested(store, tmp_p
     parent = costed_sweep(uri, exp, "twice", {1: [0.6, 0.64], 2: [0.7, 0.72]}, seeds={1: [0, 1], 2: [0, 0]},
                           parent_tags={T.BASELINE: json.dumps(BASELINE)})
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "twice", log=False)
-    assert [r.test.kind for r in rep.rows if r.test] == ["Welch"]
+    assert [r.test.kind for r in rep.table.rows if r.test] == ["Welch"]
 
 
 def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(store, tmp_path):
@@ -301,10 +305,10 @@ def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(
     parent = costed_sweep(uri, exp, "tf", {1: [0.6, 0.62], 2: [0.7, 0.72]},
                           parent_params={"try_first": json.dumps(first)})
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "a", log=False)
-    assert [r.params["model.x_layers"] for r in rep.rows if r.baseline] == [2]
+    assert [r.params["model.x_layers"] for r in rep.table.rows if r.baseline] == [2]
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "b", log=False,
                       baseline={"model.x_layers": 1})
-    assert [r.params["model.x_layers"] for r in rep.rows if r.baseline] == [1]
+    assert [r.params["model.x_layers"] for r in rep.table.rows if r.baseline] == [1]
     # A baseline asked for that names no row is an error listing the rows (a report without the tests
     # asked for would look complete); the sweep's own baseline naming none is a note in the report.
     with pytest.raises(ReportError, match=r"--baseline model.x_layers=7: matches no row; expected the parameters of "
@@ -318,9 +322,8 @@ def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(
     orphan = costed_sweep(uri, exp, "tf-gone", {1: [0.6, 0.62], 2: [0.7, 0.72]},
                           parent_params={"try_first": json.dumps([{"model.x_layers": 9}])})
     rep = make_report(uri, parent_run_id=orphan, out_dir=tmp_path / "d", log=False)
-    assert not any(r.baseline or r.test for r in rep.rows)
-    assert "No significance test: the baseline (model.x_layers=9) matches no row." in \
-        (tmp_path / "d" / "table.md").read_text()
+    assert not any(r.baseline or r.test for r in rep.table.rows)
+    assert "No significance test: the baseline (model.x_layers=9) matches no row." in rep.markdown
 
 
 def _report_cli(*args: str, cwd) -> subprocess.CompletedProcess:
@@ -415,10 +418,10 @@ def test_the_score_column_is_the_selected_score_each_run_logged(tmp_path, monkey
     unscored = trial(uri, exp, parent, "b", {"model.x_layers": 2}, [])
     tracking.log_metrics(uri, unscored, {"eval/loss": 0.4}, step=1)
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", log=False)
-    by_layers = {r.params["model.x_layers"]: r for r in rep.rows}
+    by_layers = {r.params["model.x_layers"]: r for r in rep.table.rows}
     assert by_layers[1].stats["eval/match_acc"] == (0.7, 0.0, 1)
     assert by_layers[2].stats["eval/match_acc"][2] == 0
-    assert "| 2 | 1 | n/a |  | 0.4000 |" in (tmp_path / "o" / "table.md").read_text()
+    assert "| 2 | 1 | n/a |  | 0.4000 |" in rep.markdown
 
 
 def test_a_run_stopped_early_scores_what_the_sweep_ranked(tmp_path, monkeypatch):
@@ -432,6 +435,6 @@ def test_a_run_stopped_early_scores_what_the_sweep_ranked(tmp_path, monkeypatch)
           {T.EARLY_STOPPED: "true", T.RANKED_STEP: "20"})
     trial(uri, exp, parent, "f0", {"model.x_layers": 2}, [0.6, 0.65, 0.7])
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", log=False)
-    by_layers = {r.params["model.x_layers"]: r for r in rep.rows}
+    by_layers = {r.params["model.x_layers"]: r for r in rep.table.rows}
     assert by_layers[1].partial and by_layers[1].stats["eval/match_acc"] == (0.7, 0.0, 1)
     assert by_layers[2].stats["eval/match_acc"] == (0.7, 0.0, 1)

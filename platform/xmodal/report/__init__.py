@@ -10,16 +10,16 @@ sweep driver's fANOVA, read from its parent run). Everything is read through `xm
 The rooms, each importing only those above it in this list:
 
     collect.py  the trial and parent runs read from MLflow; a run's state and its value of a metric
-    stats.py    the rows: runs grouped by configuration, mean ± std, intervals, tests, Pareto front
-    render.py   table.md, table.csv and importance.csv as text
+    stats.py    the table: runs grouped into rows by configuration, mean ± std, intervals, tests, Pareto
+    render.py   table.md, table.csv and importance.csv as text, in memory
     plots.py    the PNG plots
-    build.py    `make_report`: collect, compute, write the folder, log it to the parent run(s)
+    build.py    `make_report`: collect, compute, render, write each file once, log the folder to the
+                parent run(s); returns the `Report` (table, Markdown, folder, files)
 """
 
-from xmodal.report.build import make_report
+from xmodal.report.build import Report, make_report
 from xmodal.report.collect import ReportError, TrialRun, collect_runs, parse_value
-from xmodal.report.render import to_markdown
-from xmodal.report.stats import Report, Row, Test, build_report
+from xmodal.report.stats import Row, Table, Test, build_table
 
-__all__ = ["Report", "ReportError", "Row", "Test", "TrialRun", "build_report", "collect_runs", "make_report",
-           "parse_value", "to_markdown"]
+__all__ = ["Report", "ReportError", "Row", "Table", "Test", "TrialRun", "build_table", "collect_runs", "make_report",
+           "parse_value"]

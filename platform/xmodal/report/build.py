@@ -1,10 +1,12 @@
-"""A report built: the runs collected, the rows' statistics, the files written to a folder and logged
-to the sweep's parent run(s) (artifact folder `report`, or `report_experiment` for an experiment
-report).
+"""A report built: the runs collected, the rows' statistics, the text rendered in memory, every file
+written once to a folder and the folder logged to the sweep's parent run(s) (artifact folder
+`report`, or `report_experiment` for an experiment report). `make_report` returns all of it as a
+`Report`: its callers print the Markdown or put it on the parent run without reading a file back.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +21,26 @@ from xmodal.report.plots import (
     plot_score_vs_cost,
     slug,
 )
-from xmodal.report.render import to_markdown, write_csv, write_importance_csv
-from xmodal.report.stats import Report, build_report
+from xmodal.report.render import importance_csv, to_csv, to_markdown
+from xmodal.report.stats import Table, build_table
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report as built and written."""
+
+    table: Table  # the rows, best first, and their statistics
+    markdown: str  # table.md's text: what the command line prints and the sweep puts on its parent run
+    out_dir: Path
+    files: tuple[Path, ...]  # every file written to out_dir, table.md first (all of them are logged)
 
 
 def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
                 out_dir: str | Path | None = None, metric: str | None = None, log: bool = True,
                 baseline: dict[str, Any] | None = None) -> Report:
-    """Write table.md, table.csv and the plots to `out_dir`; log them to the parent run(s).
-    `baseline`: the configuration rows are tested against (default: the sweep's)."""
+    """Write table.md, table.csv, importance.csv (where a sweep has importances) and the plots to
+    `out_dir`; log them to the parent run(s) unless not `log`. `baseline`: the configuration rows are
+    tested against (default: the sweep's)."""
     uri = tracking.resolve_tracking_uri(uri)
     trials, parents = collect_runs(uri, experiment, parent_run_id)
     if parent_run_id is not None:
@@ -40,20 +53,23 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
     mode = sweep_mode(parents)
     out = Path(out_dir or Path("reports") / slug(title.split(" ", 1)[1])).resolve()
     check_writable_dir(out, "--out")  # before anything is written (jobs/report.py checked a given one already)
-    rep = build_report(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
+    table = build_table(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
+    markdown = to_markdown(table)
+    texts = {"table.md": markdown, "table.csv": to_csv(table), "importance.csv": importance_csv(table)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(to_markdown(rep))
-    write_csv(rep, out / "table.csv")
-    plot_metric_vs_params(rep, out)
-    plot_learning_curves(rep, uri, out)
-    plot_score_vs_cost(rep, out)
-    if plot_importance(rep, out) is not None:
-        write_importance_csv(rep, out / "importance.csv")
+    files = []
+    for name, text in texts.items():
+        if text is not None:
+            # newline="": the CSV writer ends its lines with \r\n itself
+            (out / name).write_text(text, newline="")
+            files.append(out / name)
+    files += plot_metric_vs_params(table, out)
+    files += [p for p in (plot_learning_curves(table, uri, out), plot_score_vs_cost(table, out),
+                          plot_importance(table, out)) if p is not None]
     if log:
         where = "report" if parent_run_id is not None else "report_experiment"
-        used = {t.parent_run_id for row in rep.rows for t in row.runs}
-        for pid in rep.parents:
+        used = {t.parent_run_id for row in table.rows for t in row.runs}
+        for pid in table.parents:
             if pid in used:
                 tracking.log_artifacts(uri, pid, out, where)
-    rep.out_dir = str(out)
-    return rep
+    return Report(table=table, markdown=markdown, out_dir=out, files=tuple(files))

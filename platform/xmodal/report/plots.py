@@ -15,8 +15,8 @@ from xmodal.report.collect import fmt_param
 from xmodal.report.stats import (
     ALPHA,
     MISSING,
-    Report,
     Row,
+    Table,
     costed,
     importance_table,
     mean_std,
@@ -33,16 +33,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
 
 
-def plot_metric_vs_params(rep: Report, out: Path) -> list[Path]:
+def plot_metric_vs_params(table: Table, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files = []
-    runs = [(row, r) for row in rep.rows for r in row.runs]
-    for key in rep.keys:
-        pts = [(row.params[key], r, r.value(rep.metric)) for row, r in runs if row.params[key] != MISSING]
+    runs = [(row, r) for row in table.rows for r in row.runs]
+    for key in table.keys:
+        pts = [(row.params[key], r, r.value(table.metric)) for row, r in runs if row.params[key] != MISSING]
         pts = [(x, r, v) for x, r, v in pts if v is not None and math.isfinite(v)]
         if not pts:
             continue
@@ -72,19 +72,19 @@ def plot_metric_vs_params(rep: Report, out: Path) -> list[Path]:
             ax.errorbar(xs_m, [s[0] for s in stats], yerr=[s[1] for s in stats], color="black", capsize=3,
                         fmt="-" if ordered else "_", markersize=18, label="mean ± std (finished)")
         ax.set_xlabel(key)
-        ax.set_ylabel(rep.metric)
-        ax.set_title(f"{rep.metric} vs {key}")
+        ax.set_ylabel(table.metric)
+        ax.set_title(f"{table.metric} vs {key}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()
-        path = out / f"{slug(rep.metric)}_vs_{slug(key)}.png"
+        path = out / f"{slug(table.metric)}_vs_{slug(key)}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         files.append(path)
     return files
 
 
-def plot_learning_curves(rep: Report, uri: str, out: Path, top: int = CURVES_TOP) -> Path | None:
+def plot_learning_curves(table: Table, uri: str, out: Path, top: int = CURVES_TOP) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,10 +92,10 @@ def plot_learning_curves(rep: Report, uri: str, out: Path, top: int = CURVES_TOP
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = 0
-    for i, row in enumerate(rep.rows[:top]):
+    for i, row in enumerate(table.rows[:top]):
         label = ", ".join(f"{k}={fmt_param(v)}" for k, v in row.params.items()) or "base"
         for j, r in enumerate(row.runs):
-            hist = tracking.metric_history(uri, r.run_id, rep.metric)
+            hist = tracking.metric_history(uri, r.run_id, table.metric)
             if not hist:
                 continue
             ax.plot([s for s, _ in hist], [v for _, v in hist], color=f"C{i}", marker=".",
@@ -105,12 +105,12 @@ def plot_learning_curves(rep: Report, uri: str, out: Path, top: int = CURVES_TOP
         plt.close(fig)
         return None
     ax.set_xlabel("step")
-    ax.set_ylabel(rep.metric)
-    ax.set_title(f"learning curves of the best {min(top, len(rep.rows))} configurations")
+    ax.set_ylabel(table.metric)
+    ax.set_title(f"learning curves of the best {min(top, len(table.rows))} configurations")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    path = out / f"learning_curves_{slug(rep.metric)}.png"
+    path = out / f"learning_curves_{slug(table.metric)}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -128,10 +128,10 @@ def _label(row: Row) -> str:
         or "base"
 
 
-def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
+def plot_score_vs_cost(table: Table, out: Path) -> Path | None:
     """The sweep metric (mean ± std over seeds) against each cost of COST_AXES, one panel each, the
     Pareto front drawn and labelled, the baseline starred. Rows with finished runs only."""
-    panels = [c for c in COST_AXES if c in rep.cost_columns and costed(rep.rows, rep.metric, c)]
+    panels = [c for c in COST_AXES if c in table.cost_columns and costed(table.rows, table.metric, c)]
     if not panels:
         return None
     import matplotlib
@@ -141,15 +141,15 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), sharey=True, squeeze=False)
     for ax, cost in zip(axes[0], panels, strict=True):
-        rows = costed(rep.rows, rep.metric, cost)
+        rows = costed(table.rows, table.metric, cost)
         xs = [r.stats[cost][0] for r in rows]
-        ys = [r.stats[rep.metric][0] for r in rows]
-        front = pareto_front(list(zip(xs, ys, strict=True)), rep.mode)
+        ys = [r.stats[table.metric][0] for r in rows]
+        front = pareto_front(list(zip(xs, ys, strict=True)), table.mode)
         kinds = [("configuration (mean ± std over seeds)", "C0", lambda r: not (r.test and r.test.significant is False)),
                  (f"not significantly different from the baseline (Holm p ≥ {ALPHA:g})", "0.6",
                   lambda r: r.test is not None and r.test.significant is False)]
         for label, color, which in kinds:
-            sel = [(x, y, r.stats[rep.metric][1]) for r, x, y in zip(rows, xs, ys, strict=True) if which(r)]
+            sel = [(x, y, r.stats[table.metric][1]) for r, x, y in zip(rows, xs, ys, strict=True) if which(r)]
             if sel:
                 ax.errorbar([x for x, _, _ in sel], [y for _, y, _ in sel], yerr=[e for _, _, e in sel], fmt="o",
                             color=color, alpha=0.85, capsize=3, label=label)
@@ -168,21 +168,21 @@ def plot_score_vs_cost(rep: Report, out: Path) -> Path | None:
         ax.set_xlabel(COST_AXES[cost])
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="best")
-    better = "higher" if rep.mode == "max" else "lower"
-    axes[0][0].set_ylabel(f"{rep.metric} ({better} is better)")
-    left_out = sum(r.partial for r in rep.rows)
-    fig.suptitle(f"{rep.metric} against cost ({rep.title})"
+    better = "higher" if table.mode == "max" else "lower"
+    axes[0][0].set_ylabel(f"{table.metric} ({better} is better)")
+    left_out = sum(r.partial for r in table.rows)
+    fig.suptitle(f"{table.metric} against cost ({table.title})"
                  + (f"; {left_out} configuration(s) stopped early left out" if left_out else ""))
     fig.tight_layout()
-    path = out / f"{slug(rep.metric)}_vs_cost.png"
+    path = out / f"{slug(table.metric)}_vs_cost.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def plot_importance(rep: Report, out: Path) -> Path | None:
+def plot_importance(table: Table, out: Path) -> Path | None:
     """Horizontal bars: each parameter's fANOVA importance, one bar per sweep that has them."""
-    params, have = importance_table(rep)
+    params, have = importance_table(table)
     if not have:
         return None
     import matplotlib
@@ -202,7 +202,7 @@ def plot_importance(rep: Report, out: Path) -> Path | None:
     scored = ", ".join(sorted({selected_key(i["metric"]) for i in have}))
     ax.set_xlabel(f"fANOVA importance for {scored} (share; sums to 1)")
     ax.set_xlim(0, 1.12)  # room for the labels
-    ax.set_title(f"parameter importance ({rep.title})")
+    ax.set_title(f"parameter importance ({table.title})")
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize="small", loc="lower right")
     fig.tight_layout()

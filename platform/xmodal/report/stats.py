@@ -99,7 +99,9 @@ class Row:
 
 
 @dataclass
-class Report:
+class Table:
+    """A report's content: its rows, best first, and what the files say about them."""
+
     title: str
     metric: str
     mode: str
@@ -108,7 +110,6 @@ class Report:
     rows: list[Row]
     skipped: dict[str, int]  # state -> runs left out of the table (failed, running, ...)
     parents: list[str]
-    out_dir: str | None = None
     cost_columns: list[str] = field(default_factory=list)  # the cost/* metrics some run logged
     baseline: dict[str, Any] | None = None  # the baseline configuration asked for
     notes: list[str] = field(default_factory=list)  # e.g. why no row is the baseline
@@ -280,19 +281,20 @@ def costed(rows: list[Row], metric: str, cost: str) -> list[Row]:
             and math.isfinite(r.stats[metric][0])]
 
 
-def importance_table(rep: Report) -> tuple[list[str], list[dict[str, Any]]]:
+def importance_table(table: Table) -> tuple[list[str], list[dict[str, Any]]]:
     """(parameters, the sweeps that have values): parameters by their importance in the newest sweep."""
-    have = [i for i in rep.importance if i.get("values")]
+    have = [i for i in table.importance if i.get("values")]
     params: list[str] = []
     for i in have:
         params += [k for k in sorted(i["values"], key=lambda k: -i["values"][k]) if k not in params]
     return params, have
 
 
-def build_report(trials: list[TrialRun], parents: list[RunRecord], metric: str | None = None, mode: str | None = None,
-                 columns: list[str] | None = None, title: str = "ablation",
-                 baseline: dict[str, Any] | None = None) -> Report:
-    """`baseline`: the configuration the rows are tested against (default: the parents')."""
+def build_table(trials: list[TrialRun], parents: list[RunRecord], metric: str | None = None, mode: str | None = None,
+                columns: list[str] | None = None, title: str = "ablation",
+                baseline: dict[str, Any] | None = None) -> Table:
+    """The rows of `trials` and their statistics. `baseline`: the configuration the rows are tested
+    against (default: the parents')."""
     metric = metric or sweep_metric(parents)
     mode = mode or sweep_mode(parents)
     if metric is None:
@@ -330,12 +332,12 @@ def build_report(trials: list[TrialRun], parents: list[RunRecord], metric: str |
         return (row.partial, math.isnan(mean), sign * mean if not math.isnan(mean) else 0.0)
 
     rows = sorted(groups.values(), key=order)
-    rep = Report(title=title, metric=metric, mode=mode, keys=keys, columns=columns, rows=rows, skipped=skipped,
-                 parents=[p.run_id for p in parents], cost_columns=cost_columns,
-                 baseline=baseline if baseline is not None else baseline_of(parents),
-                 importance=importance_of(parents))
-    base = _baseline_row(rows, keys, rep.baseline, rep.notes, asked=baseline is not None) \
-        if rep.baseline is not None else None
+    table = Table(title=title, metric=metric, mode=mode, keys=keys, columns=columns, rows=rows, skipped=skipped,
+                  parents=[p.run_id for p in parents], cost_columns=cost_columns,
+                  baseline=baseline if baseline is not None else baseline_of(parents),
+                  importance=importance_of(parents))
+    base = _baseline_row(rows, keys, table.baseline, table.notes, asked=baseline is not None) \
+        if table.baseline is not None else None
     if base is not None:
         base.baseline = True
         for row in rows:
@@ -349,4 +351,4 @@ def build_report(trials: list[TrialRun], parents: list[RunRecord], metric: str |
         points = [(r.stats[PARETO_COST][0], r.stats[metric][0]) for r in candidates]
         for row, on in zip(candidates, pareto_front(points, mode), strict=True):
             row.pareto = on
-    return rep
+    return table
