@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=args.out,
                           metric=args.metric, log=not args.no_log, baseline=baseline)
-        print(open(f"{rep.out_dir}/table.md").read())
+        print(rep.markdown)
         print(f"[xmodal] report written to {rep.out_dir}")
 
     return user_errors(go)

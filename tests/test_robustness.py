@@ -170,16 +170,16 @@ def test_finetune_conditions_map_to_their_perturbations():
 
 
 def test_the_report_shows_the_sweep_metric_under_each_condition_as_columns():
-    from xmodal.report import TrialRun, build_report
+    from xmodal.report import TrialRun, build_table
 
     def run(name: str, layers: int, mae: float, zero_audio: float) -> TrialRun:
         metrics = {"valid/mae": mae, "test/mae": mae + 0.01, "robust/zero_audio/mae": zero_audio,
                    "robust/zero_audio/acc2": 0.5, "robust/noise_text/mae": mae + 0.2}
         return TrialRun(name, name, "p", {"model.layers": layers}, "0", "finished", metrics)
 
-    rep = build_report([run("a", 1, 0.3, 1.9), run("b", 2, 0.2, 2.1)], [], metric="valid/mae", mode="min")
-    assert rep.columns == ["valid/mae", "test/mae", "robust/noise_text/mae", "robust/zero_audio/mae"]
-    best = rep.rows[0]
+    table = build_table([run("a", 1, 0.3, 1.9), run("b", 2, 0.2, 2.1)], [], metric="valid/mae", mode="min")
+    assert table.columns == ["valid/mae", "test/mae", "robust/noise_text/mae", "robust/zero_audio/mae"]
+    best = table.rows[0]
     assert best.params == {"model.layers": 2} and best.stats["robust/zero_audio/mae"][0] == pytest.approx(2.1)
 
 

@@ -78,8 +78,8 @@ def test_the_parameter_that_sets_the_score_ranks_first(tmp_path, monkeypatch, sp
     assert json.loads(tracking.get_run(uri, parent).tags[T.IMPORTANCE]) == info
 
     rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out")
-    assert rep.importance[0]["values"] == values
-    md = (tmp_path / "out" / "table.md").read_text()
+    assert rep.table.importance[0]["values"] == values
+    md = rep.markdown
     section = md.split("## Parameter importance", 1)[1]
     rows = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines() if line.startswith("| ")]
     assert rows[:2] == ["parameter", "model.layers"] and set(rows[2:]) == {"optim.lr", "tasks.obj_feat"}
@@ -98,7 +98,6 @@ def test_too_few_finished_trials_say_so(tmp_path, monkeypatch, space):
     parent = made_up_sweep(uri, "few", trials=2)
     info = log_importance(uri, space, parent)
     assert "values" not in info and info["why"] == "2 finished trial(s), fANOVA needs at least 3"
-    make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out", log=False)
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "out", log=False).markdown
     assert "Sweep few: no parameter importance: 2 finished trial(s), fANOVA needs at least 3." in md
     assert not (tmp_path / "out" / "parameter_importance.png").exists()

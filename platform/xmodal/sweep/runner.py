@@ -480,9 +480,9 @@ def log_importance(uri: str, space: SearchSpace, parent_run_id: str) -> dict[str
     """The parameter importances over the trials that trained to their end, as the report counts
     them (MLflow state FINISHED, not stopped early) and scored as Tune ranked them (their selected
     score), on the parent run as the T.IMPORTANCE tag; returned too."""
-    from xmodal.report import collect
+    from xmodal.report import collect_runs
 
-    trials, _ = collect(uri, parent_run_id=parent_run_id)
+    trials, _ = collect_runs(uri, parent_run_id=parent_run_id)
     points = []
     for t in trials:
         score = t.value(space.metric)
@@ -585,10 +585,9 @@ def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
 
     out = Path(plan.path) / "report" if "://" not in plan.root else Path(tempfile.mkdtemp()) / "report"
     try:
-        make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=out)
+        rep = make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=out)
         # the run page renders its description as Markdown: the table there, the files in `report`
-        table = (out / "table.md").read_text()
-        note = f"{_description(plan.space)}\n\n{table}\n\nPlots and table.csv: artifacts, folder `report`."
+        note = f"{_description(plan.space)}\n\n{rep.markdown}\n\nPlots and table.csv: artifacts, folder `report`."
         if len(note) > NOTE_LIMIT:
             note = f"{_description(plan.space)}\n\nThe report is in the artifacts, folder `report` (table.md)."
         tracking.set_tags(plan.tracking_uri, parent_run_id, {T.NOTE: note})

@@ -1,0 +1,75 @@
+"""A report built: the runs collected, the rows' statistics, the text rendered in memory, every file
+written once to a folder and the folder logged to the sweep's parent run(s) (artifact folder
+`report`, or `report_experiment` for an experiment report). `make_report` returns all of it as a
+`Report`: its callers print the Markdown or put it on the parent run without reading a file back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xmodal import run_tags as T
+from xmodal import tracking
+from xmodal.outputs import check_writable_dir
+from xmodal.report.collect import check_metric, collect_runs, sweep_metric, sweep_mode
+from xmodal.report.plots import (
+    plot_importance,
+    plot_learning_curves,
+    plot_metric_vs_params,
+    plot_score_vs_cost,
+    slug,
+)
+from xmodal.report.render import importance_csv, to_csv, to_markdown
+from xmodal.report.stats import Table, build_table
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report as built and written."""
+
+    table: Table  # the rows, best first, and their statistics
+    markdown: str  # table.md's text: what the command line prints and the sweep puts on its parent run
+    out_dir: Path
+    files: tuple[Path, ...]  # every file written to out_dir, table.md first (all of them are logged)
+
+
+def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
+                out_dir: str | Path | None = None, metric: str | None = None, log: bool = True,
+                baseline: dict[str, Any] | None = None) -> Report:
+    """Write table.md, table.csv, importance.csv (where a sweep has importances) and the plots to
+    `out_dir`; log them to the parent run(s) unless not `log`. `baseline`: the configuration rows are
+    tested against (default: the sweep's)."""
+    uri = tracking.resolve_tracking_uri(uri)
+    trials, parents = collect_runs(uri, experiment, parent_run_id)
+    if parent_run_id is not None:
+        title = f"sweep {parents[0].tags.get(T.SWEEP, parents[0].name)}"
+    else:
+        title = f"experiment {experiment}"
+    if metric is not None:
+        check_metric(metric, trials)
+    metric = metric or sweep_metric(parents)
+    mode = sweep_mode(parents)
+    out = Path(out_dir or Path("reports") / slug(title.split(" ", 1)[1])).resolve()
+    check_writable_dir(out, "--out")  # before anything is written (jobs/report.py checked a given one already)
+    table = build_table(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
+    markdown = to_markdown(table)
+    texts = {"table.md": markdown, "table.csv": to_csv(table), "importance.csv": importance_csv(table)}
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, text in texts.items():
+        if text is not None:
+            # newline="": the CSV writer ends its lines with \r\n itself
+            (out / name).write_text(text, newline="")
+            files.append(out / name)
+    files += plot_metric_vs_params(table, out)
+    files += [p for p in (plot_learning_curves(table, uri, out), plot_score_vs_cost(table, out),
+                          plot_importance(table, out)) if p is not None]
+    if log:
+        where = "report" if parent_run_id is not None else "report_experiment"
+        used = {t.parent_run_id for row in table.rows for t in row.runs}
+        for pid in table.parents:
+            if pid in used:
+                tracking.log_artifacts(uri, pid, out, where)
+    return Report(table=table, markdown=markdown, out_dir=out, files=tuple(files))
