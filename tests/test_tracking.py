@@ -466,8 +466,9 @@ def test_a_spool_naming_a_deleted_or_foreign_run_replays_nothing_and_says_which(
 
 def test_source_tags_name_the_entry_point_commit_and_command(monkeypatch):
     from xmodal import run_tags as T
+    from xmodal.tracking.runs import _RAY_JOB_ENV
 
-    monkeypatch.delenv(tracking._RAY_JOB_ENV, raising=False)
+    monkeypatch.delenv(_RAY_JOB_ENV, raising=False)
     tags = tracking.source_tags([str(REPO / "jobs" / "pretrain.py"), "--set", "train.note=a b"])
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
@@ -475,7 +476,7 @@ def test_source_tags_name_the_entry_point_commit_and_command(monkeypatch):
     assert tags == {T.SOURCE_NAME: "jobs/pretrain.py", T.SOURCE_TYPE: "LOCAL", T.GIT_COMMIT: head,
                     T.GIT_DIRTY: "true" if dirty else "false",
                     T.COMMAND: "jobs/pretrain.py --set 'train.note=a b'"}
-    monkeypatch.setenv(tracking._RAY_JOB_ENV, "{}")  # what `ray job submit` sets in the job's driver
+    monkeypatch.setenv(_RAY_JOB_ENV, "{}")  # what `ray job submit` sets in the job's driver
     assert tracking.source_tags(["/elsewhere/run.py"])[T.SOURCE_TYPE] == "JOB"
     assert tracking.source_tags(["/elsewhere/run.py"])[T.SOURCE_NAME] == "/elsewhere/run.py"
 
