@@ -34,14 +34,14 @@ os.environ.update(s3_environment(S3_PORT))
 # read-only, hence a scheduler of our own.)
 HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
 HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "jobs/test_pretrain_job.py", "test_cluster.py",
-                  "jobs/test_learning.py", "sweep/test_sweep.py", "runner/test_interrupt.py", "test_tracking.py",
+                  "jobs/test_learning.py", "sweep/test_sweep.py", "runner/test_interrupt.py", "tracking/test_logger.py",
                   "jobs/test_finetune_job.py", "jobs/test_mult_job.py", "runner/test_outage.py",
                   "jobs/test_mult_learning.py", "export/test_export_selected.py", "bench/test_suite.py",
                   "report/test_build.py", "test_tracking_load.py",
                   "jobs/test_pretrain_job_s3.py", "bench/test_scale.py", "bench/test_sweep_bench.py",
                   "export/test_export_source.py", "test_bad_configs.py", "data/finetune/test_finetune_stream.py",
                   "runner/test_local_ray.py", "report/test_collect.py", "report/test_stats.py",
-                  "test_cluster_postgres.py")
+                  "test_cluster_postgres.py", "tracking/test_retry.py")
 
 
 def pytest_collection_modifyitems(config, items):

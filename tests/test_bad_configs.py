@@ -422,7 +422,7 @@ CASES = [
          ["model.initializer_range", "finite"]),
     # ---- tracking: replay, report, the tracking benchmark
     # (--baseline naming no row and a spool naming a deleted or foreign run need an MLflow database with
-    # runs: tests/report/test_build.py and tests/test_tracking.py run those scripts on one.)
+    # runs: tests/report/test_build.py and tests/tracking/test_spool.py run those scripts on one.)
     Case("report-out-unwritable", "report.py", ["--experiment", "x", "--out", "/proc/xmodal-report"],
          ["--out", "'/proc/xmodal-report'", "cannot be written"]),
     Case("report-out-is-a-file", "report.py", ["--experiment", "x", "--out", "r"], ["--out", "'r'", "is a file"],

@@ -1,4 +1,4 @@
-"""tracking.py under load, on real SQLite files through real MLflow: many processes starting at once
+"""xmodal.tracking under load, on real SQLite files through real MLflow: many processes starting at once
 on a database that does not exist yet, and a database held locked by another process for longer than
 SQLite's busy timeout. Nothing may be lost, and the output says what happened in at most one line."""
 

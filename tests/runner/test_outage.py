@@ -1,6 +1,6 @@
 """A tracking server that goes away during a real pretraining run (real Ray, a real `mlflow server`):
 training goes on and the buffered metrics reach MLflow once the server is back. (A server that never
-returns, the spool file and its replay: tests/test_tracking.py, against a real server too.)"""
+returns, the spool file and its replay: tests/tracking/test_logger.py, against a real server too.)"""
 
 from __future__ import annotations
 
