@@ -33,6 +33,9 @@ os.environ.update(s3_environment(S3_PORT))
 # (xdist's own `--dist loadgroup` marks no longer group anything under pytest 9.2, which made node ids
 # read-only, hence a scheduler of our own.)
 HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
+# Folders whose files share a session fixture that is costly to start (tests/tracking: one `mlflow
+# server`): their files run on one worker, so it starts once.
+GROUPED_FOLDERS = ("tracking",)
 HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "jobs/test_pretrain_job.py", "test_cluster.py",
                   "jobs/test_learning.py", "sweep/test_sweep.py", "runner/test_interrupt.py", "tracking/test_logger.py",
                   "jobs/test_finetune_job.py", "jobs/test_mult_job.py", "runner/test_outage.py",
@@ -57,11 +60,14 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
-        """A file's tests are one unit of work; the rehearsal-host files one unit together."""
+        """A file's tests are one unit of work; the rehearsal-host files one unit together, and so are the
+        files of each folder in GROUPED_FOLDERS."""
 
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return "hosts" if Path(file).name in HOST_FILES else file
+            file = Path(nodeid.split("::", 1)[0])
+            if file.name in HOST_FILES:
+                return "hosts"
+            return file.parent.as_posix() if file.parent.name in GROUPED_FOLDERS else file.as_posix()
 
     return ByFile(config, log)
 

@@ -7,9 +7,10 @@ import pytest
 from xmodal_testing import MlflowServer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """One server per test file that uses it (starting one costs seconds); each test leaves it running."""
+    """One server for these files (starting one costs seconds; tests/conftest.py runs the folder's files
+    on one worker); each test leaves it running."""
     s = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     yield s
     s.stop()
