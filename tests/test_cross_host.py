@@ -431,6 +431,16 @@ def spread(alive: list[str]) -> list[str]:
     return sorted(alive) if len(alive) >= 2 else alive * 2
 
 
+def newest_used(c: Cluster, name: str, at_faults: list[dict[int, dict]]) -> int:
+    """The newest checkpoint a fault so far saw on S3 or an attempt resumed from. The console lags the
+    workers: a checkpoint can land between the progress line a fault waits for and the fault, and the
+    attempt after it resumes from that one. The next fault waits for a newer checkpoint still, so that
+    every attempt resumes from a step of its own (a second `train/resumed_from_step` at the same step
+    would be the same MLflow point)."""
+    resumed = [int(s) for s in re.findall(r"\[xmodal\] resumed from checkpoint at step (\d+)", c.text(name))]
+    return max([0, *resumed, *(max(a) for a in at_faults)])
+
+
 def lose_hosts(c: Cluster, name: str, ref: Reference, faults: list[tuple[str, Callable[[str], None]]]) -> None:
     """Run the job; each time a checkpoint newer than the last fault's is on S3 and two progress lines
     after it are shown, apply the next fault of `faults` ((what, fault) pairs) to a worker host that
@@ -446,7 +456,7 @@ def lose_hosts(c: Cluster, name: str, ref: Reference, faults: list[tuple[str, Ca
     at_faults: list[dict[int, dict]] = []
     since = began
     for what, fault in faults:
-        at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[-1]) if at_faults else 0))
+        at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=newest_used(c, name, at_faults)))
         on = sorted(nodes[0] for _, kind, nodes in c.monitor(since) if kind == "worker")
         assert len(on) == 2 and len(set(on)) == 2 and set(on) <= set(alive), (what, on, alive)  # SPREAD
         victim = HOST_AT[max(on)]
@@ -466,7 +476,7 @@ def lose_hosts(c: Cluster, name: str, ref: Reference, faults: list[tuple[str, Ca
         print(f"{what} ({victim}): declared dead {declared[0] - faulted:.1f} s after the fault, resumed "
               f"{resumed_after:.1f} s after it, on {again}")
         since = faulted
-    at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=max(at_faults[-1])))
+    at_faults.append(c.past_a_checkpoint(driver, name, name, newer_than=newest_used(c, name, at_faults)))
     killed = time.monotonic()
     os.kill(child_of(driver.pid), signal.SIGKILL)  # the driver itself (nsenter's child), at once
     driver.wait(timeout=60)
