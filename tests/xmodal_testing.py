@@ -257,7 +257,7 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     prepared = spec.prepare(cfg, Inputs("", Path(".")))
     cfg = prepared.cfg
     return spec, cfg, make_worker(spec, cfg, prepared.data, prepared.start, torch.device("cpu"), 20, split_batch(cfg),
-                                  train_options=prepared.train_options)
+                                  train_options=prepared.train_options, builder=prepared.builder)
 
 
 class MlflowServer:

@@ -41,13 +41,14 @@ class PretrainJob(JobSpec):
             inputs, cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
             open_store, "python jobs/ingest.py lxmert|synthetic {path}")
         cfg = with_store_dims(cfg, store)
-        batch_builder(cfg, store)  # the masking options against this store's vocabulary and labels
+        builder = batch_builder(cfg, store)  # checks the masking options against the store's vocabulary
         return Prepared(
             cfg, store, str(store.path), train_examples=store.manifest.sentences("train"), units=store.units("train"),
             dataset=dataset_record(store), tags={run_tags.MODEL: "lxmert", run_tags.PRESET: cfg.preset},
             baselines=baselines(cfg, store), metric_order=pretraining_eval_metrics(cfg.tasks),
             # QA joining later leaves its head unused for a while: DDP must not wait for its gradients.
-            train_options={"find_unused_parameters": cfg.tasks.qa and cfg.schedule.qa_from_fraction > 0})
+            train_options={"find_unused_parameters": cfg.tasks.qa and cfg.schedule.qa_from_fraction > 0},
+            builder=builder)
 
     def open_data(self, path: str):
         from xmodal.data.lxmert.store import open_store
@@ -62,9 +63,6 @@ class PretrainJob(JobSpec):
         return task_schedule(cfg)
 
     # ------------------------------------------------ worker
-    def setup(self, w: Worker) -> None:
-        w.parts["builder"] = batch_builder(w.cfg, w.data)
-
     def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
         """This worker's units of the epoch, through Ray Data on a Train worker or straight from the
         files in-process: the same batches either way."""
@@ -72,12 +70,12 @@ class PretrainJob(JobSpec):
         if w.ray_data:
             from xmodal.data.lxmert.pipeline import iter_rank_batches
 
-            batches = iter_rank_batches(w.data, "train", w.parts["builder"], w.micro_batch, world=w.world,
+            batches = iter_rank_batches(w.data, "train", w.builder, w.micro_batch, world=w.world,
                                         pin_memory=w.device.type == "cuda", **args)
         else:
             from xmodal.data.lxmert.loader import iter_local_batches
 
-            batches = iter_local_batches(w.data, "train", w.parts["builder"], w.micro_batch, world=w.world,
+            batches = iter_local_batches(w.data, "train", w.builder, w.micro_batch, world=w.world,
                                          **args)
         return map(w.to_device, batches)
 
@@ -86,7 +84,7 @@ class PretrainJob(JobSpec):
         from the store: a Ray Data execution per evaluation costs seconds of start-up."""
         from xmodal.data.lxmert.loader import iter_local_batches
 
-        batches = iter_local_batches(w.data, "minival", w.parts["builder"], w.micro_batch, epoch=0,
+        batches = iter_local_batches(w.data, "minival", w.builder, w.micro_batch, epoch=0,
                                      seed=w.cfg.train.seed + 1, rank=w.rank, world=w.world, shuffle=False,
                                      drop_last=False, mix_units=w.cfg.data.mix_units)
         return ratios(evaluate_sums(w.model, batches, w.to_device, w.cfg.data.eval_batches))

@@ -99,7 +99,8 @@ def check(spec: JobSpec | StagedJob, cfg) -> Checked:
                        train_options=prepared.train_options, tracking_uri=uri, run_name=name, storage=storage,
                        total_steps=total, micro_batch=micro, epoch_steps=epochs, faults=faults,
                        fault_dir=str(Path(storage) / name / ".faults") if faults else None,
-                       baselines=prepared.baselines, metric_order=prepared.metric_order, verbose=console.verbose())
+                       baselines=prepared.baselines, metric_order=prepared.metric_order,
+                       builder=prepared.builder, verbose=console.verbose())
         return Checked(plan, prepared, parameters)
 
 

@@ -42,7 +42,7 @@ def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, flo
     micro = split_batch(cfg)
     epochs = epoch_plan(prepared, micro, workers=1)
     w = make_worker(spec, cfg, prepared.data, prepared.start, torch.device("cpu"), sum(epochs), micro,
-                    train_options=prepared.train_options)
+                    train_options=prepared.train_options, builder=prepared.builder)
     hooks = LocalSelection(spec, w) if w.selection is not None else NoHooks()
     fit(w.state, functools.partial(spec.train_batches, w), hooks, epoch_steps=epochs,
         grad_accum=cfg.train.grad_accum, step_kwargs=spec.step_kwargs(cfg), seed=(cfg.train.seed, 0))

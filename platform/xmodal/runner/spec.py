@@ -59,6 +59,9 @@ class Prepared:
     baselines: dict[str, list] = dataclasses.field(default_factory=dict)  # metric -> [chance or prior, what it is]
     metric_order: list[str] = dataclasses.field(default_factory=list)  # the console tables' order
     train_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.prepare's DDP options
+    # What the workers build their batches with, made once here (pretraining's masking batch builder:
+    # plain data, pickled to the workers in the plan); None for jobs whose data builds its own.
+    builder: Any = None
 
 
 @dataclass
@@ -83,6 +86,7 @@ class RunPlan:
     fault_dir: str | None  # where each fault, once injected, leaves its marker
     baselines: dict[str, list] = dataclasses.field(default_factory=dict)
     metric_order: list[str] = dataclasses.field(default_factory=list)
+    builder: Any = None  # Prepared.builder
     run_id: str = ""
     verbose: bool = False  # Ray's own output on the workers too (`--verbose`)
 
@@ -131,7 +135,7 @@ class Worker:
     micro_batch: int
     ray_data: bool = False
     selection: ValidationSelection | None = None
-    parts: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the job's `setup` builds
+    builder: Any = None  # the batch builder the driver made (`Prepared.builder`)
 
     def to_device(self, batch):
         return batch.to(self.device, torch.float32, non_blocking=True)
@@ -171,9 +175,6 @@ class JobSpec:
         return _no_step_kwargs
 
     # ------------------------------------------------ worker
-    def setup(self, w: Worker) -> None:
-        """Once per worker, before training: build what the batches and evaluation share (`w.parts`)."""
-
     def train_batches(self, w: Worker, epoch: int, skip: int) -> Iterable[Any]:
         """This worker's micro-batches of `epoch`, the first `skip` left out (on the device)."""
         raise NotImplementedError

@@ -31,10 +31,10 @@ from xmodal.runner.spec import JobSpec, RunPlan, Worker
 
 def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
                 micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True,
-                train_options: dict[str, Any] | None = None) -> Worker:
+                train_options: dict[str, Any] | None = None, builder: Any = None) -> Worker:
     """The seeded objective (identical initial weights on every worker) with its starting weights
     (fresh runs only), its training state (`train_options`: the job's DDP options), the model
-    selection of a selecting job, and the job's per-worker parts."""
+    selection of a selecting job, and the batch builder the driver made (`Prepared.builder`)."""
     torch.manual_seed(cfg.train.seed)
     objective = spec.build_objective(cfg, data)
     if fresh:
@@ -46,9 +46,7 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
     model = ckpt.unwrap(state.model)
     selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
                  if spec.selects_on_validation else None)
-    w = Worker(cfg, data, state, model, rank, world, device, micro_batch, ray_data, selection)
-    spec.setup(w)
-    return w
+    return Worker(cfg, data, state, model, rank, world, device, micro_batch, ray_data, selection, builder)
 
 
 def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
@@ -81,7 +79,7 @@ def run_worker(spec: JobSpec, plan: RunPlan, session, data=None, stop_flag=None)
 
     w = make_worker(spec, cfg, spec.open_data(plan.data) if ray_data else data, plan.start, session.device(),
                     plan.total_steps, plan.micro_batch, rank, world, ray_data=ray_data,
-                    fresh=resume is None, train_options=plan.train_options)
+                    fresh=resume is None, train_options=plan.train_options, builder=plan.builder)
     if resume is not None:
         with resume.as_directory() as d:
             meta = ckpt.restore(d, w.state, verified=True)
