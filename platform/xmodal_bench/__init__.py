@@ -1,5 +1,9 @@
 """Benchmarks behind `jobs/benchmark.py`. Each module exposes `add_arguments(parser)` and `run(args) -> int`.
 
+A module per benchmark, named after what it measures: `lxmert` and `mult` time the train step of that
+model (the same benchmark for two models); `data`, `tracking` and `sweep` measure the part of `xmodal`
+of that name; `scale` the stores and workers at two sizes; `suite` runs them all for a device run.
+
 Bad input of any benchmark (a preset, a --set, a number, an output path) is a `UserError`: one line
 `error: ...` on stderr and exit code 2 (`xmodal.cli.user_errors`), raised before anything is measured
 or written. The helpers below are the checks every benchmark shares.

@@ -8,13 +8,13 @@ Under load: a process's first contact with a SQLite database is serialised acros
 lock (`sqlite_lock_path`; MLflow creates and migrates the schema without one), and every call waits out a busy
 database or an unreachable server through one retry policy (`retry._retried`), bounded in time.
 
-    retry.py    the retry policy: how long a call waits for a busy or unreachable store, and what it says then
-    store.py    the tracking URI and the store checks, MLflow's client, SQLite first-contact locks, UI addresses
-    runs.py     experiments; runs created and tagged (source, git); params, metrics, artifacts, tags, status
-    reads.py    runs, metrics and artifacts read back as plain data, for resuming, reports and searches
-    models.py   logged models (a run's model, logged and loaded back) and the Model Registry
-    spool.py    the spool file of what a run could not log, and its replay
-    logger.py   RunLogger (a worker's metrics, in the background) and Outbox (the driver's last calls)
+    retry.py          the retry policy: how long a call waits for a busy or unreachable store, and what it says then
+    connection.py     the tracking URI and the store checks, MLflow's client, SQLite first-contact locks, UI addresses
+    runs.py           experiments; runs created and tagged (source, git); params, metrics, artifacts, tags, status
+    reads.py          runs, metrics and artifacts read back as plain data, for resuming, reports and searches
+    logged_models.py  logged models (a run's model, logged and loaded back) and the Model Registry
+    spool.py          the spool file of what a run could not log, and its replay
+    logger.py         RunLogger (a worker's metrics, in the background) and Outbox (the driver's last calls)
 
 Each module imports only those above it in this list. Callers use the package (`from xmodal import
 tracking`, `tracking.create_run(...)`): it re-exports every public name of the modules.
@@ -23,8 +23,18 @@ tracking`, `tracking.create_run(...)`): it re-exports every public name of the m
 from __future__ import annotations
 
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
-from xmodal.tracking.logger import Outbox, RunLogger
-from xmodal.tracking.models import (
+from xmodal.tracking.connection import (
+    LOCK_DIR,
+    TRAINING_VIEW_QUERY,
+    UI_ADDRESS,
+    artifact_location,
+    check_existing_store,
+    resolve_tracking_uri,
+    run_url,
+    sqlite_lock_path,
+    ui_command,
+)
+from xmodal.tracking.logged_models import (
     LOGGED_MODEL,
     MODEL_REQUIREMENTS,
     LoggedModel,
@@ -35,6 +45,7 @@ from xmodal.tracking.models import (
     register_model,
     run_model_id,
 )
+from xmodal.tracking.logger import Outbox, RunLogger
 from xmodal.tracking.reads import (
     MetricPoint,
     RunNotFound,
@@ -69,17 +80,6 @@ from xmodal.tracking.runs import (
     source_tags,
 )
 from xmodal.tracking.spool import REPLAY_COMMAND, SPOOL_FILE, ReplaySummary, read_spool, replay, spool_path
-from xmodal.tracking.store import (
-    LOCK_DIR,
-    TRAINING_VIEW_QUERY,
-    UI_ADDRESS,
-    artifact_location,
-    check_existing_store,
-    resolve_tracking_uri,
-    run_url,
-    sqlite_lock_path,
-    ui_command,
-)
 
 __all__ = [
     "LOCK_DIR", "LOGGED_MODEL", "MODEL_REQUIREMENTS", "PARENT_TAG", "REPLAY_COMMAND", "RUN_NAME_TAG", "SPOOL_FILE",

@@ -11,6 +11,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from xmodal.tracking.connection import _client, _mlflow
 from xmodal.tracking.retry import _first_line, _retried, _say
 from xmodal.tracking.runs import (
     _METRICS_PER_BATCH,
@@ -22,7 +23,6 @@ from xmodal.tracking.runs import (
     set_tags,
 )
 from xmodal.tracking.spool import REPLAY_COMMAND, SPOOL_FILE, _append_spool, _unlogged_message
-from xmodal.tracking.store import _client, _mlflow
 
 
 def _rejected(e: Exception) -> bool:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+from xmodal.tracking.connection import _client
 from xmodal.tracking.retry import _waited
-from xmodal.tracking.store import _client
 
 
 class RunNotFound(LookupError):

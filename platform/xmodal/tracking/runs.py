@@ -15,8 +15,8 @@ from typing import Any
 
 from xmodal import run_tags as T
 from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+from xmodal.tracking.connection import _client, _mlflow, artifact_location
 from xmodal.tracking.retry import _waited
-from xmodal.tracking.store import _client, _mlflow, artifact_location
 
 # MLflow's limit of metrics per log_batch, for `log_metrics` here and for the logger and the replay, which
 # import this module (`RunLogger.BATCH`).

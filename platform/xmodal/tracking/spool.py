@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xmodal.errors import UserError
+from xmodal.tracking.connection import _client, _mlflow, check_existing_store, resolve_tracking_uri
 from xmodal.tracking.reads import RunNotFound, get_run
 from xmodal.tracking.retry import _first_line, _waited, reachable
 from xmodal.tracking.runs import (
@@ -23,7 +24,6 @@ from xmodal.tracking.runs import (
     set_tags,
     set_terminated,
 )
-from xmodal.tracking.store import _client, _mlflow, check_existing_store, resolve_tracking_uri
 
 SPOOL_FILE = "mlflow_unlogged.jsonl"
 REPLAY_COMMAND = "python jobs/replay_tracking.py"

@@ -1,4 +1,4 @@
-"""xmodal.tracking.store: the tracking URI, and where a SQLite experiment keeps its artifacts. (Not
+"""xmodal.tracking.connection: the tracking URI, and where a SQLite experiment keeps its artifacts. (Not
 test_store.py: tests/data/lxmert has one, and the test folders are no packages, so two test files may
 not share a name.)"""
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from xmodal import run_tags as T
 from xmodal.errors import UserError
+from xmodal.tracking.connection import _client, _mlflow
 from xmodal.tracking.retry import _first_line, _waited
-from xmodal.tracking.store import _client, _mlflow
 
 # What a logged model's environment lists: the versions it was trained with, named rather than
 # inferred (MLflow's inference runs a subprocess that imports the model: seconds per run).
