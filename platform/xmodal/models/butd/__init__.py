@@ -1,0 +1,21 @@
+"""Bottom-up-attention region features (Anderson et al., CVPR 2018): the reference's conventions.
+
+The reference is the Caffe Faster R-CNN of peteanderson80/bottom-up-attention (ResNet-101 C4,
+Visual Genome: 1,600 objects, 400 attributes) as LXMERT runs it in airsplay/lxmert's
+`data/mscoco_imgfeat/extract_coco_image.py`. This package holds its conventions as small
+torch functions, each module following named reference files:
+
+- `anchors`: the RPN's 12 cell anchors and their shifts over the feature map
+  (`lib/rpn/generate_anchors.py`, `lib/rpn/proposal_layer.py`).
+- `proposals`: box decoding, clipping, the min-size filter, NMS with "+1" areas and the
+  test-time proposal layer (`lib/rpn/proposal_layer.py`, `lib/fast_rcnn/bbox_transform.py`,
+  `lib/nms/cpu_nms.pyx`).
+- `image`: the input scale, the resized size and the pixel means (`_get_image_blob` in
+  `lib/fast_rcnn/test.py`, `lib/fast_rcnn/config.py`).
+- `select`: which proposals become an image's regions: 36 (LXMERT's
+  `extract_coco_image.py`) or 10 to 100 (the reference's `tools/generate_tsv.py`), with their
+  object and attribute labels.
+
+Still to come: the bilinear resize, the ResNet-101 backbone, the RPN and RoI heads (RoI pooling,
+res5, class, box and attribute heads), importing the public weights, and the extraction job.
+"""
