@@ -1,4 +1,4 @@
-"""The reference's input scale and resized size, worked out by hand, and its mean subtraction."""
+"""The reference's input scale and resized size, its mean subtraction and its bilinear resize, worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import struct
 import pytest
 import torch
 
-from xmodal.models.butd.image import PIXEL_MEANS_BGR, resize_scale, resized_size, subtract_means, target_size
+from xmodal.models.butd.image import (
+    PIXEL_MEANS_BGR,
+    resize_linear,
+    resize_scale,
+    resized_size,
+    subtract_means,
+    target_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,3 +54,66 @@ def test_means_are_subtracted_in_float64_then_rounded_once():
     assert got.dtype == torch.float32 and got.shape == (256, 1, 3)
     expected = [[[_f32(v - m) for m in PIXEL_MEANS_BGR]] for v in range(256)]
     assert got.tolist() == expected
+
+
+def test_resize_linear_upscale_by_two_clamps_the_borders():
+    # scale 2: 2 x 3 -> 4 x 6; source position (d + 0.5) / 2 - 0.5 = d / 2 - 0.25
+    # columns: -0.25 -> pixel 0 alone; 0.25, 0.75 -> (0.75, 0.25), (0.25, 0.75) of 0 and 1;
+    # 1.25, 1.75 -> the same of 1 and 2; 2.25 -> past the last pixel: pixel 2 alone
+    # rows: -0.25 and 1.25 -> rows 0 and 1 alone; 0.25, 0.75 -> (0.75, 0.25), (0.25, 0.75)
+    image = torch.tensor([[0.0, 3.0, 6.0], [12.0, 15.0, 30.0]])
+    row0 = [0, 0.75, 2.25, 3.75, 5.25, 6]  # 0.75 x 0 + 0.25 x 3 = 0.75, ...
+    row1 = [12, 12.75, 14.25, 18.75, 26.25, 30]  # 0.25 x 15 + 0.75 x 30 = 26.25
+    expected = [
+        row0,
+        [3, 3.75, 5.25, 7.5, 10.5, 12],  # 0.75 row0 + 0.25 row1
+        [9, 9.75, 11.25, 15, 21, 24],  # 0.25 row0 + 0.75 row1
+        row1,
+    ]
+    got = resize_linear(image, 2.0)
+    assert got.dtype == torch.float32
+    assert got.tolist() == expected
+
+
+def test_resize_linear_downscale_steps_by_the_inverse_of_fx():
+    # scale 0.8: 2 x 5 -> round(1.6) = 2 x round(4.0) = 4; step 1 / 0.8 = 1.25 (exactly, in double)
+    # columns (d + 0.5) x 1.25 - 0.5 = 0.125, 1.375, 2.625, 3.875: pixel pairs (0,1) (1,2) (2,3) (3,4)
+    # with weights (0.875, 0.125) (0.625, 0.375) (0.375, 0.625) (0.125, 0.875)
+    # rows 0.125 -> (0.875, 0.125) of rows 0 and 1; 1.375 -> row 1 with itself (0.625 + 0.375)
+    image = torch.tensor([[0.0, 8.0, 0.0, 8.0, 0.0], [16.0, 16.0, 16.0, 16.0, 80.0]])
+    # row 0 -> [1, 5, 5, 1]; row 1 -> [16, 16, 16, 0.125 x 16 + 0.875 x 80 = 72]
+    # output row 0: 0.875 x [1, 5, 5, 1] + 0.125 x [16, 16, 16, 72] = [2.875, 6.375, 6.375, 9.875]
+    assert resize_linear(image, 0.8).tolist() == [[2.875, 6.375, 6.375, 9.875], [16, 16, 16, 72]]
+
+
+def test_resize_linear_does_not_use_the_rounded_size_ratio():
+    # scale 0.6 on width 6: round(3.6) = 4 columns; the step stays 1 / 0.6, not 6 / 4 = 1.5.
+    # column 3: (3.5 / 0.6) - 0.5 = 5.333... -> past the last pixel (5): pixel 5 alone, where a 1.5
+    # step would give 4.75 -> 0.25 x pixel 4 + 0.75 x pixel 5
+    image = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 4.0]])
+    got = resize_linear(image, 0.6)
+    assert got.shape == (1, 4)
+    assert got[0, 3].item() == 4.0
+    # column 2: 2.5 / 0.6 - 0.5 = 3.6666... -> pixels 3, 4, both 0
+    assert got[0, 2].item() == 0.0
+
+
+def test_resize_linear_keeps_channels_apart():
+    image = torch.stack((torch.tensor([[0.0, 3.0, 6.0], [12.0, 15.0, 30.0]]), torch.zeros(2, 3)), dim=-1)
+    got = resize_linear(image, 2.0)  # (4, 6, 2)
+    assert got.shape == (4, 6, 2)
+    assert got[1, :, 0].tolist() == [3, 3.75, 5.25, 7.5, 10.5, 12]
+    assert got[..., 1].abs().sum().item() == 0
+
+
+def test_resize_linear_matches_opencv_when_installed():
+    cv2 = pytest.importorskip("cv2")
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    image = torch.rand(37, 53, 3, generator=g) * 255 - 120
+    for scale in (600 / 37, 1.7, 0.8, 0.37):
+        want = cv2.resize(image.numpy(), None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)
+        got = resize_linear(image, scale).numpy()
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4

@@ -3,11 +3,13 @@
 Follows `_get_image_blob` in `lib/fast_rcnn/test.py` and `PIXEL_MEANS`, `TEST.SCALES` (600,) and
 `TEST.MAX_SIZE` (1000) in `lib/fast_rcnn/config.py` of peteanderson80/bottom-up-attention. The
 reference reads images with `cv2.imread` (BGR, uint8, (H, W, 3)), subtracts the means in float,
-then `cv2.resize(..., fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)`. Only the arithmetic is
-here; the bilinear resize itself is still to come.
+then `cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)`, whose
+float32 bilinear arithmetic `resize_linear` reproduces.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -55,3 +57,59 @@ def subtract_means(image_bgr: Tensor) -> Tensor:
     """
     means = torch.tensor(PIXEL_MEANS_BGR, dtype=torch.float64)
     return (image_bgr.to(torch.float32).to(torch.float64) - means).to(torch.float32)
+
+
+def _linear_taps(src_size: int, dst_size: int, scale: float, clamp_weight: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """OpenCV's source index pairs (D,), (D,) and float32 weight fraction (D,) along one axis.
+
+    The position is `(float)((d + 0.5) * (1 / scale) - 0.5)`: double arithmetic rounded once to
+    float32, then `cvFloor` and the float32 fraction. Horizontally (`clamp_weight`) a position
+    left of pixel 0 or at or past the last pixel takes that pixel with weight 1; vertically OpenCV
+    only clips the two row indices and keeps the fraction, so such rows blend a row with itself.
+    """
+    inv = 1.0 / scale  # OpenCV's scale_x = 1. / inv_scale_x, inv_scale_x being the fx it was given
+    pos = ((torch.arange(dst_size, dtype=torch.float64) + 0.5) * inv - 0.5).to(torch.float32)  # (D,)
+    index = torch.floor(pos)
+    frac = pos - index  # float32
+    index = index.to(torch.int64)
+    if clamp_weight:
+        low, high = index < 0, index >= src_size - 1
+        frac = torch.where(low | high, torch.zeros_like(frac), frac)
+        index = torch.where(low, torch.zeros_like(index), index)
+        index = torch.where(high, torch.full_like(index, src_size - 1), index)
+    return index.clamp(0, src_size - 1), (index + 1).clamp(0, src_size - 1), frac
+
+
+def resize_linear(image: Tensor, scale: float) -> Tensor:
+    """`cv2.resize(image, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)` on float32.
+
+    `image` (H, W) or (H, W, C) -> (round(H * scale), round(W * scale)[, C]) float32, the size from
+    `resized_size`. This follows `cv::resize` and its generic path (`resizeGeneric_`,
+    `HResizeLinear`, `VResizeLinear`) in OpenCV's `modules/imgproc/src/resize.cpp`:
+    - with no `dsize` given, OpenCV keeps `inv_scale_x = fx` (it recomputes the ratio as
+      dsize / ssize only when a `dsize` is passed), so the source step is `1 / scale` in double,
+      not W / round(W * scale). Seen in several copies of `resize.cpp` (2.4 to 4.x) and consistent
+      with the reference's call, which passes `None` for the size; fairly sure, not checked
+      against a running OpenCV (none is installed here);
+    - columns first: `S[x0] * (1 - fx) + S[x0 + 1] * fx` in float32, then rows:
+      `R[y0] * (1 - fy) + R[y1] * fy` in float32, each product and the sum rounded separately
+      (OpenCV's SIMD code might fuse a multiply-add: not checked);
+    - not reproduced: the exact-half scale (1 / scale == 2), which OpenCV sends to its INTER_AREA
+      fast path (a 2 x 2 mean with its own rounding and partial edge blocks), and builds whose
+      IPP or OpenCL resize takes over; the values here are then the same bilinear weights, not
+      necessarily the same last bits.
+    """
+    height, width = image.shape[0], image.shape[1]
+    out_h, out_w = resized_size(height, width, scale)
+    if out_h <= 0 or out_w <= 0 or not math.isfinite(scale):
+        raise ValueError(f"scale {scale} gives an empty image from {height} x {width}")
+    image = image.to(torch.float32)
+    x0, x1, fx = _linear_taps(width, out_w, scale, clamp_weight=True)  # (W',)
+    y0, y1, fy = _linear_taps(height, out_h, scale, clamp_weight=False)  # (H',)
+    extra = (1,) * (image.dim() - 2)  # broadcast the weights over channels
+    ax1 = fx.reshape(1, out_w, *extra)
+    ax0 = 1.0 - ax1  # float32, as OpenCV's 1.f - fx
+    rows = image[:, x0] * ax0 + image[:, x1] * ax1  # (H, W'[, C])
+    by1 = fy.reshape(out_h, 1, *extra)
+    by0 = 1.0 - by1
+    return rows[y0] * by0 + rows[y1] * by1  # (H', W'[, C])
