@@ -10,12 +10,18 @@ torch functions, each module following named reference files:
 - `proposals`: box decoding, clipping, the min-size filter, NMS with "+1" areas and the
   test-time proposal layer (`lib/rpn/proposal_layer.py`, `lib/fast_rcnn/bbox_transform.py`,
   `lib/nms/cpu_nms.pyx`).
-- `image`: the input scale, the resized size and the pixel means (`_get_image_blob` in
-  `lib/fast_rcnn/test.py`, `lib/fast_rcnn/config.py`).
+- `image`: the input scale, the resized size, the pixel means (`_get_image_blob` in
+  `lib/fast_rcnn/test.py`, `lib/fast_rcnn/config.py`) and OpenCV's float32 INTER_LINEAR resize
+  as that function calls it.
+- `roi_pool`: Caffe's ROIPooling, 14 x 14 at 1/16 (`caffe/src/caffe/layers/roi_pooling_layer.cpp`).
+- `frozen_bn`: Caffe's BatchNorm with global stats and Scale, and their folding into a
+  per-channel affine map or the convolution before them (`batch_norm_layer.cpp`,
+  `scale_layer.cpp`).
 - `select`: which proposals become an image's regions: 36 (LXMERT's
   `extract_coco_image.py`) or 10 to 100 (the reference's `tools/generate_tsv.py`), with their
   object and attribute labels.
 
-Still to come: the bilinear resize, the ResNet-101 backbone, the RPN and RoI heads (RoI pooling,
-res5, class, box and attribute heads), importing the public weights, and the extraction job.
+Still to come: the ResNet-101 backbone, the RPN and RoI heads (res5, class, box and attribute
+heads), importing the public weights, the extraction job, and OpenCV's separate INTER_AREA path
+for a resize by exactly one half.
 """
