@@ -106,14 +106,18 @@ def test_resize_linear_keeps_channels_apart():
     assert got[..., 1].abs().sum().item() == 0
 
 
-def test_resize_linear_matches_opencv_when_installed():
+def test_resize_linear_matches_opencv():
+    """OpenCV itself (opencv-python-headless, a test dependency) on the reference's call. Not to the bit:
+    measured with OpenCV 5.1 on these images, 95 % of the values differ by float32 rounding, at most
+    7.6e-4 on values of magnitude up to 135 (5e-6 of the range; the reference ran an older OpenCV). A
+    wrong sampling grid (say the half-pixel offset left out) is off by whole units."""
     cv2 = pytest.importorskip("cv2")
     import numpy as np
 
     g = torch.Generator().manual_seed(0)
     image = torch.rand(37, 53, 3, generator=g) * 255 - 120
-    for scale in (600 / 37, 1.7, 0.8, 0.37):
+    for scale in (600 / 37, 1000 / 53, 1.7, 0.8, 0.37):
         want = cv2.resize(image.numpy(), None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)
         got = resize_linear(image, scale).numpy()
         assert got.shape == want.shape
-        assert np.abs(got - want).max() <= 1e-4
+        assert np.abs(got - want).max() <= 1e-5 * 255, scale
