@@ -248,13 +248,13 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.pretrain_config import PretrainConfig
     from xmodal.jobs.registry import job_spec
-    from xmodal.runner.spec import Inputs, split_batch
+    from xmodal.runner.spec import PrepareContext, split_batch
     from xmodal.runner.worker import make_worker
 
     spec = job_spec(job)
     config = {"pretrain": PretrainConfig, "mult": MultTrainConfig, "finetune": FinetuneConfig}[job]
     cfg = load_config(config, overrides=["preset=tiny", "train.batch_size=16", f"data.store={store}", *overrides])
-    prepared = spec.prepare(cfg, Inputs("", Path(".")))
+    prepared = spec.prepare(cfg, PrepareContext("", Path(".")))
     cfg = prepared.cfg
     return spec, cfg, make_worker(spec, cfg, prepared.data, prepared.start, torch.device("cpu"), 20, split_batch(cfg),
                                   train_options=prepared.train_options, builder=prepared.builder)

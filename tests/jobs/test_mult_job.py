@@ -35,11 +35,11 @@ def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
 
 def test_run_tags_name_the_f1_protocol(mult_store):
     from xmodal.jobs.mult_job import MultJob
-    from xmodal.runner.spec import Inputs
+    from xmodal.runner.spec import PrepareContext
 
     for protocol in ("sklearn", "reference"):
         cfg = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}", f"f1_protocol={protocol}"])
-        tags = MultJob().prepare(cfg, Inputs("", Path("."), mult_store)).tags
+        tags = MultJob().prepare(cfg, PrepareContext("", Path("."), mult_store)).tags
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 

@@ -42,7 +42,7 @@ from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 from xmodal.runner.hooks import say
 from xmodal.runner.ray_cluster import removed_on_failure
-from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured
+from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
 
@@ -65,7 +65,7 @@ class FinetuneJob(JobSpec):
     selects_on_validation = True
 
     # ------------------------------------------------ data
-    def prepare(self, cfg: FinetuneConfig, inputs: Inputs) -> Prepared:
+    def prepare(self, cfg: FinetuneConfig, inputs: PrepareContext) -> PreparedJob:
         """`init` checked first where it needs no data (the model section is not set beside
         pretrained weights, which fix the architecture; the folder, file or run named exists and
         holds what it should; no database is created), then the set opened or the embedded one
@@ -90,7 +90,7 @@ class FinetuneJob(JobSpec):
                 run_tags.FINETUNE_SET: str(data.path), run_tags.INIT: init.source}
         if init.run_id:
             tags[run_tags.INIT_RUN_ID] = init.run_id
-        return Prepared(cfg, data, str(data.path), train_examples=len(data.split("train")),
+        return PreparedJob(cfg, data, str(data.path), train_examples=len(data.split("train")),
                         units=split_layout(data, "train").units, dataset=dataset, start=dataclasses.asdict(init),
                         tags=tags)
 
@@ -98,7 +98,7 @@ class FinetuneJob(JobSpec):
                       ) -> tuple[Init, LxmertConfig | None]:
         return resolve_init(cfg, str(data.store.path), tracking_uri, download_dir)
 
-    def open_set(self, cfg: FinetuneConfig, inputs: Inputs):
+    def open_set(self, cfg: FinetuneConfig, inputs: PrepareContext):
         """The fine-tuning set: the configured one, or the embedded synthetic set of the task."""
         from xmodal.data.finetune.sets import open_finetune
         from xmodal.data.finetune.synthetic import ensure_synthetic_finetune

@@ -26,7 +26,7 @@ from xmodal.data.common import epoch_units, read_unit
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.models.mult import Mult
 from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
-from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured
+from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 
 DEFAULT_STORE = "data/synthetic_mult"
 SENTIMENT_METRICS = MULT_METRICS["sentiment"]
@@ -41,7 +41,7 @@ class MultJob(JobSpec):
     selects_on_validation = True
 
     # ------------------------------------------------ data
-    def prepare(self, cfg: MultTrainConfig, inputs: Inputs) -> Prepared:
+    def prepare(self, cfg: MultTrainConfig, inputs: PrepareContext) -> PreparedJob:
         from xmodal.data.mult.store import open_store
         from xmodal.data.mult.synthetic import ensure_synthetic_store
 
@@ -55,7 +55,7 @@ class MultJob(JobSpec):
         # The F1 protocol beside the metrics, to compare with published tables (docs/papers.md).
         tags = {run_tags.MODEL: "mult", run_tags.VARIANT: cfg.model.variant, run_tags.TASK: store.task,
                 run_tags.PRESET: cfg.preset, run_tags.DATASET: m.dataset, run_tags.F1_PROTOCOL: cfg.f1_protocol}
-        return Prepared(cfg, store, str(store.path), train_examples=m.rows["train"], units=store.units("train"),
+        return PreparedJob(cfg, store, str(store.path), train_examples=m.rows["train"], units=store.units("train"),
                         dataset=dataset, tags=tags)
 
     def open_data(self, path: str):

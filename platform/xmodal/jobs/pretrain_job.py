@@ -22,7 +22,7 @@ from xmodal.core.loop import evaluate_sums, ratios
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
-from xmodal.runner.spec import Inputs, JobSpec, Prepared, Worker, open_configured
+from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 
 DEFAULT_STORE = "data/synthetic_lxmert"
 
@@ -33,7 +33,7 @@ class PretrainJob(JobSpec):
     run_name = "pretrain-{cfg.preset}"
 
     # ------------------------------------------------ data
-    def prepare(self, cfg: PretrainConfig, inputs: Inputs) -> Prepared:
+    def prepare(self, cfg: PretrainConfig, inputs: PrepareContext) -> PreparedJob:
         from xmodal.data.lxmert.store import open_store
         from xmodal.data.lxmert.synthetic import ensure_synthetic_store
 
@@ -42,7 +42,7 @@ class PretrainJob(JobSpec):
             open_store, "python jobs/ingest.py lxmert|synthetic {path}")
         cfg = with_store_dims(cfg, store)
         builder = batch_builder(cfg, store)  # checks the masking options against the store's vocabulary
-        return Prepared(
+        return PreparedJob(
             cfg, store, str(store.path), train_examples=store.manifest.sentences("train"), units=store.units("train"),
             dataset=dataset_record(store), tags={run_tags.MODEL: "lxmert", run_tags.PRESET: cfg.preset},
             baselines=baselines(cfg, store), metric_order=pretraining_eval_metrics(cfg.tasks),

@@ -36,9 +36,9 @@ from xmodal.runner.faults import check_fault_storage, fault_schedule
 from xmodal.runner.interrupt import GracefulStop
 from xmodal.runner.ray_cluster import check_cluster, connect, init_download_dir, storage_path
 from xmodal.runner.spec import (
-    Inputs,
     JobSpec,
-    Prepared,
+    PrepareContext,
+    PreparedJob,
     RunPlan,
     RunResult,
     StagedJob,
@@ -51,16 +51,16 @@ from xmodal.scores import SELECTED_PREFIX
 
 
 @dataclass
-class Checked:
+class CheckedRun:
     """A config that passed every check: the plan the workers get (no MLflow run yet), with what the
     driver alone needs (the opened data, and the model's size for the banner)."""
 
     plan: RunPlan
-    prepared: Prepared
+    prepared: PreparedJob
     parameters: int  # the model's, counted on the meta device
 
 
-def check(spec: JobSpec | StagedJob, cfg) -> Checked:
+def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
     bounds (pydantic, at load), the faults, the job's data and starting weights (`prepare`), the
     cluster's address, the steps, and the model built on the meta device. A staged job: every stage,
@@ -83,7 +83,7 @@ def check(spec: JobSpec | StagedJob, cfg) -> Checked:
         cluster_checked.append(True)
 
     with init_download_dir(storage, name) as download:
-        prepared = spec.prepare(cfg, Inputs(uri, download, before_build=before_build))
+        prepared = spec.prepare(cfg, PrepareContext(uri, download, before_build=before_build))
         if not cluster_checked:  # configured data: its errors come first, they need no cluster
             check_cluster(cfg.scale)
         cfg = prepared.cfg
@@ -101,10 +101,10 @@ def check(spec: JobSpec | StagedJob, cfg) -> Checked:
                        fault_dir=str(Path(storage) / name / ".faults") if faults else None,
                        baselines=prepared.baselines, metric_order=prepared.metric_order,
                        builder=prepared.builder, verbose=console.verbose())
-        return Checked(plan, prepared, parameters)
+        return CheckedRun(plan, prepared, parameters)
 
 
-def open_run(spec: JobSpec, checked: Checked, source: str, parent_run_id: str | None = None,
+def open_run(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str | None = None,
              tags: dict[str, str] | None = None) -> RunPlan:
     """Open (or find again) the MLflow run of a checked config; log its data and baselines. Returns
     the plan with its run."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from xmodal.core.loop import NoHooks, fit
-from xmodal.runner.spec import Inputs, JobSpec, Worker, epoch_plan, split_batch
+from xmodal.runner.spec import JobSpec, PrepareContext, Worker, epoch_plan, split_batch
 from xmodal.runner.worker import make_worker, selected_held_out
 
 
@@ -37,7 +37,7 @@ def run_in_process(spec: JobSpec, cfg, data=None) -> tuple[Worker, dict[str, flo
     split is read straight from the files (the units and batches a single Ray worker reads). Returns
     (worker, final metrics): the held-out metrics of the selected model for selecting jobs, else one
     evaluation at the end."""
-    prepared = spec.prepare(cfg, Inputs("", Path(tempfile.mkdtemp()), data))
+    prepared = spec.prepare(cfg, PrepareContext("", Path(tempfile.mkdtemp()), data))
     cfg = prepared.cfg
     micro = split_batch(cfg)
     epochs = epoch_plan(prepared, micro, workers=1)

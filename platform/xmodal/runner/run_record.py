@@ -25,7 +25,7 @@ from xmodal.runner import recovery
 from xmodal.runner.hooks import ValidationSelection, say
 
 if TYPE_CHECKING:  # the engine imports this module; its types only annotate here
-    from xmodal.runner.spec import JobSpec, Prepared, RunPlan
+    from xmodal.runner.spec import JobSpec, PreparedJob, RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def resume_note(storage: str, run_name: str) -> str:
     return f": from step {found.step}, {found.path.rsplit('/', 1)[-1]}"
 
 
-def log_dataset(job: str, prepared: Prepared, uri: str, run_id: str) -> None:
+def log_dataset(job: str, prepared: PreparedJob, uri: str, run_id: str) -> None:
     """The run's data as its MLflow dataset input (context "train"): the job's name, rows and dims,
     the path, and the manifest's fingerprint as the digest (the `xmodal.repro` tag's too)."""
     d = prepared.dataset

@@ -1,5 +1,5 @@
 """What a training job is to the engine: a `JobSpec` (three small protocols), what its driver side
-resolves (`Prepared`), the plan every worker gets (`RunPlan`), and what a run returns (`RunResult`).
+resolves (`PreparedJob`), the plan every worker gets (`RunPlan`), and what a run returns (`RunResult`).
 
 A job (pretraining, fine-tuning, MulT, the pretrain-then-fine-tune chain) is one `JobSpec` subclass
 in its own module. It says three things, each a few methods:
@@ -32,7 +32,7 @@ from xmodal.runner.hooks import ValidationSelection
 
 
 @dataclass
-class Inputs:
+class PrepareContext:
     """What a job's `prepare` gets beside the config."""
 
     tracking_uri: str  # "" in-process (no MLflow)
@@ -42,7 +42,7 @@ class Inputs:
 
 
 @dataclass
-class Prepared:
+class PreparedJob:
     """What a job's driver side resolves from a config: the opened data, the config fitted to it,
     and what the engine records and plans with. Every check a worker would make on the data and the
     starting weights has passed."""
@@ -74,8 +74,8 @@ class RunPlan:
     job: str
     config: Any  # the job's config class (pydantic), validated once, at load, and fitted by `prepare`
     data: str  # the path the job's `open_data` reopens on the worker
-    start: dict[str, Any]  # Prepared.start
-    train_options: dict[str, Any]  # Prepared.train_options
+    start: dict[str, Any]  # PreparedJob.start
+    train_options: dict[str, Any]  # PreparedJob.train_options
     tracking_uri: str
     run_name: str
     storage: str
@@ -86,7 +86,7 @@ class RunPlan:
     fault_dir: str | None  # where each fault, once injected, leaves its marker
     baselines: dict[str, list] = dataclasses.field(default_factory=dict)
     metric_order: list[str] = dataclasses.field(default_factory=list)
-    builder: Any = None  # Prepared.builder
+    builder: Any = None  # PreparedJob.builder
     run_id: str = ""
     verbose: bool = False  # Ray's own output on the workers too (`--verbose`)
 
@@ -135,7 +135,7 @@ class Worker:
     micro_batch: int
     ray_data: bool = False
     selection: ValidationSelection | None = None
-    builder: Any = None  # the batch builder the driver made (`Prepared.builder`)
+    builder: Any = None  # the batch builder the driver made (`PreparedJob.builder`)
 
     def to_device(self, batch):
         return batch.to(self.device, torch.float32, non_blocking=True)
@@ -153,7 +153,7 @@ class JobSpec:
     selects_on_validation: ClassVar[bool] = False
 
     # ------------------------------------------------ data
-    def prepare(self, cfg, inputs: Inputs) -> Prepared:
+    def prepare(self, cfg, inputs: PrepareContext) -> PreparedJob:
         """The data opened (`open_configured`), the starting weights resolved, the config fitted to
         both, and the batch builder made once. Raises UserError naming the key."""
         raise NotImplementedError
@@ -226,7 +226,7 @@ def named(spec: JobSpec | StagedJob, cfg) -> Any:
     return cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
 
 
-def open_configured(inputs: Inputs, configured: str | None, embedded: Callable[[], Any],
+def open_configured(inputs: PrepareContext, configured: str | None, embedded: Callable[[], Any],
                     open_data: Callable[[Any], Any], build_hint: str) -> Any:
     """The data already open (`inputs.data`), or `data.store` opened, or with it unset the job's
     embedded default (built on first use, after `inputs.before_build`); a path that does not exist
@@ -251,7 +251,7 @@ def split_batch(cfg) -> int:
     return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
 
 
-def epoch_plan(prepared: Prepared, micro: int, workers: int) -> list[int]:
+def epoch_plan(prepared: PreparedJob, micro: int, workers: int) -> list[int]:
     """The optimizer steps of each epoch the run trains (the last one cut at `train.max_steps`).
     Each epoch deals the train split's units out to the workers from the seed (`data.common.epoch_units`);
     every worker stops the epoch when the one with the fewest samples runs out, so every worker takes

@@ -34,7 +34,7 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
                 train_options: dict[str, Any] | None = None, builder: Any = None) -> Worker:
     """The seeded objective (identical initial weights on every worker) with its starting weights
     (fresh runs only), its training state (`train_options`: the job's DDP options), the model
-    selection of a selecting job, and the batch builder the driver made (`Prepared.builder`)."""
+    selection of a selecting job, and the batch builder the driver made (`PreparedJob.builder`)."""
     torch.manual_seed(cfg.train.seed)
     objective = spec.build_objective(cfg, data)
     if fresh:

@@ -124,7 +124,7 @@ def _rows(batches):
 
 def test_train_batches_are_disjoint_equal_in_number_resumable_and_planned(sets):
     from xmodal.jobs.finetune_job import FinetuneJob
-    from xmodal.runner.spec import Inputs, epoch_plan
+    from xmodal.runner.spec import PrepareContext, epoch_plan
 
     data = sets["nlvr2"]
     layout = split_layout(data, "train")
@@ -149,7 +149,7 @@ def test_train_batches_are_disjoint_equal_in_number_resumable_and_planned(sets):
     # The driver plans the count every rank yields (grad_accum 2: micro-batch 8 of a batch of 32 on 2 workers).
     cfg = load_config(FinetuneConfig, overrides=["task=nlvr2", "train.batch_size=32", "train.grad_accum=2",
                                                  "scale.num_workers=2", "train.epochs=3", "train.seed=4"])
-    plan = epoch_plan(FinetuneJob().prepare(cfg, Inputs("", Path("."), data)), micro=8, workers=2)
+    plan = epoch_plan(FinetuneJob().prepare(cfg, PrepareContext("", Path("."), data)), micro=8, workers=2)
     assert plan == [stream.common_batches(layout, 8, seed=4, epoch=e, world=2) // 2 for e in range(3)]
 
 
