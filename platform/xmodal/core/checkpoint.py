@@ -163,11 +163,8 @@ def file_mismatch(folder: Path, name: str, record: Any) -> str | None:
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def load_model_weights(directory: str | Path, model: nn.Module, strict: bool = True) -> None:

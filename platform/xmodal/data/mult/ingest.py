@@ -282,11 +282,8 @@ def _infer_dataset(path: Path, splits: dict[str, MultSplit]) -> str:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def ingest(out: str | Path, pickle_path: str | Path, fmt: str, dataset: str | None = None, *,
