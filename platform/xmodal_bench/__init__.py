@@ -2,7 +2,7 @@
 
 A module per benchmark, named after what it measures: `lxmert` and `mult` time the train step of that
 model (the same benchmark for two models); `data`, `tracking` and `sweep` measure the part of `xmodal`
-of that name; `scale` the stores and workers at two sizes; `suite` runs them all for a device run.
+of that name; `scale` the stores and workers at two sizes; `extract` the feature extractor; `suite` runs them all for a device run.
 
 Bad input of any benchmark (a preset, a --set, a number, an output path) is a `UserError`: one line
 `error: ...` on stderr and exit code 2 (`xmodal.cli.user_errors`), raised before anything is measured
@@ -31,6 +31,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "tracking": ("xmodal_bench.tracking", "MLflow under N writers (sqlite, server, postgres): points present, "
                  "p50/p99 per call"),
     "sweep": ("xmodal_bench.sweep", "N tiny MulT sweep trials: each trial's life against its training, per phase"),
+    "extract": ("xmodal_bench.extract", "region-feature extraction: images/s per detector worker and per decode core, "
+                "regions batched vs per image, fp32 vs bf16"),
 }
 
 

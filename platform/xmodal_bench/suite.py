@@ -9,6 +9,9 @@
    re-implementation of the reference (`xmodal_bench.mult.PlainMult`), eager and compiled, per batch size.
 3. DDP overhead: our LXMERT step wrapped in one-worker DistributedDataParallel against the bare step.
 4. The data pipeline at paper dims (36 x 2048 fp16) on one core, at 5 and 50 sentences per image.
+5. Region-feature extraction (`xmodal_bench.extract`, random weights): images/s of one detector worker,
+   regions batched vs one image at a time, fp32 vs bf16 (reference ResNet-101 on CUDA, 64 images of
+   480 x 640 in batches of 8; the tiny detector on 2 images on a CPU or with --quick).
 
 Both contenders of a row go through the same `train_step`, precision (`runtime.apply_precision`)
 and compile path (`runtime.compile_module`) as training. CUDA: one contender at a time, so that
@@ -57,12 +60,13 @@ from xmodal.errors import UserError
 from xmodal.tracking import git_commit
 from xmodal_bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 
-SECTIONS = ("lxmert", "mult", "ddp", "data")
+SECTIONS = ("lxmert", "mult", "ddp", "data", "extract")
 TARGETS = {  # samples/s on one H200 (docs/performance.md); the data target is per CPU core
     "lxmert_paper_b256_bf16": 8000.0,
     "mult_reference_b24": 1500.0,
     "mult_reference_b256": 7000.0,
     "data_per_core": 5000.0,
+    "extract_images_s": 100.0,
 }
 
 
@@ -393,6 +397,18 @@ def data_results(s: Settings) -> list[dict]:
     return rows
 
 
+def extract_results(s: Settings) -> list[dict]:
+    """The extraction benchmark's detector rows (`xmodal_bench.extract.detector_rows`)."""
+    from xmodal.models.butd.detector import DetectorConfig, random_detector
+    from xmodal_bench.extract import detector_rows, synthetic_images
+
+    full = s.device.type == "cuda" and not s.quick
+    cfg = DetectorConfig() if full else DetectorConfig.tiny()
+    images = synthetic_images(64 if full else 2, (480, 640) if full else (48, 64))
+    rows = detector_rows(random_detector(cfg, seed=0).to(s.device), images, 8 if full else 2, s.device)
+    return [{"config": "reference" if full else "tiny", "target": TARGETS["extract_images_s"], **r} for r in rows]
+
+
 # ---- ratios, the report --------------------------------------------------------------------------
 
 def _find(rows: list[Result], **kw) -> Result:
@@ -454,6 +470,14 @@ def markdown(res: dict[str, Any]) -> str:
             lines.append(f"| ours, 36 x 2048 fp16, batch {d['batch']} | {d['sentences_per_image']} | "
                          f"{d['samples_s']:,.0f} | {d['median_samples_s']:,.0f} | {d['target']:,.0f} |")
         lines.append("")
+    if res.get("extract"):
+        lines += ["| extraction (random weights) | config | regions | precision | images/s | ms/image | peak GiB | target |",
+                  "|---|---|---|---|---:|---:|---:|---:|"]
+        for e in res["extract"]:
+            lines.append(f"| detector worker | {e['config']} | {e['regions']} (x{e['batch']}) | {e['precision']} | "
+                         f"{e['images_s']:,.2f} | {1000 * e['s_per_image']:,.0f} | {e['peak_gib']:.2f} | "
+                         f"{e['target']:,.0f} |")
+        lines.append("")
     if res["ratios"]:
         lines += ["| ratio | value |", "|---|---:|"]
         lines += [f"| {k} | {v:.2f}x |" for k, v in res["ratios"].items()]
@@ -514,8 +538,10 @@ def run(args: argparse.Namespace) -> int:
             res["mult"] = [asdict(r) for r in measure(mult_contenders(s), s)]
         elif sec == "ddp":
             res["ddp"] = [asdict(r) for r in ddp_results(s)]
-        else:
+        elif sec == "data":
             res["data"] = data_results(s)
+        else:
+            res["extract"] = extract_results(s)
         timings[sec] = time.perf_counter() - ts
         say(f"  {sec}: done in {timings[sec]:.0f} s")
     res["ratios"] = ratios(res)

