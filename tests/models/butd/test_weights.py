@@ -1,7 +1,7 @@
 """The weight-file adapter: each public layout round-trips, bad files are refused with one line, nothing runs.
 
-The state dicts are tiny random ones in our canonical layout (a few channels, five classes, three
-attributes), so every file is a few kilobytes.
+The state dicts are those of a tiny random `Detector` (a few channels, five classes, three
+attributes), so every file is a few hundred kilobytes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from xmodal.models.butd.anchors import generate_anchors
+from xmodal.models.butd.detector import DetectorConfig, random_detector
 from xmodal.models.butd.weights import (
     CELL_ANCHORS,
     LAYOUTS,
@@ -22,6 +23,7 @@ from xmodal.models.butd.weights import (
     WeightsError,
     canonical_names,
     detect_layout,
+    load_detector,
     load_state_dict,
     read_vocab,
     save_in_layout,
@@ -32,46 +34,12 @@ SUFFIX = {"detectron2": ".pkl", "milvlg": ".pth", "hf-frcnn": ".bin", "xmodal": 
 BLOCKS = {"backbone.res2": 1, "backbone.res3": 1, "backbone.res4": 2, "head.res5": 1}
 
 
-def canonical_state_dict(width=2, classes=5, attrs=3, rpn=6, hidden=4, embed=3, seed=0):
-    """A random state dict with our names and shapes: stage s has bottleneck width * 2**s, out 4x that."""
-    g = torch.Generator().manual_seed(seed)
+CFG = DetectorConfig.tiny().replace(blocks=(1, 1, 2, 1), num_classes=5, num_attributes=3, pre_nms_top_n=600, post_nms_top_n=30)
 
-    def rand(*shape):
-        return torch.randn(*shape, generator=g)
 
-    sd = {}
-
-    def norm(prefix, channels):
-        sd[prefix + "weight"], sd[prefix + "bias"] = rand(channels), rand(channels)
-        sd[prefix + "running_mean"], sd[prefix + "running_var"] = rand(channels), rand(channels).abs() + 0.5
-
-    stem = 4
-    sd["backbone.stem.conv.weight"] = rand(stem, 3, 7, 7)
-    norm("backbone.stem.bn.", stem)
-    channels_in = stem
-    for s, stage in enumerate(BLOCKS):
-        mid, out = width * 2**s, 4 * width * 2**s
-        for i in range(BLOCKS[stage]):
-            p = f"{stage}.{i}."
-            sd[p + "conv1.weight"] = rand(mid, channels_in if i == 0 else out, 1, 1)
-            norm(p + "bn1.", mid)
-            sd[p + "conv2.weight"] = rand(mid, mid, 3, 3)
-            norm(p + "bn2.", mid)
-            sd[p + "conv3.weight"] = rand(out, mid, 1, 1)
-            norm(p + "bn3.", out)
-            if i == 0:
-                sd[p + "shortcut.weight"] = rand(out, channels_in, 1, 1)
-                norm(p + "shortcut_bn.", out)
-        channels_in = out
-    c4, c5 = 16 * width, 32 * width
-    sd["rpn.conv.weight"], sd["rpn.conv.bias"] = rand(rpn, c4, 3, 3), rand(rpn)
-    sd["rpn.objectness.weight"], sd["rpn.objectness.bias"] = rand(2 * NUM_ANCHORS, rpn, 1, 1), rand(2 * NUM_ANCHORS)
-    sd["rpn.deltas.weight"], sd["rpn.deltas.bias"] = rand(4 * NUM_ANCHORS, rpn, 1, 1), rand(4 * NUM_ANCHORS)
-    sd["head.cls_score.weight"], sd["head.cls_score.bias"] = rand(classes + 1, c5), rand(classes + 1)
-    sd["head.bbox_pred.weight"], sd["head.bbox_pred.bias"] = rand(4 * (classes + 1), c5), rand(4 * (classes + 1))
-    sd["head.cls_embedding.weight"] = rand(classes + 1, embed)
-    sd["head.fc_attr.weight"], sd["head.fc_attr.bias"] = rand(hidden, c5 + embed), rand(hidden)
-    sd["head.attr_score.weight"], sd["head.attr_score.bias"] = rand(attrs + 1, hidden), rand(attrs + 1)
+def canonical_state_dict(seed=0):
+    """A random detector's state dict: stage outputs 32, 64, 128, 256; 5 classes; 3 attributes."""
+    sd = {k: v.clone() for k, v in random_detector(CFG, seed).state_dict().items()}
     assert list(sd) == canonical_names(BLOCKS)
     return sd
 
@@ -128,6 +96,27 @@ def test_round_trip_and_detection(tmp_path, layout):
     for key in ("head.bbox_pred.weight", "head.bbox_pred.bias"):
         torch.testing.assert_close(loaded[key][4:], original[key][4:], rtol=3e-7, atol=0)
         assert torch.equal(loaded[key][:4], torch.zeros_like(original[key][:4]))
+
+
+@pytest.mark.parametrize("layout", [*PUBLIC, "xmodal"])
+def test_loaded_detector_gives_the_original_regions(tmp_path, layout):
+    original = random_detector(CFG, seed=1)
+    path = saved(tmp_path, layout, original.state_dict())
+    loaded = load_detector(path, cfg=CFG)
+    image = torch.randint(0, 256, (40, 56, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    want, got = original.extract([image], boxes_range=(3, 5))[0], loaded.extract([image], boxes_range=(3, 5))[0]
+    # The detectron2 family's RPN probability is sigmoid(fg - bg) instead of a softmax over the pair:
+    # equal up to float32 rounding, which can reorder proposals only on exact ties (none here).
+    for field in ("boxes", "features", "objects_id", "objects_conf", "attrs_id", "attrs_conf"):
+        torch.testing.assert_close(getattr(got, field), getattr(want, field), rtol=1e-6, atol=1e-6, msg=field)
+    if layout in ("milvlg", "xmodal"):
+        assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("boxes", "features", "objects_id"))
+
+
+def test_load_detector_refuses_another_config(tmp_path):
+    path = saved(tmp_path, "milvlg")
+    with pytest.raises(WeightsError, match=r"shape mismatch for our 'head\.cls_score\.weight': file \(6, 256\), model \(1601, 256\)"):
+        load_detector(path, cfg=CFG.replace(num_classes=1600))
 
 
 def test_detectron2_orders_as_written(tmp_path):
@@ -198,7 +187,7 @@ def test_missing_extra_and_misshaped_keys_are_named(tmp_path, layout):
     model = dict(pristine)
     model["roi_heads.res5.0.conv3.norm.running_var"] = model["roi_heads.res5.0.conv3.norm.running_var"][:-1]
     write(model)
-    with pytest.raises(WeightsError, match=r"shape mismatch for our 'head\.res5\.0\.bn3\.running_var': \(63,\)"):
+    with pytest.raises(WeightsError, match=r"shape mismatch for our 'head\.res5\.0\.bn3\.running_var': \(255,\)"):
         load_state_dict(path)
 
 
@@ -207,8 +196,8 @@ def test_shapes_against_the_model(tmp_path):
     path = saved(tmp_path, "milvlg", sd)
     expected = {k: v.shape for k, v in sd.items()}
     assert load_state_dict(path, expected=expected).keys() == sd.keys()
-    expected["head.fc_attr.weight"] = torch.Size((4, 99))
-    with pytest.raises(WeightsError, match=r"'head\.fc_attr\.weight': file \(4, 67\), model \(4, 99\)"):
+    expected["head.fc_attr.weight"] = torch.Size((16, 99))
+    with pytest.raises(WeightsError, match=r"'head\.fc_attr\.weight': file \(16, 264\), model \(16, 99\)"):
         load_state_dict(path, expected=expected)
     with pytest.raises(WeightsError, match=r"missing key for our 'head\.extra'"):
         load_state_dict(path, expected={**sd, "head.extra": torch.zeros(1)})

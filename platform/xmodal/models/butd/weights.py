@@ -230,17 +230,27 @@ def _their_name(ours: str, layout: str) -> str:
 
 
 def canonical_names(stage_blocks: Mapping[str, int]) -> list[str]:
-    """Our state dict's names for the given block counts {'backbone.res2': 3, ..., 'head.res5': 3}."""
-    names = ["backbone.stem.conv.weight"] + [f"backbone.stem.bn.{p}" for p in BN_PARAMS]
-    for stage in ("backbone.res2", "backbone.res3", "backbone.res4", "head.res5"):
-        for i in range(stage_blocks[stage]):
+    """Our state dict's names for the given block counts {'backbone.res2': 3, ..., 'head.res5': 3}.
+
+    In `Detector.state_dict()`'s order: backbone, rpn, head."""
+
+    def stage(name: str) -> list[str]:
+        out = []
+        for i in range(stage_blocks[name]):
             for k in (1, 2, 3):
-                names.append(f"{stage}.{i}.conv{k}.weight")
-                names += [f"{stage}.{i}.bn{k}.{p}" for p in BN_PARAMS]
+                out.append(f"{name}.{i}.conv{k}.weight")
+                out += [f"{name}.{i}.bn{k}.{p}" for p in BN_PARAMS]
             if i == 0:
-                names.append(f"{stage}.{i}.shortcut.weight")
-                names += [f"{stage}.{i}.shortcut_bn.{p}" for p in BN_PARAMS]
-    for module in ("rpn.conv", "rpn.objectness", "rpn.deltas", "head.cls_score", "head.bbox_pred"):
+                out.append(f"{name}.{i}.shortcut.weight")
+                out += [f"{name}.{i}.shortcut_bn.{p}" for p in BN_PARAMS]
+        return out
+
+    names = ["backbone.stem.conv.weight"] + [f"backbone.stem.bn.{p}" for p in BN_PARAMS]
+    names += stage("backbone.res2") + stage("backbone.res3") + stage("backbone.res4")
+    for module in ("rpn.conv", "rpn.objectness", "rpn.deltas"):
+        names += [f"{module}.weight", f"{module}.bias"]
+    names += stage("head.res5")
+    for module in ("head.cls_score", "head.bbox_pred"):
         names += [f"{module}.weight", f"{module}.bias"]
     names += ["head.cls_embedding.weight", "head.fc_attr.weight", "head.fc_attr.bias"]
     names += ["head.attr_score.weight", "head.attr_score.bias"]
