@@ -25,6 +25,10 @@ torch functions, each module following named reference files:
 - `detector`: the network (ResNet-101 C4 with frozen BatchNorm, the RPN, res5 and the class, box
   and attribute heads of `models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt`) and
   `Detector.extract`, the per-image pipeline above with the RoI head batched across images.
+- `weights`: the public weight files (airsplay/py-bottom-up-attention's detectron2 pickles,
+  MILVLG/bottom-up-attention.pytorch's `.pth`, transformers' `unc-nlp/frcnn-vg-finetuned`) read
+  safely into the detector's state dict, with their class, attribute and anchor orders mapped; the
+  vocabularies.
 
 Not reproduced: OpenCV's separate INTER_AREA path for a resize by exactly one half.
 """
