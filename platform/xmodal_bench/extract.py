@@ -7,7 +7,7 @@ Rows, each over the same N synthetic images of one size (COCO's typical 480 x 64
 - regions batched (the RoI head over the regions of K images in one call) vs one image at a time
   (the reference's way), each in fp32 (the exact default) and bf16 (the RoI head only):
   images/s of one detector worker, peak memory, and the seconds per stage (prepare, backbone+rpn,
-  roi_pool, res5+heads, select) from `Detector.extract(timings=...)`;
+  roi_pool, res5+heads, select) from `Detector.extract(stats=...)`, and the RoIs per image that res5 ran over;
 - decode: images/s of one CPU core reading JPEG bytes as the job does (`cv2.imdecode`) and
   preparing the network's input (`prepare_image`: means, resize), when OpenCV is installed.
 
@@ -91,11 +91,13 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
             boxes = 0
             for i in range(0, len(images), step):
                 boxes += sum(r.boxes.shape[0] for r in det.extract(images[i:i + step], region_dtype=dtype,
-                                                                    timings=stages))
+                                                                    stats=stages))
             wall = time.perf_counter() - t0
+            rois = stages.pop("regions")
             row = {"regions": regions, "precision": "fp32" if dtype == torch.float32 else "bf16",
                    "images": len(images), "batch": step, "images_s": len(images) / wall,
                    "s_per_image": wall / len(images), "boxes_per_image": boxes / len(images),
+                   "rois_per_image": rois / len(images),
                    "peak_gib": _peak_gib(device), "stage_s_per_image": {k: v / len(images) for k, v in stages.items()}}
             say(f"  {TAG} regions {regions}, {row['precision']}: {row['images_s']:.2f} images/s "
                 f"({1000 * row['s_per_image']:.0f} ms/image), peak {row['peak_gib']:.2f} GiB")
@@ -131,12 +133,12 @@ def markdown(res: dict[str, Any]) -> str:
     m = res["meta"]
     lines = [f"Feature extraction {TAG}, {m['date']}, {m['device_name']}, torch {m['torch']}, config {m['config']}, "
              f"{m['size'][0]}x{m['size'][1]} images", "",
-             "| regions | precision | images/s | ms/image | boxes/image | peak GiB | prepare | backbone+rpn | roi_pool "
-             "| res5+heads | select |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| regions | precision | images/s | ms/image | RoIs/image | boxes/image | peak GiB | prepare | backbone+rpn "
+             "| roi_pool | res5+heads | select |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["detector"]:
         st = r["stage_s_per_image"]
         lines.append(f"| {r['regions']} (x{r['batch']}) | {r['precision']} | {r['images_s']:,.2f} | "
-                     f"{1000 * r['s_per_image']:,.0f} | {r['boxes_per_image']:.0f} | {r['peak_gib']:.2f} | "
+                     f"{1000 * r['s_per_image']:,.0f} | {r['rois_per_image']:.0f} | {r['boxes_per_image']:.0f} | {r['peak_gib']:.2f} | "
                      + " | ".join(f"{1000 * st.get(k, 0.0):,.0f}" for k in
                                   ("prepare", "backbone+rpn", "roi_pool", "res5+heads", "select")) + " |")
     lines += ["", "Stage columns: ms per image. Peak: CUDA's max allocated; on a CPU the process's peak RSS "

@@ -295,7 +295,7 @@ class Detector(nn.Module):
         given_boxes: Sequence[Tensor | None] | None = None,
         region_dtype: torch.dtype = torch.float32,
         region_batch: int = 1200,
-        timings: dict[str, float] | None = None,
+        stats: dict[str, float] | None = None,
     ) -> list[ImageRegions]:
         """Regions of each image, as `get_detections_from_im` writes them.
 
@@ -305,10 +305,11 @@ class Detector(nn.Module):
           boxes (the reference's `im_detect(net, im, boxes)`: rois = boxes * scale), no selection;
           their labels are still the heads' argmax.
         region_dtype: torch.float32 (exact) or torch.bfloat16 for the RoI head.
-        timings: if given, seconds per stage are added to it (the device synchronised at each stage's
-          end): prepare, backbone+rpn (with the proposal layer), roi_pool, res5+heads, select.
+        stats: if given, seconds per stage are added to it (the device synchronised at each stage's
+          end): prepare, backbone+rpn (with the proposal layer), roi_pool, res5+heads, select; and
+          "regions", the number of regions that went through the RoI head.
         """
-        clock = _StageClock(timings, self.device)
+        clock = _StageClock(stats, self.device)
         if given_boxes is not None and len(given_boxes) != len(images):
             raise ValueError(f"given_boxes has {len(given_boxes)} entries for {len(images)} images")
         prepared = [im if isinstance(im, PreparedImage) else prepare_image(im) for im in images]
@@ -328,6 +329,7 @@ class Detector(nn.Module):
             clock.lap("roi_pool")
         pool5, cls_prob, attr_prob = (t.cpu() for t in self.regions(torch.cat(pooled), region_dtype, region_batch))
         clock.lap("res5+heads")
+        clock.count("regions", pool5.shape[0])
         out, start = [], 0
         for i, (p, rois) in enumerate(zip(prepared, rois_per_image, strict=True)):
             stop = start + rois.shape[0]
@@ -371,20 +373,24 @@ class Detector(nn.Module):
 
 
 class _StageClock:
-    """Adds the seconds since the last lap to `timings[stage]`; does nothing when timings is None."""
+    """Adds the seconds since the last lap to `stats[stage]`; does nothing when stats is None."""
 
-    def __init__(self, timings: dict[str, float] | None, device: torch.device):
-        self.timings, self.device = timings, device
+    def __init__(self, stats: dict[str, float] | None, device: torch.device):
+        self.stats, self.device = stats, device
         self.last = time.perf_counter()
 
     def lap(self, stage: str) -> None:
-        if self.timings is None:
+        if self.stats is None:
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
-        self.timings[stage] = self.timings.get(stage, 0.0) + now - self.last
+        self.stats[stage] = self.stats.get(stage, 0.0) + now - self.last
         self.last = now
+
+    def count(self, name: str, n: int) -> None:
+        if self.stats is not None:
+            self.stats[name] = self.stats.get(name, 0) + n
 
 
 def _bn_name(conv_name: str) -> str:
