@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from xmodal.models.butd.roi_pool import roi_bins, roi_pool
+from xmodal.models.butd.roi_pool import roi_bins, roi_pool, roi_pool_fast
 
 RAMP = torch.arange(36, dtype=torch.float32).reshape(1, 6, 6)  # (C=1, H, W)
 
@@ -88,3 +88,18 @@ def test_300_rois_at_once_equal_each_alone():
     assert out.shape == (300, 8, 14, 14)
     alone = torch.cat([roi_pool(features, r[None]) for r in rois[::15]])
     assert torch.equal(out[::15], alone)
+
+
+def test_lookup_table_version_equals_the_loop_on_random_maps():
+    # random maps and RoIs partly outside the map, inverted, tiny and huge, and a -inf cell
+    g = torch.Generator().manual_seed(0)
+    for trial in range(25):
+        h, w = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g))
+        features = torch.randn(3, h, w, generator=g)
+        features[:, 0, 0] = float("-inf") if trial % 3 == 0 else features[:, 0, 0]
+        corners = torch.rand(12, 4, generator=g) * torch.tensor([w * 16, h * 16] * 2) * 1.2 - 8
+        rois = torch.cat((corners[:, :2].minimum(corners[:, 2:]), corners[:, :2].maximum(corners[:, 2:])), dim=1)
+        rois[0] = torch.tensor([5.0, 5.0, 3.0, 3.0])
+        for pooled in (14, 3):
+            assert torch.equal(roi_pool_fast(features, rois, pooled=pooled), roi_pool(features, rois, pooled=pooled))
+    assert roi_pool_fast(RAMP, torch.zeros(0, 4)).shape == (0, 1, 14, 14)

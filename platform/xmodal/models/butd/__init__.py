@@ -13,7 +13,8 @@ torch functions, each module following named reference files:
 - `image`: the input scale, the resized size, the pixel means (`_get_image_blob` in
   `lib/fast_rcnn/test.py`, `lib/fast_rcnn/config.py`) and OpenCV's float32 INTER_LINEAR resize
   as that function calls it (checked against OpenCV 5.1 itself: equal up to float32 rounding).
-- `roi_pool`: Caffe's ROIPooling, 14 x 14 at 1/16 (`caffe/src/caffe/layers/roi_pooling_layer.cpp`).
+- `roi_pool`: Caffe's ROIPooling, 14 x 14 at 1/16 (`caffe/src/caffe/layers/roi_pooling_layer.cpp`),
+  as a loop (faster on a CPU) and as lookups in a table of block maxima (on a GPU): equal values.
 - `frozen_bn`: Caffe's BatchNorm with global stats and Scale, and their folding into a
   per-channel affine map or the convolution before them (`batch_norm_layer.cpp`,
   `scale_layer.cpp`).
@@ -21,7 +22,9 @@ torch functions, each module following named reference files:
   `extract_coco_image.py`) or 10 to 100 (the reference's `tools/generate_tsv.py`), with their
   object and attribute labels.
 
-Still to come: the ResNet-101 backbone, the RPN and RoI heads (res5, class, box and attribute
-heads), importing the public weights, the extraction job, and OpenCV's separate INTER_AREA path
-for a resize by exactly one half.
+- `detector`: the network (ResNet-101 C4 with frozen BatchNorm, the RPN, res5 and the class, box
+  and attribute heads of `models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt`) and
+  `Detector.extract`, the per-image pipeline above with the RoI head batched across images.
+
+Not reproduced: OpenCV's separate INTER_AREA path for a resize by exactly one half.
 """
