@@ -130,6 +130,9 @@ class DetectorActor:
             if m > k:
                 raise RuntimeError(f"the detector gave {m} boxes for {rows[i]['img_id']!r}, more than {k}")
             out["img_h"][i], out["img_w"][i], out["num_boxes"][i] = reg.img_h, reg.img_w, m
+            if m == 0:  # a store row and a TSV line need one box at least
+                out["reject"][i], out["reject_kind"][i] = "the detector found no region in it", IMAGE
+                continue
             out["features"][i, :m] = reg.features.float().cpu().numpy()
             out["boxes"][i, :m] = reg.boxes.float().cpu().numpy()
             out["obj_ids"][i, :m] = reg.objects_id.cpu().numpy()
