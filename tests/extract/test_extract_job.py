@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 cv2 = pytest.importorskip("cv2")
@@ -252,3 +253,43 @@ def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path):
     assert f"skipped {done} already done" in rc.stdout
     assert open_features(out).manifest.images == 12
     assert not (tmp_path / ".store.extract").exists()
+
+
+@pytest.mark.slow
+def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, capsys):
+    from xmodal.data.lxmert.store import open_store
+    from xmodal.ingest_cli import main as ingest_main
+
+    store = tmp_path / "extracted"
+    assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0
+    a = _rows(open_features(store))
+    # features --tsv STORE: the same rows
+    assert ingest_main(["features", str(tmp_path / "copy"), "--tsv", str(store), "--num-objects", "100",
+                        "--no-progress"]) == 0
+    b = _rows(open_features(tmp_path / "copy"))
+    assert set(a) == set(b)
+    for k in a:
+        for c in a[k]:
+            assert np.array_equal(a[k][c], b[k][c]), c
+    # lxmert --tsv STORE --json sentences (seeded order: rows read by random access)
+    sents = [{"img_id": k, "sentf": {"mscoco": [f"a picture number {i}", "two words"]}, "labelf": {}}
+             for i, k in enumerate(sorted(a))]
+    (tmp_path / "train.json").write_text(json.dumps(sents))
+    assert ingest_main(["lxmert", str(tmp_path / "lx"), "--tsv", str(store), "--json", str(tmp_path / "train.json"),
+                        "--num-objects", "100", "--vocab-size", "200", "--minival-fraction", "0.5",
+                        "--no-progress"]) == 0
+    lx = open_store(tmp_path / "lx")
+    got = {}
+    for split in ("train", "minival"):
+        for f in lx.shard_paths(split):
+            t = pq.read_table(f, columns=["img_id", "features", "num_boxes"])
+            feats = t.column("features").combine_chunks().to_numpy_ndarray()
+            for i, k in enumerate(t.column("img_id").to_pylist()):
+                got[k] = feats[i]
+    assert set(got) == set(a)
+    for k in a:
+        assert np.array_equal(got[k], a[k]["features"])
+    # a folder that is not a store is refused in one line
+    (tmp_path / "notastore").mkdir()
+    rc = ingest_main(["features", str(tmp_path / "x"), "--tsv", str(tmp_path / "notastore")])
+    assert rc == 2 and "not a feature-only store" in capsys.readouterr().err
