@@ -44,8 +44,10 @@ from xmodal.data.common import (
 )
 from xmodal.data.lxmert.ingest import (
     IngestError,
+    check_tsv_inputs,
+    item_bytes,
     pack_images,
-    parse_tsv_line,
+    parse_item,
     progress_bar,
     scan_tsv_ids,
     tsv_lines,
@@ -167,11 +169,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
     paths = [Path(p).expanduser().resolve() for p in tsv]
     if not paths:
         raise IngestError("need at least one feature TSV file")
-    for p in paths:
-        if p.is_dir():
-            raise IngestError(f"{p}: is a directory; expected a feature TSV file")
-        if not p.is_file():
-            raise IngestError(f"{p}: input file does not exist")
+    check_tsv_inputs(paths)  # a feature TSV file, or a store from jobs/extract.py
     for name, value in (("num_objects", num_objects), ("num_object_labels", num_object_labels),
                         ("num_attr_labels", num_attr_labels), ("images_per_shard", images_per_shard),
                         ("row_group_images", row_group_images), ("feat_dim", 1 if feat_dim is None else feat_dim)):
@@ -203,9 +201,9 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
         digest = hashlib.sha256()
         bar = progress_bar(len(located), "decode TSV", "img", progress)
         for where, line in tsv_lines(paths):
-            digest.update(line.rstrip("\r\n").encode("utf-8"))
+            digest.update(item_bytes(line))
             digest.update(b"\n")
-            im = parse_tsv_line(line, where, feat_dim=width, num_objects=num_objects,
+            im = parse_item(line, where, feat_dim=width, num_objects=num_objects,
                                 num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
             width = im.features.shape[1]
             buffer.append(im)

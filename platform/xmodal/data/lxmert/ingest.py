@@ -48,7 +48,7 @@ import numpy as np
 
 from xmodal.console import say
 from xmodal.data.answers import AnswerTable
-from xmodal.data.common import check_target, local_target
+from xmodal.data.common import check_target, kind_at, local_target, read_manifest_json
 from xmodal.data.lxmert.store import (
     KIND,
     ImageBlock,
@@ -57,6 +57,7 @@ from xmodal.data.lxmert.store import (
     MinivalSplit,
     StoreWriter,
     concat_ranges,
+    read_shard,
 )
 from xmodal.data.tokenizer import WordPieceTokenizer
 from xmodal.errors import UserError
@@ -427,8 +428,24 @@ def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None,
     for `tsv_lines_at`."""
     seen: dict[str, str] = {}
     width, width_from = feat_dim, "--feat-dim"
-    bar = progress_bar(sum(p.stat().st_size for p in paths), "scan TSV", "B", progress)
+    bar = progress_bar(sum(p.stat().st_size for p in paths if not p.is_dir()), "scan TSV", "B", progress)
     for k, p in enumerate(paths):
+        if is_feature_store(p):  # an extracted store: its img_id column and its width
+            shards, width_here = _store_shards(p)
+            if width is None:
+                width, width_from = width_here, f"the width of the first image, in {p}"
+            elif width_here != width:
+                raise _fail(str(p), f"features of width {width_here}, expected {width} ({width_from})")
+            for j, (shard, _) in enumerate(shards):
+                ids = read_shard(shard, columns=["img_id"]).column("img_id").to_pylist()
+                for row, img_id in enumerate(ids):
+                    where = f"{p}: {shard.name} row {row}"
+                    if img_id in seen:
+                        raise _fail(where, f"img_id {img_id!r} already has features at {seen[img_id]}")
+                    seen[img_id] = where
+                    if offsets is not None:
+                        offsets[img_id] = (k, j, row)
+            continue
         with open(p, "rb") as f:
             pos = 0
             for lineno, line in enumerate(f, 1):
@@ -585,7 +602,8 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     minival_paths = [Path(p).expanduser().resolve() for p in minival or []]
     if not tsv_paths or not json_paths:
         raise IngestError("need at least one --tsv feature file and one --json sentence file")
-    for p in [*tsv_paths, *json_paths, *minival_paths, *(Path(x) for x in (vocab, answers) if x is not None)]:
+    check_tsv_inputs(tsv_paths)
+    for p in [*json_paths, *minival_paths, *(Path(x) for x in (vocab, answers) if x is not None)]:
         if Path(p).is_dir():
             raise IngestError(f"{p}: is a directory; expected an input file")
         if not Path(p).is_file():
@@ -677,10 +695,10 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     try:
         bar = progress_bar(used, "decode TSV", "img", progress)
         for where, line in lines:
-            img_id = line.split("\t", 1)[0]
+            img_id = item_id(line)
             if not sentences.count(img_id):
                 continue
-            im = parse_tsv_line(line, where, feat_dim=feat_dim, num_objects=num_objects,
+            im = parse_item(line, where, feat_dim=feat_dim, num_objects=num_objects,
                                 num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
             if writer is None:
                 feat_dim = im.features.shape[1]
@@ -710,8 +728,97 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
         raise
 
 
-def tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
+# ============================================================================ extracted stores as TSV input
+#
+# Every --tsv input may instead be a feature-only store directory (`jobs/extract.py` writes them; kind
+# "features"): its rows are read as the TsvImage a TSV line decodes to (features float16, boxes
+# normalised), and checked as one. A store's "line number" is its row index over all its shards.
+
+FEATURE_STORE_KIND = "features"
+
+
+def is_feature_store(p: Path) -> bool:
+    """A feature-only store directory (what `jobs/extract.py` and `jobs/ingest.py features` write)."""
+    return p.is_dir() and kind_at(p) == FEATURE_STORE_KIND
+
+
+def check_tsv_inputs(paths: list[Path]) -> None:
+    """Each --tsv input exists and is a TSV file or a feature-only store directory."""
     for p in paths:
+        if p.is_dir() and not is_feature_store(p):
+            raise IngestError(f"{p}: is a directory but not a feature-only store (no manifest.json of kind "
+                              f"{FEATURE_STORE_KIND!r}); expected a feature TSV file or a store from jobs/extract.py")
+        if not p.exists():
+            raise IngestError(f"{p}: input file does not exist")
+
+
+def _store_shards(p: Path) -> tuple[list[tuple[Path, int]], int]:
+    """(shard path, rows) of a feature-only store, and its feature width."""
+    raw = read_manifest_json(p / "manifest.json")
+    try:
+        return [(p / s["file"], int(s["rows"])) for s in raw["shards"]], int(raw["feat_dim"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise IngestError(f"{p / 'manifest.json'}: not a readable feature-only store manifest ({e})") from None
+
+
+def _store_images(p: Path, shard: Path, table) -> Iterator[tuple[str, TsvImage]]:
+    cols = {c: table.column(c).combine_chunks() for c in table.column_names}
+    dense = {c: cols[c].to_numpy_ndarray() for c in ("features", "boxes", "obj_ids", "obj_conf", "attr_ids",
+                                                     "attr_conf")}
+    for i, img_id in enumerate(cols["img_id"].to_pylist()):
+        n = int(cols["num_boxes"][i].as_py())
+        yield f"{p}: {shard.name} row {i} (img_id {img_id!r})", TsvImage(
+            img_id=img_id, img_h=int(cols["img_h"][i].as_py()), img_w=int(cols["img_w"][i].as_py()), num_boxes=n,
+            obj_ids=dense["obj_ids"][i, :n].astype(np.int32), obj_conf=dense["obj_conf"][i, :n].astype(np.float32),
+            attr_ids=dense["attr_ids"][i, :n].astype(np.int32), attr_conf=dense["attr_conf"][i, :n].astype(np.float32),
+            boxes=dense["boxes"][i, :n].astype(np.float32), features=dense["features"][i, :n].astype(np.float16))
+
+
+def check_store_image(im: TsvImage, where: str, *, feat_dim: int | None, num_objects: int, num_object_labels: int,
+                      num_attr_labels: int) -> TsvImage:
+    """The checks `parse_tsv_line` makes, on a row of a feature-only store."""
+    n = im.num_boxes
+    if n < 1:
+        raise _fail(where, f"num_boxes {n}: expected >= 1")
+    if n > num_objects:
+        raise _fail(where, f"{n} boxes, the store being built holds at most --num-objects {num_objects}")
+    if feat_dim is not None and im.features.shape[1] != feat_dim:
+        raise _fail(where, f"feature width {im.features.shape[1]}, expected {feat_dim} (--feat-dim, else the width "
+                           "of the first image)")
+    for name, ids, limit in (("obj_ids", im.obj_ids, num_object_labels), ("attr_ids", im.attr_ids, num_attr_labels)):
+        bad = np.nonzero((ids < 0) | (ids >= limit))[0]
+        if len(bad):
+            raise _fail(where, f"{name}: id {int(ids[bad[0]])} at box {bad[0]} outside [0, {limit})")
+    return im
+
+
+def parse_item(item: str | TsvImage, where: str, **limits) -> TsvImage:
+    """A TSV line (`parse_tsv_line`) or an extracted store's row (`check_store_image`)."""
+    if isinstance(item, str):
+        return parse_tsv_line(item, where, **limits)
+    return check_store_image(item, where, **limits)
+
+
+def item_bytes(item: str | TsvImage) -> bytes:
+    """What a content fingerprint hashes of an input image: a TSV line's text, a store row's arrays."""
+    if isinstance(item, str):
+        return item.rstrip("\r\n").encode("utf-8")
+    return b"\t".join([item.img_id.encode("utf-8"), str((item.img_h, item.img_w, item.num_boxes)).encode()]
+                      + [np.ascontiguousarray(a).tobytes() for a in (item.obj_ids, item.obj_conf, item.attr_ids,
+                                                                     item.attr_conf, item.boxes, item.features)])
+
+
+def item_id(item: str | TsvImage) -> str:
+    return item.split("\t", 1)[0] if isinstance(item, str) else item.img_id
+
+
+def tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str | TsvImage]]:
+    """Every line of the TSV files (an extracted store's rows as TsvImage), in order."""
+    for p in paths:
+        if is_feature_store(p):
+            for shard, _ in _store_shards(p)[0]:
+                yield from _store_images(p, shard, read_shard(shard))
+            continue
         with open(p, "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 if not raw.strip():
@@ -719,18 +826,28 @@ def tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str]]:
                 yield f"{p}:{lineno}", _text(raw, f"{p}:{lineno}")
 
 
-def tsv_lines_at(paths: list[Path], locations: Iterable[tuple[int, int, int]]) -> Iterator[tuple[str, str]]:
+def tsv_lines_at(paths: list[Path], locations: Iterable[tuple[int, int, int]]) -> Iterator[
+        tuple[str, str | TsvImage]]:
     """The lines at (file index, byte offset, line number), in the order given (random access: one
-    seek and one line read per image, every file kept open)."""
-    files = [open(p, "rb") for p in paths]  # noqa: SIM115 - closed below
+    seek and one line read per image, every file kept open). For an extracted store, (store index,
+    shard index, row): its row group is read (and kept while the next rows come from it)."""
+    stores = {k: _store_shards(p)[0] for k, p in enumerate(paths) if is_feature_store(p)}
+    files = {k: open(p, "rb") for k, p in enumerate(paths) if k not in stores}  # noqa: SIM115 - closed below
+    cached: tuple[tuple[int, int], list[tuple[str, TsvImage]]] | None = None
     try:
         for k, offset, lineno in locations:
+            if k in stores:
+                if cached is None or cached[0] != (k, offset):
+                    shard = stores[k][offset][0]
+                    cached = ((k, offset), list(_store_images(paths[k], shard, read_shard(shard))))
+                yield cached[1][lineno]
+                continue
             f = files[k]
             f.seek(offset)
             where = f"{paths[k]}:{lineno}"
             yield where, _text(f.readline(), where)
     finally:
-        for f in files:
+        for f in files.values():
             f.close()
 
 

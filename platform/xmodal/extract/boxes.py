@@ -1,0 +1,89 @@
+"""How many regions an image gets: `--boxes 36` (LXMERT's obj36), `--boxes 10-100` (the bottom-up
+default: between 10 and 100 boxes, by confidence) or `--boxes-from FILE` (the regions are given:
+features of those boxes, no selection).
+
+`FILE` is a JSON object {img_id: [[x1, y1, x2, y2], ...]} in original-image pixels. Its shape, every
+number (finite, x1 <= x2, y1 <= y2, not negative) and its ids (each names an image, each image has
+boxes) are checked before Ray starts; that every box is inside its image is checked once the image is
+decoded (the size is known then), and fails the run with the same kind of message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from xmodal.extract.images import ExtractError
+
+MAX_BOXES = 1000
+
+
+def parse_boxes(text: str) -> tuple[int, int]:
+    """`36` -> (36, 36); `10-100` -> (10, 100)."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if m is None:
+        raise ExtractError(f"--boxes {text!r}: expected a number of boxes (36) or a range MIN-MAX (10-100)")
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) else lo
+    if not 1 <= lo <= hi <= MAX_BOXES:
+        raise ExtractError(f"--boxes {text!r}: expected 1 <= MIN <= MAX <= {MAX_BOXES}")
+    return lo, hi
+
+
+def read_boxes_file(file: str, img_ids: list[str]) -> dict[str, np.ndarray]:
+    """`--boxes-from FILE` -> {img_id: (K, 4) float32}, checked against the images' ids."""
+    p = Path(file).expanduser()
+    if not p.is_file():
+        raise ExtractError(f"--boxes-from {file}: {'is a folder' if p.is_dir() else 'does not exist'}; expected a "
+                           "JSON object {img_id: [[x1, y1, x2, y2], ...]} in original-image pixels")
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ExtractError(f"--boxes-from {file}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExtractError(f"--boxes-from {file}: cannot be read ({e})") from None
+    if not isinstance(raw, dict):
+        raise ExtractError(f"--boxes-from {file}: expected a JSON object {{img_id: [[x1, y1, x2, y2], ...]}}, "
+                           f"got {type(raw).__name__}")
+    out: dict[str, np.ndarray] = {}
+    for img_id, boxes in raw.items():
+        where = f"--boxes-from {file}: img_id {img_id!r}"
+        if not isinstance(boxes, list) or not boxes:
+            raise ExtractError(f"{where}: expected a non-empty list of [x1, y1, x2, y2] boxes, got {boxes!r:.60}")
+        if len(boxes) > MAX_BOXES:
+            raise ExtractError(f"{where}: {len(boxes)} boxes; expected at most {MAX_BOXES}")
+        for i, b in enumerate(boxes):
+            if not (isinstance(b, list) and len(b) == 4
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in b)):
+                raise ExtractError(f"{where}: box {i} = {b!r:.60}: expected [x1, y1, x2, y2], four numbers")
+            if not all(math.isfinite(v) for v in b):
+                raise ExtractError(f"{where}: box {i} = {b}: expected finite numbers")
+            if b[0] > b[2] or b[1] > b[3] or b[0] < 0 or b[1] < 0:
+                raise ExtractError(f"{where}: box {i} = {b}: expected 0 <= x1 <= x2 and 0 <= y1 <= y2 (pixels of "
+                                   "the original image)")
+        out[img_id] = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    known = set(img_ids)
+    stray = [k for k in out if k not in known]
+    if stray:
+        raise ExtractError(f"--boxes-from {file}: img_id {stray[0]!r} is not among the images of IMAGES "
+                           f"({len(stray)} such id(s)); expected the ids the images get (their file names "
+                           "without extension, or --ids)")
+    missing = [k for k in img_ids if k not in out]
+    if missing:
+        raise ExtractError(f"--boxes-from {file}: no boxes for img_id {missing[0]!r} ({len(missing)} image(s) "
+                           "without boxes); expected boxes for every image")
+    return out
+
+
+def outside(boxes: np.ndarray, h: int, w: int) -> str | None:
+    """Why a given box is not inside the (w x h) image, or None."""
+    bad = (boxes[:, 2] > w) | (boxes[:, 3] > h)
+    if not bad.any():
+        return None
+    i = int(np.nonzero(bad)[0][0])
+    return (f"box {i} = {boxes[i].tolist()} is not inside the {w}x{h} image (expected x2 <= img_w = {w} and "
+            f"y2 <= img_h = {h})")

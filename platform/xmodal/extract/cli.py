@@ -1,0 +1,72 @@
+"""`python jobs/extract.py IMAGES OUT --weights FILE [options]`: region features of your own images.
+
+IMAGES: a folder (searched recursively for .jpg, .jpeg, .png), a list file (one image path a line) or an
+s3:// prefix. OUT: a feature-only store (kind "features", what `--store` of `jobs/ingest.py vqa|gqa|nlvr2`
+and `--tsv` of `jobs/ingest.py lxmert|features` take), or with `--format tsv` the reference's TSV file.
+A rerun of an interrupted command goes on where it stopped. Bad input is one line `error: ...` and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from xmodal.cli import user_errors
+from xmodal.extract.job import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="extract.py", description=(__doc__ or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("images", metavar="IMAGES", help="folder of images, list file of image paths, or s3:// prefix")
+    p.add_argument("out", metavar="OUT", help="feature-only store to create (--format tsv: the TSV file)")
+    p.add_argument("--weights", help="the detector's weights: " + "; ".join(PUBLIC_WEIGHTS))
+    p.add_argument("--layout", default="auto", help="the weights file's layout (default: recognised from the file)")
+    p.add_argument("--boxes", help="boxes per image: 36 (default; LXMERT's obj36) or MIN-MAX (10-100: the bottom-up "
+                                   "default, padded to MAX slots in a store)")
+    p.add_argument("--boxes-from", metavar="FILE",
+                   help="JSON {img_id: [[x1, y1, x2, y2], ...]} (original pixels): features of these boxes")
+    p.add_argument("--bf16", action="store_true", help="the region head (res5 over the regions) in bfloat16")
+    p.add_argument("--format", choices=("store", "tsv"), default="store",
+                   help="store (default): a feature-only store; tsv: the reference's TSV")
+    p.add_argument("--ids", metavar="FILE", help="image ids: JSON {path: img_id} or TSV path<TAB>img_id lines "
+                                                 "(default: the file name without extension)")
+    p.add_argument("--max-rejected", default=DEFAULT_MAX_REJECTED, metavar="N|P%",
+                   help="unreadable images tolerated (listed and skipped) before the run fails: a number or a "
+                        f"percentage of the images (default {DEFAULT_MAX_REJECTED})")
+    p.add_argument("--batch-size", type=int, default=4, help="images per detector call (default 4)")
+    p.add_argument("--actors", type=int, default=None,
+                   help="detector actors (default: one per GPU of the cluster, else 1)")
+    p.add_argument("--decode-tasks", type=int, default=2, help="concurrent decoding tasks (default 2)")
+    p.add_argument("--images-per-shard", type=int, default=256, help="images per shard at most (default 256)")
+    p.add_argument("--objects-vocab", metavar="FILE", help="object names (objects_vocab.txt), recorded in the manifest")
+    p.add_argument("--attributes-vocab", metavar="FILE", help="attribute names (attributes_vocab.txt), recorded too")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--restart", action="store_true", help="discard an unfinished earlier extraction to OUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--random-weights", action="store_true", help=argparse.SUPPRESS)  # tests and benchmarks only
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # with --random-weights: the tiny net
+    return p
+
+
+def options(argv: list[str]) -> ExtractOptions:
+    a = parser().parse_args(argv)
+    return ExtractOptions(images=a.images, out=a.out, weights=a.weights, layout=a.layout,
+                          random_weights=a.random_weights, tiny=a.tiny, boxes=a.boxes, boxes_from=a.boxes_from,
+                          bf16=a.bf16, format=a.format, ids=a.ids, max_rejected=a.max_rejected,
+                          batch_size=a.batch_size, actors=a.actors, decode_tasks=a.decode_tasks,
+                          images_per_shard=a.images_per_shard, objects_vocab=a.objects_vocab,
+                          attributes_vocab=a.attributes_vocab, overwrite=a.overwrite, restart=a.restart,
+                          progress=not a.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `jobs/extract.py` with `argv` (default: sys.argv[1:]); returns the exit code."""
+    from xmodal.extract.job import extract
+
+    o = options(sys.argv[1:] if argv is None else list(argv))
+
+    def run() -> None:
+        extract(o)
+
+    return user_errors(run)

@@ -1,0 +1,274 @@
+"""Which images, under which ids, and how each is decoded.
+
+Listing (`list_images`): a folder (recursive; .jpg .jpeg .png in any case), a list file (one path a
+line; a relative path is relative to the list file's folder; blank lines and `#` comments skipped), or
+a URI prefix (`s3://bucket/prefix`, listed through pyarrow's file system, the same suffixes).
+
+Ids (`assign_ids`): an image's id is its file name without the extension (`COCO_val2014_000000123456.jpg`
+-> `COCO_val2014_000000123456`, the img_id of LXMERT's JSON files for COCO). The reference's
+`extract_coco_image.py` takes the name up to its first dot (`name.split(".")[0]`); the two agree on
+every reference data set (COCO, Visual Genome, NLVR2, GQA names hold one dot), and differ only for
+names with several dots, where the stem keeps more of the name. `--ids FILE` (a JSON object or a
+TSV of `path<TAB>id` lines) gives other ids; two images with one id are an error naming both paths.
+
+Decoding (`decode`): `cv2.imdecode(bytes, cv2.IMREAD_COLOR)`, what the reference's `cv2.imread(path)`
+returns for the same file: BGR uint8 (H, W, 3), a grey image repeated over the three channels, an
+alpha channel dropped, a 16-bit PNG taken down to 8 bits by its high byte, a CMYK JPEG converted to
+BGR, the EXIF orientation applied. Before OpenCV, a JPEG and a PNG are checked for being whole: a
+JPEG needs its end-of-image marker after its first scan (bytes after it, such as a motion photo's
+video, are allowed), a PNG its IEND chunk; OpenCV 4 returned a cut JPEG as an image with a grey
+bottom and only a warning on stderr. A file that fails is a reject (a reason), not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xmodal.data.common import is_uri
+from xmodal.errors import UserError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+class ExtractError(UserError):
+    """Bad input to the extraction: names the file (and line, id or box), the value and what was expected."""
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    path: str  # absolute local path, or a URI
+    img_id: str
+    keys: tuple[str, ...] = ()  # the names `--ids` may use for it (as listed, relative to the folder)
+
+
+def _image_name(name: str) -> bool:
+    return name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def list_images(source: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Every image of `source` as (path or URI, the keys `--ids` may name it by), sorted by path."""
+    if is_uri(source):
+        return _list_uri(source)
+    p = Path(source).expanduser()
+    if not p.exists():
+        raise ExtractError(f"IMAGES {source}: does not exist; expected a folder of images, a list file "
+                           "(one image path a line) or an s3:// prefix")
+    p = p.resolve()
+    if p.is_dir():
+        found = []
+        for dirpath, dirnames, filenames in os.walk(p, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in filenames:
+                if _image_name(name) and not name.startswith("."):
+                    full = Path(dirpath) / name
+                    found.append((str(full), (str(full.relative_to(p)),)))
+        if not found:
+            raise ExtractError(f"IMAGES {p}: holds no image (searched recursively for "
+                               f"{', '.join(IMAGE_SUFFIXES)} in any case)")
+        return sorted(found)
+    return _list_file(p)
+
+
+def _list_file(p: Path) -> list[tuple[str, tuple[str, ...]]]:
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ExtractError(f"IMAGES {p}: is neither a folder nor a list file of image paths (not UTF-8 "
+                           "text; is it an image? give its folder)") from None
+    except OSError as e:
+        raise ExtractError(f"IMAGES {p}: cannot be read ({e.strerror or e})") from None
+    found = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        if is_uri(entry):
+            found.append((entry, (entry,)))
+            continue
+        full = (p.parent / Path(entry).expanduser()).resolve()
+        if not full.is_file():
+            what = "is a folder" if full.is_dir() else "does not exist"
+            raise ExtractError(f"{p}:{lineno}: image {entry!r} {what} ({full}); expected one image file a line")
+        found.append((str(full), (entry,)))
+    if not found:
+        raise ExtractError(f"IMAGES {p}: the list file names no image (one image path a line)")
+    return found
+
+
+def _list_uri(source: str) -> list[tuple[str, tuple[str, ...]]]:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    head = source.rstrip("/")
+    try:
+        fs, root = pafs.FileSystem.from_uri(head)
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    except (OSError, pa.ArrowException, ValueError) as e:
+        raise ExtractError(f"IMAGES {source}: cannot be listed ({type(e).__name__}: {e}); check the location "
+                           "and, for s3://, the AWS_* credentials, endpoint and region") from None
+    scheme = head.split("://", 1)[0]
+    found = []
+    for info in infos:
+        if info.type == pafs.FileType.File and _image_name(info.base_name):
+            rel = info.path[len(root):].lstrip("/")
+            found.append((f"{head}/{rel}" if rel else f"{scheme}://{info.path}", (rel,)))
+    if not found:
+        raise ExtractError(f"IMAGES {source}: holds no image (searched recursively for "
+                           f"{', '.join(IMAGE_SUFFIXES)} in any case)")
+    return sorted(found)
+
+
+def default_id(path: str) -> str:
+    """The file name without its extension."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return Path(name).stem
+
+
+def read_id_map(file: str) -> dict[str, str]:
+    """`--ids FILE`: a JSON object {path: img_id}, or TSV lines `path<TAB>img_id`."""
+    p = Path(file).expanduser()
+    if not p.is_file():
+        raise ExtractError(f"--ids {file}: {'is a folder' if p.is_dir() else 'does not exist'}; expected a JSON "
+                           "object {path: img_id} or a TSV file of path<TAB>img_id lines")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExtractError(f"--ids {file}: cannot be read ({e})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ExtractError(f"--ids {file}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        for k, v in raw.items():
+            if not isinstance(v, str):
+                raise ExtractError(f"--ids {file}: entry {k!r}: expected an img_id string, got {v!r:.60}")
+        return raw
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.rstrip("\r").split("\t")
+        if len(parts) != 2:
+            raise ExtractError(f"--ids {file}:{lineno}: expected path<TAB>img_id, got {len(parts)} tab-separated "
+                               "field(s) (or give a JSON object {path: img_id})")
+        if parts[0] in out:
+            raise ExtractError(f"--ids {file}:{lineno}: path {parts[0]!r} is given twice")
+        out[parts[0]] = parts[1]
+    return out
+
+
+def check_id(img_id: str, where: str) -> None:
+    if not img_id or any(c in img_id for c in "\t\r\n"):
+        raise ExtractError(f"{where}: img_id {img_id!r}: expected a non-empty id without tabs or line ends "
+                           "(the TSV's first field)")
+
+
+def assign_ids(listed: list[tuple[str, tuple[str, ...]]], id_map: dict[str, str] | None = None,
+               ids_file: str = "") -> list[ImageRef]:
+    """The images with their ids; `id_map` (from `--ids`) names an image by its absolute path, by its path
+    as listed or relative to the IMAGES folder; every entry must name an image. Duplicate ids fail."""
+    refs = []
+    used: set[str] = set()
+    for path, keys in listed:
+        img_id = default_id(path)
+        where = path
+        if id_map:
+            for k in (path, *keys):
+                if k in id_map:
+                    img_id, where = id_map[k], f"--ids {ids_file}: entry {k!r}"
+                    used.add(k)
+                    break
+        check_id(img_id, where)
+        refs.append(ImageRef(path, img_id, keys))
+    if id_map:
+        unused = [k for k in id_map if k not in used]
+        if unused:
+            raise ExtractError(f"--ids {ids_file}: {len(unused)} entr{'y names' if len(unused) == 1 else 'ies name'} "
+                               f"no image of IMAGES, e.g. {unused[0]!r}; expected paths as listed, relative to the "
+                               "IMAGES folder, or absolute")
+    seen: dict[str, str] = {}
+    for r in refs:
+        if r.img_id in seen:
+            raise ExtractError(f"img_id {r.img_id!r} is given to two images: {seen[r.img_id]} and {r.path}; rename "
+                               "one, or give ids with --ids FILE")
+        seen[r.img_id] = r.path
+    return refs
+
+
+# ============================================================================ decoding
+
+
+def _jpeg_incomplete(data: bytes) -> str | None:
+    """Why a JPEG is not whole, or None: its marker segments up to the first scan (SOS) must be complete,
+    and an end-of-image marker (FF D9) must follow that scan's data."""
+    n, i = len(data), 2
+    while True:
+        while i < n and data[i] != 0xFF:  # bytes between segments: libjpeg skips them (with a warning)
+            i += 1
+        while i < n and data[i] == 0xFF:  # fill bytes
+            i += 1
+        if i >= n:
+            return "truncated JPEG: the file ends in its headers, before the image data"
+        marker = data[i]
+        i += 1
+        if marker == 0xD9:
+            return "JPEG without image data: end-of-image marker before any scan"
+        if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:
+            continue
+        if i + 2 > n:
+            return "truncated JPEG: the file ends in its headers, before the image data"
+        length = int.from_bytes(data[i:i + 2], "big")
+        if i + length > n:
+            return "truncated JPEG: the file ends in its headers, before the image data"
+        i += length
+        if marker == 0xDA:  # start of scan: the entropy-coded data follows
+            break
+    if data.find(b"\xff\xd9", i) < 0:
+        return "truncated JPEG: no end-of-image marker after the image data (the file looks cut off)"
+    return None
+
+
+def _png_incomplete(data: bytes) -> str | None:
+    """Why a PNG is not whole, or None: its chunks must run whole up to IEND."""
+    n, i = len(data), 8
+    while i + 8 <= n:
+        length = int.from_bytes(data[i:i + 4], "big")
+        kind = data[i + 4:i + 8]
+        if kind == b"IEND":
+            return None
+        i += 12 + length
+    return "truncated PNG: no IEND chunk (the file looks cut off)"
+
+
+def sniff(data: bytes) -> str | None:
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    return None
+
+
+def decode(data: bytes) -> tuple[np.ndarray | None, str]:
+    """(image, "") with the image as `cv2.imread(path, cv2.IMREAD_COLOR)` returns it, or (None, why not)."""
+    import cv2
+
+    if not data:
+        return None, "empty file (0 bytes)"
+    kind = sniff(data)
+    why = _jpeg_incomplete(data) if kind == "jpeg" else _png_incomplete(data) if kind == "png" else None
+    if why:
+        return None, why
+    try:
+        im = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error as e:
+        return None, f"OpenCV cannot decode it ({' '.join(str(e).split())[:200]})"
+    if im is None:
+        return None, f"not an image OpenCV can read ({kind.upper() + ' data is corrupt' if kind else 'unknown format'})"
+    if im.ndim != 3 or im.shape[2] != 3 or im.dtype != np.uint8 or im.shape[0] < 1 or im.shape[1] < 1:
+        return None, f"OpenCV returned an unusable array ({im.dtype} {im.shape})"
+    return im, ""

@@ -1,0 +1,295 @@
+"""jobs/extract.py end to end: real image files, the tiny detector with random weights, a real local Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+cv2 = pytest.importorskip("cv2")
+
+from xmodal.data.lxmert.features import ingest_features, open_features  # noqa: E402
+from xmodal.extract.cli import main  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--random-weights", "--tiny", "--no-progress", "--batch-size", "2"]
+
+
+def _images(folder: Path, n: int = 4, seed: int = 0) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(n):
+        p = folder / f"COCO_val2014_{i:012d}.jpg"
+        cv2.imwrite(str(p), rng.integers(0, 255, (40 + 8 * i, 56, 3), dtype=np.uint8))
+        paths.append(p)
+    return paths
+
+
+def _rows(store) -> dict[str, dict]:
+    """img_id -> its row (numpy values), whatever the shard order."""
+    out = {}
+    for f in store.image_files():
+        t = store.read_table(f)
+        cols = {c: (t.column(c).combine_chunks().to_numpy_ndarray()
+                    if isinstance(t.column(c).type, pa.FixedShapeTensorType) else t.column(c).to_numpy(zero_copy_only=False))
+                for c in t.column_names}
+        for i, img_id in enumerate(cols["img_id"]):
+            out[str(img_id)] = {c: v[i] for c, v in cols.items()}
+    return out
+
+
+def _run(*argv, capsys=None) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr() if capsys else ("", "")
+    return rc, out, err
+
+
+@pytest.fixture
+def images(tmp_path):
+    return _images(tmp_path / "imgs")
+
+
+@pytest.mark.slow
+def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images, capsys):
+    (tmp_path / "imgs" / "sub").mkdir()
+    cv2.imwrite(str(tmp_path / "imgs" / "sub" / "grey.PNG"), np.full((30, 20), 90, np.uint8))
+    out = tmp_path / "store"
+    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, capsys=capsys)
+    assert rc == 0, err
+    store = open_features(out)
+    m = store.manifest
+    assert m.source == "extract" and m.images == 5 and m.num_objects == 36
+    assert m.options["random_weights"] == {"tiny": True, "seed": 0} and "RANDOM WEIGHTS" in m.options["warning"]
+    rows = _rows(store)
+    assert set(rows) == {p.stem for p in images} | {"grey"}
+    r = rows["grey"]
+    assert (r["img_h"], r["img_w"]) == (30, 20) and 1 <= r["num_boxes"] <= 36  # a tiny image has few proposals
+    assert any(x["num_boxes"] == 36 for x in rows.values())
+    assert (0 <= r["boxes"]).all() and (r["boxes"] <= 1).all()
+    lines = [x for x in stdout.splitlines() if x.strip()]
+    assert lines and all("RANDOM WEIGHTS" in x for x in lines), lines
+    assert any("extracted 5 images" in x and "rejected 0" in x for x in lines)
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # the work folder is gone
+
+
+@pytest.mark.slow
+def test_rejects_listed_and_max_rejected(ray_local, tmp_path, images, capsys):
+    good = _images(tmp_path / "imgs", 4)
+    (tmp_path / "imgs" / "empty.jpg").write_bytes(b"")
+    data = good[0].read_bytes()
+    (tmp_path / "imgs" / "cut.jpg").write_bytes(data[: len(data) // 2])
+    (tmp_path / "imgs" / "text.png").write_bytes(b"not a png at all")
+    out = tmp_path / "store"
+    rc, _, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "2", capsys=capsys)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and "more than --max-rejected 2" in err
+    assert "Traceback" not in err and not out.exists()
+    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "3", capsys=capsys)
+    assert rc == 0, err
+    assert open_features(out).manifest.images == 4 and open_features(out).manifest.options["rejected"] == 3
+    rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    why = {Path(r["path"]).name: r["reason"] for r in rejects}
+    assert set(why) == {"empty.jpg", "cut.jpg", "text.png"}
+    assert "empty file" in why["empty.jpg"] and "truncated JPEG" in why["cut.jpg"]
+    assert "not an image" in why["text.png"]
+    assert "rejected 3" in stdout and "skipped 4 already done" in stdout  # the failed run's images were kept
+
+
+@pytest.mark.slow
+def test_rerun_skips_done_images(ray_local, tmp_path, images, capsys):
+    out = tmp_path / "store"
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"imgs/{p.name}\n" for p in images[:2]))
+    rc, _, err = _run(lst, out, *TINY, capsys=capsys)
+    assert rc == 0, err
+    first = _rows(open_features(out))
+    # an interrupted run leaves its finished chunks in the hidden work folder: make one by hand
+    work = tmp_path / ".store2.extract"
+    rc, _, err = _run(lst, tmp_path / "store2", *TINY, "--boxes", "36", "--max-rejected", "0", capsys=capsys)
+    assert rc == 0
+    lst.write_text("".join(f"imgs/{p.name}\n" for p in images))
+    os.rename(tmp_path / "store2", work)
+    state = {"format": "store", "weights_sha256": None, "layout": None, "random_weights": {"tiny": True, "seed": 0},
+             "boxes": [36, 36], "boxes_from_sha256": None, "num_objects": 36, "bf16": False}
+    (work / "extract.json").write_text(json.dumps(state))
+    (work / "manifest.json").unlink()
+    rc, stdout, err = _run(lst, tmp_path / "store2", *TINY, capsys=capsys)
+    assert rc == 0, err
+    assert "extracted 2 images" in stdout and "skipped 2 already done" in stdout
+    rows = _rows(open_features(tmp_path / "store2"))
+    assert len(rows) == 4
+    for k, r in first.items():  # the same features as the first run's
+        assert np.array_equal(rows[k]["features"], r["features"])
+
+
+@pytest.mark.slow
+def test_tsv_round_trip_equals_the_store(ray_local, tmp_path, images, capsys):
+    store, tsv = tmp_path / "store", tmp_path / "out" / "feats.tsv"
+    assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0
+    rc, _, err = _run(tmp_path / "imgs", tsv, *TINY, "--boxes", "10-100", "--format", "tsv", capsys=capsys)
+    assert rc == 0, err
+    assert not any(p.name.startswith(".") for p in tsv.parent.iterdir())
+    a = _rows(open_features(store))
+    m = open_features(store).manifest
+    assert m.num_objects == 100
+    again = ingest_features(tmp_path / "again", [tsv], num_objects=100, progress=False)
+    b = _rows(again)
+    assert set(a) == set(b)
+    for k in a:
+        n = a[k]["num_boxes"]
+        assert 10 <= n <= 100 and n == b[k]["num_boxes"]
+        for c in ("img_h", "img_w", "obj_ids", "attr_ids"):
+            assert np.array_equal(a[k][c], b[k][c]), c
+        for c in ("features", "boxes", "obj_conf", "attr_conf"):
+            np.testing.assert_allclose(a[k][c].astype(np.float32), b[k][c].astype(np.float32), rtol=2e-3, atol=1e-6,
+                                       err_msg=c)
+
+
+@pytest.mark.slow
+def test_boxes_from(ray_local, tmp_path, images, capsys):
+    boxes = {p.stem: [[0, 0, 10, 12], [5, 5, 50, 30], [1, 2, 3, 4]] for p in images}
+    boxes[images[0].stem] = [[0, 0, 56, 40]]
+    f = tmp_path / "boxes.json"
+    f.write_text(json.dumps(boxes))
+    out = tmp_path / "store"
+    rc, _, err = _run(tmp_path / "imgs", out, *TINY, "--boxes-from", f, capsys=capsys)
+    assert rc == 0, err
+    store = open_features(out)
+    rows = _rows(store)
+    assert store.manifest.num_objects == 3
+    r = rows[images[1].stem]
+    assert r["num_boxes"] == 3
+    np.testing.assert_allclose(r["boxes"][1], np.array([5, 5, 50, 30]) / [56, 48, 56, 48], rtol=1e-6)
+    assert rows[images[0].stem]["num_boxes"] == 1
+    boxes[images[2].stem] = [[0, 0, 57, 10]]  # the image is 56 wide
+    f.write_text(json.dumps(boxes))
+    rc, _, err = _run(tmp_path / "imgs", tmp_path / "store2", *TINY, "--boxes-from", f, capsys=capsys)
+    assert rc == 2 and str(f) in err and repr(images[2].stem) in err and "box 0 = [0.0, 0.0, 57.0, 10.0]" in err
+    assert not (tmp_path / "store2").exists()
+
+
+def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
+    imgs = tmp_path / "imgs"
+    (tmp_path / "weights.bin").write_bytes(b"not weights")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("mine")
+    (tmp_path / "dup").mkdir()
+    for n in ("a.jpg", "a.png"):
+        cv2.imwrite(str(tmp_path / "dup" / n), np.zeros((8, 8, 3), np.uint8))
+    return {
+        "no weights": ([imgs, tmp_path / "o"], "faster_rcnn_from_caffe_attr.pkl"),
+        "missing weights": ([imgs, tmp_path / "o", "--weights", tmp_path / "nope.pkl"], "does not exist"),
+        "no images": ([tmp_path / "nothing", tmp_path / "o", *TINY], "IMAGES"),
+        "empty folder": ([tmp_path / "empty", tmp_path / "o", *TINY], "holds no image"),
+        "duplicate ids": ([tmp_path / "dup", tmp_path / "o", *TINY], "given to two images"),
+        "out not a store": ([imgs, tmp_path / "taken", *TINY], "not a store"),
+        "bad boxes": ([imgs, tmp_path / "o", *TINY, "--boxes", "50-10"], "--boxes"),
+        "bad max-rejected": ([imgs, tmp_path / "o", *TINY, "--max-rejected", "-1"], "--max-rejected"),
+        "tiny with weights": ([imgs, tmp_path / "o", "--tiny", "--weights", tmp_path / "weights.bin"], "--tiny"),
+        "boxes and boxes-from": ([imgs, tmp_path / "o", *TINY, "--boxes", "36", "--boxes-from", tmp_path / "b.json"],
+                                 "give one"),
+        "missing boxes file": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "b.json"], "does not exist"),
+    }
+
+
+def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
+    _images(tmp_path / "imgs", 2)
+    for name, (argv, msg) in _bad_cases(tmp_path).items():
+        before = sorted(p.name for p in tmp_path.iterdir())
+        rc, out, err = _run(*argv, capsys=capsys)
+        assert rc == 2, name
+        assert err.startswith("error: ") and err.count("\n") == 1 and msg in err, (name, err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before, name
+        if "--random-weights" in map(str, argv):
+            assert "RANDOM WEIGHTS" in err, name
+
+
+def test_no_weights_names_the_three_public_files(tmp_path, capsys):
+    _images(tmp_path / "imgs", 1)
+    rc, _, err = _run(tmp_path / "imgs", tmp_path / "o", capsys=capsys)
+    assert rc == 2
+    for name in ("faster_rcnn_from_caffe_attr.pkl", "bua-caffe-frcn-r101-k36.pth", "pytorch_model.bin"):
+        assert name in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path):
+    _images(tmp_path / "imgs", 12)
+    out = tmp_path / "store"
+    cmd = [sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"), str(out), *TINY,
+           "--images-per-shard", "1", "--batch-size", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    chunks = tmp_path / ".store.extract" / "images"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if chunks.is_dir() and any(p.suffix == ".parquet" for p in chunks.iterdir()):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    last = [x for x in err.splitlines() if "stopped extracting" in x]
+    assert len(last) == 1 and "RANDOM WEIGHTS" in last[0] and "rerun the same command" in last[0]
+    assert "Traceback" not in err, err
+    assert not out.exists() and (tmp_path / ".store.extract").is_dir()
+    done = int(last[0].split("stopped extracting: ")[1].split()[0])
+    assert done >= 1
+    rc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rc.returncode == 0, rc.stderr
+    assert f"skipped {done} already done" in rc.stdout
+    assert open_features(out).manifest.images == 12
+    assert not (tmp_path / ".store.extract").exists()
+
+
+@pytest.mark.slow
+def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, capsys):
+    from xmodal.data.lxmert.store import open_store
+    from xmodal.ingest_cli import main as ingest_main
+
+    store = tmp_path / "extracted"
+    assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0
+    a = _rows(open_features(store))
+    # features --tsv STORE: the same rows
+    assert ingest_main(["features", str(tmp_path / "copy"), "--tsv", str(store), "--num-objects", "100",
+                        "--no-progress"]) == 0
+    b = _rows(open_features(tmp_path / "copy"))
+    assert set(a) == set(b)
+    for k in a:
+        for c in a[k]:
+            assert np.array_equal(a[k][c], b[k][c]), c
+    # lxmert --tsv STORE --json sentences (seeded order: rows read by random access)
+    sents = [{"img_id": k, "sentf": {"mscoco": [f"a picture number {i}", "two words"]}, "labelf": {}}
+             for i, k in enumerate(sorted(a))]
+    (tmp_path / "train.json").write_text(json.dumps(sents))
+    assert ingest_main(["lxmert", str(tmp_path / "lx"), "--tsv", str(store), "--json", str(tmp_path / "train.json"),
+                        "--num-objects", "100", "--vocab-size", "200", "--minival-fraction", "0.5",
+                        "--no-progress"]) == 0
+    lx = open_store(tmp_path / "lx")
+    got = {}
+    for split in ("train", "minival"):
+        for f in lx.shard_paths(split):
+            t = pq.read_table(f, columns=["img_id", "features", "num_boxes"])
+            feats = t.column("features").combine_chunks().to_numpy_ndarray()
+            for i, k in enumerate(t.column("img_id").to_pylist()):
+                got[k] = feats[i]
+    assert set(got) == set(a)
+    for k in a:
+        assert np.array_equal(got[k], a[k]["features"])
+    # a folder that is not a store is refused in one line
+    (tmp_path / "notastore").mkdir()
+    rc = ingest_main(["features", str(tmp_path / "x"), "--tsv", str(tmp_path / "notastore")])
+    assert rc == 2 and "not a feature-only store" in capsys.readouterr().err
