@@ -415,6 +415,13 @@ def random_detector(cfg: DetectorConfig | None = None, seed: int = 0) -> Detecto
                 t.copy_(torch.randn(t.shape, generator=g) * 0.1)
             elif name.endswith("weight") and t.dim() == 1:  # BatchNorm's Scale gamma
                 t.copy_(torch.rand(t.shape, generator=g) * 0.5 + 0.5)
+            elif name.startswith("rpn.deltas"):
+                # Zero deltas: proposals are the anchors, so NMS keeps the 300 a trained RPN gives.
+                # Random deltas grow through 23 random res4 blocks until every box is the whole
+                # image and NMS keeps a handful (the benchmark would time too few regions).
+                t.zero_()
+            elif name.startswith("rpn.objectness"):  # the prototxt's filler, std 0.01
+                t.copy_(torch.randn(t.shape, generator=g) * 0.01)
             elif t.dim() > 2:  # convolutions: unit variance in, about unit variance out
                 t.copy_(torch.randn(t.shape, generator=g) / t[0].numel() ** 0.5)
             elif t.dim() == 2:  # the heads and the embedding: Caffe's gaussian filler of the prototxt, std 0.01
