@@ -46,9 +46,9 @@ fi
 # Bytecode compiled at install: a process that may not write .pyc files (PYTHONDONTWRITEBYTECODE)
 # would otherwise compile every module it imports, each time. pip stays the way where uv is not had.
 if .venv/bin/python -m pip install -q "uv>=0.5" && .venv/bin/uv --version >/dev/null 2>&1; then
-    .venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e ".[cluster,test]"
+    .venv/bin/uv pip install --python .venv/bin/python -q --compile-bytecode -e ".[cluster,test,extract]"
 else
     echo "setup.sh: uv could not be installed; installing with pip (slower)" >&2
-    .venv/bin/python -m pip install -q -e ".[cluster,test]"
+    .venv/bin/python -m pip install -q -e ".[cluster,test,extract]"
 fi
 echo "xmodal installed in $(pwd)/.venv"

@@ -19,6 +19,8 @@ cv2 = pytest.importorskip("cv2")
 
 from xmodal.data.lxmert.features import ingest_features, open_features  # noqa: E402
 from xmodal.extract.cli import main  # noqa: E402
+from xmodal.models.butd.detector import DetectorConfig, random_detector  # noqa: E402
+from xmodal.models.butd.weights import save_in_layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--random-weights", "--tiny", "--no-progress", "--batch-size", "2"]
@@ -180,6 +182,8 @@ def test_boxes_from(ray_local, tmp_path, images, capsys):
 def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
     imgs = tmp_path / "imgs"
     (tmp_path / "weights.bin").write_bytes(b"not weights")
+    # the tiny net's weights without --tiny: refused in the driver, naming a key and both shapes
+    save_in_layout(random_detector(DetectorConfig.tiny()).state_dict(), "detectron2", tmp_path / "tiny.pkl")
     (tmp_path / "empty").mkdir()
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
@@ -195,7 +199,9 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
         "out not a store": ([imgs, tmp_path / "taken", *TINY], "not a store"),
         "bad boxes": ([imgs, tmp_path / "o", *TINY, "--boxes", "50-10"], "--boxes"),
         "bad max-rejected": ([imgs, tmp_path / "o", *TINY, "--max-rejected", "-1"], "--max-rejected"),
-        "tiny with weights": ([imgs, tmp_path / "o", "--tiny", "--weights", tmp_path / "weights.bin"], "--tiny"),
+        "not weights": ([imgs, tmp_path / "o", "--weights", tmp_path / "weights.bin"], "weights.bin"),
+        "weights of another size": ([imgs, tmp_path / "o", "--weights", tmp_path / "tiny.pkl"],
+                                    "tiny.pkl: missing key for our 'backbone.res2.1.conv1.weight'"),
         "boxes and boxes-from": ([imgs, tmp_path / "o", *TINY, "--boxes", "36", "--boxes-from", tmp_path / "b.json"],
                                  "give one"),
         "missing boxes file": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "b.json"], "does not exist"),
@@ -293,3 +299,31 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
     (tmp_path / "notastore").mkdir()
     rc = ingest_main(["features", str(tmp_path / "x"), "--tsv", str(tmp_path / "notastore")])
     assert rc == 2 and "not a feature-only store" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, images, capsys):
+    # A detector saved in the detectron2 port's layout, run by the job, gives what the same detector
+    # gives on the images as cv2.imread reads them: the whole path (listing, decoding in Ray tasks,
+    # the weights' import in each actor, batching, the store's packing) changes nothing but float16.
+    det = random_detector(DetectorConfig.tiny(), seed=7)
+    save_in_layout(det.state_dict(), "detectron2", tmp_path / "w.pkl")
+    out = tmp_path / "store"
+    rc, stdout, err = _run(tmp_path / "imgs", out, "--weights", tmp_path / "w.pkl", "--tiny", "--no-progress",
+                           "--batch-size", "3", capsys=capsys)
+    assert rc == 0, err
+    assert "RANDOM" not in stdout
+    store = open_features(out)
+    assert store.manifest.options["layout"] == "detectron2"
+    rows = _rows(store)
+    import torch
+
+    for p in images:
+        expected = det.extract([torch.from_numpy(cv2.imread(str(p), cv2.IMREAD_COLOR))])[0]
+        r, k = rows[p.stem], expected.boxes.shape[0]
+        assert r["num_boxes"] == k and (r["img_h"], r["img_w"]) == (expected.img_h, expected.img_w)
+        assert np.array_equal(r["obj_ids"][:k], expected.objects_id.numpy())
+        assert np.array_equal(r["attr_ids"][:k], expected.attrs_id.numpy())
+        scale = np.array([r["img_w"], r["img_h"]] * 2, np.float32)
+        assert np.allclose(r["boxes"][:k] * scale, expected.boxes.numpy(), atol=1e-3)
+        assert np.allclose(r["features"][:k].astype(np.float32), expected.features.numpy(), rtol=1e-3, atol=1e-3)

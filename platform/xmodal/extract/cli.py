@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--restart", action="store_true", help="discard an unfinished earlier extraction to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--random-weights", action="store_true", help=argparse.SUPPRESS)  # tests and benchmarks only
-    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # with --random-weights: the tiny net
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: the tiny net (random or own weights)
     return p
 
 

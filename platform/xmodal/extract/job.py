@@ -58,7 +58,7 @@ class ExtractOptions:
     weights: str | None = None
     layout: str = "auto"
     random_weights: bool = False  # tests and benchmarks only
-    tiny: bool = False  # with random_weights: DetectorConfig.tiny()
+    tiny: bool = False  # DetectorConfig.tiny(): tests and benchmarks (random weights, or weights they wrote)
     boxes: str | None = None  # "36" (default) or "MIN-MAX"
     boxes_from: str | None = None
     bf16: bool = False
@@ -139,10 +139,18 @@ def check_weights(o: ExtractOptions) -> str:
         raise ExtractError(f"--weights {o.weights}: the weights loader cannot be imported ({e})") from None
     if o.layout != "auto" and o.layout not in weights.LAYOUTS:
         raise ExtractError(f"--layout {o.layout!r}: expected auto or one of {', '.join(weights.LAYOUTS)}")
+    import torch
+
+    from xmodal.models.butd.detector import Detector, DetectorConfig
+
+    with torch.device("meta"):  # the shapes the actors will load into, without allocating them
+        expected = Detector(DetectorConfig.tiny() if o.tiny else DetectorConfig()).state_dict()
     try:
         found = weights.detect_layout(str(p))
+        # the whole strict load an actor makes (every key used, every shape), here before Ray starts
+        weights.load_state_dict(str(p), o.layout, expected={k: v.shape for k, v in expected.items()})
     except weights.WeightsError as e:
-        raise ExtractError(f"--weights {o.weights}: {e}") from None
+        raise ExtractError(f"--weights {e}") from None  # the message starts with the file's path
     return o.layout if o.layout != "auto" else str(found)
 
 
@@ -196,8 +204,6 @@ def check(o: ExtractOptions) -> Plan:
     boxes_range = parse_boxes(o.boxes or "36")
     if o.random_weights and o.weights:
         raise ExtractError("--weights and --random-weights: give one")
-    if o.tiny and not o.random_weights:
-        raise ExtractError("--tiny: the tiny detector has no public weights; it goes with --random-weights only")
     if o.random_weights and o.layout != "auto":
         raise ExtractError("--layout: random weights have no layout")
     if not o.random_weights and not o.weights:

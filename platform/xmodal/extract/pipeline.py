@@ -45,12 +45,12 @@ class DetectorSpec:
     def build(self):
         from xmodal.models.butd.detector import DetectorConfig, random_detector
 
+        cfg = DetectorConfig.tiny() if self.tiny else DetectorConfig()
         if self.weights is None:
-            cfg = DetectorConfig.tiny() if self.tiny else DetectorConfig()
             return random_detector(cfg, seed=self.seed)
         from xmodal.models.butd.weights import load_detector
 
-        return load_detector(self.weights, layout=self.layout)
+        return load_detector(self.weights, layout=self.layout, cfg=cfg)
 
 
 def decode_batch(batch: pa.Table) -> pa.Table:
