@@ -13,6 +13,7 @@ import sys
 
 from xmodal.cli import user_errors
 from xmodal.extract.job import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
+from xmodal.models.butd.weights import LAYOUTS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -21,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("images", metavar="IMAGES", help="folder of images, list file of image paths, or s3:// prefix")
     p.add_argument("out", metavar="OUT", help="feature-only store to create (--format tsv: the TSV file)")
     p.add_argument("--weights", help="the detector's weights: " + "; ".join(PUBLIC_WEIGHTS))
-    p.add_argument("--layout", default="auto", help="the weights file's layout (default: recognised from the file)")
+    p.add_argument("--layout", default="auto",
+                   help=f"the weights file's layout: auto (default: recognised from the file), {', '.join(LAYOUTS)}")
     p.add_argument("--boxes", help="boxes per image: 36 (default; LXMERT's obj36) or MIN-MAX (10-100: the bottom-up "
                                    "default, padded to MAX slots in a store)")
     p.add_argument("--boxes-from", metavar="FILE",
@@ -33,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
                                                  "(default: the file name without extension)")
     p.add_argument("--max-rejected", default=DEFAULT_MAX_REJECTED, metavar="N|P%",
                    help="unreadable images tolerated (listed and skipped) before the run fails: a number or a "
-                        f"percentage of the images (default {DEFAULT_MAX_REJECTED})")
+                        f"percentage of the images (default {DEFAULT_MAX_REJECTED})".replace("%", "%%"))
     p.add_argument("--batch-size", type=int, default=4, help="images per detector call (default 4)")
     p.add_argument("--actors", type=int, default=None,
                    help="detector actors (default: one per GPU of the cluster, else 1)")
