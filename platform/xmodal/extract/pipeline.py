@@ -92,11 +92,7 @@ class DetectorActor:
 
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.detector = spec.build()
-        if hasattr(self.detector, "to"):
-            self.detector = self.detector.to(self.device)
-        if hasattr(self.detector, "eval"):
-            self.detector.eval()
+        self.detector = spec.build().to(self.device).eval()
 
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
         import torch
@@ -113,7 +109,9 @@ class DetectorActor:
             with torch.inference_mode():
                 found = self.detector.extract(images, boxes_range=s.boxes_range, given_boxes=given,
                                               region_dtype=torch.bfloat16 if s.bf16 else torch.float32)
-        width = int(found[0].features.shape[1]) if found else 1
+        # The configured width, not the found features': a batch whose images are all rejects must
+        # give arrays of the same shape as the others (Ray Data would make a ragged column of them).
+        width = self.detector.cfg.feature_dim
         k = s.num_objects
         out: dict[str, Any] = {
             "img_id": np.array([r["img_id"] for r in rows], dtype=object),

@@ -1,0 +1,31 @@
+"""The detector actor's batches, without Ray: every batch has the same array shapes, whatever it holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from xmodal.extract.pipeline import DetectorActor, DetectorSpec
+
+
+def _batch(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("path", pa.string()), ("img_id", pa.string()), ("given", pa.binary()), ("h", pa.int32()), ("w", pa.int32()),
+        ("pixels", pa.large_binary()), ("reject", pa.string()), ("reject_kind", pa.string())]))
+
+
+def test_a_batch_of_rejects_has_the_shapes_of_a_batch_of_images():
+    """Ray Data stacks the actor's batches into one column: a batch of rejects with narrower features
+    made that column ragged and the job failed at its end."""
+    actor = DetectorActor(DetectorSpec(weights=None, tiny=True))
+    image = np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    good = _batch([{"path": "a.jpg", "img_id": "a", "given": b"", "h": 40, "w": 56, "pixels": image.tobytes(),
+                    "reject": "", "reject_kind": ""}])
+    bad = _batch([{"path": p, "img_id": p, "given": b"", "h": 0, "w": 0, "pixels": b"", "reject": "empty file",
+                   "reject_kind": "image"} for p in ("b.jpg", "c.jpg")])
+    a, b = actor(good), actor(bad)
+    assert set(a) == set(b)
+    for key in a:
+        assert a[key].shape[1:] == b[key].shape[1:] and a[key].dtype == b[key].dtype, key
+    assert a["features"].shape == (1, 36, actor.detector.cfg.feature_dim) and a["num_boxes"][0] == 36
+    assert list(b["reject"]) == ["empty file"] * 2 and (b["num_boxes"] == 0).all()
