@@ -8,6 +8,9 @@ Rows, each over the same N synthetic images of one size (COCO's typical 480 x 64
   (the reference's way), each in fp32 (the exact default) and bf16 (the RoI head only):
   images/s of one detector worker, peak memory, and the seconds per stage (prepare, backbone+rpn,
   roi_pool, res5+heads, select) from `Detector.extract(stats=...)`, and the RoIs per image that res5 ran over;
+- FLOP rate: the detector's FLOPs per image (counted by torch's FlopCounterMode over the first
+  batch: convolutions and matmuls) times images/s, as a fraction of this machine's own matmul rate
+  (a square matmul timed in the same run, in the row's precision);
 - decode: images/s of one CPU core reading JPEG bytes as the job does (`cv2.imdecode`) and
   preparing the network's input (`prepare_image`: means, resize), when OpenCV is installed.
 
@@ -25,6 +28,7 @@ import time
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from xmodal.console import say
 from xmodal.errors import UserError
@@ -77,11 +81,36 @@ def _peak_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # process peak RSS: monotone over rows
 
 
-def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.device) -> list[dict[str, Any]]:
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | None = None) -> float:
+    """This machine's dense matmul rate (TFLOP/s): an n x n product, best of five after a warm-up."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for i in range(6):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e12
+
+
+def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.device,
+                  peak_tflops: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
+    flops_per_image = 0.0
     for regions in ("batched", "per image"):
         for dtype in (torch.float32, torch.bfloat16):
             step = batch if regions == "batched" else 1
+            if not flops_per_image:  # counted once: the work per image is the same in every row
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    det.extract(images[:step], region_dtype=dtype)
+                flops_per_image = counter.get_total_flops() / step
             det.extract(images[:step], region_dtype=dtype)  # warm-up: kernels, allocator
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -101,6 +130,12 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
                    "peak_gib": _peak_gib(device), "stage_s_per_image": {k: v / len(images) for k, v in stages.items()}}
             say(f"  {TAG} regions {regions}, {row['precision']}: {row['images_s']:.2f} images/s "
                 f"({1000 * row['s_per_image']:.0f} ms/image), peak {row['peak_gib']:.2f} GiB")
+            row["tflops"] = flops_per_image * row["images_s"] / 1e12
+            row["flops_per_image"] = flops_per_image
+            row["of_matmul"] = row["tflops"] / peak_tflops[row["precision"]]
+            say(f"  {TAG}   {flops_per_image / 1e9:,.1f} GFLOP/image, {1000 * row['tflops']:.0f} GFLOP/s = "
+                f"{100 * row['of_matmul']:.0f} % of this machine's {row['precision']} matmul rate "
+                f"({1000 * peak_tflops[row['precision']]:.0f} GFLOP/s)")
             rows.append(row)
     return rows
 
@@ -133,14 +168,22 @@ def markdown(res: dict[str, Any]) -> str:
     m = res["meta"]
     lines = [f"Feature extraction {TAG}, {m['date']}, {m['device_name']}, torch {m['torch']}, config {m['config']}, "
              f"{m['size'][0]}x{m['size'][1]} images", "",
-             "| regions | precision | images/s | ms/image | RoIs/image | boxes/image | peak GiB | prepare | backbone+rpn "
-             "| roi_pool | res5+heads | select |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| regions | precision | images/s | ms/image | RoIs/image | boxes/image | peak GiB | GFLOP/s | of matmul "
+             "| prepare | backbone+rpn | roi_pool | res5+heads | select |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["detector"]:
         st = r["stage_s_per_image"]
         lines.append(f"| {r['regions']} (x{r['batch']}) | {r['precision']} | {r['images_s']:,.2f} | "
                      f"{1000 * r['s_per_image']:,.0f} | {r['rois_per_image']:.0f} | {r['boxes_per_image']:.0f} | {r['peak_gib']:.2f} | "
+                     f"{1000 * r['tflops']:,.0f} | {100 * r['of_matmul']:.0f} % | "
                      + " | ".join(f"{1000 * st.get(k, 0.0):,.0f}" for k in
                                   ("prepare", "backbone+rpn", "roi_pool", "res5+heads", "select")) + " |")
+    flops = res["detector"][0]["flops_per_image"]
+    peaks = res["matmul_tflops"]
+    lines += ["", f"{TAG} {flops / 1e9:,.1f} GFLOP per image (FlopCounterMode: convolutions and matmuls). This machine's "
+              f"matmul rate, measured in the same run: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 "
+              f"{1000 * peaks['bf16']:,.0f} GFLOP/s; 'of matmul' is the row's rate against its precision's "
+              "(bf16 rows run only the RoI head in bf16)."]
     lines += ["", "Stage columns: ms per image. Peak: CUDA's max allocated; on a CPU the process's peak RSS "
               "(monotone across rows, an upper bound)."]
     if res.get("decode"):
@@ -178,8 +221,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     det = random_detector(CONFIGS[args.config](), seed=0).to(device)
     images = synthetic_images(n, size)
-    res: dict[str, Any] = {"meta": meta, "detector": detector_rows(det, images, batch, device),
-                           "decode": decode_row(images[: max(4, min(n, 32))] if n >= 4 else images)}
+    peaks = {"fp32": matmul_tflops(device, torch.float32), "bf16": matmul_tflops(device, torch.bfloat16)}
+    say(f"  {TAG} matmul rate here: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 {1000 * peaks['bf16']:,.0f} GFLOP/s")
+    res: dict[str, Any] = {"meta": meta, "matmul_tflops": peaks,
+                           "detector": detector_rows(det, images, batch, device, peaks),
+                           "decode": decode_row(synthetic_images(32, size, seed=1))}
     res["meta"]["wall_s"] = time.perf_counter() - t0
     text = markdown(res)
     if args.out:

@@ -400,12 +400,13 @@ def data_results(s: Settings) -> list[dict]:
 def extract_results(s: Settings) -> list[dict]:
     """The extraction benchmark's detector rows (`xmodal_bench.extract.detector_rows`)."""
     from xmodal.models.butd.detector import DetectorConfig, random_detector
-    from xmodal_bench.extract import detector_rows, synthetic_images
+    from xmodal_bench.extract import detector_rows, matmul_tflops, synthetic_images
 
     full = s.device.type == "cuda" and not s.quick
     cfg = DetectorConfig() if full else DetectorConfig.tiny()
     images = synthetic_images(64 if full else 2, (480, 640) if full else (48, 64))
-    rows = detector_rows(random_detector(cfg, seed=0).to(s.device), images, 8 if full else 2, s.device)
+    peaks = {"fp32": matmul_tflops(s.device, torch.float32), "bf16": matmul_tflops(s.device, torch.bfloat16)}
+    rows = detector_rows(random_detector(cfg, seed=0).to(s.device), images, 8 if full else 2, s.device, peaks)
     return [{"config": "reference" if full else "tiny", "target": TARGETS["extract_images_s"], **r} for r in rows]
 
 
@@ -471,12 +472,12 @@ def markdown(res: dict[str, Any]) -> str:
                          f"{d['samples_s']:,.0f} | {d['median_samples_s']:,.0f} | {d['target']:,.0f} |")
         lines.append("")
     if res.get("extract"):
-        lines += ["| extraction (random weights) | config | regions | precision | images/s | ms/image | peak GiB | target |",
-                  "|---|---|---|---|---:|---:|---:|---:|"]
+        lines += ["| extraction (random weights) | config | regions | precision | images/s | ms/image | peak GiB "
+                  "| of matmul rate | target |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
         for e in res["extract"]:
             lines.append(f"| detector worker | {e['config']} | {e['regions']} (x{e['batch']}) | {e['precision']} | "
                          f"{e['images_s']:,.2f} | {1000 * e['s_per_image']:,.0f} | {e['peak_gib']:.2f} | "
-                         f"{e['target']:,.0f} |")
+                         f"{100 * e['of_matmul']:.0f} % | {e['target']:,.0f} |")
         lines.append("")
     if res["ratios"]:
         lines += ["| ratio | value |", "|---|---:|"]

@@ -37,8 +37,13 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
     for r in rows:
         assert r["images"] == 2 and r["boxes_per_image"] == 36
         assert set(r["stage_s_per_image"]) == STAGES
-        for key in ("images_s", "s_per_image", "peak_gib"):
+        for key in ("images_s", "s_per_image", "peak_gib", "tflops", "of_matmul"):
             assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+        # The FLOP rate: the counted work per image (the same in every row) over this row's time, against
+        # the matmul rate of the row's precision measured in the same run.
+        assert r["flops_per_image"] == rows[0]["flops_per_image"] > 0
+        assert math.isclose(r["tflops"], r["flops_per_image"] * r["images_s"] / 1e12)
+        assert math.isclose(r["of_matmul"], r["tflops"] / res["matmul_tflops"][r["precision"]])
     assert res["decode"]["images_s_per_core"] > 0
     assert js.with_suffix(".md").read_text().startswith("Feature extraction [random weights]")
 
