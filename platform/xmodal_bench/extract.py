@@ -140,6 +140,35 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
     return rows
 
 
+def bf16_difference(det, images: list[torch.Tensor], batch: int) -> dict[str, float]:
+    """bf16's RoI head against fp32's on the same images: how many of fp32's selected boxes bf16 selects
+    too, and on fp32's boxes (given to both) the features' relative L2 difference and the share of
+    object and attribute ids that agree. With random weights the class scores are near ties, so the
+    ids and the selection are more fragile than a trained head's: an upper bound on the disagreement."""
+    kept = same_obj = same_attr = total = 0
+    diff2 = norm2 = 0.0
+    for i in range(0, len(images), batch):
+        part = images[i:i + batch]
+        full = det.extract(part, region_dtype=torch.float32)
+        half = det.extract(part, region_dtype=torch.bfloat16)
+        given = [r.boxes for r in full]
+        on_full = det.extract(part, given_boxes=given, region_dtype=torch.bfloat16)
+        ref = det.extract(part, given_boxes=given, region_dtype=torch.float32)
+        for f, h, a, b in zip(full, half, on_full, ref, strict=True):
+            kept += sum(bool((h.boxes == box).all(1).any()) for box in f.boxes)
+            total += f.boxes.shape[0]
+            diff2 += float((a.features.float() - b.features).square().sum())
+            norm2 += float(b.features.square().sum())
+            same_obj += int((a.objects_id == b.objects_id).sum())
+            same_attr += int((a.attrs_id == b.attrs_id).sum())
+    out = {"boxes_kept": kept / total, "features_rel_l2": (diff2 / norm2) ** 0.5, "objects_id_same": same_obj / total,
+           "attrs_id_same": same_attr / total}
+    say(f"  {TAG} bf16 vs fp32: {100 * out['boxes_kept']:.1f} % of fp32's boxes selected; on the same boxes "
+        f"features differ by {100 * out['features_rel_l2']:.2f} % (relative L2), object ids agree "
+        f"{100 * out['objects_id_same']:.1f} %, attribute ids {100 * out['attrs_id_same']:.1f} %")
+    return out
+
+
 def decode_row(images: list[torch.Tensor]) -> dict[str, Any] | None:
     """One core: JPEG bytes -> cv2.imdecode -> prepare_image, as a decode task does per image."""
     try:
@@ -184,6 +213,12 @@ def markdown(res: dict[str, Any]) -> str:
               f"matmul rate, measured in the same run: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 "
               f"{1000 * peaks['bf16']:,.0f} GFLOP/s; 'of matmul' is the row's rate against its precision's "
               "(bf16 rows run only the RoI head in bf16)."]
+    if res.get("bf16"):
+        b = res["bf16"]
+        lines += ["", f"{TAG} bf16 against fp32 (the RoI head only): {100 * b['boxes_kept']:.1f} % of fp32's boxes "
+                  f"selected; on the same boxes features differ by {100 * b['features_rel_l2']:.2f} % (relative L2), "
+                  f"object ids agree {100 * b['objects_id_same']:.1f} %, attribute ids {100 * b['attrs_id_same']:.1f} % "
+                  "(random weights: near-tied class scores, so ids and selection are more fragile than a trained head's)."]
     lines += ["", "Stage columns: ms per image. Peak: CUDA's max allocated; on a CPU the process's peak RSS "
               "(monotone across rows, an upper bound)."]
     if res.get("decode"):
@@ -225,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"  {TAG} matmul rate here: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 {1000 * peaks['bf16']:,.0f} GFLOP/s")
     res: dict[str, Any] = {"meta": meta, "matmul_tflops": peaks,
                            "detector": detector_rows(det, images, batch, device, peaks),
+                           "bf16": bf16_difference(det, images, batch),
                            "decode": decode_row(synthetic_images(32, size, seed=1))}
     res["meta"]["wall_s"] = time.perf_counter() - t0
     text = markdown(res)
