@@ -327,3 +327,29 @@ def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, image
         scale = np.array([r["img_w"], r["img_h"]] * 2, np.float32)
         assert np.allclose(r["boxes"][:k] * scale, expected.boxes.numpy(), atol=1e-3)
         assert np.allclose(r["features"][:k].astype(np.float32), expected.features.numpy(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_path, images, capsys):
+    """IMAGES as `s3://bucket/prefix` (the tests' moto server): listed recursively, read by the decode
+    tasks where they are, the same rows as the local folder; a prefix holding nothing is one error."""
+    import uuid
+
+    from xmodal_testing import S3_BUCKET
+
+    (tmp_path / "imgs" / "deeper").mkdir()
+    cv2.imwrite(str(tmp_path / "imgs" / "deeper" / "extra.png"), np.full((30, 20, 3), 90, np.uint8))
+    (tmp_path / "imgs" / "notes.txt").write_text("not an image: not listed")
+    uri = s3.upload(tmp_path / "imgs", f"photos-{uuid.uuid4().hex[:8]}")
+    assert _run(tmp_path / "imgs", tmp_path / "local", *TINY, capsys=capsys)[0] == 0
+    rc, out, err = _run(uri, tmp_path / "remote", *TINY, capsys=capsys)
+    assert rc == 0, err
+    a, b = _rows(open_features(tmp_path / "local")), _rows(open_features(tmp_path / "remote"))
+    assert set(a) == set(b) == {p.stem for p in images} | {"extra"}
+    for k in a:
+        for c in a[k]:
+            assert np.array_equal(a[k][c], b[k][c]), (k, c)
+    empty = f"s3://{S3_BUCKET}/nothing-{uuid.uuid4().hex[:8]}"
+    rc, _, err = _run(empty, tmp_path / "o", *TINY, capsys=capsys)
+    assert rc == 2 and err.count("\n") == 1 and empty in err, err
+    assert not (tmp_path / "o").exists()
