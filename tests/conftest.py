@@ -38,9 +38,9 @@ HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
 GROUPED_FOLDERS = ("tracking",)
 HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "jobs/test_pretrain_job.py", "test_cluster.py",
                   "jobs/test_learning.py", "sweep/test_sweep.py", "runner/test_interrupt.py", "tracking/test_logger.py",
-                  "jobs/test_finetune_job.py", "jobs/test_mult_job.py", "runner/test_outage.py",
+                  "jobs/test_finetune_job.py", "jobs/test_mult_job.py", "extract/test_extract_job.py", "runner/test_outage.py",
                   "jobs/test_mult_learning.py", "export/test_export_selected.py", "bench/test_suite.py",
-                  "report/test_build.py", "test_tracking_load.py",
+                  "report/test_build.py", "extract/test_extract_photographs.py", "test_tracking_load.py",
                   "jobs/test_pretrain_job_s3.py", "bench/test_scale.py", "bench/test_sweep_bench.py",
                   "export/test_export_source.py", "test_bad_configs.py", "data/finetune/test_finetune_stream.py",
                   "runner/test_local_ray.py", "report/test_collect.py", "report/test_stats.py",
