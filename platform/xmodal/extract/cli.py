@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from xmodal.cli import user_errors
+from xmodal.cli import add_verbose, setup_console, user_errors
 from xmodal.extract.job import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
 from xmodal.models.butd.weights import LAYOUTS
 
@@ -46,13 +46,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--restart", action="store_true", help="discard an unfinished earlier extraction to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbose(p)
     p.add_argument("--random-weights", action="store_true", help=argparse.SUPPRESS)  # tests and benchmarks only
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests: the tiny net (random or own weights)
     return p
 
 
-def options(argv: list[str]) -> ExtractOptions:
-    a = parser().parse_args(argv)
+def options(a: argparse.Namespace) -> ExtractOptions:
     return ExtractOptions(images=a.images, out=a.out, weights=a.weights, layout=a.layout,
                           random_weights=a.random_weights, tiny=a.tiny, boxes=a.boxes, boxes_from=a.boxes_from,
                           bf16=a.bf16, format=a.format, ids=a.ids, max_rejected=a.max_rejected,
@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run `jobs/extract.py` with `argv` (default: sys.argv[1:]); returns the exit code."""
     from xmodal.extract.job import extract
 
-    o = options(sys.argv[1:] if argv is None else list(argv))
+    a = parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    setup_console(a.verbose)
+    o = options(a)
 
     def run() -> None:
         extract(o)

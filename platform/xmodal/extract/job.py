@@ -340,7 +340,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
             if rejected > limit:
                 flush()
                 raise ExtractError(
-                    f"{rejected} images rejected, more than --max-rejected {o.max_rejected} (= {limit} of "
+                    f"{rejected} image{'s' if rejected > 1 else ''} rejected, more than --max-rejected {o.max_rejected} (= {limit} of "
                     f"{len(plan.refs)}); they are listed in {work.path / REJECTS_FILE}; nothing was written at "
                     f"{plan.out}: fix or remove them and rerun (finished images are kept and skipped), or raise "
                     "--max-rejected")
