@@ -91,3 +91,27 @@ def test_targets_and_kinds(reference: RefCorpus, tmp_path: Path, small_store: Lx
                         str(reference.tsv[1]), "--no-progress"]) == 0
     assert open_features(tmp_path / "cli").manifest.images == 24
     assert ingest_main(["features", str(tmp_path / "cli2"), "--tsv", str(tmp_path / "no.tsv")]) == 2
+
+
+def test_a_store_read_in_random_order_row_group_by_row_group(reference: RefCorpus, tmp_path: Path):
+    """`tsv_lines_at` over a feature-only store (what `ingest lxmert --tsv STORE` reads in its seeded
+    order): each image is its row, found through the one row group that holds it, and named by its
+    row in the shard."""
+    import random
+
+    from xmodal.data.lxmert.ingest import tsv_lines_at
+
+    store = ingest_features(tmp_path / "feats", reference.tsv, images_per_shard=8, row_group_images=3,
+                            progress=False)  # 3 shards of 8 rows: row groups of 3, 3 and 2
+    shards = store.manifest.shards
+    natural = {(i, r): img_id for i, s in enumerate(shards)
+               for r, img_id in enumerate(store.read_table(s.file, columns=["img_id"]).column("img_id").to_pylist())}
+    order = sorted(natural)
+    random.Random(0).shuffle(order)
+    got = list(tsv_lines_at([store.path], ((0, i, r) for i, r in order)))
+    assert [im.img_id for _, im in got] == [natural[loc] for loc in order]
+    for (where, im), (i, r) in zip(got, order, strict=True):
+        assert where == f"{store.path}: {Path(shards[i].file).name} row {r} (img_id {im.img_id!r})"
+        ref = reference.images[im.img_id]
+        np.testing.assert_array_equal(im.obj_ids, ref.obj_ids)
+        np.testing.assert_allclose(im.features.astype(np.float32), ref.features, rtol=1e-3, atol=1e-3)
