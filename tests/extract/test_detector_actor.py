@@ -29,3 +29,23 @@ def test_a_batch_of_rejects_has_the_shapes_of_a_batch_of_images():
         assert a[key].shape[1:] == b[key].shape[1:] and a[key].dtype == b[key].dtype, key
     assert a["features"].shape == (1, 36, actor.detector.cfg.feature_dim) and a["num_boxes"][0] == 36
     assert list(b["reject"]) == ["empty file"] * 2 and (b["num_boxes"] == 0).all()
+
+
+def test_an_actor_refuses_weights_other_than_the_file_the_driver_checked(tmp_path):
+    """On a cluster each node reads the weights path from its own disk: a copy that differs from the
+    file the driver checked and recorded must not give features silently."""
+    import hashlib
+
+    import pytest
+
+    from xmodal.models.butd.detector import DetectorConfig, random_detector
+    from xmodal.models.butd.weights import WeightsError, save_in_layout
+
+    path = tmp_path / "w.pkl"
+    save_in_layout(random_detector(DetectorConfig.tiny()).state_dict(), "detectron2", path)
+    checked = hashlib.sha256(path.read_bytes()).hexdigest()
+    spec = DetectorSpec(weights=str(path), weights_sha256=checked, tiny=True)
+    assert DetectorActor(spec).detector.cfg == DetectorConfig.tiny()  # the same file loads
+    save_in_layout(random_detector(DetectorConfig.tiny(), seed=1).state_dict(), "detectron2", path)
+    with pytest.raises(WeightsError, match=f"{path}: sha256 .* on this node, not the {checked} the driver checked"):
+        DetectorActor(spec)

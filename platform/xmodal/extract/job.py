@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from xmodal.console import say
+from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
 from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
 from xmodal.errors import RunInterrupted, UserError
@@ -114,11 +115,6 @@ def max_rejected(text: str, total: int) -> int:
     except ValueError:
         raise ExtractError(f"--max-rejected {text!r}: expected a number of images >= 0 (e.g. 10) or a percentage "
                            "of them (e.g. 1%)") from None
-
-
-def _sha256(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def weights_error() -> ExtractError:
@@ -228,12 +224,12 @@ def check(o: ExtractOptions) -> Plan:
     vocab = {k: v for k, v in (("objects", read_vocab(o.objects_vocab, n_obj, "--objects-vocab")),
                                ("attributes", read_vocab(o.attributes_vocab, n_attr, "--attributes-vocab")))
              if v is not None}
-    sha = None if o.random_weights else _sha256(Path(o.weights or "").expanduser())
+    sha = None if o.random_weights else sha256_of(Path(o.weights or "").expanduser())
     fingerprint = {
         "format": o.format, "weights_sha256": sha, "layout": layout,
         "random_weights": {"tiny": o.tiny, "seed": o.seed} if o.random_weights else None,
         "boxes": None if given else list(boxes_range),
-        "boxes_from_sha256": _sha256(Path(o.boxes_from).expanduser()) if o.boxes_from else None,
+        "boxes_from_sha256": sha256_of(Path(o.boxes_from).expanduser()) if o.boxes_from else None,
         "num_objects": num_objects, "bf16": o.bf16,
     }
     return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint)
@@ -299,6 +295,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     if gpus and actors > gpus:
         raise ExtractError(f"--actors {actors}: the cluster has {gpus} GPU(s), one per actor; expected at most that")
     spec = pipeline.DetectorSpec(weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
+                                 weights_sha256=plan.weights_sha256,
                                  layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed, boxes_range=plan.boxes_range,
                                  given=plan.given is not None, bf16=o.bf16, num_objects=plan.num_objects)
     items = [{"path": r.path, "img_id": r.img_id,
@@ -399,7 +396,7 @@ def _publish(o: ExtractOptions, plan: Plan, work: WorkDir, rejected: int) -> Sum
     digest = hashlib.sha256()
     shards = []
     for p in chunks:
-        digest.update(_sha256(p).encode())
+        digest.update(sha256_of(Path(p)).encode())
         shards.append(FeatureShard(file=f"{SHARD_DIR}/{p.name}", rows=pq.ParquetFile(p).metadata.num_rows))
     FeatureManifest(schema_version=FeatureManifest.SCHEMA_VERSION, kind=KIND, num_objects=int(shape[0]),
                     feat_dim=int(shape[1]), num_object_labels=n_obj, num_attr_labels=n_attr, shards=shards,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ class DetectorSpec:
     """How an actor builds its detector (pickled to every actor)."""
 
     weights: str | None  # the weights file; None: random weights (tests and benchmarks)
+    weights_sha256: str | None = None  # the file the driver checked: an actor whose copy differs refuses it
     layout: str = "auto"
     tiny: bool = False
     seed: int = 0
@@ -48,8 +50,14 @@ class DetectorSpec:
         cfg = DetectorConfig.tiny() if self.tiny else DetectorConfig()
         if self.weights is None:
             return random_detector(cfg, seed=self.seed)
-        from xmodal.models.butd.weights import load_detector
+        from xmodal.core.checkpoint import sha256_of
+        from xmodal.models.butd.weights import WeightsError, load_detector
 
+        # On a cluster each node reads its own copy of the path: one that differs from the file the
+        # driver checked (another version, a file replaced mid-run) would give other features silently.
+        if self.weights_sha256 is not None and (found := sha256_of(Path(self.weights))) != self.weights_sha256:
+            raise WeightsError(f"{self.weights}: sha256 {found} on this node, not the {self.weights_sha256} the "
+                               "driver checked; give every node the same weights file")
         return load_detector(self.weights, layout=self.layout, cfg=cfg)
 
 
