@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xmodal_testing import S3, free_port, s3_environment
+from xmodal_testing import S3, free_port, held, s3_environment
 
 # Ray Train V2's controller polls its workers every 2 s by default: a run's end, and a worker's death,
 # are seen only at the next poll. Every test Ray (the shared one, and those of jobs started as
@@ -70,6 +70,32 @@ def pytest_xdist_make_scheduler(config, log):
             return file.parent.as_posix() if file.parent.name in GROUPED_FOLDERS else file.as_posix()
 
     return ByFile(config, log)
+
+
+# The rehearsal-host files' prefixes (tests/test_rehearsal.py, test_cross_host.py, test_ray_up.py): every one
+# takes the bridge addresses 10.231.0.0/24, so only one of them may have hosts up on the machine at a time.
+HOST_PREFIXES = ("xmt", "xmx", "xmu")
+# Longest a host file waits for another pytest run's (on this machine, or in a container on its network):
+# the longest of them, test_cross_host.py, took 512 s.
+HOSTS_LOCK_WAIT_S = 30 * 60
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _rehearsal_hosts_alone(request):
+    """A rehearsal-host file runs while it holds the machine's hosts lock, so that no other pytest run (a
+    second checkout's, or a CI job beside this one on the same network) has its bridge on the same
+    addresses. The lock's holder is the only test run with hosts up, so any host of a test prefix still
+    there is a crashed run's and is removed first."""
+    if request.path.name not in HOST_FILES:
+        yield
+        return
+    import xmodal_rehearsal as rehearsal
+
+    with held("xmodal-rehearsal-test-hosts", HOSTS_LOCK_WAIT_S):
+        if rehearsal.unavailable_reason() is None:
+            for prefix in HOST_PREFIXES:
+                rehearsal.teardown_leftovers(prefix)
+        yield
 
 
 @pytest.fixture(scope="session")

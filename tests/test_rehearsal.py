@@ -22,6 +22,7 @@ import pytest
 import xmodal_rehearsal as rehearsal
 from xmodal_rehearsal import Hosts, RehearsalError, machine
 from xmodal_rehearsal.hosts import _kept
+from xmodal_testing import held
 
 REASON = rehearsal.unavailable_reason()
 needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")
@@ -159,6 +160,33 @@ def test_tmp_run_shm_and_home_are_private_to_each_host(hosts):
     assert hosts.run("worker1", ["ls", "-A", "/tmp"]).stdout.split() == kept
     assert hosts.run("worker1", ["stat", "-f", "-c", "%T", "/root"]).stdout.strip() == "overlayfs"
     assert hosts.run("worker1", ["test", "-x", PYTHON], check=False).returncode == 0
+
+
+def test_a_host_file_holds_the_hosts_lock_and_a_dead_holder_frees_a_lock():
+    """Runs anywhere: while this file runs, another pytest run's host file waits (tests/conftest.py: they
+    all take 10.231.0.0/24); a lock another process holds times out naming itself, and is free again once
+    that process is killed, with nothing to clean up."""
+    probe = "from xmodal_testing import held\nwith held({name!r}, {timeout}, poll=0.05):\n    print('held', flush=True)\n"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
+    taken = subprocess.run([PYTHON, "-c", probe.format(name="xmodal-rehearsal-test-hosts", timeout=0.3)],
+                           env=env, capture_output=True, text=True)
+    assert taken.returncode == 1 and "was still held after 0 s" in taken.stderr, taken.stderr
+
+    name = f"xmodal-test-lock-{uuid.uuid4().hex}"
+    holder = subprocess.Popen([PYTHON, "-c", probe.format(name=name, timeout=5) + "    input()\n"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(TimeoutError, match=rf"the lock '{name}' .* was still held after 0 s"):
+            with held(name, 0.2, poll=0.05):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with held(name, 5, poll=0.05):
+        with pytest.raises(TimeoutError):
+            with held(name, 0, poll=0.05):
+                pass
 
 
 def test_the_folders_kept_are_those_a_host_would_not_see(tmp_path):

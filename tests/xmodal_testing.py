@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def held(name: str, timeout: float, poll: float = 1.0) -> Iterator[None]:
+    """Hold a lock named `name` for the network namespace (an abstract Unix socket: one bind per network
+    namespace succeeds, and the kernel frees it when its process dies, so a crashed holder leaves no stale
+    lock). Waits up to `timeout` s for whoever holds it, then fails naming it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                sock.bind("\0" + name)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the lock {name!r} (an abstract Unix socket: `ss -xlp | grep {name}` "
+                                       f"shows its process) was still held after {timeout:.0f} s") from None
+                time.sleep(poll)
+        yield
+    finally:
+        sock.close()
 
 
 def kill_tree(pid: int, grace: float = 5.0) -> None:
