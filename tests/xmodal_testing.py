@@ -6,6 +6,7 @@ would find whichever conftest was imported first.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -56,7 +57,9 @@ def held(name: str, timeout: float, poll: float = 1.0) -> Iterator[None]:
             try:
                 sock.bind("\0" + name)
                 break
-            except OSError:
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:  # anything but "held" is not worth waiting out
+                    raise
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the lock {name!r} (an abstract Unix socket: `ss -xlp | grep {name}` "
                                        f"shows its process) was still held after {timeout:.0f} s") from None
