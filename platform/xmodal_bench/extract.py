@@ -4,15 +4,20 @@
                                      [--batch K] [--size HxW] [--threads T] [--out DIR]
 
 Rows, each over the same N synthetic images of one size (COCO's typical 480 x 640 by default):
-- regions batched (the RoI head over the regions of K images in one call) vs one image at a time
-  (the reference's way), each in fp32 (the exact default) and bf16 (the RoI head only):
-  images/s of one detector worker, peak memory, and the seconds per stage (prepare, backbone+rpn,
-  roi_pool, res5+heads, select) from `Detector.extract(stats=...)`, and the RoIs per image that res5 ran over;
+- batched (K images per `Detector.detect` call: one backbone call for images of one input size, the
+  RoI head over all their regions) vs one image at a time (the reference's way), each in fp32 (the
+  exact mode: TF32 off), bf16 (backbone and heads under bfloat16 autocast) and, on a GPU, tf32:
+  images/s of one detector (one actor), peak memory, the seconds per stage (prepare, backbone, rpn,
+  roi_pool, head, select, to_host) from `Detector.extract(stats=...)`, and the region slots per image
+  that res5 ran over;
+- host ms per image: the same call on the meta device, where every operation is dispatched but none
+  computes: the Python and dispatch work the host does per image whatever the device (a GPU adds its
+  kernel launches on top);
 - FLOP rate: the detector's FLOPs per image (counted by torch's FlopCounterMode over the first
   batch: convolutions and matmuls) times images/s, as a fraction of this machine's own matmul rate
   (a square matmul timed in the same run, in the row's precision);
-- decode: images/s of one CPU core reading JPEG bytes as the job does (`cv2.imdecode`) and
-  preparing the network's input (`prepare_image`: means, resize), when OpenCV is installed.
+- decode: images/s of one CPU core reading JPEG bytes as the job's decode tasks do (`cv2.imdecode`)
+  and preparing the network's input with OpenCV (`pipeline.prepare_blob`: means, `cv2.resize`).
 
 The detector's weights are RANDOM: speed does not depend on their values, except the selection
 (its NMS over 1,600 classes keeps more or fewer boxes per class), so its stage is indicative only.
@@ -32,12 +37,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from xmodal.console import say
 from xmodal.errors import UserError
-from xmodal.models.butd.detector import DetectorConfig, prepare_image, random_detector
+from xmodal.models.butd.detector import Detector, DetectorConfig, random_detector
 from xmodal_bench import at_least, begin, cuda_arg, write_results
 
 CONFIGS = {"reference": DetectorConfig, "tiny": DetectorConfig.tiny}
 TARGET_IMAGES_S = 100.0  # one H200, 36 boxes
 TAG = "[random weights]"
+STAGES = ("prepare", "backbone", "rpn", "roi_pool", "head", "select", "to_host")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,19 +105,36 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | None = None
     return 2 * n**3 / best / 1e12
 
 
+def host_ms_per_image(cfg: DetectorConfig, size: tuple[int, int], batch: int) -> float:
+    """ms per image of the detector's host work at this batch: `detect` on the meta device (shapes only).
+
+    In fp32: autocast has no meta device, and bf16 adds only its casts to the same operations."""
+    with torch.device("meta"):
+        det = Detector(cfg).eval()
+    images = [torch.zeros(*size, 3, dtype=torch.uint8, device="meta") for _ in range(batch)]
+    det.detect(images, backbone_batch=batch)  # warm-up
+    t0 = time.perf_counter()
+    det.detect(images, backbone_batch=batch)
+    return 1000 * (time.perf_counter() - t0) / batch
+
+
+def precisions(device: torch.device) -> tuple[str, ...]:
+    return ("fp32", "tf32", "bf16") if device.type == "cuda" else ("fp32", "bf16")
+
+
 def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.device,
                   peak_tflops: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     flops_per_image = 0.0
     for regions in ("batched", "per image"):
-        for dtype in (torch.float32, torch.bfloat16):
+        for precision in precisions(device):
             step = batch if regions == "batched" else 1
             if not flops_per_image:  # counted once: the work per image is the same in every row
                 counter = FlopCounterMode(display=False)
                 with counter:
-                    det.extract(images[:step], region_dtype=dtype)
+                    det.extract(images[:step], precision=precision, backbone_batch=step)
                 flops_per_image = counter.get_total_flops() / step
-            det.extract(images[:step], region_dtype=dtype)  # warm-up: kernels, allocator
+            det.extract(images[:step], precision=precision, backbone_batch=step)  # warm-up: kernels, allocator
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
@@ -119,61 +142,66 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
             t0 = time.perf_counter()
             boxes = 0
             for i in range(0, len(images), step):
-                boxes += sum(r.boxes.shape[0] for r in det.extract(images[i:i + step], region_dtype=dtype,
-                                                                    stats=stages))
+                boxes += sum(r.boxes.shape[0] for r in det.extract(images[i:i + step], precision=precision,
+                                                                    backbone_batch=step, stats=stages))
             wall = time.perf_counter() - t0
             rois = stages.pop("regions")
-            row = {"regions": regions, "precision": "fp32" if dtype == torch.float32 else "bf16",
+            row = {"regions": regions, "precision": precision,
                    "images": len(images), "batch": step, "images_s": len(images) / wall,
                    "s_per_image": wall / len(images), "boxes_per_image": boxes / len(images),
                    "rois_per_image": rois / len(images),
+                   "host_ms_per_image": host_ms_per_image(det.cfg, tuple(images[0].shape[:2]), step),
                    "peak_gib": _peak_gib(device), "stage_s_per_image": {k: v / len(images) for k, v in stages.items()}}
-            say(f"  {TAG} regions {regions}, {row['precision']}: {row['images_s']:.2f} images/s "
-                f"({1000 * row['s_per_image']:.0f} ms/image), peak {row['peak_gib']:.2f} GiB")
+            say(f"  {TAG} {regions} (x{step}), {precision}: {row['images_s']:.2f} images/s "
+                f"({1000 * row['s_per_image']:.0f} ms/image, of which host {row['host_ms_per_image']:.1f} ms), "
+                f"peak {row['peak_gib']:.2f} GiB")
             row["tflops"] = flops_per_image * row["images_s"] / 1e12
             row["flops_per_image"] = flops_per_image
-            row["of_matmul"] = row["tflops"] / peak_tflops[row["precision"]]
+            peak = peak_tflops["bf16" if precision == "bf16" else "fp32"]
+            row["of_matmul"] = row["tflops"] / peak
             say(f"  {TAG}   {flops_per_image / 1e9:,.1f} GFLOP/image, {1000 * row['tflops']:.0f} GFLOP/s = "
-                f"{100 * row['of_matmul']:.0f} % of this machine's {row['precision']} matmul rate "
-                f"({1000 * peak_tflops[row['precision']]:.0f} GFLOP/s)")
+                f"{100 * row['of_matmul']:.0f} % of this machine's {'bf16' if precision == 'bf16' else 'fp32'} "
+                f"matmul rate ({1000 * peak:.0f} GFLOP/s)")
             rows.append(row)
     return rows
 
 
-def bf16_difference(det, images: list[torch.Tensor], batch: int) -> dict[str, float]:
-    """bf16's RoI head against fp32's on the same images: how many of fp32's selected boxes bf16 selects
-    too, and on fp32's boxes (given to both) the features' relative L2 difference and the share of
-    object and attribute ids that agree. With random weights the class scores are near ties, so the
-    ids and the selection are more fragile than a trained head's: an upper bound on the disagreement."""
+def precision_difference(det, images: list[torch.Tensor], batch: int, precision: str) -> dict[str, float]:
+    """A fast mode against fp32 on the same images: how many of fp32's selected boxes it selects too, and on
+    fp32's boxes (given to both) the features' relative L2 difference and the share of object and attribute
+    ids that agree. With random weights the class scores are near ties, so the ids and the selection are
+    more fragile than a trained head's: an upper bound on the disagreement."""
     kept = same_obj = same_attr = total = 0
     diff2 = norm2 = 0.0
     for i in range(0, len(images), batch):
         part = images[i:i + batch]
-        full = det.extract(part, region_dtype=torch.float32)
-        half = det.extract(part, region_dtype=torch.bfloat16)
+        full = det.extract(part, precision="fp32", backbone_batch=batch)
+        fast = det.extract(part, precision=precision, backbone_batch=batch)
         given = [r.boxes for r in full]
-        on_full = det.extract(part, given_boxes=given, region_dtype=torch.bfloat16)
-        ref = det.extract(part, given_boxes=given, region_dtype=torch.float32)
-        for f, h, a, b in zip(full, half, on_full, ref, strict=True):
+        on_full = det.extract(part, given_boxes=given, precision=precision, backbone_batch=batch)
+        ref = det.extract(part, given_boxes=given, precision="fp32", backbone_batch=batch)
+        for f, h, a, b in zip(full, fast, on_full, ref, strict=True):
             kept += sum(bool((h.boxes == box).all(1).any()) for box in f.boxes)
             total += f.boxes.shape[0]
             diff2 += float((a.features.float() - b.features).square().sum())
             norm2 += float(b.features.square().sum())
-            same_obj += int((a.objects_id == b.objects_id).sum())
-            same_attr += int((a.attrs_id == b.attrs_id).sum())
-    out = {"boxes_kept": kept / total, "features_rel_l2": (diff2 / norm2) ** 0.5, "objects_id_same": same_obj / total,
-           "attrs_id_same": same_attr / total}
-    say(f"  {TAG} bf16 vs fp32: {100 * out['boxes_kept']:.1f} % of fp32's boxes selected; on the same boxes "
+            same_obj += int((a.obj_ids == b.obj_ids).sum())
+            same_attr += int((a.attr_ids == b.attr_ids).sum())
+    out = {"precision": precision, "boxes_kept": kept / total, "features_rel_l2": (diff2 / norm2) ** 0.5,
+           "obj_ids_same": same_obj / total, "attr_ids_same": same_attr / total}
+    say(f"  {TAG} {precision} vs fp32: {100 * out['boxes_kept']:.1f} % of fp32's boxes selected; on the same boxes "
         f"features differ by {100 * out['features_rel_l2']:.2f} % (relative L2), object ids agree "
-        f"{100 * out['objects_id_same']:.1f} %, attribute ids {100 * out['attrs_id_same']:.1f} %")
+        f"{100 * out['obj_ids_same']:.1f} %, attribute ids {100 * out['attr_ids_same']:.1f} %")
     return out
 
 
 def decode_row(images: list[torch.Tensor]) -> dict[str, Any] | None:
-    """One core: JPEG bytes -> cv2.imdecode -> prepare_image, as a decode task does per image."""
+    """One core: JPEG bytes -> cv2.imdecode -> the input blob with OpenCV, as a decode task does per image."""
     try:
         import cv2
         import numpy as np
+
+        from xmodal.extract.pipeline import prepare_blob
     except ImportError:
         say(f"  {TAG} decode: skipped (OpenCV is not installed here)")
         return None
@@ -184,7 +212,7 @@ def decode_row(images: list[torch.Tensor]) -> dict[str, Any] | None:
     try:
         t0 = time.perf_counter()
         for b in blobs:
-            prepare_image(torch.from_numpy(cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR)))
+            prepare_blob(cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR), DetectorConfig().input)
         wall = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
@@ -197,30 +225,31 @@ def markdown(res: dict[str, Any]) -> str:
     m = res["meta"]
     lines = [f"Feature extraction {TAG}, {m['date']}, {m['device_name']}, torch {m['torch']}, config {m['config']}, "
              f"{m['size'][0]}x{m['size'][1]} images", "",
-             "| regions | precision | images/s | ms/image | RoIs/image | boxes/image | peak GiB | GFLOP/s | of matmul "
-             "| prepare | backbone+rpn | roi_pool | res5+heads | select |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| images | precision | images/s | ms/image | host ms/image | RoI slots/image | boxes/image | peak GiB "
+             "| GFLOP/s | of matmul | " + " | ".join(STAGES) + " |",
+             "|---|---|" + "---:|" * (10 + len(STAGES))]
     for r in res["detector"]:
         st = r["stage_s_per_image"]
         lines.append(f"| {r['regions']} (x{r['batch']}) | {r['precision']} | {r['images_s']:,.2f} | "
-                     f"{1000 * r['s_per_image']:,.0f} | {r['rois_per_image']:.0f} | {r['boxes_per_image']:.0f} | {r['peak_gib']:.2f} | "
+                     f"{1000 * r['s_per_image']:,.0f} | {r['host_ms_per_image']:,.1f} | {r['rois_per_image']:.0f} | "
+                     f"{r['boxes_per_image']:.0f} | {r['peak_gib']:.2f} | "
                      f"{1000 * r['tflops']:,.0f} | {100 * r['of_matmul']:.0f} % | "
-                     + " | ".join(f"{1000 * st.get(k, 0.0):,.0f}" for k in
-                                  ("prepare", "backbone+rpn", "roi_pool", "res5+heads", "select")) + " |")
+                     + " | ".join(f"{1000 * st.get(k, 0.0):,.1f}" for k in STAGES) + " |")
     flops = res["detector"][0]["flops_per_image"]
     peaks = res["matmul_tflops"]
     lines += ["", f"{TAG} {flops / 1e9:,.1f} GFLOP per image (FlopCounterMode: convolutions and matmuls). This machine's "
               f"matmul rate, measured in the same run: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 "
               f"{1000 * peaks['bf16']:,.0f} GFLOP/s; 'of matmul' is the row's rate against its precision's "
-              "(bf16 rows run only the RoI head in bf16)."]
-    if res.get("bf16"):
-        b = res["bf16"]
-        lines += ["", f"{TAG} bf16 against fp32 (the RoI head only): {100 * b['boxes_kept']:.1f} % of fp32's boxes "
+              "(tf32 rows against fp32's)."]
+    for b in res.get("precision", []):
+        lines += ["", f"{TAG} {b['precision']} against fp32: {100 * b['boxes_kept']:.1f} % of fp32's boxes "
                   f"selected; on the same boxes features differ by {100 * b['features_rel_l2']:.2f} % (relative L2), "
-                  f"object ids agree {100 * b['objects_id_same']:.1f} %, attribute ids {100 * b['attrs_id_same']:.1f} % "
+                  f"object ids agree {100 * b['obj_ids_same']:.1f} %, attribute ids {100 * b['attr_ids_same']:.1f} % "
                   "(random weights: near-tied class scores, so ids and selection are more fragile than a trained head's)."]
-    lines += ["", "Stage columns: ms per image. Peak: CUDA's max allocated; on a CPU the process's peak RSS "
-              "(monotone across rows, an upper bound)."]
+    lines += ["", "Stage columns: ms per image (the device synchronised at each stage's end). Host ms/image: the "
+              "same call on the meta device (dispatch only, no arithmetic). Peak: CUDA's max allocated; on a CPU the "
+              "process's peak RSS (monotone across rows, an upper bound). One actor: on a GPU shared by several "
+              "actors, images/s per device is the sum of theirs (the job, not this benchmark, measures that)."]
     if res.get("decode"):
         d = res["decode"]
         lines += ["", f"Decode + prepare (cv2.imdecode of {d['jpeg_kib']:.0f} KiB JPEGs, means, resize), one core: "
@@ -260,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"  {TAG} matmul rate here: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 {1000 * peaks['bf16']:,.0f} GFLOP/s")
     res: dict[str, Any] = {"meta": meta, "matmul_tflops": peaks,
                            "detector": detector_rows(det, images, batch, device, peaks),
-                           "bf16": bf16_difference(det, images, batch),
+                           "precision": [precision_difference(det, images, batch, p) for p in precisions(device)[1:]],
                            "decode": decode_row(synthetic_images(32, size, seed=1))}
     res["meta"]["wall_s"] = time.perf_counter() - t0
     text = markdown(res)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = {"prepare", "backbone+rpn", "roi_pool", "res5+heads", "select"}
+STAGES = {"prepare", "backbone", "rpn", "roi_pool", "head", "select", "to_host"}
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -37,7 +37,7 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
     for r in rows:
         assert r["images"] == 2 and r["boxes_per_image"] == 36
         assert set(r["stage_s_per_image"]) == STAGES
-        for key in ("images_s", "s_per_image", "peak_gib", "tflops", "of_matmul"):
+        for key in ("images_s", "s_per_image", "peak_gib", "tflops", "of_matmul", "host_ms_per_image"):
             assert math.isfinite(r[key]) and r[key] > 0, (key, r)
         # The FLOP rate: the counted work per image (the same in every row) over this row's time, against
         # the matmul rate of the row's precision measured in the same run.
@@ -45,10 +45,10 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
         assert math.isclose(r["tflops"], r["flops_per_image"] * r["images_s"] / 1e12)
         assert math.isclose(r["of_matmul"], r["tflops"] / res["matmul_tflops"][r["precision"]])
     assert res["decode"]["images_s_per_core"] > 0
-    # bf16 against fp32: a real difference (bf16 ran) and a small one (0.19 % on this net; bf16 keeps 8 bits)
-    b = res["bf16"]
-    assert 0 < b["features_rel_l2"] < 0.02, b
-    assert all(0 <= b[k] <= 1 for k in ("boxes_kept", "objects_id_same", "attrs_id_same")), b
+    # bf16 against fp32: a real difference (bf16 ran) and a small one (0.4 % on this net; bf16 keeps 8 bits)
+    (b,) = res["precision"]
+    assert b["precision"] == "bf16" and 0 < b["features_rel_l2"] < 0.03, b
+    assert all(0 <= b[k] <= 1 for k in ("boxes_kept", "obj_ids_same", "attr_ids_same")), b
     assert js.with_suffix(".md").read_text().startswith("Feature extraction [random weights]")
 
 

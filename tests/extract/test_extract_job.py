@@ -304,8 +304,9 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
 @pytest.mark.slow
 def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, images, capsys):
     # A detector saved in the detectron2 port's layout, run by the job, gives what the same detector
-    # gives on the images as cv2.imread reads them: the whole path (listing, decoding in Ray tasks,
-    # the weights' import in each actor, batching, the store's packing) changes nothing but float16.
+    # gives on the images as cv2.imread reads them and the reference's OpenCV code prepares them: the
+    # whole path (listing, decoding and preparing in Ray tasks, the weights' import in each actor,
+    # batching, the store's packing) changes nothing but float16.
     det = random_detector(DetectorConfig.tiny(), seed=7)
     save_in_layout(det.state_dict(), "detectron2", tmp_path / "w.pkl")
     out = tmp_path / "store"
@@ -318,12 +319,17 @@ def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, image
     rows = _rows(store)
     import torch
 
+    from xmodal.extract.pipeline import prepare_blob
+    from xmodal.models.butd.image import PreparedImage
+
     for p in images:
-        expected = det.extract([torch.from_numpy(cv2.imread(str(p), cv2.IMREAD_COLOR))])[0]
+        im = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        blob, scale = prepare_blob(im, det.cfg.input)
+        expected = det.extract([PreparedImage(torch.from_numpy(blob), scale, *im.shape[:2])])[0]
         r, k = rows[p.stem], expected.boxes.shape[0]
         assert r["num_boxes"] == k and (r["img_h"], r["img_w"]) == (expected.img_h, expected.img_w)
-        assert np.array_equal(r["obj_ids"][:k], expected.objects_id.numpy())
-        assert np.array_equal(r["attr_ids"][:k], expected.attrs_id.numpy())
+        assert np.array_equal(r["obj_ids"][:k], expected.obj_ids.numpy())
+        assert np.array_equal(r["attr_ids"][:k], expected.attr_ids.numpy())
         scale = np.array([r["img_w"], r["img_h"]] * 2, np.float32)
         assert np.allclose(r["boxes"][:k] * scale, expected.boxes.numpy(), atol=1e-3)
         assert np.allclose(r["features"][:k].astype(np.float32), expected.features.numpy(), rtol=1e-3, atol=1e-3)

@@ -297,7 +297,8 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     spec = pipeline.DetectorSpec(weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
                                  weights_sha256=plan.weights_sha256,
                                  layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed, boxes_range=plan.boxes_range,
-                                 given=plan.given is not None, bf16=o.bf16, num_objects=plan.num_objects)
+                                 given=plan.given is not None, precision="bf16" if o.bf16 else "fp32",
+                                 num_objects=plan.num_objects)
     items = [{"path": r.path, "img_id": r.img_id,
               "given": plan.given[r.img_id].tobytes() if plan.given is not None else b""} for r in todo]
     tell(f"extracting {len(todo)} images with {actors} detector actor(s) on {'GPU' if gpus else 'CPU'}, batch "
@@ -317,7 +318,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
         pending, count = [], 0
 
     try:
-        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=actors, gpus=bool(gpus),
+        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=actors, gpus_per_actor=1.0 if gpus else 0.0,
                                   decode_tasks=o.decode_tasks):
             reject = batch["reject"]
             for i in np.nonzero(reject != "")[0]:

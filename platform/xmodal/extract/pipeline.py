@@ -1,14 +1,18 @@
 """The Ray Data graph of an extraction: read and decode in CPU tasks, detect in an actor pool.
 
-    from_items(images to do) -> map_batches(decode_batch)            tasks: bytes (local or URI), OpenCV
-                             -> map_batches(DetectorActor)           actors: the detector, a GPU each when
-                                                                     the cluster has GPUs
+    from_items(images to do) -> map_batches(decode_batch)            tasks: bytes (local or URI), OpenCV's
+                                                                     decode and the reference's input blob
+                             -> map_batches(DetectorActor)           actors: the detector, a share of a GPU
+                                                                     each when the cluster has GPUs
                              -> iter_batches on the driver           the job writes chunks as they come
 
-A decoded image travels as its raw BGR bytes with its height and width; a rejected one travels with its
-reason and no pixels, through the actors (which pass it on) to the driver, which lists it. The actors'
-output is padded to the run's `num_objects` slots (`chunks.Regions`). The only module of the package
-that imports Ray Data.
+A decoded image travels as the network's input blob, made where it is decoded exactly as the reference's
+`_get_image_blob` makes it with OpenCV (`prepare_blob`: float32 (h, w, 3) bytes and the scale), or, for a
+detector configured to resize on its device ("generic"), as its raw BGR bytes; a rejected one travels
+with its reason and no pixels, through the actors (which pass it on) to the driver, which lists it. An
+actor runs `Detector.detect` over its whole batch on its device and copies the regions back once; its
+output is padded to the run's `num_objects` slots (`chunks.Regions`). The only module of the package that
+imports Ray Data.
 """
 
 from __future__ import annotations
@@ -41,13 +45,18 @@ class DetectorSpec:
     seed: int = 0
     boxes_range: tuple[int, int] = (36, 36)
     given: bool = False  # boxes come with the images (--boxes-from)
-    bf16: bool = False
+    precision: str = "fp32"  # `detector.PRECISIONS`: fp32 (exact), tf32, bf16
     num_objects: int = 36
 
-    def build(self):
-        from xmodal.models.butd.detector import DetectorConfig, random_detector
+    def config(self):
+        from xmodal.models.butd.config import DetectorConfig
 
-        cfg = DetectorConfig.tiny() if self.tiny else DetectorConfig()
+        return (DetectorConfig.tiny() if self.tiny else DetectorConfig()).with_boxes(self.boxes_range)
+
+    def build(self):
+        from xmodal.models.butd.detector import random_detector
+
+        cfg = self.config()
         if self.weights is None:
             return random_detector(cfg, seed=self.seed)
         from xmodal.core.checkpoint import sha256_of
@@ -61,13 +70,31 @@ class DetectorSpec:
         return load_detector(self.weights, layout=self.layout, cfg=cfg)
 
 
-def decode_batch(batch: pa.Table) -> pa.Table:
-    """Read and decode each image of the batch (columns path, img_id, given); add h, w, pixels, reject."""
+def prepare_blob(image_bgr: np.ndarray, cfg) -> tuple[np.ndarray, float]:
+    """The reference's input blob of one decoded image (`_get_image_blob` of `lib/fast_rcnn/test.py`):
+    `im.astype(np.float32) - PIXEL_MEANS` (a float64 subtraction rounded once), then OpenCV's own
+    `cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)` -> (h, w, 3) float32, scale.
+
+    cfg is the detector's `InputConfig`."""
+    import cv2
+
+    from xmodal.models.butd.image import target_size
+
+    scale, _ = target_size(image_bgr.shape[0], image_bgr.shape[1], cfg)
+    im = image_bgr.astype(np.float32, copy=True)
+    im -= np.asarray(cfg.pixel_means, dtype=np.float64)
+    return cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR), scale
+
+
+def decode_batch(batch: pa.Table, resize: str = "opencv", input_cfg: Any = None) -> pa.Table:
+    """Read and decode each image of the batch (columns path, img_id, given); add h, w (the image's size),
+    bh, bw, scale and pixels (the blob's float32 bytes, or the image's uint8 BGR bytes where `resize` is
+    "generic"), and reject."""
     from xmodal.data.common import Location
     from xmodal.extract.boxes import outside
     from xmodal.extract.images import decode
 
-    hs, ws, pixels, rejects, kinds = [], [], [], [], []
+    hs, ws, bhs, bws, scales, pixels, rejects, kinds = [], [], [], [], [], [], [], []
     for row in batch.to_pylist():
         im, why, kind = None, "", ""
         try:
@@ -84,12 +111,20 @@ def decode_batch(batch: pa.Table) -> pa.Table:
                 im, why, kind = None, bad, BOXES
         hs.append(0 if im is None else im.shape[0])
         ws.append(0 if im is None else im.shape[1])
-        pixels.append(b"" if im is None else np.ascontiguousarray(im).tobytes())
+        blob, scale = (im, 1.0) if im is None or resize != "opencv" else prepare_blob(im, input_cfg)
+        bhs.append(0 if blob is None else blob.shape[0])
+        bws.append(0 if blob is None else blob.shape[1])
+        scales.append(scale)
+        pixels.append(b"" if blob is None else np.ascontiguousarray(blob).tobytes())
         rejects.append(why)
         kinds.append(kind)
-    return batch.append_column("h", pa.array(hs, pa.int32())).append_column("w", pa.array(ws, pa.int32())) \
-        .append_column("pixels", pa.array(pixels, pa.large_binary())).append_column("reject", pa.array(rejects)) \
-        .append_column("reject_kind", pa.array(kinds))
+    columns = {"h": pa.array(hs, pa.int32()), "w": pa.array(ws, pa.int32()), "bh": pa.array(bhs, pa.int32()),
+               "bw": pa.array(bws, pa.int32()), "scale": pa.array(scales, pa.float64()),
+               "pixels": pa.array(pixels, pa.large_binary()), "reject": pa.array(rejects),
+               "reject_kind": pa.array(kinds)}
+    for name, column in columns.items():
+        batch = batch.append_column(name, column)
+    return batch
 
 
 class DetectorActor:
@@ -105,22 +140,24 @@ class DetectorActor:
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
         import torch
 
+        from xmodal.models.butd.image import PreparedImage
+
         rows = batch.to_pylist()
         n, s = len(rows), self.spec
         ok = [i for i, r in enumerate(rows) if not r["reject"]]
-        images = [torch.from_numpy(np.frombuffer(rows[i]["pixels"], np.uint8).reshape(rows[i]["h"], rows[i]["w"], 3)
-                                   .copy()).to(self.device) for i in ok]
-        given = [torch.from_numpy(np.frombuffer(rows[i]["given"], np.float32).reshape(-1, 4).copy()).to(self.device)
-                 for i in ok] if s.given else None
-        found = []
-        if images:
-            with torch.inference_mode():
-                found = self.detector.extract(images, boxes_range=s.boxes_range, given_boxes=given,
-                                              region_dtype=torch.bfloat16 if s.bf16 else torch.float32)
+        images: list[Any] = []
+        for i in ok:
+            r = rows[i]
+            if self.detector.cfg.input.resize == "opencv":
+                blob = np.frombuffer(r["pixels"], np.float32).reshape(r["bh"], r["bw"], 3)
+                images.append(PreparedImage(torch.from_numpy(blob.copy()), r["scale"], r["h"], r["w"]))
+            else:
+                images.append(torch.from_numpy(np.frombuffer(r["pixels"], np.uint8).reshape(r["h"], r["w"], 3).copy()))
+        given = [torch.from_numpy(np.frombuffer(rows[i]["given"], np.float32).reshape(-1, 4).copy()) for i in ok] \
+            if s.given else None
         # The configured width, not the found features': a batch whose images are all rejects must
         # give arrays of the same shape as the others (Ray Data would make a ragged column of them).
-        width = self.detector.cfg.feature_dim
-        k = s.num_objects
+        width, k = self.detector.cfg.feature_dim, s.num_objects
         out: dict[str, Any] = {
             "img_id": np.array([r["img_id"] for r in rows], dtype=object),
             "path": np.array([r["path"] for r in rows], dtype=object),
@@ -131,34 +168,38 @@ class DetectorActor:
             "obj_ids": np.full((n, k), -1, np.int64), "obj_conf": np.zeros((n, k), np.float32),
             "attr_ids": np.full((n, k), -1, np.int64), "attr_conf": np.zeros((n, k), np.float32),
         }
-        for i, reg in zip(ok, found, strict=True):
-            m = int(reg.boxes.shape[0])
-            if m > k:
-                raise RuntimeError(f"the detector gave {m} boxes for {rows[i]['img_id']!r}, more than {k}")
-            out["img_h"][i], out["img_w"][i], out["num_boxes"][i] = reg.img_h, reg.img_w, m
-            if m == 0:  # a store row and a TSV line need one box at least
-                out["reject"][i], out["reject_kind"][i] = "the detector found no region in it", IMAGE
-                continue
-            out["features"][i, :m] = reg.features.float().cpu().numpy()
-            out["boxes"][i, :m] = reg.boxes.float().cpu().numpy()
-            out["obj_ids"][i, :m] = reg.objects_id.cpu().numpy()
-            out["obj_conf"][i, :m] = reg.objects_conf.float().cpu().numpy()
-            out["attr_ids"][i, :m] = reg.attrs_id.cpu().numpy()
-            out["attr_conf"][i, :m] = reg.attrs_conf.float().cpu().numpy()
+        if not images:
+            return out
+        with torch.inference_mode():
+            # one copy of the batch to the host (and a second pass for an image the NMS could not certify)
+            found = self.detector.regions(images, given_boxes=given, precision=s.precision, backbone_batch=len(images))
+        m = found.boxes.shape[1]
+        if m > k:
+            raise RuntimeError(f"the detector gave {m} region slots per image, more than the run's {k}")
+        at = np.asarray(ok)
+        out["img_h"][at], out["img_w"][at] = found.img_h.numpy(), found.img_w.numpy()
+        out["num_boxes"][at] = found.num_boxes.numpy()
+        for name in ("features", "boxes", "obj_ids", "obj_conf", "attr_ids", "attr_conf"):
+            out[name][at, :m] = getattr(found, name).numpy()
+        for i in at[found.num_boxes.numpy() == 0]:  # a store row and a TSV line need one box at least
+            out["reject"][i], out["reject_kind"][i] = "the detector found no region in it", IMAGE
         return out
 
 
-def run(items: Sequence[dict[str, Any]], spec: DetectorSpec, *, batch_size: int, actors: int, gpus: bool,
-        decode_tasks: int) -> Iterator[dict[str, np.ndarray]]:
+def run(items: Sequence[dict[str, Any]], spec: DetectorSpec, *, batch_size: int, actors: int,
+        gpus_per_actor: float, decode_tasks: int) -> Iterator[dict[str, np.ndarray]]:
     """The regions of `items` ({"path", "img_id", "given": float32 bytes or b""}), batch by batch, in the
-    order they finish."""
+    order they finish. gpus_per_actor: 0 on CPU; a fraction puts several actors on one GPU."""
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = console.verbose()
     console.quiet_ray_data(logging.getLogger("ray.data"))
     blocks = max(1, min(len(items), (len(items) + batch_size - 1) // batch_size))
     ds = ray.data.from_items(list(items), override_num_blocks=blocks)
-    ds = ds.map_batches(decode_batch, batch_size=batch_size, batch_format="pyarrow", num_cpus=1,
+    input_cfg = spec.config().input
+    ds = ds.map_batches(decode_batch, fn_kwargs={"resize": input_cfg.resize, "input_cfg": input_cfg},
+                        batch_size=batch_size, batch_format="pyarrow", num_cpus=1,
                         compute=ray.data.TaskPoolStrategy(size=max(1, decode_tasks)))
     ds = ds.map_batches(DetectorActor, fn_constructor_kwargs={"spec": spec}, batch_size=batch_size,
-                        batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=max(1, actors)), num_cpus=1, num_gpus=1 if gpus else 0)
+                        batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=max(1, actors)), num_cpus=1,
+                        num_gpus=gpus_per_actor)
     return ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=1)

@@ -1,4 +1,5 @@
-"""Caffe's ROIPooling on hand-made maps, with the pooled values worked out by hand.
+"""Caffe's ROIPooling on hand-made maps, with the pooled values worked out by hand, and against a loop port of
+`ROIPoolingLayer::Forward_cpu` on random maps.
 
 The map is a 6 x 6 ramp, cell (h, w) = 6h + w, so a bin's maximum is its bottom-right cell:
 6 * (last row) + (last column). Pooling is 2 x 2 at the reference's 1/16 unless said otherwise.
@@ -7,14 +8,15 @@ The map is a 6 x 6 ramp, cell (h, w) = 6h + w, so a bin's maximum is its bottom-
 from __future__ import annotations
 
 import torch
+from reference_ops import roi_pool as caffe_roi_pool
 
-from xmodal.models.butd.roi_pool import roi_bins, roi_pool, roi_pool_fast
+from xmodal.models.butd.roi_pool import roi_bins, roi_pool, roi_pool_batch
 
 RAMP = torch.arange(36, dtype=torch.float32).reshape(1, 6, 6)  # (C=1, H, W)
 
 
 def pool(rois, features=RAMP, pooled=2):
-    return roi_pool(features, torch.tensor(rois, dtype=torch.float32), pooled=pooled, spatial_scale=1 / 16)
+    return roi_pool(features, torch.tensor(rois, dtype=torch.float32), pooled, 1 / 16)
 
 
 def test_inside_roi_bins_overlap_by_floor_and_ceil():
@@ -70,7 +72,7 @@ def test_reference_size_14_at_one_sixteenth():
     # (0, 0, 223, 223) -> 0 .. 14: size 15, bin 15/14: bin p covers [p, p + 2) (floor(p * 15/14) = p for
     # p < 14, ceil((p + 1) * 15/14) = p + 2), so on a 16 x 16 ramp (16h + w) bin (p, q) pools cell (p + 1, q + 1)
     ramp16 = torch.arange(256, dtype=torch.float32).reshape(1, 16, 16)
-    got = roi_pool(ramp16, torch.tensor([[0.0, 0.0, 223.0, 223.0]]))
+    got = roi_pool(ramp16, torch.tensor([[0.0, 0.0, 223.0, 223.0]]), 14, 1 / 16)
     assert got.shape == (1, 1, 14, 14)
     expected = [[16 * (p + 1) + (q + 1) for q in range(14)] for p in range(14)]
     assert got[0, 0].tolist() == expected
@@ -84,22 +86,35 @@ def test_300_rois_at_once_equal_each_alone():
     corners = torch.rand(300, 2, generator=g) * torch.tensor([800.0, 600.0])
     sizes = torch.rand(300, 2, generator=g) * 300
     rois = torch.cat((corners, corners + sizes), dim=1)
-    out = roi_pool(features, rois)
+    out = roi_pool(features, rois, 14, 1 / 16)
     assert out.shape == (300, 8, 14, 14)
-    alone = torch.cat([roi_pool(features, r[None]) for r in rois[::15]])
+    alone = torch.cat([roi_pool(features, r[None], 14, 1 / 16) for r in rois[::15]])
     assert torch.equal(out[::15], alone)
 
 
 def test_lookup_table_version_equals_the_loop_on_random_maps():
-    # random maps and RoIs partly outside the map, inverted, tiny and huge, and a -inf cell
+    # random maps and RoIs inside the network's input (the detector's are: clipped proposals, checked
+    # given boxes), up to its far edge (a given box may end at x2 = img_w), inverted and tiny, a -inf cell
     g = torch.Generator().manual_seed(0)
     for trial in range(25):
-        h, w = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g))
+        h, w = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(1, 64, (1,), generator=g))
         features = torch.randn(3, h, w, generator=g)
         features[:, 0, 0] = float("-inf") if trial % 3 == 0 else features[:, 0, 0]
-        corners = torch.rand(12, 4, generator=g) * torch.tensor([w * 16, h * 16] * 2) * 1.2 - 8
+        corners = torch.rand(12, 4, generator=g) * torch.tensor([w * 16, h * 16] * 2)
         rois = torch.cat((corners[:, :2].minimum(corners[:, 2:]), corners[:, :2].maximum(corners[:, 2:])), dim=1)
         rois[0] = torch.tensor([5.0, 5.0, 3.0, 3.0])
-        for pooled in (14, 3):
-            assert torch.equal(roi_pool_fast(features, rois, pooled=pooled), roi_pool(features, rois, pooled=pooled))
-    assert roi_pool_fast(RAMP, torch.zeros(0, 4)).shape == (0, 1, 14, 14)
+        rois[1] = torch.tensor([0.0, 0.0, w * 16.0, h * 16.0])
+        for pooled in (14, 3, 2):
+            assert torch.equal(roi_pool(features, rois, pooled, 1 / 16), caffe_roi_pool(features, rois, pooled, 1 / 16))
+    assert roi_pool(RAMP, torch.zeros(0, 4), 14, 1 / 16).shape == (0, 1, 14, 14)
+
+
+def test_images_pooled_together_equal_each_alone():
+    g = torch.Generator().manual_seed(1)
+    features = torch.randn(3, 4, 9, 13, generator=g)
+    corners = torch.rand(3, 20, 4, generator=g) * torch.tensor([13 * 16, 9 * 16] * 2)
+    rois = torch.cat((corners[..., :2].minimum(corners[..., 2:]), corners[..., :2].maximum(corners[..., 2:])), dim=2)
+    together = roi_pool_batch(features, rois, 14, 1 / 16)
+    assert together.shape == (3, 20, 4, 14, 14)
+    for i in range(3):
+        assert torch.equal(together[i], caffe_roi_pool(features[i], rois[i], 14, 1 / 16))

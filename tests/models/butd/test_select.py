@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from reference_ops import nms
 
-from xmodal.models.butd.proposals import nms
-from xmodal.models.butd.select import (
-    BOTTOM_UP_DEFAULT,
-    OBJ36,
-    choose_boxes,
-    labels,
-    max_class_confidence,
-    select_regions,
-)
+from xmodal.models.butd import select
+from xmodal.models.butd.config import BOTTOM_UP_DEFAULT, OBJ36, SelectionConfig
+from xmodal.models.butd.select import labels
 
 # A (0,0,9,9) and B (5,0,14,9) overlap by 50 / 150 = 1/3 >= 0.3 ("+1" areas); C is far from both
 BOXES = torch.tensor([[0, 0, 9, 9], [5, 0, 14, 9], [100, 100, 109, 109]], dtype=torch.float32)
@@ -34,6 +30,27 @@ ATTR_PROB = torch.tensor(
 
 def f32(x):
     return float(torch.tensor(x, dtype=torch.float32))
+
+
+def ones(n):
+    return torch.ones(1, n, dtype=torch.bool)
+
+
+def max_class_confidence(boxes, prob):
+    """One image through the batched pass."""
+    return select.max_class_confidence(boxes[None], prob[None], ones(len(boxes)), 0.3)[0]
+
+
+def choose_boxes(conf, lo, hi):
+    keep, count = select.choose_boxes(conf[None], ones(len(conf)), SelectionConfig(min_boxes=lo, max_boxes=hi))
+    return keep[0, :count[0]]
+
+
+def select_regions(boxes, cls_prob, attr_prob, boxes_range=OBJ36):
+    cfg = SelectionConfig(min_boxes=boxes_range[0], max_boxes=boxes_range[1])
+    sel = select.select_regions(boxes[None], cls_prob[None], attr_prob[None], ones(len(boxes)), cfg)
+    k = int(sel.count[0])
+    return select.Selection(*(t[0, :k] if t.dim() > 1 else t[0] for t in sel))
 
 
 def test_max_confidence_counts_only_the_classes_that_keep_a_box():
@@ -109,11 +126,33 @@ def test_select_regions_end_to_end():
     # max_conf (0.6, 0.3, 0.3), all >= 0.2
     regions = select_regions(BOXES, CLS_PROB, ATTR_PROB, (2, 2))  # 3 > 2: by confidence, tie C before B
     assert regions.keep.tolist() == [0, 2]
-    assert regions.objects_id.tolist() == [0, 2] and regions.objects_conf.tolist() == [f32(0.6), f32(0.3)]
-    assert regions.attrs_id.tolist() == [1, 0] and regions.attrs_conf.tolist() == [f32(0.05), f32(0.6)]
+    assert regions.obj_ids.tolist() == [0, 2] and regions.obj_conf.tolist() == [f32(0.6), f32(0.3)]
+    assert regions.attr_ids.tolist() == [1, 0] and regions.attr_conf.tolist() == [f32(0.05), f32(0.6)]
     assert select_regions(BOXES, CLS_PROB, ATTR_PROB, (1, 3)).keep.tolist() == [0, 1, 2]
 
 
 def test_no_proposals():
     regions = select_regions(torch.zeros(0, 4), torch.zeros(0, 1601), torch.zeros(0, 401))
-    assert regions.keep.tolist() == [] and regions.objects_id.tolist() == []
+    assert regions.keep.tolist() == [] and regions.obj_ids.tolist() == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_padded_batch_gives_each_image_its_own_selection(seed):
+    # images with different numbers of proposals padded to one slot count, against each image alone:
+    # the empty slots change neither the confidences nor the choice (36 and 10-100)
+    g = torch.Generator().manual_seed(seed)
+    n, counts = 80, (80, 50, 20)
+    xy = torch.rand(3, n, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + torch.rand(3, n, 2, generator=g) * 60 + 1], dim=2)
+    cls = torch.softmax(torch.randn(3, n, 12, generator=g) * 3, dim=2)
+    attr = torch.softmax(torch.randn(3, n, 6, generator=g), dim=2)
+    ok = torch.arange(n)[None, :] < torch.tensor(counts)[:, None]
+    for lo, hi in (OBJ36, BOTTOM_UP_DEFAULT):
+        cfg = SelectionConfig(min_boxes=lo, max_boxes=hi)
+        batch = select.select_regions(boxes, cls, attr, ok, cfg)
+        for i, c in enumerate(counts):
+            alone = select_regions(boxes[i, :c], cls[i, :c], attr[i, :c], (lo, hi))
+            k = int(batch.count[i])
+            assert k == len(alone.keep) and k <= min(c, hi)
+            assert batch.keep[i, :k].tolist() == alone.keep.tolist()
+            assert torch.equal(batch.obj_conf[i, :k], alone.obj_conf) and torch.equal(batch.attr_ids[i, :k], alone.attr_ids)

@@ -34,7 +34,8 @@ SUFFIX = {"detectron2": ".pkl", "milvlg": ".pth", "hf-frcnn": ".bin", "xmodal": 
 BLOCKS = {"backbone.res2": 1, "backbone.res3": 1, "backbone.res4": 2, "head.res5": 1}
 
 
-CFG = DetectorConfig.tiny().replace(blocks=(1, 1, 2, 1), num_classes=5, num_attributes=3, pre_nms_top_n=600, post_nms_top_n=30)
+CFG = (DetectorConfig.tiny().replace_in("backbone", blocks=(1, 1, 2))
+       .replace_in("roi_head", num_classes=5, num_attributes=3).replace_in("rpn", pre_nms_top_n=600, post_nms_top_n=30))
 
 
 def canonical_state_dict(seed=0):
@@ -107,16 +108,16 @@ def test_loaded_detector_gives_the_original_regions(tmp_path, layout):
     want, got = original.extract([image], boxes_range=(3, 5))[0], loaded.extract([image], boxes_range=(3, 5))[0]
     # The detectron2 family's RPN probability is sigmoid(fg - bg) instead of a softmax over the pair:
     # equal up to float32 rounding, which can reorder proposals only on exact ties (none here).
-    for field in ("boxes", "features", "objects_id", "objects_conf", "attrs_id", "attrs_conf"):
+    for field in ("boxes", "features", "obj_ids", "obj_conf", "attr_ids", "attr_conf"):
         torch.testing.assert_close(getattr(got, field), getattr(want, field), rtol=1e-6, atol=1e-6, msg=field)
     if layout in ("milvlg", "xmodal"):
-        assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("boxes", "features", "objects_id"))
+        assert all(torch.equal(getattr(got, f), getattr(want, f)) for f in ("boxes", "features", "obj_ids"))
 
 
 def test_load_detector_refuses_another_config(tmp_path):
     path = saved(tmp_path, "milvlg")
     with pytest.raises(WeightsError, match=r"shape mismatch for our 'head\.cls_score\.weight': file \(6, 256\), model \(1601, 256\)"):
-        load_detector(path, cfg=CFG.replace(num_classes=1600))
+        load_detector(path, cfg=CFG.replace_in("roi_head", num_classes=1600))
 
 
 def test_detectron2_orders_as_written(tmp_path):

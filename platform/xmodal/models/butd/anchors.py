@@ -2,12 +2,11 @@
 
 Follows `lib/rpn/generate_anchors.py` (`generate_anchors`, `_ratio_enum`, `_scale_enum`,
 `_whctrs`, `_mkanchors`) and the shift enumeration of `ProposalLayer.forward` in
-`lib/rpn/proposal_layer.py`, both in peteanderson80/bottom-up-attention; the scales (4, 8, 16, 32)
-and the stride 16 are the `proposal` layer's `param_str` in
-`models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt`.
+`lib/rpn/proposal_layer.py`, both in peteanderson80/bottom-up-attention; the scales, ratios and
+stride are `config.RPNConfig`'s.
 
 Boxes are (x1, y1, x2, y2) in pixels with inclusive corners: a box's width is x2 - x1 + 1 (the
-"+1" convention of all the reference's box code).
+"+1" of the reference's anchor code, which builds the anchors whatever the boxes' convention later).
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-ANCHOR_SCALES = (4, 8, 16, 32)
-ANCHOR_RATIOS = (0.5, 1.0, 2.0)
-FEAT_STRIDE = 16
+from xmodal.models.butd.config import RPNConfig
+
+_RPN = RPNConfig()
 
 
 def _mkanchors(ws: Tensor, hs: Tensor, x_ctr: float, y_ctr: float) -> Tensor:
@@ -35,7 +34,8 @@ def _whctrs(anchor: Tensor) -> tuple[float, float, float, float]:
 
 
 def generate_anchors(
-    base_size: int = 16, ratios: tuple[float, ...] = ANCHOR_RATIOS, scales: tuple[float, ...] = ANCHOR_SCALES
+    base_size: int = _RPN.feat_stride, ratios: tuple[float, ...] = _RPN.anchor_ratios,
+    scales: tuple[float, ...] = _RPN.anchor_scales,
 ) -> Tensor:
     """The reference's cell anchors, (len(ratios) * len(scales), 4) float64, ratio-major.
 
@@ -59,11 +59,11 @@ def generate_anchors(
     return torch.cat(rows)  # (R * S, 4)
 
 
-def shifted_anchors(height: int, width: int, stride: int = FEAT_STRIDE, anchors: Tensor | None = None) -> Tensor:
+def shifted_anchors(height: int, width: int, stride: int = _RPN.feat_stride, anchors: Tensor | None = None) -> Tensor:
     """All anchors of a (height, width) feature map, (height * width * A, 4), in the proposal layer's order.
 
     Rows are ordered (y, x, a) from slowest to fastest: positions major (row-major over the map),
-    the A cell anchors fastest. The proposal layer reshapes its (1, 4A, H, W) deltas and (1, A, H, W)
+    the A cell anchors fastest. The proposal layer reshapes its (B, 4A, H, W) deltas and (B, A, H, W)
     scores to that same (h, w, a) order, so row k of this tensor pairs with row k of theirs.
     """
     cell = generate_anchors() if anchors is None else anchors  # (A, 4)

@@ -1,25 +1,40 @@
-"""The reference's input arithmetic: the scale, the resized size and the pixel means.
+"""The input stage: the reference's scale, resized size and pixel means, and OpenCV's bilinear resize in torch.
 
-Follows `_get_image_blob` in `lib/fast_rcnn/test.py` and `PIXEL_MEANS`, `TEST.SCALES` (600,) and
-`TEST.MAX_SIZE` (1000) in `lib/fast_rcnn/config.py` of peteanderson80/bottom-up-attention. The
-reference reads images with `cv2.imread` (BGR, uint8, (H, W, 3)), subtracts the means in float,
-then `cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)`, whose
-float32 bilinear arithmetic `resize_linear` reproduces.
+Follows `_get_image_blob` in `lib/fast_rcnn/test.py` of peteanderson80/bottom-up-attention with
+`config.InputConfig`'s values (TEST.SCALES (600,), TEST.MAX_SIZE 1000, PIXEL_MEANS). The reference
+reads images with `cv2.imread` (BGR, uint8, (H, W, 3)), subtracts the means in float, then
+`cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR)`.
+
+Two ways to the same blob (`InputConfig.resize`): "opencv" calls `cv2.resize` where the image is
+decoded (the extraction's decode tasks; this module never imports OpenCV), "generic" is
+`resize_linear` here, on the detector's device: OpenCV's generic float32 path, equal bit for bit to
+an OpenCV whose IPP is off (`tests/models/butd/test_image.py`); pip's opencv-python calls IPP's resize,
+whose values differ from the generic path by up to about 0.01 on most pixels.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
-TEST_SCALE = 600
-TEST_MAX_SIZE = 1000
+from xmodal.models.butd.config import InputConfig
+
+_INPUT = InputConfig()
 
 
-def resize_scale(height: int, width: int, target: int = TEST_SCALE, max_size: int = TEST_MAX_SIZE) -> float:
+class PreparedImage(NamedTuple):
+    """An image as the network sees it (`_get_image_blob`'s blob), and the size it came from."""
+
+    blob: Tensor  # (h, w, 3) float32: BGR minus the means, resized (OpenCV's layout; the detector permutes it)
+    scale: float  # the input scale (`im_scales[0]`)
+    img_h: int  # the original size
+    img_w: int
+
+
+def resize_scale(height: int, width: int, target: int = _INPUT.scale, max_size: int = _INPUT.max_size) -> float:
     """target / short side, unless that makes round(scale * long side) exceed max_size: then max_size / long side.
 
     Python's `round` is half to even, as the reference's `np.round`: a long side that would come
@@ -42,23 +57,36 @@ def resized_size(height: int, width: int, scale: float) -> tuple[int, int]:
     return round(height * scale), round(width * scale)
 
 
-def target_size(height: int, width: int) -> tuple[float, tuple[int, int]]:
-    """The reference's test-time scale and the (height, width) the network sees for an image of that size."""
-    scale = resize_scale(height, width)
+def target_size(height: int, width: int, cfg: InputConfig = _INPUT) -> tuple[float, tuple[int, int]]:
+    """The input scale and the (height, width) the network sees for an image of that size."""
+    scale = resize_scale(height, width, cfg.scale, cfg.max_size)
     return scale, resized_size(height, width, scale)
 
 
-def subtract_means(image_bgr: Tensor) -> Tensor:
-    """(H, W, 3) BGR pixels minus PIXEL_MEANS_BGR -> (H, W, 3) float32.
+def subtract_means(image_bgr: Tensor, means: tuple[float, float, float] = _INPUT.pixel_means) -> Tensor:
+    """(H, W, 3) BGR pixels minus the means -> (H, W, 3) float32.
 
     The reference does `im.astype(np.float32) -= cfg.PIXEL_MEANS`, a float64 array: numpy subtracts
     in float64 and rounds once to float32, which is what this does (subtracting float32 means in
     float32 would round twice and can differ in the last bit).
     """
-    means = torch.tensor(PIXEL_MEANS_BGR, dtype=torch.float64, device=image_bgr.device)
+    m = torch.tensor(means, dtype=torch.float64, device=image_bgr.device)
     if image_bgr.dtype not in (torch.uint8, torch.float32):  # uint8 and float32 widen to float64 exactly
         image_bgr = image_bgr.to(torch.float32)
-    return (image_bgr.to(torch.float64) - means).to(torch.float32)
+    return (image_bgr.to(torch.float64) - m).to(torch.float32)
+
+
+def check_image(image_bgr: Tensor) -> None:
+    if image_bgr.dim() != 3 or image_bgr.shape[2] != 3 or min(image_bgr.shape[:2]) < 1:
+        raise ValueError(f"expected an (H, W, 3) BGR image, got shape {tuple(image_bgr.shape)}")
+
+
+def prepare_image(image_bgr: Tensor, cfg: InputConfig = _INPUT) -> PreparedImage:
+    """(H, W, 3) uint8 BGR, as `cv2.imread` returns it, on any device -> the blob, by `resize_linear` there."""
+    check_image(image_bgr)
+    height, width = int(image_bgr.shape[0]), int(image_bgr.shape[1])
+    scale, _ = target_size(height, width, cfg)
+    return PreparedImage(resize_linear(subtract_means(image_bgr, cfg.pixel_means), scale), scale, height, width)
 
 
 def _linear_taps(src_size: int, dst_size: int, scale: float, clamp_weight: bool) -> tuple[Tensor, Tensor, Tensor]:

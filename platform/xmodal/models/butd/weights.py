@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xmodal.models.butd.anchors import ANCHOR_RATIOS, ANCHOR_SCALES
+from xmodal.models.butd.config import RPNConfig
 
 
 class WeightsError(ValueError):
@@ -83,6 +83,7 @@ LAYOUTS: dict[str, str] = {
     "xmodal": "our canonical Detector state dict saved with torch.save",
 }
 
+ANCHOR_RATIOS, ANCHOR_SCALES = RPNConfig().anchor_ratios, RPNConfig().anchor_scales  # the files hold the reference's
 NUM_ANCHORS = len(ANCHOR_RATIOS) * len(ANCHOR_SCALES)
 D2_BOX_WEIGHTS = (10.0, 10.0, 5.0, 5.0)  # ROI_BOX_HEAD.BBOX_REG_WEIGHTS, detectron2/config/defaults.py
 BN_PARAMS = ("weight", "bias", "running_mean", "running_var")

@@ -1,4 +1,4 @@
-"""Caffe's frozen BatchNorm + Scale and their folding, on hand-computed numbers.
+"""Caffe's frozen BatchNorm + Scale and their folding, on hand-computed numbers and against the reference's order.
 
 The variance blobs are chosen so that var + eps is a perfect square: blob1 / blob2 = v - 1e-5.
 """
@@ -9,15 +9,10 @@ import math
 
 import torch
 import torch.nn.functional as F
+from reference_ops import caffe_batch_norm, caffe_scale, global_stats
 
-from xmodal.models.butd.frozen_bn import (
-    BN_EPS,
-    caffe_batch_norm,
-    caffe_scale,
-    fold_batch_norm_scale,
-    fold_into_conv,
-    global_stats,
-)
+from xmodal.models.butd.backbone import FrozenBatchNorm, fold_batch_norm, fold_into_conv
+from xmodal.models.butd.config import BackboneConfig
 
 
 def t(values):
@@ -35,14 +30,15 @@ def close(got, want):
     return torch.allclose(got, t(want), rtol=1e-5, atol=1e-5)
 
 
-def test_eps_is_caffes_proto_default():
-    assert BN_EPS == 1e-5
-
-
-def test_stats_are_divided_by_the_moving_average_factor():
+def frozen() -> FrozenBatchNorm:
+    bn = FrozenBatchNorm(2)
     mean, var = global_stats(MEAN, VAR, FACTOR)
-    assert mean.tolist() == [1.0, -0.5]
-    assert close(var, [3.99999, 0.24999])
+    bn.running_mean.copy_(mean), bn.running_var.copy_(var), bn.weight.copy_(GAMMA), bn.bias.copy_(BETA)
+    return bn
+
+
+def test_eps_is_caffes_proto_default():
+    assert BackboneConfig().bn_eps == 1e-5 and FrozenBatchNorm(1).eps == 1e-5
 
 
 def test_zero_factor_zeroes_the_stats_as_caffe_does():
@@ -50,39 +46,40 @@ def test_zero_factor_zeroes_the_stats_as_caffe_does():
     mean, var = global_stats(t([5.0]), t([9.0]), t([0.0]))
     assert mean.tolist() == [0.0] and var.tolist() == [0.0]
     y = caffe_batch_norm(t([[[[0.01, -2.0]]]]), t([5.0]), t([9.0]), t([0.0]))
-    assert close(y, [[[[0.01 / math.sqrt(1e-5), -2.0 / math.sqrt(1e-5)]]]])
     assert close(y, [[[[3.1622777, -632.45553]]]])
+    bn = FrozenBatchNorm(1)
+    bn.running_var.zero_()
+    assert close(bn(t([[[[0.01, -2.0]]]])), [[[[0.01 / math.sqrt(1e-5), -2.0 / math.sqrt(1e-5)]]]])
 
 
-def test_batch_norm_then_scale():
+def test_frozen_batch_norm_is_batch_norm_then_scale_in_caffes_order():
     x = t([[[[-1.0, 3.0]], [[1.5, -0.5]]]])  # (1, 2, 1, 2)
     # channel 0: (-1 - 1) / 2 = -1, (3 - 1) / 2 = 1; x 3 + 0.5 -> -2.5, 3.5
     # channel 1: (1.5 + 0.5) / 0.5 = 4, (-0.5 + 0.5) / 0.5 = 0; x -0.5 + 1 -> -1, 1
-    normed = caffe_batch_norm(x, MEAN, VAR, FACTOR)
-    assert close(normed, [[[[-1.0, 1.0]], [[4.0, 0.0]]]])
-    assert close(caffe_scale(normed, GAMMA, BETA), [[[[-2.5, 3.5]], [[-1.0, 1.0]]]])
-
-
-def test_folded_affine():
-    # scale = gamma / std: 3 / 2 = 1.5, -0.5 / 0.5 = -1; shift = beta - mean x scale: 0.5 - 1.5 = -1, 1 - 0.5 = 0.5
-    scale, shift = fold_batch_norm_scale(MEAN, VAR, FACTOR, GAMMA, BETA)
-    assert close(scale, [1.5, -1.0])
-    assert close(shift, [-1.0, 0.5])
+    assert close(frozen()(x), [[[[-2.5, 3.5]], [[-1.0, 1.0]]]])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 5, 4, generator=g)
+    expected = caffe_scale(caffe_batch_norm(x, MEAN, VAR, FACTOR), GAMMA, BETA)
+    assert torch.equal(frozen()(x), expected)  # the same operations in the same order, bit for bit
 
 
 def test_folded_conv_equals_conv_batch_norm_scale():
     # input (1, 1, 1, 2) = [1, 2]; a 1 x 2 convolution without bias, two output channels:
     # w0 = [1, -1] -> -1; w1 = [0.5, 0.5] -> 1.5
     # BN + Scale: channel 0: (-1 - 1) / 2 x 3 + 0.5 = -2.5; channel 1: (1.5 + 0.5) / 0.5 x -0.5 + 1 = -1
+    # folded: scale = gamma / std = 1.5, -1; shift = beta - mean x scale = -1, 0.5
     x = t([[[[1.0, 2.0]]]])
     weight = t([[[[1.0, -1.0]]], [[[0.5, 0.5]]]])  # (2, 1, 1, 2)
-    reference = caffe_scale(caffe_batch_norm(F.conv2d(x, weight), MEAN, VAR, FACTOR), GAMMA, BETA)
-    assert close(reference, [[[[-2.5]], [[-1.0]]]])
-    # folded: w0 x 1.5 = [1.5, -1.5], bias -1 -> 1.5 - 3 - 1 = -2.5; w1 x -1 = [-0.5, -0.5], bias 0.5 -> -1
-    new_weight, new_bias = fold_into_conv(weight, None, *fold_batch_norm_scale(MEAN, VAR, FACTOR, GAMMA, BETA))
-    assert close(new_weight, [[[[1.5, -1.5]]], [[[-0.5, -0.5]]]])
-    assert close(new_bias, [-1.0, 0.5])
-    assert close(F.conv2d(x, new_weight, new_bias), [[[[-2.5]], [[-1.0]]]])
+    pair = torch.nn.Module()
+    pair.conv = torch.nn.Conv2d(1, 2, (1, 2), bias=False)
+    pair.bn = frozen()
+    with torch.no_grad():
+        pair.conv.weight.copy_(weight)
+    assert close(pair.bn(pair.conv(x)), [[[[-2.5]], [[-1.0]]]])
+    fold_batch_norm(pair)
+    assert isinstance(pair.bn, torch.nn.Identity)
+    assert close(pair.conv.weight, [[[[1.5, -1.5]]], [[[-0.5, -0.5]]]]) and close(pair.conv.bias, [-1.0, 0.5])
+    assert close(pair.conv(x), [[[[-2.5]], [[-1.0]]]])
 
 
 def test_folding_keeps_an_existing_conv_bias():
@@ -90,3 +87,4 @@ def test_folding_keeps_an_existing_conv_bias():
     weight = t([[[[1.0]]], [[[1.0]]]])
     _, new_bias = fold_into_conv(weight, t([2.0, -4.0]), t([1.5, -1.0]), t([-1.0, 0.5]))
     assert new_bias.tolist() == [2.0, 4.5]
+    assert F.conv2d(t([[[[1.0]]]]), *fold_into_conv(weight, None, t([1.5, -1.0]), t([-1.0, 0.5]))).flatten().tolist() == [0.5, -0.5]
