@@ -35,6 +35,9 @@ SPACES = REPO / "search_spaces"
 RAY_TEXT = ("Started a local Ray instance", "Connecting to existing Ray cluster", "ray.init", "raylet",
             "Ray runtime started", "View the dashboard", "GCS", "127.0.0.1:1")
 
+EXTRACT_TINY = ["--random-weights", "--tiny", "--no-progress"]
+IMAGE = {"a.jpg": "listed by name; first read in a decode task"}  # IMAGES "." for jobs/extract.py
+
 SPACE = """\
 job: pretrain
 metric: eval/loss/mlm
@@ -443,6 +446,10 @@ CASES = [
          ["--json", "'results'", "is a folder"], files={"results": None}),
     Case("bench-lxmert-json-under-a-file", "benchmark.py", ["lxmert", "--json", "notes.txt/r.json"],
          ["--json", "notes.txt", "is a file"], files={"notes.txt": "x"}),
+    # ---- jobs/extract.py (more in tests/extract/test_extract_job.py, which needs real images)
+    Case("extract-tsv-out-slash-missing", "extract.py",
+         [".", "s3:/bucket/obj36.tsv", "--format", "tsv", *EXTRACT_TINY],
+         ["OUT", "'s3:/bucket/obj36.tsv'", "slash missing"], files=IMAGE),
 ]
 
 
@@ -542,9 +549,12 @@ def _prepare(case: Case, root: Path) -> tuple[dict, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, Result]:
+def results(request, tmp_path_factory) -> dict[str, Result]:
     root = tmp_path_factory.mktemp("bad_configs")
-    prepared = {c.id: _prepare(c, root) for c in CASES}
+    # only the cases this session runs (`-k extract` runs a few, not the whole table)
+    selected = {item.callspec.params["case"].id for item in request.session.items
+                if item.module is request.module and "case" in getattr(getattr(item, "callspec", None), "params", {})}
+    prepared = {c.id: _prepare(c, root) for c in CASES if c.id in selected}
     out = subprocess.run([PYTHON, "-c", FORK_SERVER, "4", "180"], input=json.dumps([p[0] for p in prepared.values()]),
                          env=_env(), cwd=root, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -559,7 +569,8 @@ def results(tmp_path_factory) -> dict[str, Result]:
 def test_the_table_is_large_and_ids_are_unique():
     assert len(CASES) >= 25 and len({c.id for c in CASES}) == len(CASES)
     assert {c.script for c in CASES} == {"pretrain.py", "finetune.py", "train_mult.py", "sweep.py", "ingest.py",
-                                         "report.py", "benchmark.py", "replay_tracking.py", "export.py"}
+                                         "report.py", "benchmark.py", "replay_tracking.py", "export.py",
+                                         "extract.py"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
