@@ -450,6 +450,9 @@ CASES = [
     Case("extract-tsv-out-slash-missing", "extract.py",
          [".", "s3:/bucket/obj36.tsv", "--format", "tsv", *EXTRACT_TINY],
          ["OUT", "'s3:/bucket/obj36.tsv'", "slash missing"], files=IMAGE),
+    # the work folder beside OUT is made once results arrive: a run that cannot reach Ray leaves none
+    Case("extract-ray-unreachable-leaves-no-work-folder", "extract.py", [".", "out", *EXTRACT_TINY],
+         ["RAY_ADDRESS", "127.0.0.1:1", "no Ray cluster answers"], files=IMAGE),
 ]
 
 

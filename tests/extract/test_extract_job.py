@@ -107,6 +107,19 @@ def test_rejects_listed_and_max_rejected(ray_local, tmp_path, images, capsys):
 
 
 @pytest.mark.slow
+def test_a_run_that_writes_nothing_leaves_no_work_folder(ray_local, tmp_path, capsys):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "empty.jpg").write_bytes(b"")
+    (tmp_path / "imgs" / "text.png").write_bytes(b"not a png at all")
+    for boxes in ("36", "10-100"):  # the second run, with other options, is not refused for the first's folder
+        rc, stdout, err = _run(tmp_path / "imgs", tmp_path / "store", *TINY, "--boxes", boxes, "--max-rejected", "100%",
+                               capsys=capsys)
+        assert rc == 2 and "every image was rejected (2; each listed above" in err, err
+        assert "rejected " in stdout and "empty file" in stdout
+        assert not (tmp_path / ".store.extract").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.slow
 def test_rerun_skips_done_images(ray_local, tmp_path, images, capsys):
     out = tmp_path / "store"
     lst = tmp_path / "list.txt"
@@ -187,6 +200,8 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
     (tmp_path / "empty").mkdir()
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
+    (tmp_path / "outside.json").write_text(json.dumps({"COCO_val2014_000000000000": [[0, 0, 56, 40]],
+                                                       "COCO_val2014_000000000001": [[0, 0, 5, 5], [0, 0, 57, 10]]}))
     (tmp_path / "dup").mkdir()
     for n in ("a.jpg", "a.png"):
         cv2.imwrite(str(tmp_path / "dup" / n), np.zeros((8, 8, 3), np.uint8))
@@ -205,14 +220,22 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
         "boxes and boxes-from": ([imgs, tmp_path / "o", *TINY, "--boxes", "36", "--boxes-from", tmp_path / "b.json"],
                                  "give one"),
         "missing boxes file": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "b.json"], "does not exist"),
+        # read from the image's header before Ray starts (the image is 56 wide)
+        "box outside its image": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "outside.json"],
+                                  f"outside.json: img_id 'COCO_val2014_000000000001' ({imgs / 'COCO_val2014_000000000001.jpg'}): "
+                                  "box 1 = [0.0, 0.0, 57.0, 10.0] is not inside the 56x48 image"),
     }
 
 
 def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
+    import ray
+
     _images(tmp_path / "imgs", 2)
+    ray_before = ray.is_initialized()  # (another test of this process may have started one)
     for name, (argv, msg) in _bad_cases(tmp_path).items():
         before = sorted(p.name for p in tmp_path.iterdir())
         rc, out, err = _run(*argv, capsys=capsys)
+        assert ray_before or not ray.is_initialized(), name  # refused before Ray
         assert rc == 2, name
         assert err.startswith("error: ") and err.count("\n") == 1 and msg in err, (name, err)
         assert sorted(p.name for p in tmp_path.iterdir()) == before, name

@@ -6,6 +6,8 @@ Order of work, so that bad input fails before Ray starts and nothing is left vis
    the weights (the file exists and its layout is recognised) and the vocabularies;
 2. the work folder beside OUT (`chunks.WorkDir`): an earlier unfinished run with the same options is
    resumed (its finished images are skipped), one with other options refused (--restart discards it);
+   a new folder is made only when the first results arrive, and a run that ends with no finished
+   image removes it (nothing is left to block the next run);
 3. Ray (`runner.ray_cluster.connect`: RAY_ADDRESS, else a local Ray) and the pipeline
    (`pipeline.run`); the driver writes a chunk every `images_per_shard` images or `FLUSH_S` seconds,
    lists rejects, and fails once they pass --max-rejected;
@@ -37,7 +39,7 @@ from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
 from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
 from xmodal.errors import RunInterrupted, UserError
-from xmodal.extract.boxes import parse_boxes, read_boxes_file
+from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take
 from xmodal.extract.images import ExtractError, ImageRef, assign_ids, list_images, read_id_map
 from xmodal.outputs import check_writable_file
@@ -208,6 +210,8 @@ def check(o: ExtractOptions) -> Plan:
     refs = assign_ids(list_images(o.images), id_map, o.ids or "")
     max_rejected(o.max_rejected, len(refs))
     given = read_boxes_file(o.boxes_from, [r.img_id for r in refs]) if o.boxes_from else None
+    if given is not None:
+        check_inside(str(o.boxes_from), given, refs)
     num_objects = max(len(b) for b in given.values()) if given else boxes_range[1]
     # OUT
     if o.format == "store":
@@ -258,7 +262,15 @@ def extract(o: ExtractOptions) -> Summary:
 def _extract(o: ExtractOptions, tell) -> Summary:
     plan = check(o)
     start = time.monotonic()
-    work = WorkDir.open(plan.out, o.format, plan.fingerprint, o.restart)
+    work = WorkDir.find(plan.out, o.format, plan.fingerprint, o.restart)
+    try:
+        return _resume(o, plan, work, start, tell)
+    except BaseException:
+        work.discard_if_empty()  # a run that wrote nothing leaves nothing (and blocks no other run)
+        raise
+
+
+def _resume(o: ExtractOptions, plan: Plan, work: WorkDir, start: float, tell) -> Summary:
     done = work.done()
     by_id = {r.img_id: r for r in plan.refs}
     stray = [i for i in done if i not in by_id]
@@ -319,6 +331,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     try:
         for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=actors, gpus=bool(gpus),
                                   decode_tasks=o.decode_tasks):
+            work.start()  # the run has really started: its work folder is made now
             reject = batch["reject"]
             for i in np.nonzero(reject != "")[0]:
                 if batch["reject_kind"][i] == pipeline.BOXES:
@@ -338,7 +351,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
                 flush()
                 raise ExtractError(
                     f"{rejected} image{'s' if rejected > 1 else ''} rejected, more than --max-rejected {o.max_rejected} (= {limit} of "
-                    f"{len(plan.refs)}); they are listed in {work.path / REJECTS_FILE}; nothing was written at "
+                    f"{len(plan.refs)}); they are listed above{_kept(work)}; nothing was written at "
                     f"{plan.out}: fix or remove them and rerun (finished images are kept and skipped), or raise "
                     "--max-rejected")
             if count >= o.images_per_shard or (count and time.monotonic() - first >= FLUSH_S):
@@ -357,6 +370,11 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     return extracted, rejected
 
 
+def _kept(work: WorkDir) -> str:
+    """Where the rejects are listed too, while the work folder is kept (it holds finished images)."""
+    return f" and in {work.path / REJECTS_FILE}" if work.chunks() else ""
+
+
 class ExtractInterrupted(RunInterrupted):
     """Ctrl-C or SIGTERM during an extraction: one line saying where the finished images are kept."""
 
@@ -366,17 +384,19 @@ class ExtractInterrupted(RunInterrupted):
 
     def __str__(self) -> str:
         mark = f" {RANDOM}:" if self.random else ""
+        if not self.done:
+            return (f"[xmodal]{mark} stopped extracting before any image was finished; nothing was kept or "
+                    "written at OUT")
         return (f"[xmodal]{mark} stopped extracting: {self.done} of {self.total} images are done and kept in "
                 f"{self.work}; nothing was written at OUT; rerun the same command to go on from there")
 
 
 def _publish(o: ExtractOptions, plan: Plan, work: WorkDir, rejected: int) -> Summary:
-    rejects_src = work.path / REJECTS_FILE
     chunks = work.chunks()
     rows = len(work.done())
     if not chunks:
-        raise ExtractError(f"IMAGES {o.images}: every image was rejected ({rejected}; listed in {rejects_src}); "
-                           f"nothing was written at {plan.out}")
+        raise ExtractError(f"IMAGES {o.images}: every image was rejected ({rejected}; each listed above with "
+                           f"why); nothing was written at {plan.out}")
     options = {k: v for k, v in asdict(o).items() if k not in ("images", "out", "progress", "overwrite", "restart")}
     options.update(plan.fingerprint, rejected=rejected,
                    weights=str(Path(o.weights).expanduser().resolve()) if o.weights else None)
