@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.console import say
+from xmodal.console import DriverNoise, say
 from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
 from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
@@ -328,9 +328,12 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
             extracted += count
         pending, count = [], 0
 
+    # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
+    decode_tasks = min(o.decode_tasks, -(-len(items) // o.batch_size))
+    noise = DriverNoise().__enter__()
     try:
         for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=actors, gpus=bool(gpus),
-                                  decode_tasks=o.decode_tasks):
+                                  decode_tasks=decode_tasks):
             work.start()  # the run has really started: its work folder is made now
             reject = batch["reject"]
             for i in np.nonzero(reject != "")[0]:
@@ -367,6 +370,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
         bar.close()
         if started_here and ray.is_initialized():
             ray.shutdown()
+        noise.__exit__()
     return extracted, rejected
 
 
