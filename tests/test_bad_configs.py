@@ -450,6 +450,16 @@ CASES = [
     Case("extract-tsv-out-slash-missing", "extract.py",
          [".", "s3:/bucket/obj36.tsv", "--format", "tsv", *EXTRACT_TINY],
          ["OUT", "'s3:/bucket/obj36.tsv'", "slash missing"], files=IMAGE),
+    # inputs read from the local disk only
+    Case("finetune-init-path-is-a-uri", "finetune.py", ["--init", "checkpoint", "--init-path", "s3://bucket/ck"],
+         ["init.path", "'s3://bucket/ck'", "only local paths are read here"]),
+    Case("export-checkpoint-is-a-uri", "export.py", ["--to", "reference", "--checkpoint", "s3://bucket/ck", "--out", "o"],
+         ["--checkpoint", "'s3://bucket/ck'", "only local paths are read here"]),
+    Case("extract-weights-empty-file", "extract.py", [".", "out", "--weights", "w.pkl"],
+         ["--weights", "w.pkl: empty file (0 bytes)"], files={**IMAGE, "w.pkl": ""}),
+    Case("extract-list-file-path-twice", "extract.py", ["list.txt", "out", *EXTRACT_TINY],
+         ["list.txt:3: image './a.jpg' is listed twice", "list.txt:1 names the same file"],
+         files={**IMAGE, "list.txt": "a.jpg\n\n./a.jpg\n"}),
     # the work folder beside OUT is made once results arrive: a run that cannot reach Ray leaves none
     Case("extract-ray-unreachable-leaves-no-work-folder", "extract.py", [".", "out", *EXTRACT_TINY],
          ["RAY_ADDRESS", "127.0.0.1:1", "no Ray cluster answers"], files=IMAGE),

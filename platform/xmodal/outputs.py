@@ -60,6 +60,15 @@ def _refuse_half_uri(text: str, option: str) -> None:
                         f"{half.group(1)}://bucket/prefix, or a local path")
 
 
+def check_local_input(text: str, option: str, expected: str) -> str:
+    """An input that is read from the local disk only (a checkpoint folder, a weights file): a URI, or one
+    with a slash missing, is refused by name rather than taken for a relative path. Returns it unchanged."""
+    if "://" in text or _HALF_URI.match(text) and not os.path.exists(text.split("/", 1)[0]):
+        raise UserError(f"{option}: {text!r} is a URI; only local paths are read here ({expected}): copy it to "
+                        "this machine first and give its path")
+    return text
+
+
 def check_writable_dir(path: str | Path, option: str) -> Path:
     """A local folder that a job will create (with its parents) or write into: made absolute, and
     refused when it or a parent is a file, or when the nearest existing folder above it cannot be

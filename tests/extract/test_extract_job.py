@@ -252,6 +252,28 @@ def test_no_weights_names_the_three_public_files(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_quiet_unless_verbose(tmp_path):
+    """A whole run as a user starts it (its own local Ray): only the job's lines. Not Ray's start line,
+    not the core worker's C++ error about actor restarts (Ray Data's actors keep theirs), not Ray Data's
+    warning about more decode tasks than batches (1 image, 2 decode tasks by default)."""
+    _images(tmp_path / "imgs", 1)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run([sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"),
+                          str(tmp_path / "store"), "--random-weights", "--tiny", "--no-progress"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    both = run.stdout + run.stderr
+    for noise in ("Started a local Ray instance", "core_worker.cc", "max_restarts > 0", "concurrent tasks",
+                  "override_num_blocks", "warnings.warn"):
+        assert noise not in both, both
+    assert run.stderr == "", run.stderr
+    lines = run.stdout.splitlines()
+    assert lines and all(x.startswith("[xmodal] RANDOM WEIGHTS: ") for x in lines), lines
+    assert "wrote " in lines[-1]
+
+
+@pytest.mark.slow
 def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path):
     _images(tmp_path / "imgs", 12)
     out = tmp_path / "store"
@@ -308,6 +330,10 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
                         "--num-objects", "100", "--vocab-size", "200", "--minival-fraction", "0.5",
                         "--no-progress"]) == 0
     lx = open_store(tmp_path / "lx")
+    # the extraction's random weights are said on the console and recorded in both stores built from it
+    assert "warning: RANDOM WEIGHTS: " + str(store) in capsys.readouterr().out
+    assert lx.manifest.options["random_weights_inputs"] == [str(store)]
+    assert open_features(tmp_path / "copy").manifest.options["random_weights_inputs"] == [str(store)]
     got = {}
     for split in ("train", "minival"):
         for f in lx.shard_paths(split):

@@ -256,3 +256,18 @@ def test_boxes_outside_their_image_by_its_header(tmp_path):
         check_inside("b.json", {**ok, "o6": np.array([[0, 0, 40, 10], [0, 0, 56, 40]], np.float32)}, refs)
     assert str(e.value) == (f"--boxes-from b.json: img_id 'o6' ({tmp_path / 'o6.jpg'}): box 1 = [0.0, 0.0, 56.0, "
                             "40.0] is not inside the 40x56 image (expected x2 <= img_w = 40 and y2 <= img_h = 56)")
+
+
+def test_a_path_listed_twice_names_both_lines(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.jpg").write_bytes(_jpeg())
+    lst = tmp_path / "list.txt"
+    lst.write_text("imgs/a.jpg\n# a comment\n./imgs/../imgs/a.jpg\n")
+    with pytest.raises(ExtractError) as e:
+        list_images(str(lst))
+    assert str(e.value) == (f"{lst}:3: image './imgs/../imgs/a.jpg' is listed twice: {lst}:1 names the same file "
+                            f"({tmp_path / 'imgs' / 'a.jpg'}); remove one of the lines")
+    lst.write_text("s3://bucket/a.jpg\ns3://bucket/a.jpg\n")
+    with pytest.raises(ExtractError, match=r"list.txt:2: image 's3://bucket/a.jpg' is listed twice: .*list.txt:1 "
+                                           "names the same URI"):
+        list_images(str(lst))

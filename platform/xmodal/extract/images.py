@@ -91,18 +91,24 @@ def _list_file(p: Path) -> list[tuple[str, tuple[str, ...]]]:
     except OSError as e:
         raise ExtractError(f"IMAGES {p}: cannot be read ({e.strerror or e})") from None
     found = []
+    first: dict[str, int] = {}  # path -> the line that listed it
     for lineno, line in enumerate(text.splitlines(), 1):
         entry = line.strip()
         if not entry or entry.startswith("#"):
             continue
         if is_uri(entry):
-            found.append((entry, (entry,)))
-            continue
-        full = (p.parent / Path(entry).expanduser()).resolve()
-        if not full.is_file():
-            what = "is a folder" if full.is_dir() else "does not exist"
-            raise ExtractError(f"{p}:{lineno}: image {entry!r} {what} ({full}); expected one image file a line")
-        found.append((str(full), (entry,)))
+            path = entry
+        else:
+            full = (p.parent / Path(entry).expanduser()).resolve()
+            if not full.is_file():
+                what = "is a folder" if full.is_dir() else "does not exist"
+                raise ExtractError(f"{p}:{lineno}: image {entry!r} {what} ({full}); expected one image file a line")
+            path = str(full)
+        if path in first:
+            raise ExtractError(f"{p}:{lineno}: image {entry!r} is listed twice: {p}:{first[path]} names the same "
+                               f"{'URI' if is_uri(entry) else 'file'} ({path}); remove one of the lines")
+        first[path] = lineno
+        found.append((path, (entry,)))
     if not found:
         raise ExtractError(f"IMAGES {p}: the list file names no image (one image path a line)")
     return found

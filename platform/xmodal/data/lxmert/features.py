@@ -46,6 +46,7 @@ from xmodal.data.lxmert.ingest import (
     IngestError,
     check_tsv_inputs,
     item_bytes,
+    mark_random_weights,
     pack_images,
     parse_item,
     progress_bar,
@@ -181,6 +182,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
     options = {"num_objects": num_objects, "feat_dim": feat_dim, "num_object_labels": num_object_labels,
                "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
                "row_group_images": row_group_images}
+    mark_random_weights(paths, options)
     made = missing_parents(out_path)
     tmp = temp_dir_beside(out_path)
     try:
