@@ -17,7 +17,7 @@ import pytest
 
 cv2 = pytest.importorskip("cv2")
 
-from xmodal.data.lxmert.features import ingest_features, open_features  # noqa: E402
+from xmodal.data.lxmert.features import image_sources, ingest_features, open_features  # noqa: E402
 from xmodal.extract.cli import main  # noqa: E402
 from xmodal.models.butd.detector import DetectorConfig, random_detector  # noqa: E402
 from xmodal.models.butd.weights import save_in_layout  # noqa: E402
@@ -78,6 +78,10 @@ def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images,
     assert (r["img_h"], r["img_w"]) == (30, 20) and 1 <= r["num_boxes"] <= 36  # a tiny image has few proposals
     assert any(x["num_boxes"] == 36 for x in rows.values())
     assert (0 <= r["boxes"]).all() and (r["boxes"] <= 1).all()
+    # where each image came from: relative to IMAGES in the rows, absolute through image_sources
+    assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp_path / "imgs").resolve())
+    assert image_sources(store) == {**{p.stem: str(p.resolve()) for p in images},
+                                    "grey": str((tmp_path / "imgs" / "sub" / "grey.PNG").resolve())}
     lines = [x for x in stdout.splitlines() if x.strip()]
     assert lines and all("RANDOM WEIGHTS" in x for x in lines), lines
     assert any("extracted 5 images" in x and "rejected 0" in x for x in lines)
@@ -320,8 +324,9 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
     b = _rows(open_features(tmp_path / "copy"))
     assert set(a) == set(b)
     for k in a:
-        for c in a[k]:
+        for c in b[k]:
             assert np.array_equal(a[k][c], b[k][c]), c
+    assert set(a[k]) - set(b[k]) == {"source"} and image_sources(tmp_path / "copy") == {}  # not carried
     # lxmert --tsv STORE --json sentences (seeded order: rows read by random access)
     sents = [{"img_id": k, "sentf": {"mscoco": [f"a picture number {i}", "two words"]}, "labelf": {}}
              for i, k in enumerate(sorted(a))]
@@ -397,7 +402,10 @@ def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_pa
     assert set(a) == set(b) == {p.stem for p in images} | {"extra"}
     for k in a:
         for c in a[k]:
-            assert np.array_equal(a[k][c], b[k][c]), (k, c)
+            if c != "source":
+                assert np.array_equal(a[k][c], b[k][c]), (k, c)
+    assert b["extra"]["source"] == f"{uri}/deeper/extra.png" and a["extra"]["source"] == "deeper/extra.png"
+    assert image_sources(tmp_path / "remote") == {k: f"{uri}/{r['source']}" for k, r in a.items()}
     empty = f"s3://{S3_BUCKET}/nothing-{uuid.uuid4().hex[:8]}"
     rc, _, err = _run(empty, tmp_path / "o", *TINY, capsys=capsys)
     assert rc == 2 and err.count("\n") == 1 and empty in err, err

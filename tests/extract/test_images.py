@@ -21,6 +21,7 @@ from xmodal.extract.images import (  # noqa: E402
     decode,
     default_id,
     header_size,
+    image_sources,
     list_images,
     read_id_map,
 )
@@ -271,3 +272,19 @@ def test_a_path_listed_twice_names_both_lines(tmp_path):
     with pytest.raises(ExtractError, match=r"list.txt:2: image 's3://bucket/a.jpg' is listed twice: .*list.txt:1 "
                                            "names the same URI"):
         list_images(str(lst))
+
+
+def test_image_sources_relative_to_the_images_root(tmp_path):
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    for f in ("imgs/a.jpg", "imgs/sub/b.png", "other/c.jpg"):
+        (tmp_path / f).write_bytes(_jpeg())
+    refs = assign_ids(list_images(str(tmp_path / "imgs")))
+    assert image_sources(str(tmp_path / "imgs"), refs) == (str(tmp_path / "imgs"), {"a": "a.jpg", "b": "sub/b.png"})
+    lst = tmp_path / "imgs" / "list.txt"
+    lst.write_text("sub/b.png\n../other/c.jpg\ns3://bucket/photos/d.jpg\n")
+    root, sources = image_sources(str(lst), assign_ids(list_images(str(lst))))
+    assert root == str(tmp_path / "imgs")
+    assert sources == {"b": "sub/b.png", "c": str(tmp_path / "other" / "c.jpg"), "d": "s3://bucket/photos/d.jpg"}
+    uri = [ImageRef("s3://bucket/photos/x/e.jpg", "e", ("x/e.jpg",))]
+    assert image_sources("s3://bucket/photos/", uri) == ("s3://bucket/photos", {"e": "s3://bucket/photos/x/e.jpg"})

@@ -3,7 +3,7 @@
 A batch of regions (`Regions`: numpy arrays, padded to the run's `num_objects` slots, with each image's
 `num_boxes`) becomes either store rows (`store_table`: the image columns of `store.image_schema`, float16
 features, boxes normalised by the image size, exactly as `ingest.parse_tsv_line` + `pack_images` make
-them from a TSV line) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
+them from a TSV line, and each image's `source`) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
 the fields `ingest.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
 
 The work folder, `.OUT.extract` beside OUT (hidden, same file system, so publishing is a rename):
@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xmodal.data.common import options_diff, options_json
-from xmodal.data.lxmert.features import SHARD_DIR
+from xmodal.data.lxmert.features import SHARD_DIR, SOURCE
 from xmodal.data.lxmert.store import image_columns, image_schema, write_shard
 from xmodal.extract.images import ExtractError
 
@@ -49,10 +49,15 @@ REGION_FIELDS = ("img_id", "img_h", "img_w", "num_boxes", "features", "boxes", "
                  "attr_conf")
 
 
-def take(batches: Iterable[tuple[Regions, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The rows `idx` of each batch, concatenated (one array per field)."""
+def take(batches: Iterable[tuple[Regions, np.ndarray]], sources: Mapping[str, str] | None = None
+         ) -> dict[str, np.ndarray]:
+    """The rows `idx` of each batch, concatenated (one array per field); with `sources` (img_id -> where
+    the image came from), a `source` field too."""
     parts = list(batches)
-    return {f: np.concatenate([np.asarray(b[f])[idx] for b, idx in parts]) for f in REGION_FIELDS}
+    out = {f: np.concatenate([np.asarray(b[f])[idx] for b, idx in parts]) for f in REGION_FIELDS}
+    if sources is not None:
+        out["source"] = np.array([sources[str(i)] for i in out["img_id"]], dtype=object)
+    return out
 
 
 def _valid(r: Regions) -> np.ndarray:
@@ -79,7 +84,11 @@ def store_table(r: Regions) -> pa.Table:
         "obj_ids": np.where(valid, r["obj_ids"], -1), "attr_ids": np.where(valid, r["attr_ids"], -1),
         "obj_conf": np.where(valid, np.clip(r["obj_conf"], 0, 1), 0),
         "attr_conf": np.where(valid, np.clip(r["attr_conf"], 0, 1), 0)})
-    return pa.Table.from_pydict(cols, schema=image_schema(n, feat_dim))
+    schema = image_schema(n, feat_dim)
+    if "source" in r:  # where each image came from (features.SOURCE)
+        cols[SOURCE.name] = pa.array([str(x) for x in r["source"]], SOURCE.type)
+        schema = schema.append(SOURCE)
+    return pa.Table.from_pydict(cols, schema=schema)
 
 
 def _b64(a: np.ndarray, dtype: type) -> str:

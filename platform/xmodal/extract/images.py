@@ -137,6 +137,26 @@ def _list_uri(source: str) -> list[tuple[str, tuple[str, ...]]]:
     return sorted(found)
 
 
+def image_sources(images: str, refs: list[ImageRef]) -> tuple[str, dict[str, str]]:
+    """(the IMAGES root, img_id -> where the image came from, as a store records it): under a folder
+    the path relative to it; under an s3:// prefix, and for a list file's URI entries, the URI; for a
+    list file's local entries the path relative to the list file's folder, or absolute when outside it."""
+    if is_uri(images):
+        return images.rstrip("/"), {r.img_id: r.path for r in refs}
+    p = Path(images).expanduser().resolve()
+    root = p if p.is_dir() else p.parent
+    out = {}
+    for r in refs:
+        if is_uri(r.path):
+            out[r.img_id] = r.path
+            continue
+        try:
+            out[r.img_id] = Path(r.path).relative_to(root).as_posix()
+        except ValueError:
+            out[r.img_id] = r.path
+    return str(root), out
+
+
 def default_id(path: str) -> str:
     """The file name without its extension."""
     name = path.rstrip("/").rsplit("/", 1)[-1]

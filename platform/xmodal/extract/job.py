@@ -37,11 +37,11 @@ import numpy as np
 from xmodal.console import DriverNoise, say
 from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
-from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
+from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
 from xmodal.errors import RunInterrupted, UserError
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take
-from xmodal.extract.images import ExtractError, ImageRef, assign_ids, list_images, read_id_map
+from xmodal.extract.images import ExtractError, ImageRef, assign_ids, image_sources, list_images, read_id_map
 from xmodal.outputs import check_writable_file
 
 FLUSH_S = 60.0  # a chunk is written at least this often while images come (a slow CPU run loses little)
@@ -178,6 +178,8 @@ class Plan:
     weights_sha256: str | None
     vocab: dict[str, list[str]]
     fingerprint: dict[str, Any]
+    images_root: str = ""  # what the relative sources are relative to
+    sources: dict[str, str] | None = None  # img_id -> where the image came from (images.image_sources)
 
 
 def _detector_sizes(tiny: bool) -> tuple[int, int]:
@@ -236,7 +238,8 @@ def check(o: ExtractOptions) -> Plan:
         "boxes_from_sha256": sha256_of(Path(o.boxes_from).expanduser()) if o.boxes_from else None,
         "num_objects": num_objects, "bf16": o.bf16,
     }
-    return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint)
+    root, sources = image_sources(o.images, refs)
+    return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint, root, sources)
 
 
 def _gpus() -> int:
@@ -324,7 +327,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     def flush() -> None:
         nonlocal pending, count, extracted
         if count:
-            work.write(take(pending), o.row_group_images)
+            work.write(take(pending, plan.sources if o.format == "store" else None), o.row_group_images)
             extracted += count
         pending, count = [], 0
 
@@ -408,6 +411,7 @@ def _publish(o: ExtractOptions, plan: Plan, work: WorkDir, rejected: int) -> Sum
         options["warning"] = f"{RANDOM}: features of a detector with random weights, for tests and benchmarks only"
     if plan.vocab:
         options["vocab"] = plan.vocab
+    options[IMAGES_ROOT] = plan.images_root
     if o.format == "tsv":
         return _publish_tsv(o, plan, work, chunks, rows, rejected)
     import pyarrow.parquet as pq

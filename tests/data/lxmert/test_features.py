@@ -14,6 +14,7 @@ from refdata import RefCorpus, read_images
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.features import (
     FeatureStore,
+    image_sources,
     ingest_features,
     open_features,
     open_image_store,
@@ -52,6 +53,7 @@ def test_round_trip_of_the_reference_tsv(reference: RefCorpus, tmp_path: Path):
         np.testing.assert_allclose(got["obj_conf"][k, :n], ref.obj_conf)
         np.testing.assert_allclose(got["attr_conf"][k, :n], ref.attr_conf)
     assert open_image_store(store.path).manifest == open_features(store.path).manifest
+    assert image_sources(store) == {}  # a store from TSV files does not know where its images came from
 
 
 def test_cut_line_and_duplicates_are_named_and_leave_nothing(reference: RefCorpus, tmp_path: Path):
