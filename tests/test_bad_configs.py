@@ -460,6 +460,16 @@ CASES = [
     Case("extract-list-file-path-twice", "extract.py", ["list.txt", "out", *EXTRACT_TINY],
          ["list.txt:3: image './a.jpg' is listed twice", "list.txt:1 names the same file"],
          files={**IMAGE, "list.txt": "a.jpg\n\n./a.jpg\n"}),
+    # placement options: their ranges before Ray (--actors and --batch-size against the cluster once it is
+    # reached: tests/extract/test_extract_job.py, with a local Ray)
+    Case("extract-gpus-per-actor-zero", "extract.py", [".", "out", *EXTRACT_TINY, "--gpus-per-actor", "0"],
+         ["--gpus-per-actor 0", "0 < F <= 1"], files=IMAGE),
+    Case("extract-gpus-per-actor-above-one", "extract.py", [".", "out", *EXTRACT_TINY, "--gpus-per-actor", "1.5"],
+         ["--gpus-per-actor 1.5", "0 < F <= 1"], files=IMAGE),
+    Case("extract-actors-zero", "extract.py", [".", "out", *EXTRACT_TINY, "--actors", "0"],
+         ["--actors 0", ">= 1"], files=IMAGE),
+    Case("extract-unknown-precision", "extract.py", [".", "out", *EXTRACT_TINY, "--precision", "fp16"],
+         ["--precision", "'fp16'", "fp32", "tf32", "bf16"], files=IMAGE),
     # the work folder beside OUT is made once results arrive: a run that cannot reach Ray leaves none
     Case("extract-ray-unreachable-leaves-no-work-folder", "extract.py", [".", "out", *EXTRACT_TINY],
          ["RAY_ADDRESS", "127.0.0.1:1", "no Ray cluster answers"], files=IMAGE),

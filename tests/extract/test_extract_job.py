@@ -138,7 +138,7 @@ def test_rerun_skips_done_images(ray_local, tmp_path, images, capsys):
     lst.write_text("".join(f"imgs/{p.name}\n" for p in images))
     os.rename(tmp_path / "store2", work)
     state = {"format": "store", "weights_sha256": None, "layout": None, "random_weights": {"tiny": True, "seed": 0},
-             "boxes": [36, 36], "boxes_from_sha256": None, "num_objects": 36, "bf16": False}
+             "boxes": [36, 36], "boxes_from_sha256": None, "num_objects": 36, "precision": "fp32"}
     (work / "extract.json").write_text(json.dumps(state))
     (work / "manifest.json").unlink()
     rc, stdout, err = _run(lst, tmp_path / "store2", *TINY, capsys=capsys)
@@ -253,6 +253,27 @@ def test_no_weights_names_the_three_public_files(tmp_path, capsys):
     assert rc == 2
     for name in ("faster_rcnn_from_caffe_attr.pkl", "bua-caffe-frcn-r101-k36.pth", "pytorch_model.bin"):
         assert name in err
+
+
+@pytest.mark.slow
+def test_placement_refused_in_the_driver_before_work_starts(ray_local, tmp_path, images, capsys):
+    """Checks that need the cluster (the tests' local Ray: 4 CPUs, no GPU), made once it is reached and
+    before the pipeline starts: one error line, no work folder, no store."""
+    import ray
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    cases = {
+        "too many actors": (["--actors", cpus + 1], f"--actors {cpus + 1}: the cluster has {cpus} CPU(s) and no GPU"),
+        "a GPU share on a CPU cluster": (["--gpus-per-actor", "0.5"], "--gpus-per-actor 0.5: the cluster has no GPU"),
+        # the reference ResNet-101 (random weights, not --tiny): about 1.7 GiB a 600 x 1000 image in fp32
+        "a batch that cannot fit": (["--batch-size", 10**5], "--batch-size 100000: one detector call is estimated at"),
+    }
+    for name, (extra, msg) in cases.items():
+        tiny = [] if name == "a batch that cannot fit" else ["--tiny"]
+        rc, out, err = _run(tmp_path / "imgs", tmp_path / "store", "--random-weights", *tiny, "--no-progress", *extra,
+                            capsys=capsys)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and msg in err, (name, err)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name != "mlflow.db") == ["imgs"], name
 
 
 @pytest.mark.slow

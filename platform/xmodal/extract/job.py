@@ -21,8 +21,10 @@ that the same command resumes it; OUT is untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
+import inspect
 import math
 import os
 import shutil
@@ -42,6 +44,7 @@ from xmodal.errors import RunInterrupted, UserError
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take
 from xmodal.extract.images import ExtractError, ImageRef, assign_ids, image_sources, list_images, read_id_map
+from xmodal.extract.resources import PRECISIONS, cluster_view, place
 from xmodal.outputs import check_writable_file
 
 FLUSH_S = 60.0  # a chunk is written at least this often while images come (a slow CPU run loses little)
@@ -64,13 +67,14 @@ class ExtractOptions:
     tiny: bool = False  # DetectorConfig.tiny(): tests and benchmarks (random weights, or weights they wrote)
     boxes: str | None = None  # "36" (default) or "MIN-MAX"
     boxes_from: str | None = None
-    bf16: bool = False
+    precision: str = "fp32"  # fp32 (exact), tf32, bf16 (resources.PRECISIONS)
     format: str = "store"  # or "tsv"
     ids: str | None = None
     max_rejected: str = DEFAULT_MAX_REJECTED  # N images, or P% of them
     batch_size: int = 4
-    actors: int | None = None  # default: the cluster's GPUs, else 1
-    decode_tasks: int = 2
+    actors: int | None = None  # default: as many as the cluster's GPUs place at gpus_per_actor, else 1
+    gpus_per_actor: float | None = None  # default: 0.5 on a cluster with GPUs (resources.place)
+    decode_tasks: int | None = None  # default: the cluster's CPUs less one per actor
     images_per_shard: int = 256
     row_group_images: int = 32
     objects_vocab: str | None = None
@@ -194,11 +198,14 @@ def check(o: ExtractOptions) -> Plan:
     """Every check that needs no Ray, in the order a user fixes them."""
     if o.format not in ("store", "tsv"):
         raise ExtractError(f"--format {o.format!r}: expected store or tsv")
-    for name in ("batch_size", "images_per_shard", "row_group_images", "decode_tasks"):
-        if getattr(o, name) < 1:
+    for name in ("batch_size", "images_per_shard", "row_group_images", "decode_tasks", "actors"):
+        if getattr(o, name) is not None and getattr(o, name) < 1:
             raise ExtractError(f"--{name.replace('_', '-')} {getattr(o, name)}: expected >= 1")
-    if o.actors is not None and o.actors < 1:
-        raise ExtractError(f"--actors {o.actors}: expected >= 1")
+    if o.precision not in PRECISIONS:
+        raise ExtractError(f"--precision {o.precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if o.gpus_per_actor is not None and not 0 < o.gpus_per_actor <= 1:
+        raise ExtractError(f"--gpus-per-actor {o.gpus_per_actor:g}: expected a share of one GPU, 0 < F <= 1 "
+                           "(0.5: two detector actors a GPU)")
     if o.boxes is not None and o.boxes_from is not None:
         raise ExtractError("--boxes and --boxes-from: give one (--boxes-from takes the boxes from the file)")
     boxes_range = parse_boxes(o.boxes or "36")
@@ -236,16 +243,37 @@ def check(o: ExtractOptions) -> Plan:
         "random_weights": {"tiny": o.tiny, "seed": o.seed} if o.random_weights else None,
         "boxes": None if given else list(boxes_range),
         "boxes_from_sha256": sha256_of(Path(o.boxes_from).expanduser()) if o.boxes_from else None,
-        "num_objects": num_objects, "bf16": o.bf16,
+        "num_objects": num_objects, "precision": o.precision,
     }
     root, sources = image_sources(o.images, refs)
     return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint, root, sources)
 
 
-def _gpus() -> int:
-    import ray
+def _detector_params(tiny: bool) -> int:
+    """The detector's parameter count (built on the meta device: nothing allocated)."""
+    import torch
 
-    return int(ray.cluster_resources().get("GPU", 0))
+    from xmodal.models.butd.detector import Detector, DetectorConfig
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Detector(DetectorConfig.tiny() if tiny else DetectorConfig()).parameters())
+
+
+def _spec(pipeline, precision: str, **fields: Any):
+    """The pipeline's DetectorSpec with the run's precision: a `precision` field, or where the pipeline
+    has only its earlier `bf16` switch (the region head in bfloat16), that, and no tf32."""
+    names = {f.name for f in dataclasses.fields(pipeline.DetectorSpec)}
+    if "precision" in names:
+        return pipeline.DetectorSpec(precision=precision, **fields)
+    if precision == "tf32":
+        raise ExtractError("--precision tf32: this installation's detector pipeline has no TF32 mode; expected fp32 "
+                           "or bf16")
+    return pipeline.DetectorSpec(bf16=precision == "bf16", **fields)
+
+
+def _shares_gpus(pipeline) -> bool:
+    """Whether the pipeline places actors on a share of a GPU (`gpus_per_actor`), not a whole one each."""
+    return "gpus_per_actor" in inspect.signature(pipeline.run).parameters
 
 
 def extract(o: ExtractOptions) -> Summary:
@@ -304,21 +332,38 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     from xmodal.runner.ray_cluster import connect
 
     started_here = not ray.is_initialized()
-    connect()
-    gpus = _gpus()
-    actors = o.actors or max(1, gpus)
-    if gpus and actors > gpus:
-        raise ExtractError(f"--actors {actors}: the cluster has {gpus} GPU(s), one per actor; expected at most that")
-    spec = pipeline.DetectorSpec(weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
-                                 weights_sha256=plan.weights_sha256,
-                                 layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed, boxes_range=plan.boxes_range,
-                                 given=plan.given is not None, bf16=o.bf16, num_objects=plan.num_objects)
+    try:
+        connect()
+        spec = _spec(pipeline, o.precision,
+                     weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
+                     weights_sha256=plan.weights_sha256, layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed,
+                     boxes_range=plan.boxes_range, given=plan.given is not None, num_objects=plan.num_objects)
+        shares = _shares_gpus(pipeline)
+        cluster = cluster_view()
+        if not shares and cluster.total_gpus and o.gpus_per_actor not in (None, 1):
+            raise ExtractError(f"--gpus-per-actor {o.gpus_per_actor:g}: this installation's detector pipeline "
+                               "places one actor a GPU; expected 1")
+        from xmodal.models.butd.detector import DetectorConfig
+
+        placed = place(cluster, actors=o.actors,
+                       gpus_per_actor=o.gpus_per_actor,
+                       decode_tasks=o.decode_tasks, batch_size=o.batch_size, precision=o.precision,
+                       cfg=DetectorConfig.tiny() if o.tiny else DetectorConfig(), params=_detector_params(o.tiny),
+                       default_share=None if shares else 1.0)
+    except BaseException:
+        if started_here and ray.is_initialized():
+            ray.shutdown()
+        raise
     items = [{"path": r.path, "img_id": r.img_id,
               "given": plan.given[r.img_id].tobytes() if plan.given is not None else b""} for r in todo]
-    tell(f"extracting {len(todo)} images with {actors} detector actor(s) on {'GPU' if gpus else 'CPU'}, batch "
-         f"{o.batch_size}, boxes {plan.num_objects if plan.given else '-'.join(map(str, sorted(set(plan.boxes_range))))}"
-         f"{' from ' + str(o.boxes_from) if plan.given else ''}{', bf16 regions' if o.bf16 else ''}; work kept in "
-         f"{work.path} until done")
+    # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
+    decode_tasks = min(placed.decode_tasks, -(-len(items) // o.batch_size))
+    device = f"GPU ({placed.gpus_per_actor:g} each)" if placed.gpus_per_actor else "CPU"
+    tell(f"extracting {len(todo)} images with {placed.actors} detector actor(s) on {device}, {decode_tasks} decode "
+         f"task(s), batch {o.batch_size}, {o.precision}, boxes "
+         f"{plan.num_objects if plan.given else '-'.join(map(str, sorted(set(plan.boxes_range))))}"
+         f"{' from ' + str(o.boxes_from) if plan.given else ''}; work kept in {work.path} until done")
+    run_args = ({"gpus_per_actor": placed.gpus_per_actor} if shares else {"gpus": bool(placed.gpus_per_actor)})
     bar = progress_bar(len(todo), f"extract ({RANDOM})" if o.random_weights else "extract", "img", o.progress)
     pending: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
     count = extracted = rejected = 0
@@ -331,11 +376,9 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
             extracted += count
         pending, count = [], 0
 
-    # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
-    decode_tasks = min(o.decode_tasks, -(-len(items) // o.batch_size))
     noise = DriverNoise().__enter__()
     try:
-        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=actors, gpus=bool(gpus),
+        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=placed.actors, **run_args,
                                   decode_tasks=decode_tasks):
             work.start()  # the run has really started: its work folder is made now
             reject = batch["reject"]
