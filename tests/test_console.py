@@ -202,3 +202,17 @@ def test_driver_noise_drops_ray_cpp_lines_on_descriptor_2(capfd, monkeypatch):
     with c.DriverNoise():
         os.write(2, noise.encode())
     assert capfd.readouterr().err == noise
+
+
+def test_progress_bar_of_driver_jobs(capsys):
+    from xmodal.console import progress_bar
+
+    bar = progress_bar(3, "decode TSV", "img", False)  # --no-progress: takes the calls, draws nothing
+    bar.update(3)
+    bar.close()
+    assert capsys.readouterr() == ("", "")
+    bar = progress_bar(2048, "scan TSV", "B", True)
+    bar.update(2048)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "scan TSV: 100%" in err and "2.05k/2.05k" in err  # bytes scaled

@@ -213,6 +213,15 @@ class DriverNoise:
         self.real = self.thread = None
 
 
+def progress_bar(total: int, desc: str, unit: str, enabled: bool):
+    """A tqdm bar for a job that runs in the driver (ingest, extraction): `total` units, bytes shown
+    scaled; a disabled one (`enabled` False, e.g. --no-progress) draws nothing but takes the calls."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
+                disable=not enabled, smoothing=0.1)
+
+
 # ---------------------------------------------------------------- worker side
 
 

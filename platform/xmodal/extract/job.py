@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.console import DriverNoise, say
+from xmodal.console import DriverNoise, progress_bar, say
 from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
 from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
@@ -327,7 +327,6 @@ def _resume(o: ExtractOptions, plan: Plan, work: WorkDir, start: float, tell) ->
 def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], limit: int, tell) -> tuple[int, int]:
     import ray
 
-    from xmodal.data.lxmert.ingest import progress_bar
     from xmodal.extract import pipeline
     from xmodal.runner.ray_cluster import connect
 

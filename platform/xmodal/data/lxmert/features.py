@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pydantic
 
+from xmodal.console import progress_bar
 from xmodal.data.common import (
     KINDS,
     Location,
@@ -53,7 +54,6 @@ from xmodal.data.lxmert.ingest import (
     mark_random_weights,
     pack_images,
     parse_item,
-    progress_bar,
     scan_tsv_ids,
     tsv_lines,
 )

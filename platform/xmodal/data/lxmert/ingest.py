@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.console import say
+from xmodal.console import progress_bar, say
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import check_target, kind_at, local_target, open_parquet, read_manifest_json
 from xmodal.data.lxmert.store import (
@@ -473,13 +473,6 @@ def order_key(img_id: str, seed: int) -> bytes:
     """The seeded position of an image in a store written in random order: a keyed hash of img_id, so
     the order depends on the seed and the images only, not on the files' order or contents."""
     return hashlib.blake2b(img_id.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little")).digest()
-
-
-def progress_bar(total: int, desc: str, unit: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
-                disable=not enabled, smoothing=0.1)
 
 
 def minival_by_hash(img_id: str, fraction: float) -> bool:
