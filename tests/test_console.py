@@ -197,7 +197,11 @@ def test_driver_noise_drops_ray_cpp_lines_on_descriptor_2(capfd, monkeypatch):
     with c.DriverNoise():
         os.write(2, b"before\n" + noise.encode() + b"after")
         os.write(2, b" the rest\n")
-    assert capfd.readouterr().err == "before\nafter the rest\n"
+        os.write(2, b"\rbar  50%")  # a progress bar's update (no line end): copied at once, noise around it dropped
+        os.write(2, noise[:30].encode())  # a noise line that comes in two writes
+        os.write(2, noise[30:].encode())
+        os.write(2, b"\rbar 100%\n[a line of its own]\n")
+    assert capfd.readouterr().err == "before\nafter the rest\n\rbar  50%\rbar 100%\n[a line of its own]\n"
     monkeypatch.setenv(c.VERBOSE_ENV, "1")
     with c.DriverNoise():
         os.write(2, noise.encode())

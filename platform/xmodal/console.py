@@ -189,15 +189,32 @@ class DriverNoise:
 
     @staticmethod
     def _pump(read: int, real: int) -> None:
-        rest = b""
+        """Copy `read` to `real` as it comes, less the lines that hold RAY_NOISE. A line is judged when
+        whole if it may be a Ray log line (it starts with "["); any other piece (a progress bar's
+        carriage-return updates) is copied at once."""
+        held = b""
         try:
             while chunk := os.read(read, 1 << 16):
-                *lines, rest = (rest + chunk).split(b"\n")
-                kept = [x + b"\n" for x in lines if not any(n.encode() in x for n in RAY_NOISE)]
-                if kept:
-                    os.write(real, b"".join(kept))
-            if rest:
-                os.write(real, rest)
+                parts = chunk.split(b"\n")
+                pieces = [x + b"\n" for x in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+                out = []
+                for piece in pieces:
+                    line, held = held + piece, b""
+                    whole = line.endswith(b"\n")
+                    at = min((i for i in (line.find(n.encode()) for n in RAY_NOISE) if i >= 0), default=-1)
+                    if at >= 0:  # dropped once whole, from its "[" on (a bar's update before it is kept)
+                        if whole:
+                            out.append(line[:max(0, line.rfind(b"[", 0, at))])
+                        else:
+                            held = line
+                    elif whole or not line.lstrip(b"\r").startswith(b"["):
+                        out.append(line)
+                    else:
+                        held = line
+                if out:
+                    os.write(real, b"".join(out))
+            if held and not any(n.encode() in held for n in RAY_NOISE):
+                os.write(real, held)
         finally:
             os.close(read)
 
