@@ -20,8 +20,13 @@ fetch)
     ls .whl
     ;;
 run)
-    sections="${2:?sections, e.g. mult,extract}"
-    out="${3:?an output folder}"
+    if [ $# -ne 3 ] || [ -z "$2" ] || [ -z "$3" ]; then
+        echo "error: device_run.sh run: expected SECTIONS OUT, two non-empty arguments (e.g. run mult,extract" \
+             "bench-out), got $(($# - 1)): ${*:2}" >&2
+        exit 2
+    fi
+    sections="$2"
+    out="$3"
     py="${PYTHON:-python3}"
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH="/tmp/site:$PWD/platform"
@@ -29,7 +34,7 @@ run)
     "$py" jobs/benchmark.py suite --device "${DEVICE:-cuda}" --sections "$sections" --out "$out"
     ;;
 *)
-    echo "usage: bash scripts/device_run.sh fetch | run SECTIONS OUT" >&2
+    echo "error: device_run.sh: expected fetch or run SECTIONS OUT, got '${1:-}' (usage: bash scripts/device_run.sh fetch | run SECTIONS OUT)" >&2
     exit 2
     ;;
 esac

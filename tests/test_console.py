@@ -182,3 +182,41 @@ def test_no_bare_print_outside_the_command_line_edge(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('# print("no")\ns = "print(1)"\nif s:\n    print(s)\n')
     assert _bare_prints(probe) == [4]
+
+
+def test_driver_noise_drops_ray_cpp_lines_on_descriptor_2(capfd, monkeypatch):
+    """What Ray's C++ core worker writes to descriptor 2 in the driver: its restart note dropped, every
+    other line kept in order; with --verbose nothing is dropped."""
+    import os
+
+    from xmodal import console as c
+
+    noise = ("[2026 E 1 1] core_worker.cc:2465: Actor with class name: 'MapWorker(MapBatches(DetectorActor))' "
+             "has constructor arguments in the object store and max_restarts > 0. If the arguments ...\n")
+    monkeypatch.setenv(c.VERBOSE_ENV, "0")
+    with c.DriverNoise():
+        os.write(2, b"before\n" + noise.encode() + b"after")
+        os.write(2, b" the rest\n")
+        os.write(2, b"\rbar  50%")  # a progress bar's update (no line end): copied at once, noise around it dropped
+        os.write(2, noise[:30].encode())  # a noise line that comes in two writes
+        os.write(2, noise[30:].encode())
+        os.write(2, b"\rbar 100%\n[a line of its own]\n")
+    assert capfd.readouterr().err == "before\nafter the rest\n\rbar  50%\rbar 100%\n[a line of its own]\n"
+    monkeypatch.setenv(c.VERBOSE_ENV, "1")
+    with c.DriverNoise():
+        os.write(2, noise.encode())
+    assert capfd.readouterr().err == noise
+
+
+def test_progress_bar_of_driver_jobs(capsys):
+    from xmodal.console import progress_bar
+
+    bar = progress_bar(3, "decode TSV", "img", False)  # --no-progress: takes the calls, draws nothing
+    bar.update(3)
+    bar.close()
+    assert capsys.readouterr() == ("", "")
+    bar = progress_bar(2048, "scan TSV", "B", True)
+    bar.update(2048)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "scan TSV: 100%" in err and "2.05k/2.05k" in err  # bytes scaled

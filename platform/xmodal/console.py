@@ -111,6 +111,9 @@ def quiet_libraries() -> None:
     # `verbose` says; its classic reporter keeps quiet at verbose=0 (the sweep's own lines say it all).
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logging.getLogger("ray.tune.tune").setLevel(logging.WARNING)  # "Wrote the latest version of all result files"
+    # "Started a local Ray instance. View the dashboard at ..." (and "Connecting to existing Ray
+    # cluster"): the job's own lines say what runs where; its warnings still come through.
+    logging.getLogger("ray._private.worker").setLevel(logging.WARNING)
     # "Token authentication is enabled for this Ray cluster" on every start: not something to act on.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     # A sweep stopped with Ctrl-C: Tune's own lines name its Python API (`Tuner.restore(...)`) and the
@@ -155,6 +158,85 @@ class _DropTuneInterruptNotes(logging.Filter):
 class _DropProgressNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Progress bars disabled")
+
+
+class DriverNoise:
+    """Ray's C++ core worker in the driver logs its errors straight to file descriptor 2, past any
+    Python logger: Ray Data's actor pools log RAY_NOISE's first line for every actor they start (they
+    pass their context as object refs and keep actor restarts on). While this is entered (unless
+    --verbose), descriptor 2 is a pipe whose reader drops RAY_NOISE lines and copies every other line
+    to the real stderr as it comes; leaving it drains the pipe and puts the real stderr back. Enter it
+    after Ray has started: processes started meanwhile would inherit the pipe."""
+
+    DRAIN_S = 5.0
+
+    def __init__(self) -> None:
+        self.real: int | None = None
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> DriverNoise:
+        if verbose():
+            return self
+        sys.stderr.flush()
+        read, write = os.pipe()
+        self.real = os.dup(2)
+        os.dup2(write, 2)
+        os.close(write)
+        self.thread = threading.Thread(target=self._pump, args=(read, self.real), name="xmodal-stderr",
+                                       daemon=True)
+        self.thread.start()
+        return self
+
+    @staticmethod
+    def _pump(read: int, real: int) -> None:
+        """Copy `read` to `real` as it comes, less the lines that hold RAY_NOISE. A line is judged when
+        whole if it may be a Ray log line (it starts with "["); any other piece (a progress bar's
+        carriage-return updates) is copied at once."""
+        held = b""
+        try:
+            while chunk := os.read(read, 1 << 16):
+                parts = chunk.split(b"\n")
+                pieces = [x + b"\n" for x in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+                out = []
+                for piece in pieces:
+                    line, held = held + piece, b""
+                    whole = line.endswith(b"\n")
+                    at = min((i for i in (line.find(n.encode()) for n in RAY_NOISE) if i >= 0), default=-1)
+                    if at >= 0:  # dropped once whole, from its "[" on (a bar's update before it is kept)
+                        if whole:
+                            out.append(line[:max(0, line.rfind(b"[", 0, at))])
+                        else:
+                            held = line
+                    elif whole or not line.lstrip(b"\r").startswith(b"["):
+                        out.append(line)
+                    else:
+                        held = line
+                if out:
+                    os.write(real, b"".join(out))
+            if held and not any(n.encode() in held for n in RAY_NOISE):
+                os.write(real, held)
+        finally:
+            os.close(read)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.real is None:
+            return
+        sys.stderr.flush()
+        os.dup2(self.real, 2)  # the pipe's last writer closed: the reader sees its end
+        if self.thread is not None:
+            self.thread.join(self.DRAIN_S)
+        if self.thread is None or not self.thread.is_alive():  # else a process holds the pipe: the reader
+            os.close(self.real)                                  # keeps its copy of the real stderr
+        self.real = self.thread = None
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool):
+    """A tqdm bar for a job that runs in the driver (ingest, extraction): `total` units, bytes shown
+    scaled; a disabled one (`enabled` False, e.g. --no-progress) draws nothing but takes the calls."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
+                disable=not enabled, smoothing=0.1)
 
 
 # ---------------------------------------------------------------- worker side

@@ -52,16 +52,30 @@ def check_uri(uri: str, option: str) -> str:
     return uri
 
 
+def _refuse_half_uri(text: str, option: str) -> None:
+    """`s3:/bucket/x` would be written under a local folder named `s3:` (unless one exists)."""
+    half = _HALF_URI.match(text)
+    if half and not os.path.exists(text.split("/", 1)[0]):
+        raise UserError(f"{option}: {text!r} looks like a URI with a slash missing; expected "
+                        f"{half.group(1)}://bucket/prefix, or a local path")
+
+
+def check_local_input(text: str, option: str, expected: str) -> str:
+    """An input that is read from the local disk only (a checkpoint folder, a weights file): a URI, or one
+    with a slash missing, is refused by name rather than taken for a relative path. Returns it unchanged."""
+    if "://" in text or _HALF_URI.match(text) and not os.path.exists(text.split("/", 1)[0]):
+        raise UserError(f"{option}: {text!r} is a URI; only local paths are read here ({expected}): copy it to "
+                        "this machine first and give its path")
+    return text
+
+
 def check_writable_dir(path: str | Path, option: str) -> Path:
     """A local folder that a job will create (with its parents) or write into: made absolute, and
     refused when it or a parent is a file, or when the nearest existing folder above it cannot be
     written to. The test writes a temporary folder there and removes it (as root, permission bits do
     not say what /proc or a read-only mount will refuse). Nothing is left behind."""
     text = str(path)
-    half = _HALF_URI.match(text)
-    if half and not os.path.exists(text.split("/", 1)[0]):
-        raise UserError(f"{option}: {text!r} looks like a URI with a slash missing; expected "
-                        f"{half.group(1)}://bucket/prefix, or a local path")
+    _refuse_half_uri(text, option)
     p = Path(text).expanduser().absolute()
     if p.exists() and not p.is_dir():
         raise UserError(f"{option}: {text!r} is a file; expected a folder (or a path where one can be made)")
@@ -83,6 +97,7 @@ def check_writable_file(path: str | Path, option: str) -> Path:
     """A local file that a job will write (its folder made if missing): not an existing folder, and a
     folder above it that can be made and written (`check_writable_dir`). Returns it made absolute."""
     text = str(path)
+    _refuse_half_uri(text, option)
     p = Path(text).expanduser().absolute()
     if p.is_dir():
         raise UserError(f"{option}: {text!r} is a folder; expected a file name")

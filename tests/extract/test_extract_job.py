@@ -17,7 +17,7 @@ import pytest
 
 cv2 = pytest.importorskip("cv2")
 
-from xmodal.data.lxmert.features import ingest_features, open_features  # noqa: E402
+from xmodal.data.lxmert.features import image_sources, ingest_features, open_features  # noqa: E402
 from xmodal.extract.cli import main  # noqa: E402
 from xmodal.models.butd.detector import DetectorConfig, random_detector  # noqa: E402
 from xmodal.models.butd.weights import save_in_layout  # noqa: E402
@@ -78,6 +78,10 @@ def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images,
     assert (r["img_h"], r["img_w"]) == (30, 20) and 1 <= r["num_boxes"] <= 36  # a tiny image has few proposals
     assert any(x["num_boxes"] == 36 for x in rows.values())
     assert (0 <= r["boxes"]).all() and (r["boxes"] <= 1).all()
+    # where each image came from: relative to IMAGES in the rows, absolute through image_sources
+    assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp_path / "imgs").resolve())
+    assert image_sources(store) == {**{p.stem: str(p.resolve()) for p in images},
+                                    "grey": str((tmp_path / "imgs" / "sub" / "grey.PNG").resolve())}
     lines = [x for x in stdout.splitlines() if x.strip()]
     assert lines and all("RANDOM WEIGHTS" in x for x in lines), lines
     assert any("extracted 5 images" in x and "rejected 0" in x for x in lines)
@@ -107,6 +111,19 @@ def test_rejects_listed_and_max_rejected(ray_local, tmp_path, images, capsys):
 
 
 @pytest.mark.slow
+def test_a_run_that_writes_nothing_leaves_no_work_folder(ray_local, tmp_path, capsys):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "empty.jpg").write_bytes(b"")
+    (tmp_path / "imgs" / "text.png").write_bytes(b"not a png at all")
+    for boxes in ("36", "10-100"):  # the second run, with other options, is not refused for the first's folder
+        rc, stdout, err = _run(tmp_path / "imgs", tmp_path / "store", *TINY, "--boxes", boxes, "--max-rejected", "100%",
+                               capsys=capsys)
+        assert rc == 2 and "every image was rejected (2; each listed above" in err, err
+        assert "rejected " in stdout and "empty file" in stdout
+        assert not (tmp_path / ".store.extract").exists() and not (tmp_path / "store").exists()
+
+
+@pytest.mark.slow
 def test_rerun_skips_done_images(ray_local, tmp_path, images, capsys):
     out = tmp_path / "store"
     lst = tmp_path / "list.txt"
@@ -121,7 +138,7 @@ def test_rerun_skips_done_images(ray_local, tmp_path, images, capsys):
     lst.write_text("".join(f"imgs/{p.name}\n" for p in images))
     os.rename(tmp_path / "store2", work)
     state = {"format": "store", "weights_sha256": None, "layout": None, "random_weights": {"tiny": True, "seed": 0},
-             "boxes": [36, 36], "boxes_from_sha256": None, "num_objects": 36, "bf16": False}
+             "boxes": [36, 36], "boxes_from_sha256": None, "num_objects": 36, "precision": "fp32"}
     (work / "extract.json").write_text(json.dumps(state))
     (work / "manifest.json").unlink()
     rc, stdout, err = _run(lst, tmp_path / "store2", *TINY, capsys=capsys)
@@ -187,6 +204,8 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
     (tmp_path / "empty").mkdir()
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
+    (tmp_path / "outside.json").write_text(json.dumps({"COCO_val2014_000000000000": [[0, 0, 56, 40]],
+                                                       "COCO_val2014_000000000001": [[0, 0, 5, 5], [0, 0, 57, 10]]}))
     (tmp_path / "dup").mkdir()
     for n in ("a.jpg", "a.png"):
         cv2.imwrite(str(tmp_path / "dup" / n), np.zeros((8, 8, 3), np.uint8))
@@ -205,14 +224,22 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
         "boxes and boxes-from": ([imgs, tmp_path / "o", *TINY, "--boxes", "36", "--boxes-from", tmp_path / "b.json"],
                                  "give one"),
         "missing boxes file": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "b.json"], "does not exist"),
+        # read from the image's header before Ray starts (the image is 56 wide)
+        "box outside its image": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "outside.json"],
+                                  f"outside.json: img_id 'COCO_val2014_000000000001' ({imgs / 'COCO_val2014_000000000001.jpg'}): "
+                                  "box 1 = [0.0, 0.0, 57.0, 10.0] is not inside the 56x48 image"),
     }
 
 
 def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
+    import ray
+
     _images(tmp_path / "imgs", 2)
+    ray_before = ray.is_initialized()  # (another test of this process may have started one)
     for name, (argv, msg) in _bad_cases(tmp_path).items():
         before = sorted(p.name for p in tmp_path.iterdir())
         rc, out, err = _run(*argv, capsys=capsys)
+        assert ray_before or not ray.is_initialized(), name  # refused before Ray
         assert rc == 2, name
         assert err.startswith("error: ") and err.count("\n") == 1 and msg in err, (name, err)
         assert sorted(p.name for p in tmp_path.iterdir()) == before, name
@@ -226,6 +253,49 @@ def test_no_weights_names_the_three_public_files(tmp_path, capsys):
     assert rc == 2
     for name in ("faster_rcnn_from_caffe_attr.pkl", "bua-caffe-frcn-r101-k36.pth", "pytorch_model.bin"):
         assert name in err
+
+
+@pytest.mark.slow
+def test_placement_refused_in_the_driver_before_work_starts(ray_local, tmp_path, images, capsys):
+    """Checks that need the cluster (the tests' local Ray: 4 CPUs, no GPU), made once it is reached and
+    before the pipeline starts: one error line, no work folder, no store."""
+    import ray
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    cases = {
+        "too many actors": (["--actors", cpus + 1], f"--actors {cpus + 1}: the cluster has {cpus} CPU(s) and no GPU"),
+        "a GPU share on a CPU cluster": (["--gpus-per-actor", "0.5"], "--gpus-per-actor 0.5: the cluster has no GPU"),
+        # the reference ResNet-101 (random weights, not --tiny): about 1.7 GiB a 600 x 1000 image in fp32
+        "a batch that cannot fit": (["--batch-size", 10**5], "--batch-size 100000: one detector call is estimated at"),
+    }
+    for name, (extra, msg) in cases.items():
+        tiny = [] if name == "a batch that cannot fit" else ["--tiny"]
+        rc, out, err = _run(tmp_path / "imgs", tmp_path / "store", "--random-weights", *tiny, "--no-progress", *extra,
+                            capsys=capsys)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and msg in err, (name, err)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name != "mlflow.db") == ["imgs"], name
+
+
+@pytest.mark.slow
+def test_quiet_unless_verbose(tmp_path):
+    """A whole run as a user starts it (its own local Ray): only the job's lines. Not Ray's start line,
+    not the core worker's C++ error about actor restarts (Ray Data's actors keep theirs), not Ray Data's
+    warning about more decode tasks than batches (1 image, 2 decode tasks by default)."""
+    _images(tmp_path / "imgs", 1)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run([sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"),
+                          str(tmp_path / "store"), "--random-weights", "--tiny", "--no-progress"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    both = run.stdout + run.stderr
+    for noise in ("Started a local Ray instance", "core_worker.cc", "max_restarts > 0", "concurrent tasks",
+                  "override_num_blocks", "warnings.warn"):
+        assert noise not in both, both
+    assert run.stderr == "", run.stderr
+    lines = run.stdout.splitlines()
+    assert lines and all(x.startswith("[xmodal] RANDOM WEIGHTS: ") for x in lines), lines
+    assert "wrote " in lines[-1]
 
 
 @pytest.mark.slow
@@ -275,8 +345,9 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
     b = _rows(open_features(tmp_path / "copy"))
     assert set(a) == set(b)
     for k in a:
-        for c in a[k]:
+        for c in b[k]:
             assert np.array_equal(a[k][c], b[k][c]), c
+    assert set(a[k]) - set(b[k]) == {"source"} and image_sources(tmp_path / "copy") == {}  # not carried
     # lxmert --tsv STORE --json sentences (seeded order: rows read by random access)
     sents = [{"img_id": k, "sentf": {"mscoco": [f"a picture number {i}", "two words"]}, "labelf": {}}
              for i, k in enumerate(sorted(a))]
@@ -285,6 +356,10 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
                         "--num-objects", "100", "--vocab-size", "200", "--minival-fraction", "0.5",
                         "--no-progress"]) == 0
     lx = open_store(tmp_path / "lx")
+    # the extraction's random weights are said on the console and recorded in both stores built from it
+    assert "warning: RANDOM WEIGHTS: " + str(store) in capsys.readouterr().out
+    assert lx.manifest.options["random_weights_inputs"] == [str(store)]
+    assert open_features(tmp_path / "copy").manifest.options["random_weights_inputs"] == [str(store)]
     got = {}
     for split in ("train", "minival"):
         for f in lx.shard_paths(split):
@@ -354,7 +429,10 @@ def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_pa
     assert set(a) == set(b) == {p.stem for p in images} | {"extra"}
     for k in a:
         for c in a[k]:
-            assert np.array_equal(a[k][c], b[k][c]), (k, c)
+            if c != "source":
+                assert np.array_equal(a[k][c], b[k][c]), (k, c)
+    assert b["extra"]["source"] == f"{uri}/deeper/extra.png" and a["extra"]["source"] == "deeper/extra.png"
+    assert image_sources(tmp_path / "remote") == {k: f"{uri}/{r['source']}" for k, r in a.items()}
     empty = f"s3://{S3_BUCKET}/nothing-{uuid.uuid4().hex[:8]}"
     rc, _, err = _run(empty, tmp_path / "o", *TINY, capsys=capsys)
     assert rc == 2 and err.count("\n") == 1 and empty in err, err

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import io
 import json
+import struct
+import zlib
 
 import numpy as np
 import pytest
 
 cv2 = pytest.importorskip("cv2")
 
-from xmodal.extract.boxes import outside, parse_boxes, read_boxes_file  # noqa: E402
+from xmodal.extract.boxes import check_inside, outside, parse_boxes, read_boxes_file  # noqa: E402
 from xmodal.extract.images import (  # noqa: E402
+    HEADER_BYTES,
     ExtractError,
+    ImageRef,
     assign_ids,
     decode,
     default_id,
+    header_size,
+    image_sources,
     list_images,
     read_id_map,
 )
@@ -189,3 +195,96 @@ def test_boxes_file_checked(tmp_path):
     assert outside(np.array([[0, 0, 40, 30]], np.float32), 30, 40) is None
     assert "box 0 = [0.0, 0.0, 41.0, 30.0] is not inside the 40x30 image" in outside(
         np.array([[0, 0, 41, 30]], np.float32), 30, 40)
+
+
+def _tiff(orientation: int, big: bool) -> bytes:
+    """An EXIF block (TIFF structure) holding one Orientation tag."""
+    e = ">" if big else "<"
+    return ((b"MM" if big else b"II") + struct.pack(e + "HI", 42, 8) + struct.pack(e + "H", 1)
+            + struct.pack(e + "HHIH", 0x0112, 3, 1, orientation) + b"\0\0" + struct.pack(e + "I", 0))
+
+
+def _segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", len(payload) + 2) + payload
+
+
+def _chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def _oriented_files() -> dict[str, bytes]:
+    """JPEGs and PNGs of a 40 x 56 image under every EXIF orientation, where OpenCV reads it from."""
+    a = np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)
+    jpg, png = _jpeg(40, 56), _png(a)
+    files = {"plain.jpg": jpg, "plain.png": png, "grey.png": _png(a[..., 0]),
+             "progressive.jpg": cv2.imencode(".jpg", a, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes(),
+             # segments before the frame header larger than the first read
+             "big-app.jpg": jpg[:2] + _segment(0xE2, bytes(60000)) * 2 + _segment(0xE1, b"Exif\0\0" + _tiff(6, False))
+             + jpg[2:]}
+    for o in range(1, 9):
+        tiff = _tiff(o, big=o % 2 == 0)
+        files[f"o{o}.jpg"] = jpg[:2] + _segment(0xE0, b"JFIF\0") + _segment(0xE1, b"Exif\0\0" + tiff) + jpg[2:]
+        files[f"o{o}-before-data.png"] = png[:33] + _chunk(b"eXIf", tiff) + png[33:]
+        files[f"o{o}-after-data.png"] = png[:-12] + _chunk(b"eXIf", tiff) + png[-12:]
+    return files
+
+
+def test_header_size_is_the_size_opencv_decodes_to(tmp_path):
+    for name, data in _oriented_files().items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        im = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        size = header_size(str(p))
+        assert size is not None and size.certain, name
+        assert (size.h, size.w) == im.shape[:2], name
+    assert header_size(str(tmp_path / "o6.jpg")).h == 56  # the orientations 5-8 turn it
+    (tmp_path / "text.jpg").write_bytes(b"not an image")
+    (tmp_path / "cut.jpg").write_bytes(_jpeg()[:10])
+    assert header_size(str(tmp_path / "text.jpg")) is None and header_size(str(tmp_path / "cut.jpg")) is None
+    assert HEADER_BYTES < 120000  # big-app.jpg needed a second read
+
+
+def test_boxes_outside_their_image_by_its_header(tmp_path):
+    files = _oriented_files()
+    refs = []
+    for name in ("o1.jpg", "o6.jpg", "o8-after-data.png"):
+        (tmp_path / name).write_bytes(files[name])
+        refs.append(ImageRef(str(tmp_path / name), name.split(".")[0]))
+    ok = {"o1": np.array([[0, 0, 56, 40]], np.float32), "o6": np.array([[0, 0, 40, 56]], np.float32),
+          "o8-after-data": np.array([[1, 1, 40, 56]], np.float32)}
+    check_inside("b.json", ok, refs)
+    with pytest.raises(ExtractError) as e:
+        check_inside("b.json", {**ok, "o6": np.array([[0, 0, 40, 10], [0, 0, 56, 40]], np.float32)}, refs)
+    assert str(e.value) == (f"--boxes-from b.json: img_id 'o6' ({tmp_path / 'o6.jpg'}): box 1 = [0.0, 0.0, 56.0, "
+                            "40.0] is not inside the 40x56 image (expected x2 <= img_w = 40 and y2 <= img_h = 56)")
+
+
+def test_a_path_listed_twice_names_both_lines(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.jpg").write_bytes(_jpeg())
+    lst = tmp_path / "list.txt"
+    lst.write_text("imgs/a.jpg\n# a comment\n./imgs/../imgs/a.jpg\n")
+    with pytest.raises(ExtractError) as e:
+        list_images(str(lst))
+    assert str(e.value) == (f"{lst}:3: image './imgs/../imgs/a.jpg' is listed twice: {lst}:1 names the same file "
+                            f"({tmp_path / 'imgs' / 'a.jpg'}); remove one of the lines")
+    lst.write_text("s3://bucket/a.jpg\ns3://bucket/a.jpg\n")
+    with pytest.raises(ExtractError, match=r"list.txt:2: image 's3://bucket/a.jpg' is listed twice: .*list.txt:1 "
+                                           "names the same URI"):
+        list_images(str(lst))
+
+
+def test_image_sources_relative_to_the_images_root(tmp_path):
+    (tmp_path / "imgs" / "sub").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    for f in ("imgs/a.jpg", "imgs/sub/b.png", "other/c.jpg"):
+        (tmp_path / f).write_bytes(_jpeg())
+    refs = assign_ids(list_images(str(tmp_path / "imgs")))
+    assert image_sources(str(tmp_path / "imgs"), refs) == (str(tmp_path / "imgs"), {"a": "a.jpg", "b": "sub/b.png"})
+    lst = tmp_path / "imgs" / "list.txt"
+    lst.write_text("sub/b.png\n../other/c.jpg\ns3://bucket/photos/d.jpg\n")
+    root, sources = image_sources(str(lst), assign_ids(list_images(str(lst))))
+    assert root == str(tmp_path / "imgs")
+    assert sources == {"b": "sub/b.png", "c": str(tmp_path / "other" / "c.jpg"), "d": "s3://bucket/photos/d.jpg"}
+    uri = [ImageRef("s3://bucket/photos/x/e.jpg", "e", ("x/e.jpg",))]
+    assert image_sources("s3://bucket/photos/", uri) == ("s3://bucket/photos", {"e": "s3://bucket/photos/x/e.jpg"})

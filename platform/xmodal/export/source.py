@@ -27,6 +27,7 @@ from xmodal import run_tags, tracking
 from xmodal.core import checkpoint as ckpt
 from xmodal.errors import UserError
 from xmodal.jobs.finetune_job import checkpoint_files, run_model_folder
+from xmodal.outputs import check_local_input
 from xmodal.runner.hooks import ValidationSelection
 from xmodal.runner.run_record import final_weights
 
@@ -71,6 +72,8 @@ def from_checkpoint(path: str | Path, key: str = "--checkpoint", run_id: str | N
     """A checkpoint folder (`core/checkpoint.py`: model.pt, meta.json; `best_model.pt` when the job
     selects on validation) or, with `run_id`, the downloaded `model` artifact folder of that run (its
     final checkpoint: a selecting job's must hold the selected weights)."""
+    check_local_input(str(path), key, "a checkpoint folder on this machine; a run's model in MLflow is --run-id or "
+                      "--logged-model")
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise SourceError(f"{key}: {str(p)!r} does not exist")

@@ -10,6 +10,8 @@ or the reference's TSV. Its rooms:
 - `boxes`: `--boxes 36 | MIN-MAX` and `--boxes-from FILE` (given boxes, checked).
 - `chunks`: the detector's output as store shards or TSV lines, and the resumable work folder
   beside OUT that holds them until the run is published.
+- `resources`: the actors, GPU share, decode tasks and batch size a cluster takes (defaults, checks, the
+  memory estimate of a batch).
 - `pipeline`: the Ray Data graph (decode tasks, detector actors); the only module here importing Ray Data.
 - `job`: every check before Ray starts, the run, the publish and the summary.
 - `cli`: the command line.

@@ -3,9 +3,11 @@ default: between 10 and 100 boxes, by confidence) or `--boxes-from FILE` (the re
 features of those boxes, no selection).
 
 `FILE` is a JSON object {img_id: [[x1, y1, x2, y2], ...]} in original-image pixels. Its shape, every
-number (finite, x1 <= x2, y1 <= y2, not negative) and its ids (each names an image, each image has
-boxes) are checked before Ray starts; that every box is inside its image is checked once the image is
-decoded (the size is known then), and fails the run with the same kind of message.
+number (finite, x1 <= x2, y1 <= y2, not negative), its ids (each names an image, each image has
+boxes) and that every box is inside its image are checked before Ray starts, the last against the
+size in the image's header (`images.header_size`, the EXIF orientation applied as OpenCV applies it).
+The decode tasks check it again on the decoded image (a header that could not be read, a remote PNG
+whose orientation is not in its first bytes), and fail the run with the same kind of message.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.extract.images import ExtractError
+from xmodal.extract.images import ExtractError, ImageRef, header_size
 
 MAX_BOXES = 1000
 
@@ -87,3 +89,22 @@ def outside(boxes: np.ndarray, h: int, w: int) -> str | None:
     i = int(np.nonzero(bad)[0][0])
     return (f"box {i} = {boxes[i].tolist()} is not inside the {w}x{h} image (expected x2 <= img_w = {w} and "
             f"y2 <= img_h = {h})")
+
+
+HEADER_THREADS = 16  # remote headers are read concurrently (one small ranged read each)
+
+
+def check_inside(file: str, given: dict[str, np.ndarray], refs: list[ImageRef]) -> None:
+    """Every given box inside its image, by the size in the image's header; the first that is not fails,
+    naming the file, img_id, image, box and size. An image whose header says nothing is left to the
+    decode tasks; one whose orientation is not certain fails only when the box fits neither way."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(HEADER_THREADS) as pool:
+        sizes = pool.map(lambda r: header_size(r.path), refs)
+        for r, size in zip(refs, sizes, strict=True):
+            if size is None:
+                continue
+            bad = outside(given[r.img_id], size.h, size.w)
+            if bad and (size.certain or outside(given[r.img_id], size.w, size.h)):
+                raise ExtractError(f"--boxes-from {file}: img_id {r.img_id!r} ({r.path}): {bad}")

@@ -3,19 +3,21 @@
 A batch of regions (`Regions`: numpy arrays, padded to the run's `num_objects` slots, with each image's
 `num_boxes`) becomes either store rows (`store_table`: the image columns of `store.image_schema`, float16
 features, boxes normalised by the image size, exactly as `ingest.parse_tsv_line` + `pack_images` make
-them from a TSV line) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
+them from a TSV line, and each image's `source`) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
 the fields `ingest.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
 
 The work folder, `.OUT.extract` beside OUT (hidden, same file system, so publishing is a rename):
 
-    extract.json                 the options that decide the features (a rerun with others is refused)
+    extract.json                 the options that decide the features (a rerun with others is refused
+                                 while the folder holds finished images)
     images/part-NNNNN.parquet    store format: finished shards (become the store's shards as they are)
     chunks/part-NNNNN.tsv        tsv format: finished chunks of lines (concatenated into OUT)
     rejects.jsonl                this run's rejected images: {"path", "img_id", "reason"} a line
 
 A chunk is written under a temporary name and renamed when whole, so after an interrupt or a crash the
 folder holds finished chunks only (a leftover temporary file is removed at the next start); the images
-in them are what a rerun skips. Rejected images are tried again by a rerun.
+in them are what a rerun skips. Rejected images are tried again by a rerun. The folder is made when the
+run's first results arrive, and removed again when the run ends without a finished chunk.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xmodal.data.common import options_diff, options_json
-from xmodal.data.lxmert.features import SHARD_DIR
+from xmodal.data.lxmert.features import SHARD_DIR, SOURCE
 from xmodal.data.lxmert.store import image_columns, image_schema, write_shard
 from xmodal.extract.images import ExtractError
 
@@ -47,10 +49,15 @@ REGION_FIELDS = ("img_id", "img_h", "img_w", "num_boxes", "features", "boxes", "
                  "attr_conf")
 
 
-def take(batches: Iterable[tuple[Regions, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The rows `idx` of each batch, concatenated (one array per field)."""
+def take(batches: Iterable[tuple[Regions, np.ndarray]], sources: Mapping[str, str] | None = None
+         ) -> dict[str, np.ndarray]:
+    """The rows `idx` of each batch, concatenated (one array per field); with `sources` (img_id -> where
+    the image came from), a `source` field too."""
     parts = list(batches)
-    return {f: np.concatenate([np.asarray(b[f])[idx] for b, idx in parts]) for f in REGION_FIELDS}
+    out = {f: np.concatenate([np.asarray(b[f])[idx] for b, idx in parts]) for f in REGION_FIELDS}
+    if sources is not None:
+        out["source"] = np.array([sources[str(i)] for i in out["img_id"]], dtype=object)
+    return out
 
 
 def _valid(r: Regions) -> np.ndarray:
@@ -77,7 +84,11 @@ def store_table(r: Regions) -> pa.Table:
         "obj_ids": np.where(valid, r["obj_ids"], -1), "attr_ids": np.where(valid, r["attr_ids"], -1),
         "obj_conf": np.where(valid, np.clip(r["obj_conf"], 0, 1), 0),
         "attr_conf": np.where(valid, np.clip(r["attr_conf"], 0, 1), 0)})
-    return pa.Table.from_pydict(cols, schema=image_schema(n, feat_dim))
+    schema = image_schema(n, feat_dim)
+    if "source" in r:  # where each image came from (features.SOURCE)
+        cols[SOURCE.name] = pa.array([str(x) for x in r["source"]], SOURCE.type)
+        schema = schema.append(SOURCE)
+    return pa.Table.from_pydict(cols, schema=schema)
 
 
 def _b64(a: np.ndarray, dtype: type) -> str:
@@ -98,63 +109,86 @@ def tsv_lines(r: Regions) -> list[str]:
 
 
 class WorkDir:
-    """The resumable work folder of one extraction (module docstring)."""
+    """The resumable work folder of one extraction (module docstring). `find` only looks: the folder is
+    made (or an earlier one discarded) by `start`, once the run's first results arrive, so that a run
+    failing before that (Ray unreachable, a bad box, every image unreadable) leaves nothing; `discard_if_empty`
+    removes a folder that ended up holding no finished chunk."""
 
-    def __init__(self, path: Path, fmt: str):
+    def __init__(self, path: Path, fmt: str, wanted: dict[str, Any] | None = None, keep: bool = False):
         self.path = path
         self.fmt = fmt
         self.chunk_dir = path / (SHARD_DIR if fmt == "store" else TSV_DIR)
         self.suffix = ".parquet" if fmt == "store" else ".tsv"
+        self.wanted = wanted
+        self.keep = keep  # an earlier run's folder with these options: its chunks are resumed
+        self.started = False
 
     @staticmethod
     def beside(out: Path) -> Path:
         return out.parent / f".{out.name}.extract"
 
     @classmethod
-    def open(cls, out: Path, fmt: str, fingerprint: dict[str, Any], restart: bool) -> WorkDir:
-        """The work folder for `out`: made, or an earlier run's kept when its options match (else refused,
-        unless `restart`, which starts over). Leftover temporary files of a killed run are removed."""
+    def find(cls, out: Path, fmt: str, fingerprint: dict[str, Any], restart: bool) -> WorkDir:
+        """The work folder for `out`, nothing changed on disk: an earlier run's is kept when its options
+        match, refused when they differ and it holds finished images (unless `restart`: it is then
+        discarded when this run starts); one holding no finished image is simply replaced."""
         path = cls.beside(out)
         wanted = options_json(fingerprint)
+        keep = False
         if path.exists():
-            state = path / STATE_FILE
             try:
-                recorded = json.loads(state.read_text())
+                recorded = json.loads((path / STATE_FILE).read_text())
             except (OSError, ValueError):
                 recorded = None
-            if not isinstance(recorded, dict):  # killed before its state was written: nothing to keep
-                shutil.rmtree(path)
-            elif recorded != wanted:
-                if not restart:
-                    diff = "; ".join(options_diff(recorded, wanted))
-                    raise ExtractError(f"{path}: an unfinished extraction to {out} with other options is kept here "
-                                       f"({diff}); rerun it with its options to finish it, or pass --restart to "
-                                       "discard it and start over")
-                shutil.rmtree(path)
-            elif restart:
-                shutil.rmtree(path)
-        work = cls(path, fmt)
+            held = cls(path, fmt).chunks()
+            if isinstance(recorded, dict) and recorded != wanted and held and not restart:
+                diff = "; ".join(options_diff(recorded, wanted))
+                raise ExtractError(f"{path}: an unfinished extraction to {out} with other options is kept here "
+                                   f"({len(cls(path, fmt).done())} images done; {diff}); rerun it with its options "
+                                   "to finish it, or pass --restart to discard it and start over")
+            keep = recorded == wanted and not restart
+        return cls(path, fmt, wanted, keep)
+
+    def start(self) -> None:
+        """Make the folder (once): an earlier one that is not kept is discarded first. Leftover temporary
+        files of a killed run are removed; the rejects list starts empty (rejects are tried again)."""
+        if self.started:
+            return
+        path = self.path
+        if path.exists() and not self.keep:
+            shutil.rmtree(path)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.parent / f"{TMP_PREFIX}{path.name}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-            (tmp / STATE_FILE).write_text(json.dumps(wanted, indent=2) + "\n")
+            (tmp / STATE_FILE).write_text(json.dumps(self.wanted, indent=2) + "\n")
             os.rename(tmp, path)
-        work.chunk_dir.mkdir(exist_ok=True)
-        for p in work.chunk_dir.iterdir():
+        self.chunk_dir.mkdir(exist_ok=True)
+        for p in self.chunk_dir.iterdir():
             if p.name.startswith(TMP_PREFIX):
                 p.unlink()
-        (path / REJECTS_FILE).write_text("")  # rejects are tried again: this run's list starts empty
-        return work
+        (path / REJECTS_FILE).write_text("")
+        self.started = True
+
+    def discard_if_empty(self) -> bool:
+        """Remove the folder when it holds no finished chunk (nothing to resume); whether it did."""
+        if self.path.exists() and not self.chunks():
+            shutil.rmtree(self.path, ignore_errors=True)
+            return True
+        return False
 
     def chunks(self) -> list[Path]:
+        if not self.chunk_dir.is_dir():
+            return []
         return sorted(p for p in self.chunk_dir.iterdir() if p.name.endswith(self.suffix)
                       and not p.name.startswith(TMP_PREFIX))
 
     def done(self) -> dict[str, str]:
-        """img_id -> the chunk holding it, over the finished chunks."""
+        """img_id -> the chunk holding it, over the finished chunks (none in a folder this run replaces)."""
         out: dict[str, str] = {}
+        if self.wanted is not None and not self.keep and not self.started:
+            return out
         for p in self.chunks():
             if self.fmt == "store":
                 ids = pq.read_table(p, columns=["img_id"]).column("img_id").to_pylist()

@@ -13,6 +13,7 @@ import sys
 
 from xmodal.cli import add_verbose, setup_console, user_errors
 from xmodal.extract.job import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
+from xmodal.extract.resources import DEFAULT_GPU_SHARE, PRECISIONS
 from xmodal.models.butd.weights import LAYOUTS
 
 
@@ -28,7 +29,9 @@ def parser() -> argparse.ArgumentParser:
                                    "default, padded to MAX slots in a store)")
     p.add_argument("--boxes-from", metavar="FILE",
                    help="JSON {img_id: [[x1, y1, x2, y2], ...]} (original pixels): features of these boxes")
-    p.add_argument("--bf16", action="store_true", help="the region head (res5 over the regions) in bfloat16")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default: exact, TF32 off), tf32 (TF32 convolutions and matmuls) or bf16 (bfloat16 "
+                        "autocast over the network; boxes and NMS in float32)")
     p.add_argument("--format", choices=("store", "tsv"), default="store",
                    help="store (default): a feature-only store; tsv: the reference's TSV")
     p.add_argument("--ids", metavar="FILE", help="image ids: JSON {path: img_id} or TSV path<TAB>img_id lines "
@@ -36,10 +39,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rejected", default=DEFAULT_MAX_REJECTED, metavar="N|P%",
                    help="unreadable images tolerated (listed and skipped) before the run fails: a number or a "
                         f"percentage of the images (default {DEFAULT_MAX_REJECTED})".replace("%", "%%"))
-    p.add_argument("--batch-size", type=int, default=4, help="images per detector call (default 4)")
+    p.add_argument("--batch-size", type=int, default=4,
+                   help="images per detector call (default 4; refused where the estimate of the memory it needs "
+                        "passes an actor's share)")
     p.add_argument("--actors", type=int, default=None,
-                   help="detector actors (default: one per GPU of the cluster, else 1)")
-    p.add_argument("--decode-tasks", type=int, default=2, help="concurrent decoding tasks (default 2)")
+                   help="detector actors (default: as many as the cluster's GPUs place at --gpus-per-actor, "
+                        "else 1 on CPU)")
+    p.add_argument("--gpus-per-actor", type=float, default=None, metavar="F",
+                   help=f"share of a GPU per detector actor, 0 < F <= 1 (default {DEFAULT_GPU_SHARE:g} on a "
+                        "cluster with GPUs: two actors a GPU)")
+    p.add_argument("--decode-tasks", type=int, default=None,
+                   help="concurrent decoding tasks (default: the cluster's CPUs less one per detector actor, "
+                        "at least 1)")
     p.add_argument("--images-per-shard", type=int, default=256, help="images per shard at most (default 256)")
     p.add_argument("--objects-vocab", metavar="FILE", help="object names (objects_vocab.txt), recorded in the manifest")
     p.add_argument("--attributes-vocab", metavar="FILE", help="attribute names (attributes_vocab.txt), recorded too")
@@ -55,8 +66,9 @@ def parser() -> argparse.ArgumentParser:
 def options(a: argparse.Namespace) -> ExtractOptions:
     return ExtractOptions(images=a.images, out=a.out, weights=a.weights, layout=a.layout,
                           random_weights=a.random_weights, tiny=a.tiny, boxes=a.boxes, boxes_from=a.boxes_from,
-                          bf16=a.bf16, format=a.format, ids=a.ids, max_rejected=a.max_rejected,
-                          batch_size=a.batch_size, actors=a.actors, decode_tasks=a.decode_tasks,
+                          precision=a.precision, format=a.format, ids=a.ids, max_rejected=a.max_rejected,
+                          batch_size=a.batch_size, actors=a.actors, gpus_per_actor=a.gpus_per_actor,
+                          decode_tasks=a.decode_tasks,
                           images_per_shard=a.images_per_shard, objects_vocab=a.objects_vocab,
                           attributes_vocab=a.attributes_vocab, overwrite=a.overwrite, restart=a.restart,
                           progress=not a.no_progress)

@@ -18,12 +18,20 @@ BGR, the EXIF orientation applied. Before OpenCV, a JPEG and a PNG are checked f
 JPEG needs its end-of-image marker after its first scan (bytes after it, such as a motion photo's
 video, are allowed), a PNG its IEND chunk; OpenCV 4 returned a cut JPEG as an image with a grey
 bottom and only a warning on stderr. A file that fails is a reject (a reason), not an error.
+
+Size from the header (`header_size`), for checking `--boxes-from` before Ray starts: a JPEG's frame
+header (SOF) or a PNG's IHDR, turned as OpenCV turns the image by its EXIF orientation (5 to 8 swap
+width and height; OpenCV reads it from a JPEG's APP1 segment and from a PNG's eXIf chunk, before or
+after the image data). Only the first bytes are read; a local PNG's chunk list is walked to its end
+by seeking, a remote one's only up to its image data, so a remote PNG without an eXIf chunk before
+that has a size whose orientation is not certain.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,18 +91,24 @@ def _list_file(p: Path) -> list[tuple[str, tuple[str, ...]]]:
     except OSError as e:
         raise ExtractError(f"IMAGES {p}: cannot be read ({e.strerror or e})") from None
     found = []
+    first: dict[str, int] = {}  # path -> the line that listed it
     for lineno, line in enumerate(text.splitlines(), 1):
         entry = line.strip()
         if not entry or entry.startswith("#"):
             continue
         if is_uri(entry):
-            found.append((entry, (entry,)))
-            continue
-        full = (p.parent / Path(entry).expanduser()).resolve()
-        if not full.is_file():
-            what = "is a folder" if full.is_dir() else "does not exist"
-            raise ExtractError(f"{p}:{lineno}: image {entry!r} {what} ({full}); expected one image file a line")
-        found.append((str(full), (entry,)))
+            path = entry
+        else:
+            full = (p.parent / Path(entry).expanduser()).resolve()
+            if not full.is_file():
+                what = "is a folder" if full.is_dir() else "does not exist"
+                raise ExtractError(f"{p}:{lineno}: image {entry!r} {what} ({full}); expected one image file a line")
+            path = str(full)
+        if path in first:
+            raise ExtractError(f"{p}:{lineno}: image {entry!r} is listed twice: {p}:{first[path]} names the same "
+                               f"{'URI' if is_uri(entry) else 'file'} ({path}); remove one of the lines")
+        first[path] = lineno
+        found.append((path, (entry,)))
     if not found:
         raise ExtractError(f"IMAGES {p}: the list file names no image (one image path a line)")
     return found
@@ -121,6 +135,26 @@ def _list_uri(source: str) -> list[tuple[str, tuple[str, ...]]]:
         raise ExtractError(f"IMAGES {source}: holds no image (searched recursively for "
                            f"{', '.join(IMAGE_SUFFIXES)} in any case)")
     return sorted(found)
+
+
+def image_sources(images: str, refs: list[ImageRef]) -> tuple[str, dict[str, str]]:
+    """(the IMAGES root, img_id -> where the image came from, as a store records it): under a folder
+    the path relative to it; under an s3:// prefix, and for a list file's URI entries, the URI; for a
+    list file's local entries the path relative to the list file's folder, or absolute when outside it."""
+    if is_uri(images):
+        return images.rstrip("/"), {r.img_id: r.path for r in refs}
+    p = Path(images).expanduser().resolve()
+    root = p if p.is_dir() else p.parent
+    out = {}
+    for r in refs:
+        if is_uri(r.path):
+            out[r.img_id] = r.path
+            continue
+        try:
+            out[r.img_id] = Path(r.path).relative_to(root).as_posix()
+        except ValueError:
+            out[r.img_id] = r.path
+    return str(root), out
 
 
 def default_id(path: str) -> str:
@@ -272,3 +306,132 @@ def decode(data: bytes) -> tuple[np.ndarray | None, str]:
     if im.ndim != 3 or im.shape[2] != 3 or im.dtype != np.uint8 or im.shape[0] < 1 or im.shape[1] < 1:
         return None, f"OpenCV returned an unusable array ({im.dtype} {im.shape})"
     return im, ""
+
+
+# ============================================================================ size from the header
+
+HEADER_BYTES = 64 * 1024  # the first read; a JPEG whose segments before the scan are larger reads more
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+@dataclass(frozen=True)
+class HeaderSize:
+    h: int  # as OpenCV returns the image (its EXIF orientation applied)
+    w: int
+    certain: bool = True  # False: the orientation could not be read (h and w may be swapped)
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """The Orientation tag (0x0112) of a TIFF-structured EXIF block; 1 where there is none."""
+    if tiff[:2] not in (b"II", b"MM") or len(tiff) < 8:
+        return 1
+    e = "<" if tiff[:2] == b"II" else ">"
+    ifd = struct.unpack(e + "I", tiff[4:8])[0]
+    if ifd + 2 > len(tiff):
+        return 1
+    for k in range(struct.unpack(e + "H", tiff[ifd:ifd + 2])[0]):
+        at = ifd + 2 + 12 * k
+        if at + 12 > len(tiff):
+            break
+        tag, kind = struct.unpack(e + "HH", tiff[at:at + 4])
+        if tag == 0x0112 and kind == 3:
+            value = struct.unpack(e + "H", tiff[at + 8:at + 10])[0]
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _jpeg_size(read) -> tuple[int, int, int] | None:
+    """(h, w, orientation) from the segments before the first scan; None where they do not say."""
+    data = read(HEADER_BYTES)
+    size, orientation, i = None, 1, 2
+    while True:
+        if i + 4 > len(data):
+            if len(data) >= MAX_HEADER_BYTES or len(more := read(min(2 * len(data), MAX_HEADER_BYTES))) <= len(data):
+                return None
+            data = more
+            continue
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if i + 2 + length > len(data):
+            if len(data) >= MAX_HEADER_BYTES or len(more := read(min(max(2 * len(data), i + 2 + length),
+                                                                    MAX_HEADER_BYTES))) <= len(data):
+                return None
+            data = more
+            continue
+        body = data[i + 4:i + 2 + length]
+        if marker in _SOF and len(body) >= 5 and size is None:
+            size = (int.from_bytes(body[1:3], "big"), int.from_bytes(body[3:5], "big"))
+        elif marker == 0xE1 and body[:6] == b"Exif\0\0" and orientation == 1:
+            orientation = _exif_orientation(body[6:])
+        elif marker in (0xDA, 0xD9):
+            break
+        i += 2 + length
+    if size is None or size[0] < 1 or size[1] < 1:  # height 0: given later (DNL), OpenCV decides
+        return None
+    return size[0], size[1], orientation
+
+
+def _png_size(read, read_at, walk_all: bool) -> tuple[int, int, int] | None:
+    """(h, w, orientation, or 0 where unknown) from IHDR and an eXIf chunk."""
+    data = read(HEADER_BYTES)
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return None
+    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    i, seen_data = 8, False
+    while True:
+        head = data[i:i + 8] if i + 8 <= len(data) else (read_at(i, 8) if walk_all or not seen_data else b"")
+        if len(head) < 8:
+            return (h, w, 1) if walk_all else (h, w, 1 if not seen_data else 0)
+        length, kind = int.from_bytes(head[:4], "big"), head[4:8]
+        if kind == b"eXIf":
+            tiff = data[i + 8:i + 8 + length] if i + 8 + length <= len(data) else read_at(i + 8, length)
+            return h, w, _exif_orientation(tiff)
+        if kind == b"IEND":
+            return h, w, 1
+        if kind == b"IDAT":
+            seen_data = True
+            if not walk_all and i + 12 + length > len(data):
+                return h, w, 0
+        i += 12 + length
+
+
+def header_size(path: str) -> HeaderSize | None:
+    """The size OpenCV will decode the image at `path` (a local path or a URI) to, read from its header;
+    None for a file that is not a JPEG or PNG with a readable header (decoding will say why)."""
+    from xmodal.data.common import Location
+
+    loc = Location(path)
+    try:
+        with loc.fs.open_input_file(loc.fs_path) as f:
+            total = f.size()
+
+            def read(n: int) -> bytes:
+                return f.read_at(min(n, total), 0)
+
+            def read_at(offset: int, n: int) -> bytes:
+                return f.read_at(max(0, min(n, total - offset)), offset) if offset < total else b""
+
+            first = read(8)
+            if first[:3] == b"\xff\xd8\xff":
+                found = _jpeg_size(read)
+            elif first == b"\x89PNG\r\n\x1a\n":
+                found = _png_size(read, read_at, walk_all=not loc.remote)
+            else:
+                return None
+    except (OSError, ValueError):
+        return None
+    if found is None:
+        return None
+    h, w, orientation = found
+    if orientation >= 5:
+        h, w = w, h
+    return HeaderSize(h, w, certain=orientation != 0)

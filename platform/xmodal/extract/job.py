@@ -6,6 +6,8 @@ Order of work, so that bad input fails before Ray starts and nothing is left vis
    the weights (the file exists and its layout is recognised) and the vocabularies;
 2. the work folder beside OUT (`chunks.WorkDir`): an earlier unfinished run with the same options is
    resumed (its finished images are skipped), one with other options refused (--restart discards it);
+   a new folder is made only when the first results arrive, and a run that ends with no finished
+   image removes it (nothing is left to block the next run);
 3. Ray (`runner.ray_cluster.connect`: RAY_ADDRESS, else a local Ray) and the pipeline
    (`pipeline.run`); the driver writes a chunk every `images_per_shard` images or `FLUSH_S` seconds,
    lists rejects, and fails once they pass --max-rejected;
@@ -32,14 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.console import say
+from xmodal.console import DriverNoise, progress_bar, say
 from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
-from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
+from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
 from xmodal.errors import RunInterrupted, UserError
-from xmodal.extract.boxes import parse_boxes, read_boxes_file
+from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take
-from xmodal.extract.images import ExtractError, ImageRef, assign_ids, list_images, read_id_map
+from xmodal.extract.images import ExtractError, ImageRef, assign_ids, image_sources, list_images, read_id_map
+from xmodal.extract.resources import PRECISIONS, cluster_view, place
 from xmodal.outputs import check_writable_file
 
 FLUSH_S = 60.0  # a chunk is written at least this often while images come (a slow CPU run loses little)
@@ -62,13 +65,14 @@ class ExtractOptions:
     tiny: bool = False  # DetectorConfig.tiny(): tests and benchmarks (random weights, or weights they wrote)
     boxes: str | None = None  # "36" (default) or "MIN-MAX"
     boxes_from: str | None = None
-    bf16: bool = False
+    precision: str = "fp32"  # fp32 (exact), tf32, bf16 (config.PRECISIONS)
     format: str = "store"  # or "tsv"
     ids: str | None = None
     max_rejected: str = DEFAULT_MAX_REJECTED  # N images, or P% of them
     batch_size: int = 4
-    actors: int | None = None  # default: the cluster's GPUs, else 1
-    decode_tasks: int = 2
+    actors: int | None = None  # default: as many as the cluster's GPUs place at gpus_per_actor, else 1
+    gpus_per_actor: float | None = None  # default: 0.5 on a cluster with GPUs (resources.place)
+    decode_tasks: int | None = None  # default: the cluster's CPUs less one per actor
     images_per_shard: int = 256
     row_group_images: int = 32
     objects_vocab: str | None = None
@@ -176,6 +180,8 @@ class Plan:
     weights_sha256: str | None
     vocab: dict[str, list[str]]
     fingerprint: dict[str, Any]
+    images_root: str = ""  # what the relative sources are relative to
+    sources: dict[str, str] | None = None  # img_id -> where the image came from (images.image_sources)
 
 
 def _detector_sizes(tiny: bool) -> tuple[int, int]:
@@ -190,11 +196,14 @@ def check(o: ExtractOptions) -> Plan:
     """Every check that needs no Ray, in the order a user fixes them."""
     if o.format not in ("store", "tsv"):
         raise ExtractError(f"--format {o.format!r}: expected store or tsv")
-    for name in ("batch_size", "images_per_shard", "row_group_images", "decode_tasks"):
-        if getattr(o, name) < 1:
+    for name in ("batch_size", "images_per_shard", "row_group_images", "decode_tasks", "actors"):
+        if getattr(o, name) is not None and getattr(o, name) < 1:
             raise ExtractError(f"--{name.replace('_', '-')} {getattr(o, name)}: expected >= 1")
-    if o.actors is not None and o.actors < 1:
-        raise ExtractError(f"--actors {o.actors}: expected >= 1")
+    if o.precision not in PRECISIONS:
+        raise ExtractError(f"--precision {o.precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if o.gpus_per_actor is not None and not 0 < o.gpus_per_actor <= 1:
+        raise ExtractError(f"--gpus-per-actor {o.gpus_per_actor:g}: expected a share of one GPU, 0 < F <= 1 "
+                           "(0.5: two detector actors a GPU)")
     if o.boxes is not None and o.boxes_from is not None:
         raise ExtractError("--boxes and --boxes-from: give one (--boxes-from takes the boxes from the file)")
     boxes_range = parse_boxes(o.boxes or "36")
@@ -208,6 +217,8 @@ def check(o: ExtractOptions) -> Plan:
     refs = assign_ids(list_images(o.images), id_map, o.ids or "")
     max_rejected(o.max_rejected, len(refs))
     given = read_boxes_file(o.boxes_from, [r.img_id for r in refs]) if o.boxes_from else None
+    if given is not None:
+        check_inside(str(o.boxes_from), given, refs)
     num_objects = max(len(b) for b in given.values()) if given else boxes_range[1]
     # OUT
     if o.format == "store":
@@ -230,15 +241,20 @@ def check(o: ExtractOptions) -> Plan:
         "random_weights": {"tiny": o.tiny, "seed": o.seed} if o.random_weights else None,
         "boxes": None if given else list(boxes_range),
         "boxes_from_sha256": sha256_of(Path(o.boxes_from).expanduser()) if o.boxes_from else None,
-        "num_objects": num_objects, "bf16": o.bf16,
+        "num_objects": num_objects, "precision": o.precision,
     }
-    return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint)
+    root, sources = image_sources(o.images, refs)
+    return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint, root, sources)
 
 
-def _gpus() -> int:
-    import ray
+def _detector_params(tiny: bool) -> int:
+    """The detector's parameter count (built on the meta device: nothing allocated)."""
+    import torch
 
-    return int(ray.cluster_resources().get("GPU", 0))
+    from xmodal.models.butd.detector import Detector, DetectorConfig
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Detector(DetectorConfig.tiny() if tiny else DetectorConfig()).parameters())
 
 
 def extract(o: ExtractOptions) -> Summary:
@@ -258,7 +274,15 @@ def extract(o: ExtractOptions) -> Summary:
 def _extract(o: ExtractOptions, tell) -> Summary:
     plan = check(o)
     start = time.monotonic()
-    work = WorkDir.open(plan.out, o.format, plan.fingerprint, o.restart)
+    work = WorkDir.find(plan.out, o.format, plan.fingerprint, o.restart)
+    try:
+        return _resume(o, plan, work, start, tell)
+    except BaseException:
+        work.discard_if_empty()  # a run that wrote nothing leaves nothing (and blocks no other run)
+        raise
+
+
+def _resume(o: ExtractOptions, plan: Plan, work: WorkDir, start: float, tell) -> Summary:
     done = work.done()
     by_id = {r.img_id: r for r in plan.refs}
     stray = [i for i in done if i not in by_id]
@@ -284,27 +308,37 @@ def _extract(o: ExtractOptions, tell) -> Summary:
 def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], limit: int, tell) -> tuple[int, int]:
     import ray
 
-    from xmodal.data.lxmert.ingest import progress_bar
     from xmodal.extract import pipeline
     from xmodal.runner.ray_cluster import connect
 
     started_here = not ray.is_initialized()
-    connect()
-    gpus = _gpus()
-    actors = o.actors or max(1, gpus)
-    if gpus and actors > gpus:
-        raise ExtractError(f"--actors {actors}: the cluster has {gpus} GPU(s), one per actor; expected at most that")
-    spec = pipeline.DetectorSpec(weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
-                                 weights_sha256=plan.weights_sha256,
-                                 layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed, boxes_range=plan.boxes_range,
-                                 given=plan.given is not None, precision="bf16" if o.bf16 else "fp32",
-                                 num_objects=plan.num_objects)
+    try:
+        connect()
+        spec = pipeline.DetectorSpec(
+            weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
+            weights_sha256=plan.weights_sha256, layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed,
+            boxes_range=plan.boxes_range, given=plan.given is not None, precision=o.precision,
+            num_objects=plan.num_objects)
+        cluster = cluster_view()
+        from xmodal.models.butd.detector import DetectorConfig
+
+        placed = place(cluster, actors=o.actors,
+                       gpus_per_actor=o.gpus_per_actor,
+                       decode_tasks=o.decode_tasks, batch_size=o.batch_size, precision=o.precision,
+                       cfg=DetectorConfig.tiny() if o.tiny else DetectorConfig(), params=_detector_params(o.tiny))
+    except BaseException:
+        if started_here and ray.is_initialized():
+            ray.shutdown()
+        raise
     items = [{"path": r.path, "img_id": r.img_id,
               "given": plan.given[r.img_id].tobytes() if plan.given is not None else b""} for r in todo]
-    tell(f"extracting {len(todo)} images with {actors} detector actor(s) on {'GPU' if gpus else 'CPU'}, batch "
-         f"{o.batch_size}, boxes {plan.num_objects if plan.given else '-'.join(map(str, sorted(set(plan.boxes_range))))}"
-         f"{' from ' + str(o.boxes_from) if plan.given else ''}{', bf16 regions' if o.bf16 else ''}; work kept in "
-         f"{work.path} until done")
+    # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
+    decode_tasks = min(placed.decode_tasks, -(-len(items) // o.batch_size))
+    device = f"GPU ({placed.gpus_per_actor:g} each)" if placed.gpus_per_actor else "CPU"
+    tell(f"extracting {len(todo)} images with {placed.actors} detector actor(s) on {device}, {decode_tasks} decode "
+         f"task(s), batch {o.batch_size}, {o.precision}, boxes "
+         f"{plan.num_objects if plan.given else '-'.join(map(str, sorted(set(plan.boxes_range))))}"
+         f"{' from ' + str(o.boxes_from) if plan.given else ''}; work kept in {work.path} until done")
     bar = progress_bar(len(todo), f"extract ({RANDOM})" if o.random_weights else "extract", "img", o.progress)
     pending: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
     count = extracted = rejected = 0
@@ -313,13 +347,15 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     def flush() -> None:
         nonlocal pending, count, extracted
         if count:
-            work.write(take(pending), o.row_group_images)
+            work.write(take(pending, plan.sources if o.format == "store" else None), o.row_group_images)
             extracted += count
         pending, count = [], 0
 
+    noise = DriverNoise().__enter__()
     try:
-        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=actors, gpus_per_actor=1.0 if gpus else 0.0,
-                                  decode_tasks=o.decode_tasks):
+        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=placed.actors, gpus_per_actor=placed.gpus_per_actor,
+                                  decode_tasks=decode_tasks):
+            work.start()  # the run has really started: its work folder is made now
             reject = batch["reject"]
             for i in np.nonzero(reject != "")[0]:
                 if batch["reject_kind"][i] == pipeline.BOXES:
@@ -339,7 +375,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
                 flush()
                 raise ExtractError(
                     f"{rejected} image{'s' if rejected > 1 else ''} rejected, more than --max-rejected {o.max_rejected} (= {limit} of "
-                    f"{len(plan.refs)}); they are listed in {work.path / REJECTS_FILE}; nothing was written at "
+                    f"{len(plan.refs)}); they are listed above{_kept(work)}; nothing was written at "
                     f"{plan.out}: fix or remove them and rerun (finished images are kept and skipped), or raise "
                     "--max-rejected")
             if count >= o.images_per_shard or (count and time.monotonic() - first >= FLUSH_S):
@@ -355,7 +391,13 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
         bar.close()
         if started_here and ray.is_initialized():
             ray.shutdown()
+        noise.__exit__()
     return extracted, rejected
+
+
+def _kept(work: WorkDir) -> str:
+    """Where the rejects are listed too, while the work folder is kept (it holds finished images)."""
+    return f" and in {work.path / REJECTS_FILE}" if work.chunks() else ""
 
 
 class ExtractInterrupted(RunInterrupted):
@@ -367,17 +409,19 @@ class ExtractInterrupted(RunInterrupted):
 
     def __str__(self) -> str:
         mark = f" {RANDOM}:" if self.random else ""
+        if not self.done:
+            return (f"[xmodal]{mark} stopped extracting before any image was finished; nothing was kept or "
+                    "written at OUT")
         return (f"[xmodal]{mark} stopped extracting: {self.done} of {self.total} images are done and kept in "
                 f"{self.work}; nothing was written at OUT; rerun the same command to go on from there")
 
 
 def _publish(o: ExtractOptions, plan: Plan, work: WorkDir, rejected: int) -> Summary:
-    rejects_src = work.path / REJECTS_FILE
     chunks = work.chunks()
     rows = len(work.done())
     if not chunks:
-        raise ExtractError(f"IMAGES {o.images}: every image was rejected ({rejected}; listed in {rejects_src}); "
-                           f"nothing was written at {plan.out}")
+        raise ExtractError(f"IMAGES {o.images}: every image was rejected ({rejected}; each listed above with "
+                           f"why); nothing was written at {plan.out}")
     options = {k: v for k, v in asdict(o).items() if k not in ("images", "out", "progress", "overwrite", "restart")}
     options.update(plan.fingerprint, rejected=rejected,
                    weights=str(Path(o.weights).expanduser().resolve()) if o.weights else None)
@@ -385,6 +429,7 @@ def _publish(o: ExtractOptions, plan: Plan, work: WorkDir, rejected: int) -> Sum
         options["warning"] = f"{RANDOM}: features of a detector with random weights, for tests and benchmarks only"
     if plan.vocab:
         options["vocab"] = plan.vocab
+    options[IMAGES_ROOT] = plan.images_root
     if o.format == "tsv":
         return _publish_tsv(o, plan, work, chunks, rows, rejected)
     import pyarrow.parquet as pq

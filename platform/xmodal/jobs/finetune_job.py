@@ -40,6 +40,7 @@ from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
+from xmodal.outputs import check_local_input
 from xmodal.runner.hooks import say
 from xmodal.runner.ray_cluster import removed_on_failure
 from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
@@ -237,6 +238,8 @@ def resolve_init(cfg: FinetuneConfig, image_store: str, uri: str, download_dir: 
 def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
     """init.source checkpoint, transformers or reference: the folder or file read and checked (a
     foreign or malicious file fails here, in the driver), and the architecture it fixes."""
+    check_local_input(path_text, "init.path", f"init.source={source} reads a folder or file on this machine; a "
+                      "run's model in MLflow is --init run --init-run-id ID")
     path = Path(path_text).expanduser().resolve()
     if not path.exists():
         raise ConfigError(f"init.path: {str(path)!r} does not exist")

@@ -14,6 +14,7 @@ from refdata import RefCorpus, read_images
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.features import (
     FeatureStore,
+    image_sources,
     ingest_features,
     open_features,
     open_image_store,
@@ -52,6 +53,7 @@ def test_round_trip_of_the_reference_tsv(reference: RefCorpus, tmp_path: Path):
         np.testing.assert_allclose(got["obj_conf"][k, :n], ref.obj_conf)
         np.testing.assert_allclose(got["attr_conf"][k, :n], ref.attr_conf)
     assert open_image_store(store.path).manifest == open_features(store.path).manifest
+    assert image_sources(store) == {}  # a store from TSV files does not know where its images came from
 
 
 def test_cut_line_and_duplicates_are_named_and_leave_nothing(reference: RefCorpus, tmp_path: Path):
@@ -115,3 +117,24 @@ def test_a_store_read_in_random_order_row_group_by_row_group(reference: RefCorpu
         ref = reference.images[im.img_id]
         np.testing.assert_array_equal(im.obj_ids, ref.obj_ids)
         np.testing.assert_allclose(im.features.astype(np.float32), ref.features, rtol=1e-3, atol=1e-3)
+
+
+def test_a_store_of_random_weight_features_is_marked_where_it_goes(reference: RefCorpus, tmp_path: Path, capsys):
+    """A store that `jobs/extract.py --random-weights` wrote (its manifest says so), ingested as --tsv:
+    a warning on the console, and the built store's manifest names it, and so on down the line."""
+    from xmodal.data.lxmert.ingest import RANDOM_WEIGHTS_KEY
+
+    first = ingest_features(tmp_path / "feats", reference.tsv, progress=False)
+    capsys.readouterr()
+    assert RANDOM_WEIGHTS_KEY not in first.manifest.options
+    again = ingest_features(tmp_path / "again", [first.path], progress=False)
+    assert RANDOM_WEIGHTS_KEY not in again.manifest.options and "RANDOM WEIGHTS" not in capsys.readouterr().out
+    raw = json.loads((first.path / "manifest.json").read_text())
+    raw["options"]["random_weights"] = {"tiny": True, "seed": 0}  # what an extraction with random weights records
+    (first.path / "manifest.json").write_text(json.dumps(raw))
+    second = ingest_features(tmp_path / "second", [first.path], progress=False)
+    out = capsys.readouterr().out
+    assert f"warning: RANDOM WEIGHTS: {first.path} holds features of a detector with random weights" in out
+    assert second.manifest.options[RANDOM_WEIGHTS_KEY] == [str(first.path)]
+    third = ingest_features(tmp_path / "third", [second.path], progress=False)  # a store built from it
+    assert third.manifest.options[RANDOM_WEIGHTS_KEY] == [str(second.path)] and "RANDOM WEIGHTS" in capsys.readouterr().out

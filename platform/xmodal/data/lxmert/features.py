@@ -11,7 +11,10 @@ image stores:
 The rows are an LXMERT store's image columns (`store.image_schema`: img_id, img_h, img_w,
 num_boxes, float16 features, normalised boxes, object/attribute ids and confidences), decoded and
 checked by the same code (`ingest.scan_tsv_ids`, `ingest.parse_tsv_line`); there is no vocabulary,
-answer table or sentence column. Written in a hidden temporary directory and renamed into place
+answer table or sentence column. A store that `jobs/extract.py` wrote has one more column, `source`
+(string): where each image came from, relative to the IMAGES root its manifest records
+(`options.images_root`) or a URI or absolute path; `image_sources` reads them. Stores without it
+(written from TSV files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed into place
 (`common.publish_dir`). Imports numpy and pyarrow only.
 """
 
@@ -26,6 +29,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pydantic
 
+from xmodal.console import progress_bar
 from xmodal.data.common import (
     KINDS,
     Location,
@@ -38,6 +42,7 @@ from xmodal.data.common import (
     locate,
     missing_parents,
     open_listed_parquet,
+    open_parquet,
     publish_dir,
     store_path,
     temp_dir_beside,
@@ -46,9 +51,9 @@ from xmodal.data.lxmert.ingest import (
     IngestError,
     check_tsv_inputs,
     item_bytes,
+    mark_random_weights,
     pack_images,
     parse_item,
-    progress_bar,
     scan_tsv_ids,
     tsv_lines,
 )
@@ -64,6 +69,8 @@ from xmodal.data.lxmert.store import (
 KIND = "features"
 SCHEMA_VERSION = 1
 SHARD_DIR = "images"
+SOURCE = pa.field("source", pa.string())  # an extracted store's column: where each image came from
+IMAGES_ROOT = "images_root"  # the manifest's option the relative sources are relative to
 
 
 class FeatureShard(pydantic.BaseModel):
@@ -134,10 +141,33 @@ def open_features(path: str | Path | Location) -> FeatureStore:
     for s in m.shards:
         p = root / s.file
         schema = open_listed_parquet(p, s.rows).schema_arrow
-        if not schema.equals(expected):
+        if not (schema.equals(expected) or schema.equals(expected.append(SOURCE))):
             raise StoreError(f"{p}: columns {schema.names} of types {schema.types} differ from the image columns "
                              f"{expected.types} (manifest: num_objects={m.num_objects}, feat_dim={m.feat_dim})")
     return FeatureStore(store_path(root), m)
+
+
+def image_sources(store: FeatureStore | str | Path | Location) -> dict[str, str]:
+    """img_id -> where the image came from (an absolute local path or a URI), for a store written by
+    `jobs/extract.py`; {} for a store that does not record it (built from TSV files, or older). Reads the
+    img_id and source columns only."""
+    if not isinstance(store, FeatureStore):
+        store = open_features(store)
+    root = store.manifest.options.get(IMAGES_ROOT)
+    out: dict[str, str] = {}
+    for f in store.image_files():
+        if SOURCE.name not in open_parquet(store.path / f).schema_arrow.names:
+            return {}
+        t = store.read_table(f, columns=["img_id", SOURCE.name])
+        for img_id, src in zip(t.column("img_id").to_pylist(), t.column(SOURCE.name).to_pylist(), strict=True):
+            out[img_id] = _absolute(src, root)
+    return out
+
+
+def _absolute(source: str, root: str | None) -> str:
+    if "://" in source or source.startswith("/") or not root:
+        return source
+    return f"{root.rstrip('/')}/{source}" if "://" in root else str(Path(root) / source)
 
 
 ImageStore = LxmertStore | FeatureStore
@@ -181,6 +211,7 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
     options = {"num_objects": num_objects, "feat_dim": feat_dim, "num_object_labels": num_object_labels,
                "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
                "row_group_images": row_group_images}
+    mark_random_weights(paths, options)
     made = missing_parents(out_path)
     tmp = temp_dir_beside(out_path)
     try:

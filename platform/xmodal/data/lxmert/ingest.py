@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.console import say
+from xmodal.console import progress_bar, say
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import check_target, kind_at, local_target, open_parquet, read_manifest_json
 from xmodal.data.lxmert.store import (
@@ -475,13 +475,6 @@ def order_key(img_id: str, seed: int) -> bytes:
     return hashlib.blake2b(img_id.encode("utf-8"), digest_size=8, key=seed.to_bytes(8, "little")).digest()
 
 
-def progress_bar(total: int, desc: str, unit: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True,
-                disable=not enabled, smoothing=0.1)
-
-
 def minival_by_hash(img_id: str, fraction: float) -> bool:
     """Stable, order-independent split by image: crc32(img_id) / 2**32 < fraction."""
     return zlib.crc32(img_id.encode("utf-8")) < fraction * 2**32
@@ -681,6 +674,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                "images_per_shard": images_per_shard, "row_group_images": row_group_images,
                "allow_missing_images": allow_missing_images, "missing_images": len(missing),
                "allow_missing_labelf": allow_missing_labelf, "order_seed": order_seed}
+    mark_random_weights(tsv_paths, options)
     used_ids = [i for i in located if sentences.count(i)]
     used = len(used_ids)
     if order_seed is None:
@@ -752,6 +746,32 @@ def check_tsv_inputs(paths: list[Path]) -> None:
                               f"{FEATURE_STORE_KIND!r}); expected a feature TSV file or a store from jobs/extract.py")
         if not p.exists():
             raise IngestError(f"{p}: input file does not exist")
+
+
+RANDOM_WEIGHTS_KEY = "random_weights_inputs"  # a built store's option: its inputs of random-weight features
+
+
+def random_weight_inputs(paths: list[Path]) -> list[str]:
+    """The --tsv inputs that are stores of features from a detector with random weights (`jobs/extract.py
+    --random-weights`, for tests and benchmarks), or stores built from such stores."""
+    found = []
+    for p in paths:
+        if is_feature_store(p):
+            options = read_manifest_json(p / "manifest.json").get("options")
+            if isinstance(options, dict) and (options.get("random_weights") or options.get(RANDOM_WEIGHTS_KEY)):
+                found.append(str(p))
+    return found
+
+
+def mark_random_weights(paths: list[Path], options: dict) -> None:
+    """Say so on the console, and record it in the options the new store's manifest keeps, when inputs
+    hold random-weight features: a model trained on them learns nothing about the images."""
+    found = random_weight_inputs(paths)
+    if found:
+        say(f"[xmodal] warning: RANDOM WEIGHTS: {', '.join(found)} hold{'s' if len(found) == 1 else ''} features of a "
+            "detector with random weights (jobs/extract.py --random-weights, for tests and benchmarks only); a "
+            "model trained on this store learns nothing about the images")
+        options[RANDOM_WEIGHTS_KEY] = found
 
 
 def _store_shards(p: Path) -> tuple[list[tuple[Path, int]], int]:

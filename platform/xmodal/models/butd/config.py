@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
+PRECISIONS = ("fp32", "tf32", "bf16")  # `detector.Detector.detect`: fp32 exact (TF32 off), tf32, bf16 autocast
 OBJ36 = (36, 36)  # LXMERT's (min_boxes, max_boxes)
 BOTTOM_UP_DEFAULT = (10, 100)  # the reference's tools/generate_tsv.py
 

@@ -40,14 +40,12 @@ import torch
 from torch import Tensor, nn
 
 from xmodal.models.butd.backbone import Backbone, fold_batch_norm
-from xmodal.models.butd.config import DetectorConfig
+from xmodal.models.butd.config import PRECISIONS, DetectorConfig
 from xmodal.models.butd.heads import RPN, RoIHead
 from xmodal.models.butd.image import PreparedImage, check_image, prepare_image
 from xmodal.models.butd.proposals import proposal_layer
 from xmodal.models.butd.roi_pool import roi_pool_batch
 from xmodal.models.butd.select import labels, select_regions
-
-PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 class ImageRegions(NamedTuple):

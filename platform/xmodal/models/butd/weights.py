@@ -150,6 +150,8 @@ def _read_file(path: Path) -> tuple[str, dict[str, Tensor]]:
     """('pickle' | 'torch', flat {name: float tensor or integer counter}) of a weight file."""
     if not path.is_file():
         raise _fail(path, "no such file")
+    if path.stat().st_size == 0:
+        raise _fail(path, "empty file (0 bytes): an interrupted download?")
     if zipfile.is_zipfile(path):
         kind, data = "torch", _read_torch(path)
     else:

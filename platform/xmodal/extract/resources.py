@@ -1,0 +1,140 @@
+"""How an extraction is spread over the cluster: the defaults of `--actors`, `--gpus-per-actor` and
+`--decode-tasks`, and the checks of those and of `--batch-size` against the cluster, made in the
+driver once Ray is reached and before the pipeline starts (one `error:` line each).
+
+- `--gpus-per-actor F` (0 < F <= 1): the share of a GPU each detector actor takes; default 0.5 on a
+  cluster with GPUs (two actors a GPU), 0 on a CPU cluster.
+- `--actors N`: default as many as the cluster's GPUs place at that share (per node: floor(GPUs / F)),
+  else 1 on CPU; more than that (or than the CPUs of a CPU cluster) is refused.
+- `--decode-tasks`: default the cluster's CPUs less one per detector actor (each takes a CPU), at
+  least 1, so that decoding keeps up with the detectors.
+- `--batch-size`: `batch_memory_bytes` estimates what one detector call holds on its device, against
+  the actor's share of a GPU's memory (asked of a GPU node) or, on CPU, the cluster's memory per actor.
+  An estimate: the activations of the largest input the detector makes (600 x 1000) through the
+  backbone and of the RoI head over its 300 regions per image, not a measurement of the allocator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xmodal.extract.images import ExtractError
+
+ACTIVATION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}  # tf32 computes in float32's storage
+DEFAULT_GPU_SHARE = 0.5
+LARGEST_INPUT = (600, 1000)  # the detector's scaling: short side 600, long side at most 1000
+CUDA_CONTEXT_BYTES = 1 << 30  # what a process's CUDA context and kernels take before any tensor
+GPU_PROBE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    cpus: int
+    gpus: tuple[float, ...]  # each alive node's GPUs
+    memory: int  # bytes: Ray's `memory` resource over the cluster
+    gpu_memory: int | None = None  # one GPU's, where a GPU node was asked
+
+    @property
+    def total_gpus(self) -> float:
+        return sum(self.gpus)
+
+
+@dataclass(frozen=True)
+class Placement:
+    actors: int
+    gpus_per_actor: float  # 0 on CPU
+    decode_tasks: int
+
+
+def batch_memory_bytes(cfg, batch_size: int, precision: str, params: int = 0) -> int:
+    """Device memory of one detector call over `batch_size` images of the largest size, estimated
+    from the detector's config (`DetectorConfig`): per image, the largest working set of a backbone
+    bottleneck (its input, shortcut, two inner and one output activation), the res4 features and RPN
+    activations kept for the head, the proposal NMS's float32 matrices over its window (about ten
+    of window x window while they are built), ROI pooling's table of block maxima over the res4 map,
+    the pooled regions, and the first res5 bottleneck over all regions at 14 x 14; in the precision's
+    bytes (the NMS and the table in float32), plus the float32 weights (`params`)."""
+    h, w = LARGEST_INPUT
+    act = ACTIVATION_BYTES[precision]
+    bb, rpn, head = cfg.backbone, cfg.rpn, cfg.roi_head
+    out = [bb.stage_out(i) for i in (2, 3, 4, 5)]
+    mid = [bb.width * 2**i for i in range(4)]
+    positions = [h * w // 16 // 4**i for i in range(3)]  # res2 at 1/4, res3 at 1/8, res4 at 1/16
+    stem = 3 * h * w + bb.stem_width * (h * w // 4)
+    blocks = [((out[i - 1] if i else bb.stem_width) + 2 * out[i] + 2 * mid[i]) * positions[i] for i in range(3)]
+    backbone = max(stem, *blocks) + (out[2] + 2 * rpn.channels) * positions[2]
+    side = math.ceil(h / 16), math.ceil(w / 16)
+    levels = [max(min(s, math.ceil((s + 2) / head.pooled_size) + 1), 1).bit_length() for s in side]
+    float32 = 10 * min(rpn.nms_window, rpn.pre_nms_top_n) ** 2 + levels[0] * levels[1] * positions[2] * out[2]
+    regions = rpn.post_nms_top_n * head.pooled_size ** 2
+    roi_head = regions * out[2] + regions * (out[2] + 2 * out[3] + 2 * mid[3])
+    return int(4 * params + batch_size * ((backbone + roi_head) * act + 4 * float32))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None, decode_tasks: int | None,
+          batch_size: int, precision: str, cfg, params: int = 0) -> Placement:
+    """The run's actors, GPU share and decode tasks on `cluster`; an ExtractError names the option, its
+    value and what the cluster takes."""
+    gpus = cluster.total_gpus
+    if gpus_per_actor is not None and gpus <= 0:
+        raise ExtractError(f"--gpus-per-actor {gpus_per_actor:g}: the cluster has no GPU; leave it out on a CPU "
+                           "cluster")
+    share = (gpus_per_actor if gpus_per_actor is not None else DEFAULT_GPU_SHARE) if gpus > 0 else 0.0
+    if share:
+        fits = sum(int(math.floor(g / share + 1e-9)) for g in cluster.gpus)
+        if actors is not None and actors > fits:
+            raise ExtractError(f"--actors {actors}: the cluster's {gpus:g} GPU(s) place {fits} detector actor(s) at "
+                               f"--gpus-per-actor {share:g}; expected at most {fits} (or a smaller share)")
+        n = actors or max(1, fits)
+    else:
+        if actors is not None and actors > cluster.cpus:
+            raise ExtractError(f"--actors {actors}: the cluster has {cluster.cpus} CPU(s) and no GPU, one CPU per "
+                               f"detector actor; expected at most {cluster.cpus}")
+        n = actors or 1
+    need = batch_memory_bytes(cfg, batch_size, precision, params)
+    if share and cluster.gpu_memory:
+        have = share * cluster.gpu_memory - CUDA_CONTEXT_BYTES
+        where = f"{share:g} of a {_gib(cluster.gpu_memory)} GPU, less {_gib(CUDA_CONTEXT_BYTES)} for CUDA"
+    elif not share:
+        have = cluster.memory / n
+        where = f"the cluster's {_gib(cluster.memory)} of memory over {n} actor(s)"
+    else:
+        have = None
+    if have is not None and need > have:
+        fit = max(0, int((have - 4 * params) // max(1, (need - 4 * params) // batch_size)))
+        raise ExtractError(f"--batch-size {batch_size}: one detector call is estimated at {_gib(need)} "
+                           f"({precision}, {LARGEST_INPUT[0]} x {LARGEST_INPUT[1]} images, "
+                           f"{cfg.rpn.post_nms_top_n} regions each), more than an actor's {_gib(max(0, have))} ({where}); "
+                           f"expected a batch of at most {fit}" + (" (or a larger --gpus-per-actor, or bf16)"
+                                                                    if share else ""))
+    tasks = decode_tasks if decode_tasks is not None else max(1, cluster.cpus - n)
+    return Placement(n, share, tasks)
+
+
+def cluster_view(probe_gpu: bool = True) -> Cluster:
+    """The connected Ray cluster's CPUs, GPUs per node and memory; with `probe_gpu`, one GPU's memory
+    asked of a GPU node by a tiny task (None when no GPU node answers within a minute)."""
+    import ray
+
+    total = ray.cluster_resources()
+    nodes = tuple(float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive"))
+    gpu_memory = None
+    if probe_gpu and sum(nodes) > 0:
+        @ray.remote(num_gpus=0.01, num_cpus=0)
+        def total_memory() -> int:
+            import torch
+
+            return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0
+
+        ref = total_memory.remote()
+        try:
+            gpu_memory = ray.get(ref, timeout=GPU_PROBE_TIMEOUT_S) or None
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+    return Cluster(cpus=int(total.get("CPU", 0)), gpus=tuple(g for g in nodes if g > 0) or (0.0,),
+                   memory=int(total.get("memory", 0)), gpu_memory=gpu_memory)
