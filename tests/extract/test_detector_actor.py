@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from xmodal.extract.pipeline import DetectorActor, DetectorSpec
+from xmodal.extract.pipeline import DetectorActor, DetectorSpec, prepare_blob
 
 
 def _batch(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=pa.schema([
         ("path", pa.string()), ("img_id", pa.string()), ("given", pa.binary()), ("h", pa.int32()), ("w", pa.int32()),
-        ("pixels", pa.large_binary()), ("reject", pa.string()), ("reject_kind", pa.string())]))
+        ("bh", pa.int32()), ("bw", pa.int32()), ("scale", pa.float64()), ("pixels", pa.large_binary()),
+        ("reject", pa.string()), ("reject_kind", pa.string())]))
 
 
 def test_a_batch_of_rejects_has_the_shapes_of_a_batch_of_images():
@@ -19,10 +20,11 @@ def test_a_batch_of_rejects_has_the_shapes_of_a_batch_of_images():
     made that column ragged and the job failed at its end."""
     actor = DetectorActor(DetectorSpec(weights=None, tiny=True))
     image = np.random.default_rng(0).integers(0, 255, (40, 56, 3), dtype=np.uint8)
-    good = _batch([{"path": "a.jpg", "img_id": "a", "given": b"", "h": 40, "w": 56, "pixels": image.tobytes(),
-                    "reject": "", "reject_kind": ""}])
-    bad = _batch([{"path": p, "img_id": p, "given": b"", "h": 0, "w": 0, "pixels": b"", "reject": "empty file",
-                   "reject_kind": "image"} for p in ("b.jpg", "c.jpg")])
+    blob, scale = prepare_blob(image, actor.detector.cfg.input)
+    good = _batch([{"path": "a.jpg", "img_id": "a", "given": b"", "h": 40, "w": 56, "bh": blob.shape[0],
+                    "bw": blob.shape[1], "scale": scale, "pixels": blob.tobytes(), "reject": "", "reject_kind": ""}])
+    bad = _batch([{"path": p, "img_id": p, "given": b"", "h": 0, "w": 0, "bh": 0, "bw": 0, "scale": 1.0, "pixels": b"",
+                   "reject": "empty file", "reject_kind": "image"} for p in ("b.jpg", "c.jpg")])
     a, b = actor(good), actor(bad)
     assert set(a) == set(b)
     for key in a:
