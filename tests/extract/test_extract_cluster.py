@@ -77,9 +77,9 @@ HEALTH = json.loads((REPO / "scripts" / "cluster" / "head_system_config.json").r
 COMMON = ["--object-store-memory=100000000", "--disable-usage-stats"]
 DETECTOR_TASK = "(DetectorActor)).submit"  # the name of Ray Data's batch tasks on the detector actors ends so
 
-# Run in `head`: for each job, the number of finished tasks (batches) on a detector actor per node
-# address (dead nodes included), from the task events the GCS keeps (no dashboard needed). argv[1]: a
-# part of the tasks' name.
+# Run in `head`: for each job, per node address (dead nodes included), the finished tasks (batches) on a
+# detector actor, those of them that were a retry (attempt > 0), and the detector actors that ran them,
+# from the task events the GCS keeps (no dashboard needed). argv[1]: a part of the tasks' name.
 TASKS = """
 import collections, json, sys
 import ray
@@ -88,18 +88,25 @@ from ray.core.generated import common_pb2
 ray.init(address="auto", log_to_driver=False)
 ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
 finished = common_pb2.TaskStatus.Value("FINISHED")
-name, node, done = {}, {}, set()
+info, node, done = {}, {}, set()
 for e in state.state._get_all_task_events():
     key = (e.task_id, e.attempt_number)
     if e.task_info.name:
-        name[key] = (e.job_id.hex(), e.task_info.name)
+        info[key] = (e.job_id.hex(), e.task_info.name, e.task_info.actor_id.hex())
     if e.state_updates.node_id:
         node[key] = e.state_updates.node_id.hex()
     if finished in e.state_updates.state_ts_ns:
         done.add(key)
-count = collections.Counter((name[k][0], ip.get(node.get(k), node.get(k))) for k in done
-                            if k in name and sys.argv[1] in name[k][1])
-print(json.dumps({job: {n: c for (j, n), c in count.items() if j == job} for job, _ in count}))
+out = {"batches": {}, "retried": {}, "actors": {}}
+for k in sorted(done):
+    if k in info and sys.argv[1] in info[k][1]:
+        job, where = info[k][0], ip.get(node.get(k), node.get(k))
+        for what, add in (("batches", 1), ("retried", int(k[1] > 0))):
+            per = out[what].setdefault(job, {})
+            per[where] = per.get(where, 0) + add
+        out["actors"].setdefault(job, {}).setdefault(where, set()).add(info[k][2])
+out["actors"] = {j: {n: len(a) for n, a in per.items()} for j, per in out["actors"].items()}
+print(json.dumps(out))
 """
 
 
@@ -198,8 +205,8 @@ class Cluster:
         return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
                                 **self.log(log))
 
-    def batches(self) -> dict[str, dict[str, int]]:
-        """Per job id: the detector tasks (batches) finished per node address."""
+    def tasks(self) -> dict[str, dict[str, dict[str, int]]]:
+        """`TASKS`' answer: {"batches" | "retried" | "actors": {job id: {node address: count}}}."""
         out = self.hosts.run("head", [PYTHON, "-c", TASKS, DETECTOR_TASK], env=self.env, timeout=120).stdout
         return json.loads(out.strip().splitlines()[-1])
 
@@ -396,11 +403,13 @@ def interrupted(cluster) -> Reference:
 
 def test_ctrl_c_and_the_rerun_give_every_image_once_each_host_a_share(cluster, interrupted):
     check_detector_features(cluster, interrupted.rows)
-    batches = cluster.batches()
+    tasks = cluster.tasks()
+    batches = tasks["batches"]
     assert len(batches) == 2, batches  # the interrupted job and its rerun
-    for job, per_node in batches.items():  # one actor per worker host, each did batches
-        assert set(per_node) == set(WORKERS.values()), (job, batches)
-    print(f"batches ({BATCH} images) per host's actor: {batches}")
+    for job in batches:  # one actor per worker host, each did batches
+        assert set(batches[job]) == set(WORKERS.values()), (job, tasks)
+        assert set(tasks["actors"][job].values()) == {1}, (job, tasks)
+    print(f"per host, the batches ({BATCH} images) its actor finished: {batches}")
 
 
 def test_a_host_lost_midway_and_the_run_finishes_every_image_once(cluster, interrupted):
@@ -408,7 +417,7 @@ def test_a_host_lost_midway_and_the_run_finishes_every_image_once(cluster, inter
     finishes on its own, its store equal, row for row, to the run with every host."""
     c = cluster
     out = c.shared / "store-lost"
-    before = set(c.batches())
+    before = set(c.tasks()["batches"])
     began = time.monotonic()
     driver = c.start(out, "lost")
     at_kill = c.wait_written(driver, out, "lost", KILL_AFTER)
@@ -425,8 +434,10 @@ def test_a_host_lost_midway_and_the_run_finishes_every_image_once(cluster, inter
         same = interrupted.rows[img_id]
         for col, value in row.items():
             assert np.array_equal(value, same[col]), (img_id, col)
-    (job,) = set(c.batches()) - before
-    per_node = c.batches()[job]
-    assert set(per_node) == set(WORKERS.values()), per_node  # the lost host's actor too, before it died
+    tasks = c.tasks()
+    (job,) = set(tasks["batches"]) - before
+    per_node = tasks["batches"][job]
+    assert set(per_node) == set(WORKERS.values()), tasks  # the lost host's actor too, before it died
     print(f"host {VICTIM} killed at {at_kill} images written ({killed - began:.1f} s in); the run finished "
-          f"{finished - killed:.1f} s later; batches per host's actor: {per_node}")
+          f"{finished - killed:.1f} s later. Per host: batches finished {per_node}, of them retries "
+          f"{tasks['retried'][job]}, by detector actors {tasks['actors'][job]}")
