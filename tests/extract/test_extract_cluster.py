@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -63,8 +64,6 @@ RAY = str(BIN / "ray")
 HEAD = "10.231.0.1"
 WORKERS = {"worker1": "10.231.0.2", "worker2": "10.231.0.3", "worker3": "10.231.0.4"}
 VICTIM = "worker3"
-S3_PORT = 5000
-ENDPOINT = f"http://{BRIDGE_ADDRESS}:{S3_PORT}"
 BUCKET = "xmodal"
 PHOTOS = f"s3://{BUCKET}/photos"
 N_IMAGES = 120
@@ -135,16 +134,15 @@ def images(folder: Path, n: int, seed: int = 0) -> list[Path]:
     return out
 
 
-def s3():
-    import boto3
-
-    return boto3.client("s3", endpoint_url=ENDPOINT, region_name="us-east-1", aws_access_key_id="testing",
-                        aws_secret_access_key="testing")
+def bridge_port() -> int:
+    """A free port on the bridge address (chosen once the bridge is up: a leftover server of a killed run
+    may still hold an earlier one)."""
+    with socket.socket() as s:
+        s.bind((BRIDGE_ADDRESS, 0))
+        return s.getsockname()[1]
 
 
 def wait_port(host: str, port: int, timeout: float) -> None:
-    import socket
-
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -271,7 +269,7 @@ def cluster(request) -> Iterator[Cluster]:
     os.chmod(shared, 0o755)
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "platform"), "RAY_DEDUP_LOGS": "0",
-           "AWS_ENDPOINT_URL": ENDPOINT, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1"}
     hosts = Hosts(1 + len(WORKERS), PREFIX)
     moto = None
@@ -282,12 +280,17 @@ def cluster(request) -> Iterator[Cluster]:
         hosts.create()
         c = Cluster(hosts, shared, env, images(shared / "photos", N_IMAGES))
         # On the machine's bridge address: every host reaches it over the bridge, the test directly.
-        moto = subprocess.Popen([str(BIN / "moto_server"), "-H", BRIDGE_ADDRESS, "-p", str(S3_PORT)],
+        port = bridge_port()
+        env["AWS_ENDPOINT_URL"] = f"http://{BRIDGE_ADDRESS}:{port}"
+        moto = subprocess.Popen([str(BIN / "moto_server"), "-H", BRIDGE_ADDRESS, "-p", str(port)],
                                 start_new_session=True, **c.log("s3"))
         start_head(hosts, env)
         start_nodes([c.worker_node(name, address) for name, address in WORKERS.items()])
-        wait_port(BRIDGE_ADDRESS, S3_PORT, 30)
-        client = s3()
+        wait_port(BRIDGE_ADDRESS, port, 30)
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
         client.create_bucket(Bucket=BUCKET)
         for p in c.images:
             client.upload_file(str(p), BUCKET, f"photos/{p.name}")
