@@ -32,7 +32,7 @@ os.environ.update(s3_environment(S3_PORT))
 # one run of the whole suite, 2026-12-02, were 512 s (cross_host), 408 (pretrain) ... 29 (postgres).
 # (xdist's own `--dist loadgroup` marks no longer group anything under pytest 9.2, which made node ids
 # read-only, hence a scheduler of our own.)
-HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py")
+HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py", "test_extract_cluster.py")
 # Folders whose files share a session fixture that is costly to start (tests/tracking: one `mlflow
 # server`): their files run on one worker, so it starts once.
 GROUPED_FOLDERS = ("tracking",)
@@ -72,9 +72,10 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
-# The rehearsal-host files' prefixes (tests/test_rehearsal.py, test_cross_host.py, test_ray_up.py): every one
-# takes the bridge addresses 10.231.0.0/24, so only one of them may have hosts up on the machine at a time.
-HOST_PREFIXES = ("xmt", "xmx", "xmu")
+# The rehearsal-host files' prefixes (tests/test_rehearsal.py, test_cross_host.py, test_ray_up.py,
+# extract/test_extract_cluster.py): every one takes the bridge addresses 10.231.0.0/24, so only one of them
+# may have hosts up on the machine at a time.
+HOST_PREFIXES = ("xmt", "xmx", "xmu", "xme")
 # Longest a host file waits for another pytest run's (on this machine, or in a container on its network):
 # the longest of them, test_cross_host.py, took 512 s.
 HOSTS_LOCK_WAIT_S = 30 * 60

@@ -437,3 +437,36 @@ def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_pa
     rc, _, err = _run(empty, tmp_path / "o", *TINY, capsys=capsys)
     assert rc == 2 and err.count("\n") == 1 and empty in err, err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_just_after_a_chunk_is_written_keeps_each_image_once(ray_local, tmp_path, monkeypatch, capsys):
+    """Ctrl-C can land anywhere in the driver, also between a chunk's rename into place and the driver's
+    note that it is written: the chunk must not be written a second time on the way out (the rerun
+    publishes every chunk, so its images would be in the store twice)."""
+    from xmodal.extract import chunks
+
+    paths = _images(tmp_path / "imgs", 6)
+    out = tmp_path / "store"
+    real = chunks.WorkDir.write
+    calls = []
+
+    def write_then_interrupted(self, r, row_group_images):
+        written = real(self, r, row_group_images)
+        calls.append(written)
+        if len(calls) == 2:  # the second chunk is in place when the interrupt comes
+            raise KeyboardInterrupt
+        return written
+
+    monkeypatch.setattr(chunks.WorkDir, "write", write_then_interrupted)
+    rc, _, err = _run(tmp_path / "imgs", out, *TINY, "--images-per-shard", "2", capsys=capsys)
+    assert rc == 130, err
+    kept = int(err.split("stopped extracting: ")[1].split()[0])
+    assert kept == 4 and len(calls) == 2, (kept, calls)  # the interrupted chunk was not written again
+    monkeypatch.setattr(chunks.WorkDir, "write", real)
+    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, "--images-per-shard", "2", capsys=capsys)
+    assert rc == 0, err
+    assert "skipped 4 already done" in stdout
+    store = open_features(out)
+    ids = [i for f in store.image_files() for i in store.read_table(f).column("img_id").to_pylist()]
+    assert sorted(ids) == sorted(p.stem for p in paths)  # each image once

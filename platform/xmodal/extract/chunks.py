@@ -185,7 +185,8 @@ class WorkDir:
                       and not p.name.startswith(TMP_PREFIX))
 
     def done(self) -> dict[str, str]:
-        """img_id -> the chunk holding it, over the finished chunks (none in a folder this run replaces)."""
+        """img_id -> the chunk holding it, over the finished chunks (none in a folder this run replaces). An
+        image in two chunks (or twice in one) is refused: publishing them would put it in OUT twice."""
         out: dict[str, str] = {}
         if self.wanted is not None and not self.keep and not self.started:
             return out
@@ -196,6 +197,10 @@ class WorkDir:
                 with open(p, encoding="utf-8") as f:
                     ids = [line.split("\t", 1)[0] for line in f if line.strip()]
             for i in ids:
+                if i in out:
+                    raise ExtractError(f"{self.path}: img_id {i!r} is in {out[i]} and in {p.name}: the unfinished "
+                                       "extraction kept here holds an image twice; pass --restart to discard it and "
+                                       "start over")
                 out[i] = p.name
         return out
 

@@ -346,11 +346,15 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     first = 0.0
 
     def flush() -> None:
+        # The rows leave `pending` before the chunk is written: a Ctrl-C landing after the chunk's rename
+        # (anywhere in this function) must not have the interrupt's own flush write them a second time.
+        # One landing before the rename loses them from this run only: the rerun does them again.
         nonlocal pending, count, extracted
-        if count:
-            work.write(take(pending, plan.sources if o.format == "store" else None), o.row_group_images)
-            extracted += count
+        rows, n = (take(pending, plan.sources if o.format == "store" else None), count) if count else (None, 0)
         pending, count = [], 0
+        if rows is not None:
+            work.write(rows, o.row_group_images)
+            extracted += n
 
     noise = DriverNoise().__enter__()
     try:

@@ -172,7 +172,7 @@ class DetectorActor:
             return out
         with torch.inference_mode():
             # one copy of the batch to the host (and a second pass for an image the NMS could not certify)
-            found = self.detector.regions(images, given_boxes=given, precision=s.precision, backbone_batch=len(images))
+            found = self.detector.regions(images, given_boxes=given, precision=s.precision)
         m = found.boxes.shape[1]
         if m > k:
             raise RuntimeError(f"the detector gave {m} region slots per image, more than the run's {k}")

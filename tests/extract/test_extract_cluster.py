@@ -1,0 +1,451 @@
+"""A cluster of extractors on four rehearsal hosts (platform/xmodal_rehearsal/): an extraction whose
+driver is interrupted (Ctrl-C) and resumed by the same command, and one that loses a worker host mid-run.
+
+    head     10.231.0.1    the Ray head (no CPUs: the driver only); the job's driver runs here
+    worker1  10.231.0.2    a Ray worker node: 2 CPUs and 1 GPU (logical: torch sees none, the detector
+    worker2  10.231.0.3      runs on the CPU); the job runs one detector actor per GPU (--gpus-per-actor 1),
+    worker3  10.231.0.4      so one actor per worker host, and its decode tasks on the CPUs beside it
+    (machine) 10.231.0.254 the S3 server (moto) on the bridge address, holding the images
+
+The job is `jobs/extract.py s3://.../photos OUT --random-weights --tiny` (the tiny detector, random
+weights of a fixed seed) over `N_IMAGES` small JPEGs of varied content, OUT in a folder every host
+sees (/var/tmp, the machine's; only the driver writes it). Two extractions of the same images:
+- with every host up, the driver gets SIGINT (Ctrl-C) once `INTERRUPT_AFTER` images are written: it
+  writes what is finished, says how many images are kept, exits 130 and leaves nothing at OUT; the
+  same command again skips them and finishes (the `interrupted` fixture);
+- a worker host dies (its PID 1 killed: every process in it at once, as when a machine loses power)
+  once the driver has written `KILL_AFTER` images; the run goes on with the two hosts left and
+  finishes on its own.
+
+Each store holds every image exactly once; the first has, for a sample of `SAMPLE` images spread over
+the list, bit for bit the features, boxes and labels the detector gives in this process on the same
+images, and the second equals the first row for row. Each worker host's actor did a share of the
+batches: Ray's task events give the node of each finished detector task (a batch the lost host
+finished but whose output was lost with it is done again elsewhere, and counted on both).
+
+The cost is the tiny detector's (about 0.8 s of one core per image here: every image is scaled to
+600 x 800 as the reference scales it), so `N_IMAGES` is small; the hosts share the machine's two
+cores, so no speed-up is expected or measured. Each phase prints its wall time.
+
+Root only (network namespaces); skipped otherwise, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xmodal_rehearsal as rehearsal
+from xmodal_rehearsal import BRIDGE_ADDRESS, Hosts
+from xmodal_testing import NODE_START_TRIES, PYTHON, REPO, NodeStart, kill_tree, start_nodes
+
+cv2 = pytest.importorskip("cv2")
+
+REASON = rehearsal.unavailable_reason()
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")]
+
+PREFIX = "xme"  # not the command line's (xm) nor the other host files' (xmt, xmx, xmu)
+BIN = Path(PYTHON).parent
+RAY = str(BIN / "ray")
+HEAD = "10.231.0.1"
+WORKERS = {"worker1": "10.231.0.2", "worker2": "10.231.0.3", "worker3": "10.231.0.4"}
+VICTIM = "worker3"
+BUCKET = "xmodal"
+PHOTOS = f"s3://{BUCKET}/photos"
+N_IMAGES = 120
+BATCH = 4
+SHARD = 8  # images per chunk the driver writes (default 256): the chunks come often enough to time the faults by
+KILL_AFTER = 32  # images written when the worker host dies
+INTERRUPT_AFTER = 48  # images written when the driver gets SIGINT
+SAMPLE = 12
+HEALTH = json.loads((REPO / "scripts" / "cluster" / "head_system_config.json").read_text())
+COMMON = ["--object-store-memory=100000000", "--disable-usage-stats"]
+DETECTOR_TASK = "(DetectorActor)).submit"  # the name of Ray Data's batch tasks on the detector actors ends so
+
+# Run in `head`: for each job, per node address (dead nodes included), the finished tasks (batches) on a
+# detector actor, those of them that were a retry (attempt > 0), and the detector actors that ran them,
+# from the task events the GCS keeps (no dashboard needed). argv[1]: a part of the tasks' name.
+TASKS = """
+import collections, json, sys
+import ray
+from ray._private import state
+from ray.core.generated import common_pb2
+ray.init(address="auto", log_to_driver=False)
+ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+finished = common_pb2.TaskStatus.Value("FINISHED")
+info, node, done = {}, {}, set()
+for e in state.state._get_all_task_events():
+    key = (e.task_id, e.attempt_number)
+    if e.task_info.name:
+        info[key] = (e.job_id.hex(), e.task_info.name, e.task_info.actor_id.hex())
+    if e.state_updates.node_id:
+        node[key] = e.state_updates.node_id.hex()
+    if finished in e.state_updates.state_ts_ns:
+        done.add(key)
+out = {"batches": {}, "retried": {}, "actors": {}}
+for k in sorted(done):
+    if k in info and sys.argv[1] in info[k][1]:
+        job, where = info[k][0], ip.get(node.get(k), node.get(k))
+        for what, add in (("batches", 1), ("retried", int(k[1] > 0))):
+            per = out[what].setdefault(job, {})
+            per[where] = per.get(where, 0) + add
+        out["actors"].setdefault(job, {}).setdefault(where, set()).add(info[k][2])
+out["actors"] = {j: {n: len(a) for n, a in per.items()} for j, per in out["actors"].items()}
+print(json.dumps(out))
+"""
+
+
+def images(folder: Path, n: int, seed: int = 0) -> list[Path]:
+    """`n` 64 x 48 JPEGs of varied content: a random background colour, gradient and noise, a few
+    filled rectangles and circles, a line of text."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    out = []
+    yy, xx = np.mgrid[0:48, 0:64]
+    for i in range(n):
+        base = rng.integers(0, 256, 3)
+        ramp = (xx * rng.uniform(-2, 2) + yy * rng.uniform(-2, 2))[..., None]
+        im = np.clip(base + ramp + rng.normal(0, rng.uniform(2, 30), (48, 64, 3)), 0, 255).astype(np.uint8)
+        for _ in range(rng.integers(1, 5)):
+            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+            x, y = int(rng.integers(0, 56)), int(rng.integers(0, 40))
+            if rng.random() < 0.5:
+                cv2.rectangle(im, (x, y), (x + int(rng.integers(4, 30)), y + int(rng.integers(4, 24))), colour, -1)
+            else:
+                cv2.circle(im, (x, y), int(rng.integers(3, 16)), colour, -1)
+        cv2.putText(im, str(i), (2, 44), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1)
+        p = folder / f"img_{i:05d}.jpg"
+        cv2.imwrite(str(p), im, [cv2.IMWRITE_JPEG_QUALITY, int(rng.integers(60, 96))])
+        out.append(p)
+    return out
+
+
+def bridge_port() -> int:
+    """A free port on the bridge address (chosen once the bridge is up: a leftover server of a killed run
+    may still hold an earlier one)."""
+    with socket.socket() as s:
+        s.bind((BRIDGE_ADDRESS, 0))
+        return s.getsockname()[1]
+
+
+def wait_port(host: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def child_of(pid: int) -> int:
+    """The one child of `pid` (the program an `nsenter --pid` runs: nsenter forks it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        assert time.monotonic() < deadline, f"process {pid} started no child"
+        time.sleep(0.05)
+
+
+@dataclass
+class Cluster:
+    hosts: Hosts
+    shared: Path
+    env: dict[str, str]
+    images: list[Path]
+    logs: dict = field(default_factory=dict)
+
+    def log(self, name: str, mode: str = "w") -> dict:
+        if name in self.logs:
+            self.logs[name].close()
+        self.logs[name] = open(self.shared / f"{name}.log", mode)  # noqa: SIM115 - closed at teardown
+        return {"stdout": self.logs[name], "stderr": subprocess.STDOUT}
+
+    def text(self, name: str) -> str:
+        return (self.shared / f"{name}.log").read_text()
+
+    def worker_node(self, host: str, address: str) -> NodeStart:
+        """`ray start --block` of a worker node in `host`; a failed start is torn down by its process tree
+        and the host's own `ray stop` (its PID namespace: the host's Ray only)."""
+        def launch() -> subprocess.Popen:
+            return self.hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379",
+                                           f"--node-ip-address={address}", "--num-cpus=2", "--num-gpus=1",
+                                           *COMMON], env=self.env, **self.log(host, "a"))
+
+        def teardown(proc: subprocess.Popen) -> None:
+            kill_tree(proc.pid)
+            self.hosts.run(host, [RAY, "stop", "--force"], env=self.env, check=False, timeout=120)
+
+        return NodeStart(f"the worker node in {host}", launch, self.shared / f"{host}.log", teardown)
+
+    def start(self, out: Path, log: str) -> subprocess.Popen:
+        """The extraction's driver, in `head`, attached to the cluster: the same command but for OUT."""
+        cmd = [PYTHON, str(REPO / "jobs" / "extract.py"), PHOTOS, str(out), "--random-weights", "--tiny",
+               "--no-progress", "--batch-size", str(BATCH), "--images-per-shard", str(SHARD), "--gpus-per-actor", "1"]
+        return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
+                                **self.log(log))
+
+    def tasks(self) -> dict[str, dict[str, dict[str, int]]]:
+        """`TASKS`' answer: {"batches" | "retried" | "actors": {job id: {node address: count}}}."""
+        out = self.hosts.run("head", [PYTHON, "-c", TASKS, DETECTOR_TASK], env=self.env, timeout=120).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    def wait_written(self, driver: subprocess.Popen, out: Path, log: str, at_least: int, timeout: float = 600) -> int:
+        deadline = time.monotonic() + timeout
+        while (n := written(out)) < at_least:
+            assert driver.poll() is None, f"the driver ended ({driver.returncode}) with {n} images written:\n" \
+                                          + self.text(log)[-5000:]
+            assert time.monotonic() < deadline, f"{n} images written after {timeout} s:\n" + self.text(log)[-5000:]
+            time.sleep(0.2)
+        return n
+
+    def finish(self, driver: subprocess.Popen, log: str, timeout: float = 600) -> str:
+        try:
+            rc = driver.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job did not end within {timeout} s:\n" + self.text(log)[-5000:])
+        said = self.text(log)
+        assert rc == 0, said[-5000:]
+        assert "Traceback" not in said, said[-5000:]
+        return said
+
+
+def work_of(out: Path) -> Path:
+    return out.parent / f".{out.name}.extract"
+
+
+def written(out: Path) -> int:
+    """Images in the finished chunks of OUT's work folder (what a rerun would skip)."""
+    import pyarrow.parquet as pq
+
+    chunks = work_of(out) / "images"
+    if not chunks.is_dir():
+        return 0
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in chunks.glob("part-*.parquet"))
+
+
+def start_head(hosts: Hosts, env: dict[str, str]) -> None:
+    """The head's `ray start` in `head` (returns once the head runs), with the cluster configs' GCS health
+    checks; a failed or timed-out start is torn down with the host's own `ray stop` and tried again."""
+    failed = []
+    for _ in range(NODE_START_TRIES):
+        try:
+            out = hosts.run("head", [RAY, "start", "--head", f"--node-ip-address={HEAD}", "--port=6379",
+                                     "--include-dashboard=false", "--num-cpus=0",
+                                     f"--system-config={json.dumps(HEALTH)}", *COMMON],
+                            env=env, timeout=120, check=False)
+            if out.returncode == 0:
+                return
+            failed.append(f"exited {out.returncode}: {(out.stdout + out.stderr)[-3000:]}")
+        except rehearsal.RehearsalError as e:
+            failed.append(str(e)[-3000:])
+        hosts.run("head", [RAY, "stop", "--force"], env=env, check=False, timeout=120)
+    raise AssertionError(f"the Ray head did not start in {NODE_START_TRIES} tries; the last: {failed[-1]}")
+
+
+@pytest.fixture(scope="module")
+def cluster(request) -> Iterator[Cluster]:
+    pytest.importorskip("moto")
+    rehearsal.teardown_leftovers(PREFIX)
+    shared = Path(tempfile.mkdtemp(prefix="xmodal-xextract-", dir="/var/tmp"))
+    os.chmod(shared, 0o755)
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "platform"), "RAY_DEDUP_LOGS": "0",
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1"}
+    hosts = Hosts(1 + len(WORKERS), PREFIX)
+    moto = None
+    c = None
+    failed_before = request.session.testsfailed
+    began = time.monotonic()
+    try:
+        hosts.create()
+        c = Cluster(hosts, shared, env, images(shared / "photos", N_IMAGES))
+        # On the machine's bridge address: every host reaches it over the bridge, the test directly.
+        port = bridge_port()
+        env["AWS_ENDPOINT_URL"] = f"http://{BRIDGE_ADDRESS}:{port}"
+        moto = subprocess.Popen([str(BIN / "moto_server"), "-H", BRIDGE_ADDRESS, "-p", str(port)],
+                                start_new_session=True, **c.log("s3"))
+        start_head(hosts, env)
+        start_nodes([c.worker_node(name, address) for name, address in WORKERS.items()])
+        wait_port(BRIDGE_ADDRESS, port, 30)
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket=BUCKET)
+        for p in c.images:
+            client.upload_file(str(p), BUCKET, f"photos/{p.name}")
+        print(f"cluster up and {N_IMAGES} images on S3 in {time.monotonic() - began:.1f} s")
+        yield c
+    finally:
+        hosts.teardown()
+        if moto is not None:
+            kill_tree(moto.pid)
+        for f in (c.logs.values() if c is not None else ()):
+            f.close()
+        if request.session.testsfailed == failed_before:
+            shutil.rmtree(shared)
+        else:
+            print(f"the hosts' logs, images and store: {shared}")
+    assert rehearsal.leftovers(PREFIX) == []  # every host process (Ray, the drivers) went with its host
+
+
+def table_rows(t) -> list[dict]:
+    """The rows of a store table, each a dict of numpy values."""
+    import pyarrow as pa
+
+    cols = {c: (t.column(c).combine_chunks().to_numpy_ndarray()
+                if isinstance(t.column(c).type, pa.FixedShapeTensorType) else t.column(c).to_numpy(zero_copy_only=False))
+            for c in t.column_names}
+    return [{c: v[i] for c, v in cols.items()} for i in range(t.num_rows)]
+
+
+def store_rows(out: Path) -> tuple[list[str], dict[str, dict]]:
+    """Every img_id of the store in shard order (duplicates kept), and each id's row."""
+    from xmodal.data.lxmert.features import open_features
+
+    store = open_features(out)
+    ids, rows = [], {}
+    for f in store.image_files():
+        for row in table_rows(store.read_table(f)):
+            ids.append(str(row["img_id"]))
+            rows[str(row["img_id"])] = row
+    return ids, rows
+
+
+def check_detector_features(c: Cluster, rows: dict[str, dict]) -> None:
+    """A sample spread over the images has the features, boxes and labels the detector gives in this
+    process with no cluster: the same seed's random detector, each image as cv2.imread reads it and the
+    reference's OpenCV code prepares it, packed as the job packs them (float16 features, boxes over the
+    image size). Bit for bit."""
+    import torch
+
+    from xmodal.extract.chunks import store_table
+    from xmodal.extract.pipeline import prepare_blob
+    from xmodal.models.butd.detector import DetectorConfig, random_detector
+    from xmodal.models.butd.image import PreparedImage
+
+    det = random_detector(DetectorConfig.tiny(), seed=0).eval()
+    sample = [c.images[i] for i in np.linspace(0, N_IMAGES - 1, SAMPLE).round().astype(int)]
+    with torch.inference_mode():
+        decoded = [cv2.imread(str(p), cv2.IMREAD_COLOR) for p in sample]
+        found = det.extract([PreparedImage(torch.from_numpy(b), s, *im.shape[:2])
+                             for im, (b, s) in ((im, prepare_blob(im, det.cfg.input)) for im in decoded)])
+    k = 36
+    for p, reg in zip(sample, found, strict=True):
+        m = int(reg.boxes.shape[0])
+        padded = {"img_id": np.array([p.stem], dtype=object), "img_h": np.array([reg.img_h]),
+                  "img_w": np.array([reg.img_w]), "num_boxes": np.array([m])}
+        for name, value, fill in (("features", reg.features, 0.0), ("boxes", reg.boxes, 0.0),
+                                  ("obj_ids", reg.obj_ids, -1), ("obj_conf", reg.obj_conf, 0.0),
+                                  ("attr_ids", reg.attr_ids, -1), ("attr_conf", reg.attr_conf, 0.0)):
+            v = value.float().numpy() if value.is_floating_point() else value.numpy()
+            full = np.full((1, k, *v.shape[1:]), fill, v.dtype)
+            full[0, :m] = v
+            padded[name] = full
+        (expected,) = table_rows(store_table(padded))
+        got = rows[p.stem]
+        assert got.keys() == expected.keys()
+        for col, value in expected.items():
+            assert np.array_equal(got[col], value), (p.stem, col)
+
+
+@dataclass(frozen=True)
+class Reference:
+    rows: dict[str, dict]  # img_id -> its row in the store of the run with all hosts
+
+
+@pytest.fixture(scope="module")
+def interrupted(cluster) -> Reference:
+    """With every host up: the job interrupted (SIGINT to its driver, as Ctrl-C) once `INTERRUPT_AFTER`
+    images are written, then the same command again, which skips them and finishes."""
+    c = cluster
+    out = c.shared / "store"
+    began = time.monotonic()
+    driver = c.start(out, "interrupted")
+    at_sigint = c.wait_written(driver, out, "interrupted", INTERRUPT_AFTER)
+    interrupted = time.monotonic()
+    os.kill(child_of(driver.pid), signal.SIGINT)  # the driver itself, as Ctrl-C in its terminal
+    rc = driver.wait(timeout=180)
+    said = c.text("interrupted")
+    assert rc == 130, said[-5000:]
+    assert f"extracting {N_IMAGES} images with {len(WORKERS)} detector actor(s)" in said, said[-5000:]
+    stopped = [line for line in said.splitlines() if "stopped extracting:" in line]
+    assert len(stopped) == 1 and "rerun the same command" in stopped[0], said[-5000:]
+    assert "Traceback" not in said, said[-5000:]
+    kept = int(stopped[0].split("stopped extracting: ")[1].split()[0])
+    assert kept == written(out) >= at_sigint and not out.exists(), (kept, written(out), at_sigint)
+
+    rerun = time.monotonic()
+    said = c.finish(c.start(out, "resumed"), "resumed")
+    assert f"resuming {work_of(out)}: {kept} of {N_IMAGES} images already done" in said, said[-5000:]
+    assert f"extracting {N_IMAGES - kept} images with {len(WORKERS)} detector actor(s)" in said, said[-5000:]
+    assert f"skipped {kept} already done; rejected 0" in said, said[-5000:]
+    finished = time.monotonic()
+    ids, rows = store_rows(out)
+    assert sorted(ids) == sorted(p.stem for p in c.images), (len(ids), len(set(ids)))  # each once
+    assert not work_of(out).exists()
+    print(f"interrupted at {at_sigint} images written ({interrupted - began:.1f} s in), {kept} kept; the rerun "
+          f"did the other {N_IMAGES - kept} in {finished - rerun:.1f} s")
+    return Reference(rows)
+
+
+def test_ctrl_c_and_the_rerun_give_every_image_once_each_host_a_share(cluster, interrupted):
+    check_detector_features(cluster, interrupted.rows)
+    tasks = cluster.tasks()
+    batches = tasks["batches"]
+    assert len(batches) == 2, batches  # the interrupted job and its rerun
+    for job in batches:  # one actor per worker host, each did batches
+        assert set(batches[job]) == set(WORKERS.values()), (job, tasks)
+        assert set(tasks["actors"][job].values()) == {1}, (job, tasks)
+    print(f"per host, the batches ({BATCH} images) its actor finished: {batches}")
+
+
+def test_a_host_lost_midway_and_the_run_finishes_every_image_once(cluster, interrupted):
+    """A worker host dies once `KILL_AFTER` images are written; the run goes on with the hosts left and
+    finishes on its own, its store equal, row for row, to the run with every host."""
+    c = cluster
+    out = c.shared / "store-lost"
+    before = set(c.tasks()["batches"])
+    began = time.monotonic()
+    driver = c.start(out, "lost")
+    at_kill = c.wait_written(driver, out, "lost", KILL_AFTER)
+    killed = time.monotonic()
+    os.kill(c.hosts.hosts[VICTIM].holder, signal.SIGKILL)  # the host's PID 1: every process in it dies
+    said = c.finish(driver, "lost")
+    finished = time.monotonic()
+    assert f"extracting {N_IMAGES} images with {len(WORKERS)} detector actor(s)" in said, said[-5000:]
+    assert f"extracted {N_IMAGES} images" in said and "rejected 0" in said, said[-5000:]
+    ids, rows = store_rows(out)
+    assert sorted(ids) == sorted(p.stem for p in c.images), (len(ids), len(set(ids)))  # each once
+    assert rows.keys() == interrupted.rows.keys()
+    for img_id, row in rows.items():
+        same = interrupted.rows[img_id]
+        for col, value in row.items():
+            assert np.array_equal(value, same[col]), (img_id, col)
+    tasks = c.tasks()
+    (job,) = set(tasks["batches"]) - before
+    per_node = tasks["batches"][job]
+    assert set(per_node) == set(WORKERS.values()), tasks  # the lost host's actor too, before it died
+    print(f"host {VICTIM} killed at {at_kill} images written ({killed - began:.1f} s in); the run finished "
+          f"{finished - killed:.1f} s later. Per host: batches finished {per_node}, of them retries "
+          f"{tasks['retried'][job]}, by detector actors {tasks['actors'][job]}")
