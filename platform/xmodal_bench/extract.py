@@ -10,9 +10,9 @@ Rows, each over the same N synthetic images of one size (COCO's typical 480 x 64
   images/s of one detector (one actor), peak memory, the seconds per stage (prepare, backbone, rpn,
   roi_pool, head, select, to_host) from `Detector.extract(stats=...)`, and the region slots per image
   that res5 ran over;
-- host ms per image: the same call on the meta device, where every operation is dispatched but none
-  computes: the Python and dispatch work the host does per image whatever the device (a GPU adds its
-  kernel launches on top);
+- host work per image: the operations the detector dispatches per image at the row's batch (counted
+  on the meta device, where nothing computes), kernels and views, and host ms per image = operations
+  times this machine's cost of one eager dispatch (timed in the run; a GPU adds its launch per kernel);
 - FLOP rate: the detector's FLOPs per image (counted by torch's FlopCounterMode over the first
   batch: convolutions and matmuls) times images/s, as a fraction of this machine's own matmul rate
   (a square matmul timed in the same run, in the row's precision);
@@ -105,17 +105,44 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | None = None
     return 2 * n**3 / best / 1e12
 
 
-def host_ms_per_image(cfg: DetectorConfig, size: tuple[int, int], batch: int) -> float:
-    """ms per image of the detector's host work at this batch: `detect` on the meta device (shapes only).
+VIEW_OPS = {"aten.select.int", "aten.unsqueeze.default", "aten.slice.Tensor", "aten.view.default",
+            "aten.expand.default", "aten.permute.default", "aten.transpose.int", "aten._unsafe_view.default",
+            "aten.t.default", "aten.alias.default", "aten.as_strided.default", "aten.squeeze.dim", "aten.unbind.int",
+            "aten.split.Tensor", "aten.split_with_sizes.default", "aten.detach.default"}
 
-    In fp32: autocast has no meta device, and bf16 adds only its casts to the same operations."""
+
+def host_work(cfg: DetectorConfig, size: tuple[int, int], batch: int) -> dict[str, float]:
+    """The detector's host work per image at this batch, counted: `detect` on the meta device (shapes only)
+    under a dispatch counter, operations split into kernels (a launch each on a GPU) and views (metadata
+    only); and this machine's cost of one eager dispatch, timed on small CPU tensors, so that
+    `host_ms_per_image` = operations x that cost (a GPU's launch adds its own few microseconds)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels = self.views = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func) in VIEW_OPS:
+                self.views += 1
+            else:
+                self.kernels += 1
+            return func(*args, **(kwargs or {}))
+
     with torch.device("meta"):
         det = Detector(cfg).eval()
     images = [torch.zeros(*size, 3, dtype=torch.uint8, device="meta") for _ in range(batch)]
-    det.detect(images, backbone_batch=batch)  # warm-up
+    with Count() as count:  # autocast has no meta device: fp32, whose operations bf16 adds only casts to
+        det.detect(images, backbone_batch=batch)
+    a, b = torch.ones(64), torch.ones(64)
     t0 = time.perf_counter()
-    det.detect(images, backbone_batch=batch)
-    return 1000 * (time.perf_counter() - t0) / batch
+    for _ in range(5000):
+        torch.add(a, b)
+        torch.maximum(a, b)
+    op_us = (time.perf_counter() - t0) / 10000 * 1e6
+    return {"kernels_per_image": count.kernels / batch, "views_per_image": count.views / batch, "op_us": op_us,
+            "host_ms_per_image": (count.kernels + count.views) * op_us / 1000 / batch}
 
 
 def precisions(device: torch.device) -> tuple[str, ...]:
@@ -150,10 +177,12 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
                    "images": len(images), "batch": step, "images_s": len(images) / wall,
                    "s_per_image": wall / len(images), "boxes_per_image": boxes / len(images),
                    "rois_per_image": rois / len(images),
-                   "host_ms_per_image": host_ms_per_image(det.cfg, tuple(images[0].shape[:2]), step),
+                   **host_work(det.cfg, tuple(images[0].shape[:2]), step),
                    "peak_gib": _peak_gib(device), "stage_s_per_image": {k: v / len(images) for k, v in stages.items()}}
             say(f"  {TAG} {regions} (x{step}), {precision}: {row['images_s']:.2f} images/s "
-                f"({1000 * row['s_per_image']:.0f} ms/image, of which host {row['host_ms_per_image']:.1f} ms), "
+                f"({1000 * row['s_per_image']:.0f} ms/image; host {row['kernels_per_image']:.0f} kernels + "
+                f"{row['views_per_image']:.0f} views per image, {row['host_ms_per_image']:.1f} ms at "
+                f"{row['op_us']:.1f} us each), "
                 f"peak {row['peak_gib']:.2f} GiB")
             row["tflops"] = flops_per_image * row["images_s"] / 1e12
             row["flops_per_image"] = flops_per_image
@@ -225,13 +254,14 @@ def markdown(res: dict[str, Any]) -> str:
     m = res["meta"]
     lines = [f"Feature extraction {TAG}, {m['date']}, {m['device_name']}, torch {m['torch']}, config {m['config']}, "
              f"{m['size'][0]}x{m['size'][1]} images", "",
-             "| images | precision | images/s | ms/image | host ms/image | RoI slots/image | boxes/image | peak GiB "
+             "| images | precision | images/s | ms/image | host kernels/image | host ms/image | RoI slots/image | boxes/image | peak GiB "
              "| GFLOP/s | of matmul | " + " | ".join(STAGES) + " |",
-             "|---|---|" + "---:|" * (10 + len(STAGES))]
+             "|---|---|" + "---:|" * (11 + len(STAGES))]
     for r in res["detector"]:
         st = r["stage_s_per_image"]
         lines.append(f"| {r['regions']} (x{r['batch']}) | {r['precision']} | {r['images_s']:,.2f} | "
-                     f"{1000 * r['s_per_image']:,.0f} | {r['host_ms_per_image']:,.1f} | {r['rois_per_image']:.0f} | "
+                     f"{1000 * r['s_per_image']:,.0f} | {r['kernels_per_image']:,.0f} | {r['host_ms_per_image']:,.1f} | "
+                     f"{r['rois_per_image']:.0f} | "
                      f"{r['boxes_per_image']:.0f} | {r['peak_gib']:.2f} | "
                      f"{1000 * r['tflops']:,.0f} | {100 * r['of_matmul']:.0f} % | "
                      + " | ".join(f"{1000 * st.get(k, 0.0):,.1f}" for k in STAGES) + " |")
@@ -246,8 +276,8 @@ def markdown(res: dict[str, Any]) -> str:
                   f"selected; on the same boxes features differ by {100 * b['features_rel_l2']:.2f} % (relative L2), "
                   f"object ids agree {100 * b['obj_ids_same']:.1f} %, attribute ids {100 * b['attr_ids_same']:.1f} % "
                   "(random weights: near-tied class scores, so ids and selection are more fragile than a trained head's)."]
-    lines += ["", "Stage columns: ms per image (the device synchronised at each stage's end). Host ms/image: the "
-              "same call on the meta device (dispatch only, no arithmetic). Peak: CUDA's max allocated; on a CPU the "
+    lines += ["", "Stage columns: ms per image (the device synchronised at each stage's end). Host: the operations "
+              "dispatched per image (kernels; views besides) times this machine's eager dispatch cost. Peak: CUDA's max allocated; on a CPU the "
               "process's peak RSS (monotone across rows, an upper bound). One actor: on a GPU shared by several "
               "actors, images/s per device is the sum of theirs (the job, not this benchmark, measures that)."]
     if res.get("decode"):

@@ -37,7 +37,8 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
     for r in rows:
         assert r["images"] == 2 and r["boxes_per_image"] == 36
         assert set(r["stage_s_per_image"]) == STAGES
-        for key in ("images_s", "s_per_image", "peak_gib", "tflops", "of_matmul", "host_ms_per_image"):
+        for key in ("images_s", "s_per_image", "peak_gib", "tflops", "of_matmul", "host_ms_per_image", "kernels_per_image",
+                    "op_us"):
             assert math.isfinite(r[key]) and r[key] > 0, (key, r)
         # The FLOP rate: the counted work per image (the same in every row) over this row's time, against
         # the matmul rate of the row's precision measured in the same run.

@@ -54,19 +54,24 @@ def max_class_confidence(boxes: Tensor, cls_prob: Tensor, ok: Tensor, nms_thresh
     scores = torch.where(ok[..., None], cls_prob[..., 1:].to(torch.float32), -1.0).transpose(1, 2)  # (B, C, N)
     classes = scores.shape[1]
     overlaps = _pack_bits(suppresses(pairwise_iou(boxes.to(torch.float32), offset), nms_thresh))  # (B, N, words)
-    order = descending_order(scores).reshape(b * classes, n)  # (B*C, N)
-    image = torch.arange(b, device=boxes.device).repeat_interleave(classes)  # (B*C,)
-    rows = torch.arange(b * classes, device=boxes.device)
     words = overlaps.shape[2]
+    order = descending_order(scores).reshape(b * classes, n)  # (B*C, N)
+    # per visiting step p, each class's box as: its row of overlaps, its word and bit in the masks
+    image = torch.arange(b, device=boxes.device).repeat_interleave(classes)[:, None]  # (B*C, 1)
+    rows = (image * n + order).T.contiguous()  # (N, B*C): step-major, so each step reads one row
+    word = (order // 64).T.contiguous()
+    bit = (order % 64).T.contiguous()
+    flat = overlaps.reshape(b * n, words)
     suppressed = torch.zeros((b * classes, words), dtype=torch.int64, device=boxes.device)
-    kept = torch.zeros((b * classes, n), dtype=torch.bool, device=boxes.device)
+    alive_at = torch.empty((n, b * classes), dtype=torch.int64, device=boxes.device)
     for p in range(n):
-        box = order[:, p]  # (B*C,) the box each class of each image visits now
-        word = suppressed.gather(1, (box // 64)[:, None])[:, 0]
-        alive = ((word >> (box % 64)) & 1) == 0
-        kept[rows, box] = alive
+        w = suppressed.gather(1, word[p][:, None])[:, 0]  # (B*C,) the word holding this step's box
+        alive = ((w >> bit[p]) & 1) ^ 1  # 1 where no kept box of this class suppressed it
+        alive_at[p] = alive
         # boxes already visited get marked too; harmless, as each box is visited once per class
-        suppressed |= overlaps[image, box] & -alive.to(torch.int64)[:, None]
+        suppressed |= flat.index_select(0, rows[p]) & -alive[:, None]
+    kept = torch.zeros((b * classes, n), dtype=torch.bool, device=boxes.device)
+    kept.scatter_(1, order, alive_at.T.bool())
     kept = kept.reshape(b, classes, n)
     best = torch.where(kept, scores, torch.zeros((), dtype=scores.dtype, device=scores.device)).amax(dim=1)
     return torch.where(ok, best.clamp(min=0), -1.0)  # (B, N)
