@@ -11,6 +11,13 @@ from xmodal.extract.images import ExtractError
 FINGERPRINT = {"format": "store", "boxes": [36, 36]}
 
 
+def opened(out, fmt: str, restart: bool = False) -> WorkDir:
+    """The work folder as a run that has started has it."""
+    work = WorkDir.find(out, fmt, {**FINGERPRINT, "format": fmt}, restart=restart)
+    work.start()
+    return work
+
+
 def regions(ids: list[str], k: int = 3, width: int = 8) -> dict[str, np.ndarray]:
     n = len(ids)
     rng = np.random.default_rng(0)
@@ -23,7 +30,7 @@ def regions(ids: list[str], k: int = 3, width: int = 8) -> dict[str, np.ndarray]
 
 @pytest.mark.parametrize("fmt", ["store", "tsv"])
 def test_done_names_each_image_and_its_chunk(tmp_path, fmt):
-    work = WorkDir.open(tmp_path / "out", fmt, {**FINGERPRINT, "format": fmt}, restart=False)
+    work = opened(tmp_path / "out", fmt)
     first = work.write(regions(["a", "b"]), 32)
     second = work.write(regions(["c"]), 32)
     assert work.done() == {"a": first.name, "b": first.name, "c": second.name}
@@ -33,7 +40,7 @@ def test_done_names_each_image_and_its_chunk(tmp_path, fmt):
 def test_an_image_in_two_chunks_is_refused_naming_both(tmp_path, fmt):
     """Two chunks holding one image would publish it twice (an extraction's driver once wrote a chunk again
     when Ctrl-C came just after its rename): the work folder is refused, not published."""
-    work = WorkDir.open(tmp_path / "out", fmt, {**FINGERPRINT, "format": fmt}, restart=False)
+    work = opened(tmp_path / "out", fmt)
     first = work.write(regions(["a", "b"]), 32)
     second = work.write(regions(["b", "c"]), 32)
     with pytest.raises(ExtractError) as err:
@@ -41,5 +48,5 @@ def test_an_image_in_two_chunks_is_refused_naming_both(tmp_path, fmt):
     assert str(err.value) == (f"{work.path}: img_id 'b' is in {first.name} and in {second.name}: the unfinished "
                               "extraction kept here holds an image twice; pass --restart to discard it and start over")
     # --restart discards it
-    again = WorkDir.open(tmp_path / "out", fmt, {**FINGERPRINT, "format": fmt}, restart=True)
+    again = opened(tmp_path / "out", fmt, restart=True)
     assert again.done() == {}
