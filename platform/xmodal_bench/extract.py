@@ -173,10 +173,11 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
                                                                     backbone_batch=step, stats=stages))
             wall = time.perf_counter() - t0
             rois = stages.pop("regions")
+            recomputed = stages.pop("recomputed", 0)  # images the window NMS could not certify: detected again
             row = {"regions": regions, "precision": precision,
                    "images": len(images), "batch": step, "images_s": len(images) / wall,
                    "s_per_image": wall / len(images), "boxes_per_image": boxes / len(images),
-                   "rois_per_image": rois / len(images),
+                   "rois_per_image": rois / len(images), "recomputed_share": recomputed / len(images),
                    **host_work(det.cfg, tuple(images[0].shape[:2]), step),
                    "peak_gib": _peak_gib(device), "stage_s_per_image": {k: v / len(images) for k, v in stages.items()}}
             say(f"  {TAG} {regions} (x{step}), {precision}: {row['images_s']:.2f} images/s "

@@ -306,10 +306,13 @@ def _resume(o: ExtractOptions, plan: Plan, work: WorkDir, start: float, tell) ->
     return summary
 
 
-def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], limit: int, tell) -> tuple[int, int]:
+def _connect(o: ExtractOptions, plan: Plan, pipeline) -> tuple[Any, Any, bool]:
+    """Ray reached, the detector's spec and the run's placement on the cluster checked (one `error:` line
+    before any work); (spec, placement, whether Ray was started here). Ray is shut down again if a check
+    fails."""
     import ray
 
-    from xmodal.extract import pipeline
+    from xmodal.models.butd.detector import DetectorConfig
     from xmodal.runner.ray_cluster import connect
 
     started_here = not ray.is_initialized()
@@ -320,17 +323,22 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
             weights_sha256=plan.weights_sha256, layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed,
             boxes_range=plan.boxes_range, given=plan.given is not None, precision=o.precision,
             num_objects=plan.num_objects)
-        cluster = cluster_view()
-        from xmodal.models.butd.detector import DetectorConfig
-
-        placed = place(cluster, actors=o.actors,
-                       gpus_per_actor=o.gpus_per_actor,
+        placed = place(cluster_view(), actors=o.actors, gpus_per_actor=o.gpus_per_actor,
                        decode_tasks=o.decode_tasks, batch_size=o.batch_size, precision=o.precision,
                        cfg=DetectorConfig.tiny() if o.tiny else DetectorConfig(), params=_detector_params(o.tiny))
     except BaseException:
         if started_here and ray.is_initialized():
             ray.shutdown()
         raise
+    return spec, placed, started_here
+
+
+def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], limit: int, tell) -> tuple[int, int]:
+    import ray
+
+    from xmodal.extract import pipeline
+
+    spec, placed, started_here = _connect(o, plan, pipeline)
     items = [{"path": r.path, "img_id": r.img_id,
               "given": plan.given[r.img_id].tobytes() if plan.given is not None else b""} for r in todo]
     # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
@@ -358,8 +366,8 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
 
     noise = DriverNoise().__enter__()
     try:
-        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=placed.actors, gpus_per_actor=placed.gpus_per_actor,
-                                  decode_tasks=decode_tasks):
+        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=placed.actors,
+                                  gpus_per_actor=placed.gpus_per_actor, decode_tasks=decode_tasks):
             work.start()  # the run has really started: its work folder is made now
             reject = batch["reject"]
             for i in np.nonzero(reject != "")[0]:

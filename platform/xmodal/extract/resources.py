@@ -67,6 +67,7 @@ def batch_memory_bytes(cfg, batch_size: int, precision: str, params: int = 0) ->
     side = math.ceil(h / 16), math.ceil(w / 16)
     levels = [max(min(s, math.ceil((s + 2) / head.pooled_size) + 1), 1).bit_length() for s in side]
     float32 = 10 * min(rpn.nms_window, rpn.pre_nms_top_n) ** 2 + levels[0] * levels[1] * positions[2] * out[2]
+    float32 += 4 * rpn.pre_nms_top_n  # the window NMS's masks and orders over every candidate
     regions = rpn.post_nms_top_n * head.pooled_size ** 2
     roi_head = regions * out[2] + regions * (out[2] + 2 * out[3] + 2 * mid[3])
     return int(4 * params + batch_size * ((backbone + roi_head) * act + 4 * float32))

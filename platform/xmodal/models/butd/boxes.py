@@ -8,10 +8,10 @@ order of operations so that float32 rounding is the same.
 
 Two NMS, both on the tensors' device with no read back to the host, both the reference's greedy
 result: `greedy_nms` takes a fixed number of sequential steps (`max_keep`), each keeping every
-image's next surviving box; `window_nms` solves the same greedy rule as a fixed point over the first
-`window` boxes in a fixed number of matrix steps, and says per image whether the answer is certified
-(a fixed point, and enough boxes kept inside the window), so that a caller re-runs only the rare
-image it could not certify through `greedy_nms`.
+image's next surviving box; `window_nms` solves the same greedy rule as fixed points over windows of
+boxes in a fixed number of matrix steps, and says per image whether the answer is certified (every
+window at its fixed point), so that a caller re-runs only the rare image it could not certify through
+`greedy_nms`.
 """
 
 from __future__ import annotations
@@ -137,32 +137,44 @@ def greedy_nms(boxes: Tensor, valid: Tensor, threshold: float, max_keep: int, of
 
 
 def window_nms(boxes: Tensor, valid: Tensor, threshold: float, max_keep: int, offset: float = 1.0, *,
-               window: int = 2000, iterations: int = 48) -> tuple[Tensor, Tensor, Tensor]:
-    """`greedy_nms`'s result by a fixed point: (keep (B, max_keep), ok (B, max_keep), certified (B,)).
+               window: int = 1500, iterations: int = 48) -> tuple[Tensor, Tensor, Tensor]:
+    """`greedy_nms`'s result by fixed points: (keep (B, max_keep), ok (B, max_keep), certified (B,)).
 
     Greedy NMS keeps box j exactly when no kept box before it overlaps it: keep = valid & ~(keep @ S)
     with S[i, j] = (i < j and IoU >= threshold). That equation has one solution (box by box in order,
-    each is decided by the ones before it), the greedy one; iterating it from "keep everything"
-    reaches it, typically within 5 to 30 steps on 2,000 proposals (measured on RPN-like score maps),
-    each step one batched matrix product of 0/1 values (exact in float32). After `iterations` steps an
-    image is certified when its answer satisfies the equation and the window held all it needs: at
-    least `max_keep` kept boxes, or no valid box past the window (suppression only runs forward, so
-    the kept boxes inside the window are the first ones of the whole list). An image that is not
-    certified has a wrong answer here: re-run it through `greedy_nms`.
+    each is decided by the ones before it), the greedy one. The boxes are taken `window` at a time, in
+    order: a window's boxes overlapped by a kept box of an earlier window are out (one batched product
+    per earlier window), and the rest solve the equation inside the window by iterating it from "keep
+    everything", typically within 5 to 30 steps (measured on RPN-like score maps); each step is one
+    batched matrix product of 0/1 values (exact in float32). An image is certified when every window's
+    answer satisfies its equation after `iterations` steps; the shapes, and so the work, are the same
+    whatever the data. An image that is not certified has a wrong answer here: re-run it through
+    `greedy_nms`.
     """
     b, n = valid.shape
-    m = min(n, window)
-    v = valid[:, :m]
-    idx = torch.arange(m, device=boxes.device)
-    later = idx[:, None] < idx[None, :]  # (M, M): i before j
-    s = (suppresses(pairwise_iou(boxes[:, :m], offset), threshold) & later & v[:, :, None]).to(torch.float32)
-    keep = v
-    for _ in range(iterations):
-        keep = v & ~(torch.bmm(keep.to(torch.float32)[:, None, :], s)[:, 0] > 0)
-    fixed = (keep == (v & ~(torch.bmm(keep.to(torch.float32)[:, None, :], s)[:, 0] > 0))).all(dim=1)
-    count = keep.sum(dim=1)
-    certified = fixed & ((count >= max_keep) | ~valid[:, m:].any(dim=1))
-    first = torch.argsort(torch.where(keep, idx, m + idx), dim=1, stable=True)[:, :max_keep]  # kept, in order
+    kept = torch.zeros((b, n), dtype=torch.bool, device=boxes.device)
+    certified = torch.ones(b, dtype=torch.bool, device=boxes.device)
+    starts = range(0, n, window)
+    for start in starts:
+        stop = min(n, start + window)
+        cur = boxes[:, start:stop]
+        v = valid[:, start:stop]
+        for earlier in range(0, start, window):  # suppressed by a kept box of an earlier window
+            prev = boxes[:, earlier:earlier + window]
+            hit = suppresses(iou_with(prev[:, :, None, :], cur[:, None, :, :], areas(prev, offset)[:, :, None],
+                                      areas(cur, offset)[:, None, :], offset), threshold)  # (B, W', W)
+            v = v & ~(torch.bmm(kept[:, None, earlier:earlier + window].to(torch.float32), hit.to(torch.float32))[:, 0] > 0)
+        idx = torch.arange(stop - start, device=boxes.device)
+        s = (suppresses(pairwise_iou(cur, offset), threshold) & (idx[:, None] < idx[None, :]) & v[:, :, None])
+        s = s.to(torch.float32)
+        keep = v
+        for _ in range(iterations):
+            keep = v & ~(torch.bmm(keep.to(torch.float32)[:, None, :], s)[:, 0] > 0)
+        certified &= (keep == (v & ~(torch.bmm(keep.to(torch.float32)[:, None, :], s)[:, 0] > 0))).all(dim=1)
+        kept[:, start:stop] = keep
+    count = kept.sum(dim=1)
+    idx = torch.arange(n, device=boxes.device)
+    first = torch.argsort(torch.where(kept, idx, n + idx), dim=1, stable=True)[:, :max_keep]  # kept, in order
     if first.shape[1] < max_keep:
         first = torch.cat((first, first.new_zeros((b, max_keep - first.shape[1]))), dim=1)
     ok = torch.arange(max_keep, device=boxes.device)[None, :] < count[:, None]

@@ -73,9 +73,9 @@ class RPNConfig:
     post_nms_top_n: int = 300  # TEST.RPN_POST_NMS_TOP_N
     nms_thresh: float = 0.7  # TEST.RPN_NMS_THRESH: suppress at IoU >= this
     min_size: float = 16  # TEST.RPN_MIN_SIZE, in original-image pixels (times the scale)
-    # How the NMS is computed, not what it computes (`boxes.window_nms`): the first nms_window
-    # candidates, nms_iterations fixed-point steps; an image it cannot certify is re-run sequentially
-    nms_window: int = 2000
+    # How the NMS is computed, not what it computes (`boxes.window_nms`): nms_window candidates at a
+    # time, nms_iterations fixed-point steps each; an image it cannot certify is re-run sequentially
+    nms_window: int = 1500
     nms_iterations: int = 48
 
     @property
