@@ -75,6 +75,17 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
 }
 
 
+def end_of_run_pages(plan, folder, data) -> bool:
+    """A training run's example pages, logged into it before it ends (`engine.AfterRun`): fine-tuning runs
+    with `examples.count` > 0 (xmodal.examples)."""
+    if getattr(getattr(plan.config, "examples", None), "count", 0) == 0 or not hasattr(plan.config, "task"):
+        return False
+    from xmodal.examples import log_run_examples
+
+    log_run_examples(plan.tracking_uri, plan.run_id, plan.run_name, plan.config, data, folder)
+    return True
+
+
 def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
              extra: dict[str, tuple[str, str, str]] | None = None) -> int:
     """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
@@ -100,6 +111,6 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
 
     def go() -> None:
         cfg = load_config(spec.config_class, args.config, overrides + args.set)
-        run_job(spec, cfg, source=args.config or "defaults")
+        run_job(spec, cfg, source=args.config or "defaults", after_run=end_of_run_pages)
 
     return user_errors(go)

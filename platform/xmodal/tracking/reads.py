@@ -133,6 +133,24 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
                         lambda: _client(uri).download_artifacts(run_id, artifact_path, str(dst_dir))))
 
 
+def artifact_url(uri: str, run_id: str, path: str) -> str | None:
+    """Where a browser opens a run's artifact `path` so that the links relative to it (a page's pictures
+    and its sibling pages) work too: the server's artifact proxy (`mlflow server`, which serves
+    `mlflow-artifacts:` URIs under /api/2.0/mlflow-artifacts/artifacts/) or the local file's file://
+    address; None for an artifact store a browser cannot open by path (e.g. s3://)."""
+    root = _waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id).info.artifact_uri)
+    if root.startswith("mlflow-artifacts:") and uri.startswith(("http://", "https://")):
+        rest = root[len("mlflow-artifacts:"):].lstrip("/")
+        if "://" in root:  # mlflow-artifacts://host:port/path: the path after the host
+            rest = rest.split("/", 1)[1] if "/" in rest else ""
+        return f"{uri.rstrip('/')}/api/2.0/mlflow-artifacts/artifacts/{rest}/{path}"
+    if root.startswith("file:"):
+        return f"{root.rstrip('/')}/{path}"
+    if root.startswith("/"):
+        return Path(root, path).as_uri()
+    return None
+
+
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
     """The most recently started FINISHED run of `experiment` with these tag values, or None. Reads
     only: a SQLite database that does not exist yet is not created (it holds no runs)."""
