@@ -431,6 +431,15 @@ CASES = [
          ["--out", "'/proc/xmodal-bench'", "cannot be written"]),
     Case("bench-tracking-work-unwritable", "benchmark.py", ["tracking", "--writers", "1", "--work", "/proc/xmodal-w"],
          ["--work", "'/proc/xmodal-w'", "cannot be written"]),
+    # ---- jobs/examples.py (a run of another task and a split the run did not evaluate need a database with
+    # runs: tests/examples/test_examples_cli.py)
+    Case("examples-zero", "examples.py", ["--run-id", "abc", "--examples", "0"], ["--examples 0", "at least 1"]),
+    Case("examples-no-database", "examples.py", ["--run-id", "abc123"],
+         ["--run-id", "'abc123'", "mlflow.db", "no MLflow store"]),
+    Case("examples-unknown-run", "examples.py", ["--run-id", "abc123"], ["--run-id", "no MLflow run 'abc123'"],
+         files={"mlflow.db": ""}),
+    Case("examples-out-is-a-file", "examples.py", ["--run-id", "abc", "--out", "o"], ["--out", "'o'", "is a file"],
+         files={"o": "x"}),
     # ---- fine-tuning's start and a failed start
     Case("finetune-init-checkpoint-of-mult", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
          ["init.path", "meta.json", "holds a MulT model's checkpoint", "needs an LXMERT"],
@@ -559,7 +568,7 @@ def results(tmp_path_factory) -> dict[str, Result]:
 def test_the_table_is_large_and_ids_are_unique():
     assert len(CASES) >= 25 and len({c.id for c in CASES}) == len(CASES)
     assert {c.script for c in CASES} == {"pretrain.py", "finetune.py", "train_mult.py", "sweep.py", "ingest.py",
-                                         "report.py", "benchmark.py", "replay_tracking.py", "export.py"}
+                                         "report.py", "benchmark.py", "replay_tracking.py", "export.py", "examples.py"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -28,7 +28,7 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding
 .right{color:#11772d}.wrong{color:#b3261e}.grid{display:flex;flex-wrap:wrap;gap:10px}
 .card{border:1px solid #ddd;padding:4px;width:210px;font-size:12px}.card img{max-width:100%}
 .pic{position:relative;display:inline-block;margin:4px}.pic img{display:block}
-.w{position:absolute;background:#ff2200;pointer-events:none}
+.w{position:absolute;background:#1040ff;outline:2px solid #1040ff;pointer-events:none}
 .runs{display:flex;gap:2em;flex-wrap:wrap}.run{flex:1;min-width:420px}
 .tok{margin:1px;padding:1px 5px;border:1px solid #bbb;background:#fff;cursor:pointer}.tok.on{background:#ffd7cc}
 .note{background:#fff6d6;padding:4px 8px;border-left:3px solid #e0b000}
