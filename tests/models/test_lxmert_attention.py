@@ -38,7 +38,7 @@ def test_the_recorded_weights_are_those_the_attention_applied():
     # cross_l serves both directions (shared): each layer's language-side call has the 7 words as queries
     language = [call for call in calls if call[0][0].shape[1] == 7]
     assert len(found) == len(language) == c.x_layers
-    for layer, probs, ((x, context, _), out) in zip(enc.x_layers, found, language, strict=True):
+    for layer, probs, ((_, context, _), out) in zip(enc.x_layers, found, language, strict=True):
         attn = layer.cross_l.attn
         v = torch.nn.functional.linear(context, attn.in_proj.weight[2 * attn.dim:], attn.in_proj.bias[2 * attn.dim:])
         v = v.unflatten(-1, (attn.num_heads, attn.head_dim)).transpose(1, 2)  # (B, H, N, dh)

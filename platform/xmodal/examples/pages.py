@@ -39,7 +39,7 @@ function show(r){var d=JSON.parse(document.getElementById('att-'+r).textContent)
 var l=+document.getElementById('layer-'+r).value,h=document.getElementById('head-'+r).value,
 t=+document.getElementById('tok-'+r).value;
 d.pics.forEach(function(_,p){var w=h==='avg'?d.avg[l][p][t]:d.att[l][p][+h][t],m=Math.max.apply(null,w)||1;
-w.forEach(function(x,b){var e=document.getElementById('w-'+r+'-'+p+'-'+b);if(e){e.style.opacity=(0.75*x/m).toFixed(3);
+w.forEach(function(x,b){var e=document.getElementById('w-'+r+'-'+p+'-'+b);if(e){e.style.opacity=(0.5*x/m).toFixed(3);
 e.title='box '+b+': '+x.toFixed(4);}var c=document.getElementById('v-'+r+'-'+p+'-'+b);if(c){c.textContent=x.toFixed(4);}});});
 document.querySelectorAll('.tok-'+r).forEach(function(e){e.classList.toggle('on',+e.dataset.t===t);});}
 function pick(r,t){document.getElementById('tok-'+r).value=t;show(r);}
@@ -105,7 +105,7 @@ def attention_block(r: str, e: Example, sizes: dict[str, tuple[int, int]]) -> st
         over = "".join(
             f"<div class='w' id='w-{r}-{p}-{b}' title='box {b}: {row[b]:.4f}' style='left:{100 * x1:.2f}%;"
             f"top:{100 * y1:.2f}%;width:{100 * (x2 - x1):.2f}%;height:{100 * (y2 - y1):.2f}%;"
-            f"opacity:{0.75 * row[b] / m:.3f}'></div>"
+            f"opacity:{0.5 * row[b] / m:.3f}'></div>"
             for b, (x1, y1, x2, y2) in enumerate(bx.xyxy for bx in pic.boxes))
         table = "".join(f"<tr><td>{b}</td><td>{esc(bx.label)}</td><td id='v-{r}-{p}-{b}'>{row[b]:.4f}</td></tr>"
                         for b, bx in enumerate(pic.boxes))
