@@ -131,3 +131,19 @@ def test_bad_runs_and_splits_are_refused_before_anything_is_written(run, tmp_pat
         with pytest.raises(ExamplesError, match=re.escape(said)):
             make_examples(uri, args["run_id"], args["split"], args["n"], args.get("compare_run"), out)
         assert not out.exists() and not list(tmp_path.glob(".never*"))
+
+
+def test_the_pages_cost_benchmark(run, tmp_path):
+    """jobs/benchmark.py examples on the run: both figures measured, the passes the run made counted."""
+    from xmodal_bench import main
+
+    _, uri, run_id, _ = run
+    assert main(["examples", "--run-id", run_id, "--tracking-uri", uri, "--examples", "4", "--repeats", "1",
+                 "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 0
+    res = json.loads(next((tmp_path / "out").glob("examples-*.json")).read_text())
+    # evaluations logged under valid/accuracy, the held-out pass, two robustness conditions (the defaults)
+    logged = len(tracking.metric_history(uri, run_id, "valid/accuracy"))
+    assert res["passes"] == logged + 1 + 2 and logged >= 1
+    assert res["eval_pass_s"] > 0 and res["pages_s"] > 0
+    assert res["pages_share"] == pytest.approx(res["pages_s"] / (res["eval_pass_s"] * res["passes"]))
+    assert list((tmp_path / "work").iterdir()) == []

@@ -29,7 +29,7 @@ from xmodal.examples.collect import (
     run_task,
 )
 from xmodal.examples.draw import picture_png
-from xmodal.examples.pages import Side, example_page, index_page, page_name, page_order, picture_name
+from xmodal.examples.pages import Drawn, Side, example_page, index_page, page_name, page_order, picture_name
 from xmodal.examples.stats import compare
 
 ARTIFACT_DIR = "examples"  # the pages' folder among a run's artifacts
@@ -55,18 +55,20 @@ def write_pages(a: RunExamples, b: RunExamples | None, folder: Path) -> tuple[in
         b.examples = [b.examples[i] for i in order]
     cmp = compare(a.examples, b.examples) if b is not None else None
     (folder / "img").mkdir(parents=True, exist_ok=True)
-    sizes: dict[str, tuple[int, int]] = {}
+    drawn: dict[str, Drawn] = {}
     for e in a.examples:
         for pic in e.pictures:
-            if pic.img_id not in sizes:
-                sizes[pic.img_id] = picture_png(pic, folder / picture_name(pic.img_id))
+            if pic.img_id not in drawn:
+                path = folder / picture_name(pic.img_id)
+                (w, h), uri, thumb = picture_png(pic, path)
+                drawn[pic.img_id] = Drawn(w, h, uri, thumb)
     notes = list(dict.fromkeys(a.notes + (b.notes if b is not None else [])))
     n = len(a.examples)
     for i in range(n):
         sides = [Side("A", a, a.examples[i])] + ([Side("B", b, b.examples[i])] if b is not None else [])
-        (folder / page_name(i)).write_text(example_page(i, n, sides, sizes, notes), encoding="utf-8")
-    (folder / "index.html").write_text(index_page(a, b, cmp, notes), encoding="utf-8")
-    return n + 1, len(sizes)
+        (folder / page_name(i)).write_text(example_page(i, n, sides, drawn, notes), encoding="utf-8")
+    (folder / "index.html").write_text(index_page(a, b, cmp, notes, drawn), encoding="utf-8")
+    return n + 1, len(drawn)
 
 
 def check_out(out: str | Path) -> Path:

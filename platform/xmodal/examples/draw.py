@@ -10,7 +10,9 @@ visible.
 
 from __future__ import annotations
 
+import base64
 import colorsys
+import io
 from pathlib import Path
 
 from PIL import Image, ImageColor, ImageDraw, ImageFont
@@ -18,6 +20,7 @@ from PIL import Image, ImageColor, ImageDraw, ImageFont
 from xmodal.examples.collect import Box, Picture
 
 MAX_SIDE = 512  # a page's picture: the longer side, in pixels
+THUMB_SIDE = 200  # the index's pictures
 CANVAS = (236, 236, 236)
 BLANK_TEXT = (120, 120, 120)
 SHAPES = ("rectangle", "ellipse", "triangle", "diamond")
@@ -106,8 +109,25 @@ def draw_boxes(img: Image.Image, boxes: list[Box]) -> Image.Image:
     return img
 
 
-def picture_png(pic: Picture, path: Path) -> tuple[int, int]:
-    """The picture with its boxes, as a PNG at `path`; returns its size in pixels."""
+PNG_LEVEL = 1  # zlib level: the pictures are small and drawn flat; level 1 encodes several times faster than 6
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", compress_level=PNG_LEVEL)
+    return buf.getvalue()
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def picture_png(pic: Picture, path: Path) -> tuple[tuple[int, int], str, str]:
+    """The picture with its boxes, as a PNG at `path`; returns its size in pixels, and it and its
+    thumbnail (THUMB_SIDE) as data: URIs for the pages, each encoded once."""
     img = draw_boxes(base(pic), pic.boxes)
-    img.save(path, format="PNG", optimize=False)
-    return img.size
+    png = png_bytes(img)
+    path.write_bytes(png)
+    thumb = img.copy()
+    thumb.thumbnail((THUMB_SIDE, THUMB_SIDE))
+    return img.size, data_uri(png), data_uri(png_bytes(thumb))

@@ -4,6 +4,8 @@ McNemar's test and the disagreements first) and one page per example. No server 
 pictures are PNG files beside the pages, and a few lines of inline script pick the layer, the head and
 the word whose cross-attention the boxes show (their opacity is the weight over the largest weight of
 that row). Without the script a page shows the last layer's attention of [CLS], averaged over heads.
+The pages carry their pictures inline as well (data: URIs; the index small ones), so that a page opened
+alone, as MLflow's artifact viewer opens it in a sandboxed frame, still shows them.
 
 The weights sit in each page as JSON (`<script type="application/json" id="att-A">`): per layer, per
 picture, per head, per token, per box, the probabilities the model computed, rounded to 6 decimals.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +62,15 @@ def picture_name(img_id: str) -> str:
     return f"img/{safe}.png"
 
 
+class Drawn(NamedTuple):
+    """A picture as the pages show it: its size in pixels, itself and its thumbnail as data: URIs."""
+
+    width: int
+    height: int
+    uri: str
+    thumb: str
+
+
 def weights(e: Example) -> dict:
     """The JSON a page holds for one run's example: the weights and their head average."""
     att = np.round(e.attention.astype(np.float64), DECIMALS)
@@ -86,7 +98,7 @@ def answers_block(e: Example) -> str:
             f"<table><tr><th>top {len(e.top)}</th><th>probability</th></tr>{top}</table>")
 
 
-def attention_block(r: str, e: Example, sizes: dict[str, tuple[int, int]]) -> str:
+def attention_block(r: str, e: Example, drawn: dict[str, Drawn]) -> str:
     """Pictures with the attention overlay of run `r` ("A" or "B") and its layer/head/word pickers."""
     layers, _, heads, tokens, _ = e.attention.shape
     last = layers - 1
@@ -99,7 +111,7 @@ def attention_block(r: str, e: Example, sizes: dict[str, tuple[int, int]]) -> st
                    f"{esc(tok)}</button>" for t, tok in enumerate(e.tokens[:tokens]))
     pics = []
     for p, pic in enumerate(e.pictures):
-        w, h = sizes[pic.img_id]
+        w, h, uri, _ = drawn[pic.img_id]
         row = avg[last, p, 0]
         m = float(row.max()) or 1.0
         over = "".join(
@@ -110,7 +122,7 @@ def attention_block(r: str, e: Example, sizes: dict[str, tuple[int, int]]) -> st
         table = "".join(f"<tr><td>{b}</td><td>{esc(bx.label)}</td><td id='v-{r}-{p}-{b}'>{row[b]:.4f}</td></tr>"
                         for b, bx in enumerate(pic.boxes))
         which = f"picture {p} " if len(e.pictures) > 1 else ""
-        pics.append(f"<div><div class='pic'><img src='{picture_name(pic.img_id)}' width={w} height={h} "
+        pics.append(f"<div><div class='pic'><img src='{uri}' width={w} height={h} "
                     f"alt='{esc(pic.img_id)}'>{over}</div><details><summary>{which}boxes and weights "
                     f"({esc(pic.img_id)})</summary><table><tr><th>box</th><th>detected</th><th>weight</th></tr>"
                     f"{table}</table></details></div>")
@@ -130,7 +142,7 @@ class Side:
     example: Example
 
 
-def example_page(i: int, n: int, sides: list[Side], sizes: dict[str, tuple[int, int]], notes: list[str]) -> str:
+def example_page(i: int, n: int, sides: list[Side], drawn: dict[str, Drawn], notes: list[str]) -> str:
     e = sides[0].example
     nav = " · ".join(x for x in (
         f"<a href='{page_name(i - 1)}'>previous</a>" if i > 0 else "",
@@ -140,7 +152,7 @@ def example_page(i: int, n: int, sides: list[Side], sizes: dict[str, tuple[int, 
     for s in sides:
         head = f"<h3>run {s.label}: {esc(s.run.run_name)} <small>({esc(s.run.run_id)})</small></h3>" \
             if len(sides) > 1 else ""
-        runs.append(f"<div class='run'>{head}{answers_block(s.example)}{attention_block(s.label, s.example, sizes)}"
+        runs.append(f"<div class='run'>{head}{answers_block(s.example)}{attention_block(s.label, s.example, drawn)}"
                     f"</div>")
     said = "".join(f"<p class='note'>{esc(x)}</p>" for x in notes)
     body = (f"<p>{nav}</p><h2>Example {i + 1} of {n}: {esc(e.id)}</h2>{said}"
@@ -156,11 +168,11 @@ def group_table(title: str, groups) -> str:
             f"<th>right</th><th>accuracy</th></tr>{rows}</table>")
 
 
-def card(i: int, sides: list[Side]) -> str:
+def card(i: int, sides: list[Side], drawn: dict[str, Drawn]) -> str:
     e = sides[0].example
     marks = " ".join(f"{s.label}: {verdict(s.example)} ({esc(s.example.pred)})" for s in sides) \
         if len(sides) > 1 else f"{verdict(e)}: {esc(e.pred)}"
-    return (f"<div class='card'><a href='{page_name(i)}'><img src='{picture_name(e.pictures[0].img_id)}' "
+    return (f"<div class='card'><a href='{page_name(i)}'><img src='{drawn[e.pictures[0].img_id].thumb}' "
             f"alt='{esc(e.id)}'></a><br><a href='{page_name(i)}'>{esc(e.text)}</a><br>{marks}</div>")
 
 
@@ -179,7 +191,8 @@ def summary(run: RunExamples) -> str:
                "<p>none: no example is wrong</p>"))
 
 
-def index_page(a: RunExamples, b: RunExamples | None, cmp: Comparison | None, notes: list[str]) -> str:
+def index_page(a: RunExamples, b: RunExamples | None, cmp: Comparison | None, notes: list[str],
+               drawn: dict[str, Drawn]) -> str:
     n = len(a.examples)
     said = "".join(f"<p class='note'>{esc(x)}</p>" for x in notes)
     title = f"{a.task} examples of run {a.run_name}"
@@ -188,8 +201,8 @@ def index_page(a: RunExamples, b: RunExamples | None, cmp: Comparison | None, no
         wrong = [i for i, e in enumerate(a.examples) if not e.right]
         right = [i for i, e in enumerate(a.examples) if e.right]
         body = (f"<h1>{esc(title)}</h1><p>run {esc(a.run_id)}</p>{said}{summary(a)}"
-                f"<h2>wrong ({len(wrong)})</h2><div class='grid'>{''.join(card(i, sides[i]) for i in wrong)}</div>"
-                f"<h2>right ({len(right)})</h2><div class='grid'>{''.join(card(i, sides[i]) for i in right)}</div>")
+                f"<h2>wrong ({len(wrong)})</h2><div class='grid'>{''.join(card(i, sides[i], drawn) for i in wrong)}</div>"
+                f"<h2>right ({len(right)})</h2><div class='grid'>{''.join(card(i, sides[i], drawn) for i in right)}</div>")
         return document(title, body)
     title = f"{a.task}: run {a.run_name} (A) against {b.run_name} (B)"
     sides = [[Side("A", a, x), Side("B", b, y)] for x, y in zip(a.examples, b.examples, strict=True)]
@@ -202,8 +215,8 @@ def index_page(a: RunExamples, b: RunExamples | None, cmp: Comparison | None, no
     same = [i for i in range(n) if i not in set(differ)]
     body = (f"<h1>{esc(title)}</h1><p>A: {esc(a.run_id)} · B: {esc(b.run_id)}</p>{said}{table}"
             f"<h2>A</h2>{summary(a)}<h2>B</h2>{summary(b)}"
-            f"<h2>they disagree ({len(differ)})</h2><div class='grid'>{''.join(card(i, sides[i]) for i in differ)}</div>"
-            f"<h2>they agree ({len(same)})</h2><div class='grid'>{''.join(card(i, sides[i]) for i in same)}</div>")
+            f"<h2>they disagree ({len(differ)})</h2><div class='grid'>{''.join(card(i, sides[i], drawn) for i in differ)}</div>"
+            f"<h2>they agree ({len(same)})</h2><div class='grid'>{''.join(card(i, sides[i], drawn) for i in same)}</div>")
     return document(title, body)
 
 
