@@ -3,7 +3,7 @@
     python jobs/benchmark.py examples --run-id RUN [--tracking-uri URI] [--examples 48] [--repeats 3]
         [--out bench-results]
 
-On a finished fine-tuning run: the median over `--repeats` of (a) one prediction pass over the pages'
+On a finished fine-tuning run: the median over `--repeats` (interleaved) of (a) one prediction pass over the pages'
 split as the run's evaluations make it (the job's streaming reader, its micro batch, the objective's
 forward with predictions), times the passes the run made over that split (its logged evaluations, the
 held-out pass with the selected model, one per robustness condition), and (b) the pages for `--examples`
@@ -90,8 +90,10 @@ def run(args: argparse.Namespace) -> int:
             return time.perf_counter() - t
 
         one_pass(), pages()  # warm: the first reads fill the page cache, the tokenizer and the index load
-        eval_s = statistics.median(one_pass() for _ in range(args.repeats))
-        pages_s = statistics.median(pages() for _ in range(args.repeats))
+        # interleaved, so that both figures see the same load of a shared machine
+        timed = [(one_pass(), pages()) for _ in range(args.repeats)]
+        eval_s = statistics.median(t[0] for t in timed)
+        pages_s = statistics.median(t[1] for t in timed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     total = eval_s * passes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 from PIL import Image
 
 from xmodal.examples.collect import Box, Picture
@@ -12,8 +14,8 @@ def test_a_box_lands_on_the_pixels_of_its_coordinates(tmp_path):
     red_cube = Box((0.25, 0.25, 0.75, 0.75), obj=0, attr=0, obj_conf=1.0, attr_conf=1.0, label="red cube",
                    obj_name="cube", attr_name="red")
     pic = Picture("img0", 640, 480, [red_cube], "synthetic")
-    size, uri, thumb = picture_png(pic, tmp_path / "p.png")
-    assert uri.startswith("data:image/png;base64,") and len(thumb) < len(uri)
+    size, uri = picture_png(pic, tmp_path / "p.png")
+    assert uri == "data:image/png;base64," + base64.b64encode((tmp_path / "p.png").read_bytes()).decode()
     img = Image.open(tmp_path / "p.png").convert("RGB")
     assert img.size == size == size_of(pic) == (512, 384)
     x1, y1, x2, y2 = pixels(red_cube, img.size)
@@ -28,7 +30,7 @@ def test_a_box_lands_on_the_pixels_of_its_coordinates(tmp_path):
 
 def test_a_picture_without_an_image_is_a_blank_canvas_of_its_size(tmp_path):
     box = Box((0.0, 0.5, 0.5, 1.0), obj=3, attr=-1, obj_conf=1.0, attr_conf=0.0, label="obj 3")
-    size, _, _ = picture_png(Picture("x", 1000, 500, [box], "blank"), tmp_path / "b.png")
+    size, _ = picture_png(Picture("x", 1000, 500, [box], "blank"), tmp_path / "b.png")
     img = Image.open(tmp_path / "b.png").convert("RGB")
     assert size == img.size == (512, 256)
     x1, y1, x2, y2 = pixels(box, img.size)

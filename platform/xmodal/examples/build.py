@@ -60,8 +60,8 @@ def write_pages(a: RunExamples, b: RunExamples | None, folder: Path) -> tuple[in
         for pic in e.pictures:
             if pic.img_id not in drawn:
                 path = folder / picture_name(pic.img_id)
-                (w, h), uri, thumb = picture_png(pic, path)
-                drawn[pic.img_id] = Drawn(w, h, uri, thumb)
+                (w, h), uri = picture_png(pic, path)
+                drawn[pic.img_id] = Drawn(w, h, uri)
     notes = list(dict.fromkeys(a.notes + (b.notes if b is not None else [])))
     n = len(a.examples)
     for i in range(n):

@@ -20,7 +20,6 @@ from PIL import Image, ImageColor, ImageDraw, ImageFont
 from xmodal.examples.collect import Box, Picture
 
 MAX_SIDE = 512  # a page's picture: the longer side, in pixels
-THUMB_SIDE = 200  # the index's pictures
 CANVAS = (236, 236, 236)
 BLANK_TEXT = (120, 120, 120)
 SHAPES = ("rectangle", "ellipse", "triangle", "diamond")
@@ -122,12 +121,10 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def picture_png(pic: Picture, path: Path) -> tuple[tuple[int, int], str, str]:
-    """The picture with its boxes, as a PNG at `path`; returns its size in pixels, and it and its
-    thumbnail (THUMB_SIDE) as data: URIs for the pages, each encoded once."""
+def picture_png(pic: Picture, path: Path) -> tuple[tuple[int, int], str]:
+    """The picture with its boxes, as a PNG at `path`; returns its size in pixels and the same PNG as a
+    data: URI for the pages (encoded once)."""
     img = draw_boxes(base(pic), pic.boxes)
     png = png_bytes(img)
     path.write_bytes(png)
-    thumb = img.copy()
-    thumb.thumbnail((THUMB_SIDE, THUMB_SIDE))
-    return img.size, data_uri(png), data_uri(png_bytes(thumb))
+    return img.size, data_uri(png)

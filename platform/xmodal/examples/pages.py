@@ -4,8 +4,8 @@ McNemar's test and the disagreements first) and one page per example. No server 
 pictures are PNG files beside the pages, and a few lines of inline script pick the layer, the head and
 the word whose cross-attention the boxes show (their opacity is the weight over the largest weight of
 that row). Without the script a page shows the last layer's attention of [CLS], averaged over heads.
-The pages carry their pictures inline as well (data: URIs; the index small ones), so that a page opened
-alone, as MLflow's artifact viewer opens it in a sandboxed frame, still shows them.
+The pages carry their pictures inline as well (data: URIs; the index shows them small), so that a page
+opened alone, as MLflow's artifact viewer opens it in a sandboxed frame, still shows them.
 
 The weights sit in each page as JSON (`<script type="application/json" id="att-A">`): per layer, per
 picture, per head, per token, per box, the probabilities the model computed, rounded to 6 decimals.
@@ -63,12 +63,11 @@ def picture_name(img_id: str) -> str:
 
 
 class Drawn(NamedTuple):
-    """A picture as the pages show it: its size in pixels, itself and its thumbnail as data: URIs."""
+    """A picture as the pages show it: its size in pixels and its PNG as a data: URI."""
 
     width: int
     height: int
     uri: str
-    thumb: str
 
 
 def weights(e: Example) -> dict:
@@ -111,7 +110,7 @@ def attention_block(r: str, e: Example, drawn: dict[str, Drawn]) -> str:
                    f"{esc(tok)}</button>" for t, tok in enumerate(e.tokens[:tokens]))
     pics = []
     for p, pic in enumerate(e.pictures):
-        w, h, uri, _ = drawn[pic.img_id]
+        w, h, uri = drawn[pic.img_id]
         row = avg[last, p, 0]
         m = float(row.max()) or 1.0
         over = "".join(
@@ -172,7 +171,7 @@ def card(i: int, sides: list[Side], drawn: dict[str, Drawn]) -> str:
     e = sides[0].example
     marks = " ".join(f"{s.label}: {verdict(s.example)} ({esc(s.example.pred)})" for s in sides) \
         if len(sides) > 1 else f"{verdict(e)}: {esc(e.pred)}"
-    return (f"<div class='card'><a href='{page_name(i)}'><img src='{drawn[e.pictures[0].img_id].thumb}' "
+    return (f"<div class='card'><a href='{page_name(i)}'><img src='{drawn[e.pictures[0].img_id].uri}' "
             f"alt='{esc(e.id)}'></a><br><a href='{page_name(i)}'>{esc(e.text)}</a><br>{marks}</div>")
 
 
