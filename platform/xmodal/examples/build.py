@@ -150,8 +150,10 @@ def log_pages(uri: str, run_id: str, folder: Path, a: RunExamples) -> str | None
     url = tracking.artifact_url(uri, run_id, index)
     note = tracking.get_run(uri, run_id).tags.get(run_tags.NOTE, "")
     right = sum(e.right for e in a.examples)
-    line = (f"Example pages: [{index}]({url or index}) ({len(a.examples)} {a.split} examples, {right} right; "
-            "pictures, answers and cross-attention)")
+    where = f"[{index}]({url})" if url and url.startswith("file:") else \
+        f"{index} under the run's [Artifacts]({url})" if url else f"{index} among the run's artifacts"
+    line = (f"Example pages: {where} ({len(a.examples)} {a.split} examples, {right} right; pictures, answers and "
+            "cross-attention)")
     tags = {EXAMPLES_TAG: index}
     if index not in note:
         tags[run_tags.NOTE] = f"{note}\n\n{line}".strip()

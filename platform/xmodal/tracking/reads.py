@@ -134,16 +134,14 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
 
 
 def artifact_url(uri: str, run_id: str, path: str) -> str | None:
-    """Where a browser opens a run's artifact `path` so that the links relative to it (a page's pictures
-    and its sibling pages) work too: the server's artifact proxy (`mlflow server`, which serves
-    `mlflow-artifacts:` URIs under /api/2.0/mlflow-artifacts/artifacts/) or the local file's file://
-    address; None for an artifact store a browser cannot open by path (e.g. s3://)."""
-    root = _waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id).info.artifact_uri)
-    if root.startswith("mlflow-artifacts:") and uri.startswith(("http://", "https://")):
-        rest = root[len("mlflow-artifacts:"):].lstrip("/")
-        if "://" in root:  # mlflow-artifacts://host:port/path: the path after the host
-            rest = rest.split("/", 1)[1] if "/" in rest else ""
-        return f"{uri.rstrip('/')}/api/2.0/mlflow-artifacts/artifacts/{rest}/{path}"
+    """Where a browser shows a run's artifact `path`. A local artifact store: the file's file:// address,
+    where the links relative to it (a page's sibling pages) work too. A tracking server: the run's
+    Artifacts tab in the MLflow UI, which lists the path and shows it (the server itself sends artifacts
+    as downloads). None for a store a browser cannot open (e.g. s3:// under a local database)."""
+    info = _waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id).info)
+    root = info.artifact_uri
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{info.experiment_id}/runs/{run_id}/artifacts"
     if root.startswith("file:"):
         return f"{root.rstrip('/')}/{path}"
     if root.startswith("/"):
