@@ -1,4 +1,4 @@
-"""Example pages of a fine-tuning run: see why a model fails (docs/tracking.md).
+"""Example pages of a fine-tuning run (or a pretraining run's QA head): see why a model fails (docs/tracking.md).
 
     python jobs/examples.py --run-id RUN [--split valid] [--examples 48] [--compare RUN2] [--out DIR]
         [--tracking-uri URI]
@@ -20,8 +20,8 @@ from xmodal.cli import setup_console, user_errors
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run-id", required=True, help="MLflow run id of a finished fine-tuning run")
-    p.add_argument("--split", default="valid", help="a split the run evaluated (default valid)")
+    p.add_argument("--run-id", required=True, help="MLflow run id of a finished fine-tuning (or pretraining) run")
+    p.add_argument("--split", help="a split the run evaluated (default valid; a pretraining run's QA head: minival)")
     p.add_argument("--examples", type=int, default=48, help="how many examples (default 48)")
     p.add_argument("--compare", metavar="RUN2", help="a second run of the same task: the same examples side by side")
     p.add_argument("--out", help="output folder (default examples/<run name>; new or empty)")
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         built = make_examples(uri, args.run_id, args.split, args.examples, args.compare, args.out)
         right = sum(e.right for e in built.a.examples)
-        print(f"[xmodal] {len(built.a.examples)} {args.split} examples of run {built.a.run_name} ({right} right): "
+        print(f"[xmodal] {len(built.a.examples)} {built.a.split} examples of run {built.a.run_name} ({right} right): "
               f"{built.out / 'index.html'}")
 
     return user_errors(go)

@@ -76,13 +76,16 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
 
 
 def end_of_run_pages(plan, folder, data) -> bool:
-    """A training run's example pages, logged into it before it ends (`engine.AfterRun`): fine-tuning runs
-    with `examples.count` > 0 (xmodal.examples)."""
-    if getattr(getattr(plan.config, "examples", None), "count", 0) == 0 or not hasattr(plan.config, "task"):
+    """A training run's example pages, logged into it before it ends (`engine.AfterRun`, xmodal.examples):
+    fine-tuning runs, and pretraining runs with the QA task, whose `examples.count` is above 0."""
+    cfg = plan.config
+    if getattr(getattr(cfg, "examples", None), "count", 0) == 0:
+        return False
+    if hasattr(cfg, "tasks") and not cfg.tasks.qa:
         return False
     from xmodal.examples import log_run_examples
 
-    log_run_examples(plan.tracking_uri, plan.run_id, plan.run_name, plan.config, data, folder)
+    log_run_examples(plan.tracking_uri, plan.run_id, plan.run_name, cfg, data, folder)
     return True
 
 

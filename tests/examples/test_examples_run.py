@@ -116,18 +116,18 @@ def test_two_runs_side_by_side_add_up(run, tmp_path):
 def test_bad_runs_and_splits_are_refused_before_anything_is_written(run, tmp_path):
     _, uri, run_id, _ = run
     exp = tracking.ensure_experiment(uri, "other")
-    pretrain = tracking.create_run(uri, exp, "p", {}, {run_tags.TASK: "pretrain"})
+    mult = tracking.create_run(uri, exp, "m", {}, {run_tags.TASK: "mosi", run_tags.MODEL: "mult"})
     gqa = tracking.create_run(uri, exp, "g", {}, {run_tags.TASK: "finetune-gqa"})
     out = tmp_path / "never"
     cases = [
-        (dict(run_id=pretrain), "--run-id: run '" + pretrain + "' is a 'pretrain' run; expected a fine-tuning run"),
+        (dict(run_id=mult), "--run-id: run '" + mult + "' is a 'mosi' run; expected a fine-tuning run"),
         (dict(run_id=run_id, split="train"), "--split train: run '" + run_id + "' did not evaluate it"),
         (dict(run_id=run_id, split="test"), "--split test"),
         (dict(run_id=run_id, compare_run=gqa), "two runs of one task"),
         (dict(run_id=run_id, n=0), "--examples 0"),
     ]
     for kwargs, said in cases:
-        args = {"split": "valid", "n": 4, **kwargs}
+        args = {"split": None, "n": 4, **kwargs}
         with pytest.raises(ExamplesError, match=re.escape(said)):
             make_examples(uri, args["run_id"], args["split"], args["n"], args.get("compare_run"), out)
         assert not out.exists() and not list(tmp_path.glob(".never*"))
@@ -147,3 +147,29 @@ def test_the_pages_cost_benchmark(run, tmp_path):
     assert res["eval_pass_s"] > 0 and res["pages_s"] > 0
     assert res["pages_share"] == pytest.approx(res["pages_s"] / (res["eval_pass_s"] * res["passes"]))
     assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_a_pretraining_run_logs_its_qa_head_s_pages(tiny_store, tmp_path, ray_local):
+    """The QA head of a pretraining run: questions of the store's minival split, their gold answers from
+    the store, pages logged at the run's end; jobs/examples.py makes them again, and refuses another split."""
+    from xmodal.jobs.pretrain_config import PretrainConfig
+    from xmodal.jobs.pretrain_job import PretrainJob
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = engine.run(PretrainJob(), load_config(PretrainConfig, overrides=[
+        f"data.store={tiny_store}", "preset=tiny", "train.batch_size=16", "train.epochs=1",
+        f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}", "mlflow.system_metrics=false",
+        "examples.count=5"]), after_run=end_of_run_pages)
+    listed = {n.split("/")[-1] for n in tracking.list_artifacts(uri, result.run_id, "examples")}
+    assert len([n for n in listed if re.fullmatch(r"example-\d{4}\.html", n)]) == 5 and "index.html" in listed
+
+    built = make_examples(uri, result.run_id, None, 4, out=tmp_path / "pages")
+    assert built.a.split == "minival" and len(built.a.examples) == 4
+    for e in built.a.examples:
+        assert e.gold and e.text.endswith("?") and len(e.top) == 5
+        assert e.attention.shape[:2] == (1, 1) and e.pictures[0].kind == "synthetic"
+    index = (built.out / "index.html").read_text()
+    assert "pretrain examples of run" in index and "accuracy by question type" in index
+    with pytest.raises(ExamplesError, match="--split valid: pretraining run .* evaluated on minival"):
+        make_examples(uri, result.run_id, "valid", 4, out=tmp_path / "never")
+    assert not (tmp_path / "never").exists()

@@ -18,6 +18,7 @@ import numpy as np
 
 from xmodal import run_tags, tracking
 from xmodal.examples.collect import (
+    PRETRAIN_SPLIT,
     ExamplesError,
     RunExamples,
     check_count,
@@ -25,6 +26,7 @@ from xmodal.examples.collect import (
     choose_rows,
     collect,
     evaluate,
+    evaluate_pretrain,
     get_run,
     run_task,
 )
@@ -88,7 +90,7 @@ def publish(tmp: Path, out: Path) -> None:
     os.rename(tmp, out)
 
 
-def make_examples(uri: str, run_id: str, split: str = "valid", n: int = 48, compare_run: str | None = None,
+def make_examples(uri: str, run_id: str, split: str | None = None, n: int = 48, compare_run: str | None = None,
                   out: str | Path | None = None) -> Built:
     """Pages of `n` examples of `split` of a finished fine-tuning run (and of `compare_run` on the same
     examples) into `out` (default examples/<run name>[-vs-<other>]). Every check comes before anything
@@ -97,6 +99,7 @@ def make_examples(uri: str, run_id: str, split: str = "valid", n: int = 48, comp
     target = check_out(out) if out is not None else None
     a_run = get_run(uri, run_id, "--run-id")
     task = run_task(a_run, "--run-id")
+    split = split or (PRETRAIN_SPLIT if task == "pretrain" else "valid")
     if compare_run is not None:
         b_run = get_run(uri, compare_run, "--compare")
         other = run_task(b_run, "--compare")
@@ -162,20 +165,25 @@ def log_pages(uri: str, run_id: str, folder: Path, a: RunExamples) -> str | None
 
 
 def log_run_examples(uri: str, run_id: str, run_name: str, cfg, data, checkpoint_dir: Path) -> str | None:
-    """The end of a fine-tuning run: `cfg.examples.count` examples of `cfg.examples.split` with the run's
-    final model (the selected weights of its final checkpoint folder) on its own data, logged into the
-    run. Nothing when the count is 0. Returns the index's address."""
+    """The end of a run: `cfg.examples.count` examples with the run's final model (the selected weights of
+    its final checkpoint folder) on its own data, logged into the run: a fine-tuning run's examples of
+    `cfg.examples.split`, a pretraining run's QA questions of its store's minival split. Nothing when the
+    count is 0. Returns the index's address."""
     from xmodal.export.source import from_checkpoint
 
     conf = cfg.examples
     if conf.count == 0:
         return None
-    check_split(data, conf.split, run_id)
     source = from_checkpoint(checkpoint_dir, key="the run's final checkpoint", run_id=run_id)
-    size = len(data.split(conf.split))
     notes: list[str] = []
-    examples = evaluate(source.model, data, conf.split, choose_rows(size, conf.count), notes)
-    a = RunExamples(run_id, run_name, data.task, conf.split, str(data.path), examples, size, notes)
+    if source.kind == "pretrain":
+        examples, size = evaluate_pretrain(source.model, data, PRETRAIN_SPLIT, conf.count, notes)
+        a = RunExamples(run_id, run_name, "pretrain", PRETRAIN_SPLIT, str(data.path), examples, size, notes)
+    else:
+        check_split(data, conf.split, run_id)
+        size = len(data.split(conf.split))
+        examples = evaluate(source.model, data, conf.split, choose_rows(size, conf.count), notes)
+        a = RunExamples(run_id, run_name, data.task, conf.split, str(data.path), examples, size, notes)
     with tempfile.TemporaryDirectory(prefix="xmodal-examples-") as tmp:
         write_pages(a, None, Path(tmp))
         return log_pages(uri, run_id, Path(tmp), a)

@@ -94,13 +94,16 @@ def check_count(n: int, key: str = "--examples") -> int:
 
 
 def run_task(run: tracking.RunRecord, key: str) -> str:
-    """The fine-tuning task of a run (its `task` tag, `finetune-<task>`), or an error saying what it is."""
+    """The task of a run whose examples have pages: a fine-tuning task (the `task` tag `finetune-<task>`) or
+    `pretrain` (its QA head); else an error saying what the run is."""
     task = run.tags.get(run_tags.TASK, "")
     if task.startswith("finetune-") and task[len("finetune-"):] in TASKS:
         return task[len("finetune-"):]
+    if task == "pretrain":
+        return task
     what = f"a {task!r} run" if task else "a run without a task tag"
     raise ExamplesError(f"{key}: run {run.run_id!r} is {what}; expected a fine-tuning run "
-                        f"({', '.join('finetune-' + t for t in TASKS)})")
+                        f"({', '.join('finetune-' + t for t in TASKS)}) or a pretraining run (its QA head)")
 
 
 def get_run(uri: str, run_id: str, key: str) -> tracking.RunRecord:
@@ -219,48 +222,55 @@ def image_rows(data, img_ids: list[str], columns: tuple[str, ...]) -> tuple[dict
     return out, where
 
 
-def pictures_of(data, img_ids: list[str], notes: list[str]) -> tuple[dict[str, Picture], dict[str, dict]]:
-    """A Picture (boxes labelled, where its pixels come from) and the model's inputs of each image."""
-    rows, where = image_rows(data, img_ids, ("features", *META_COLUMNS))
-    names = [label_names(st) for st in data.image_stores]
-    sources = [store_sources(st) for st in data.image_stores]
-    missing: list[str] = []
-    pictures = {}
-    for img in img_ids:
-        r, i = rows[img], where[img]
-        objects, attributes = names[i]
-        n = int(r["num_boxes"])
-        boxes = []
-        for j in range(n):
-            o, a = int(r["obj_ids"][j]), int(r["attr_ids"][j])
-            boxes.append(Box(tuple(float(v) for v in r["boxes"][j]), o, a, float(r["obj_conf"][j]),
-                             float(r["attr_conf"][j]), box_label(o, a, objects, attributes), name_of(o, objects),
-                             name_of(a, attributes)))
-        w, h = int(r["img_w"]), int(r["img_h"])
-        src = sources[i].get(img)
-        if is_synthetic(data.image_stores[i]):
-            kind = "synthetic"
-            w, h = (w, h) if w > 0 and h > 0 else SYNTHETIC_SIZE
-        elif src is not None and ("://" in src or Path(src).is_file()):
-            kind = "file"
-        elif src is not None:
-            kind = "missing"
-            missing.append(src)
-        else:
-            kind = "blank"
-        if w <= 0 or h <= 0:
-            w, h = BLANK_SIZE
-        pictures[img] = Picture(img, w, h, boxes, kind, src)
+def picture_of(img: str, r: dict[str, Any], store, sources: dict[str, str], missing: list[str]) -> Picture:
+    """The Picture of image `img` of `store` from its row `r` (boxes labelled, where its pixels come from);
+    a recorded file that is not there goes to `missing`."""
+    objects, attributes = label_names(store)
+    boxes = []
+    for j in range(int(r["num_boxes"])):
+        o, a = int(r["obj_ids"][j]), int(r["attr_ids"][j])
+        boxes.append(Box(tuple(float(v) for v in r["boxes"][j]), o, a, float(r["obj_conf"][j]),
+                         float(r["attr_conf"][j]), box_label(o, a, objects, attributes), name_of(o, objects),
+                         name_of(a, attributes)))
+    w, h = int(r["img_w"]), int(r["img_h"])
+    src = sources.get(img)
+    if is_synthetic(store):
+        kind = "synthetic"
+        w, h = (w, h) if w > 0 and h > 0 else SYNTHETIC_SIZE
+    elif src is not None and ("://" in src or Path(src).is_file()):
+        kind = "file"
+    elif src is not None:
+        kind = "missing"
+        missing.append(src)
+    else:
+        kind = "blank"
+    if w <= 0 or h <= 0:
+        w, h = BLANK_SIZE
+    return Picture(img, w, h, boxes, kind, src)
+
+
+def say_pictures(pictures: list[Picture], missing: list[str], notes: list[str]) -> None:
+    """One warning line for images no longer where the store recorded them, and the pages' notes."""
     if missing:
         log.warning("[xmodal] %d image file(s) of the store are not where it records them (e.g. %s): drawn on blank "
                     "canvases", len(missing), missing[0])
         notes.append(f"{len(missing)} picture(s) are not where the store records them (e.g. {missing[0]}): their "
                      "boxes are drawn on a blank canvas of the image's size")
-    kinds = {p.kind for p in pictures.values()}
+    kinds = {p.kind for p in pictures}
     if "blank" in kinds:
         notes.append("the image store records no pictures: boxes are drawn on a blank canvas of each image's size")
     if "synthetic" in kinds:
         notes.append("synthetic images: each scene is drawn from the store's own boxes, classes and colours")
+
+
+def pictures_of(data, img_ids: list[str], notes: list[str]) -> tuple[dict[str, Picture], dict[str, dict]]:
+    """A Picture of each image of a fine-tuning set, and the model's inputs of each."""
+    rows, where = image_rows(data, img_ids, ("features", *META_COLUMNS))
+    sources = [store_sources(st) for st in data.image_stores]
+    missing: list[str] = []
+    pictures = {img: picture_of(img, rows[img], data.image_stores[where[img]], sources[where[img]], missing)
+                for img in img_ids}
+    say_pictures(list(pictures.values()), missing, notes)
     return pictures, rows
 
 
@@ -348,12 +358,19 @@ def evaluate(model, data, split: str, rows: np.ndarray, notes: list[str], batch_
 def collect(uri: str, run_id: str, split: str, n: int, download_dir: Path, key: str = "--run-id",
             rows: np.ndarray | None = None) -> tuple[RunExamples, Any]:
     """The run's examples of `split`: `n` chosen rows (or `rows`), re-evaluated with its model. Returns
-    them and the opened set (for a second run's check)."""
+    them and the opened set or store (for a second run's check)."""
     from xmodal.export.source import from_run
 
     check_count(n)
     run = get_run(uri, run_id, key)
     task = run_task(run, key)
+    if task == "pretrain":
+        store = open_pretrain_store(run, key)
+        check_pretrain_split(store, split, run_id)
+        source = from_run(uri, run_id, download_dir)
+        notes: list[str] = []
+        examples, size = evaluate_pretrain(source.model, store, split, n, notes, rows)
+        return RunExamples(run_id, run.name, task, split, str(store.path), examples, size, notes), store
     data = open_set(run, key)
     check_split(data, split, run_id)
     source = from_run(uri, run_id, download_dir)
@@ -362,3 +379,98 @@ def collect(uri: str, run_id: str, split: str, n: int, download_dir: Path, key: 
     notes: list[str] = []
     examples = evaluate(source.model, data, split, chosen, notes)
     return RunExamples(run_id, run.name, task, split, str(data.path), examples, size, notes), data
+
+
+# ----------------------------------------------------------------------------- pretraining: the QA head
+
+PRETRAIN_SPLIT = "minival"  # the split a pretraining run evaluates
+
+
+def open_pretrain_store(run: tracking.RunRecord, key: str):
+    from xmodal.data.lxmert.store import open_store
+
+    path = run.tags.get(run_tags.STORE)
+    if not path:
+        raise ExamplesError(f"{key}: run {run.run_id!r} records no store (tag {run_tags.STORE!r})")
+    try:
+        return open_store(path)
+    except UserError as e:
+        raise ExamplesError(f"{key}: the store of run {run.run_id!r} cannot be opened: {e}") from None
+
+
+def check_pretrain_split(store, split: str, run_id: str) -> None:
+    if split != PRETRAIN_SPLIT or not store.manifest.shards.get(split):
+        raise ExamplesError(f"--split {split}: pretraining run {run_id!r} did not evaluate it; its QA head is "
+                            f"evaluated on {PRETRAIN_SPLIT}" + ("" if store.manifest.shards.get(PRETRAIN_SPLIT) else
+                                                                f", which its store {store.path} lacks"))
+
+
+def store_questions(store, split: str) -> list[tuple[str, int, int]]:
+    """(shard file, image row in the shard, sentence of the image) of every question of a store split (the
+    sentences with answers), reading only the answer column."""
+    out = []
+    for shard in store.manifest.shards.get(split, []):
+        answers = store.read_table(shard.file, columns=["answer_ids"]).column("answer_ids").to_pylist()
+        out += [(shard.file, r, k) for r, sents in enumerate(answers) for k, a in enumerate(sents) if a]
+    return out
+
+
+@torch.no_grad()
+def evaluate_pretrain(model, store, split: str, n: int, notes: list[str], rows: np.ndarray | None = None
+                      ) -> tuple[list[Example], int]:
+    """The pretraining model's QA head on `n` questions of a store split (or the questions `rows`), with
+    its cross-attention: only the row groups holding them are read. Returns them and the number of
+    questions in the split. Right: the prediction is the most-agreed gold answer (`qa_acc`)."""
+    from xmodal.data.common import open_parquet
+    from xmodal.data.lxmert.store import table_to_block
+    from xmodal.models.lxmert import recording_cross_attention
+
+    qs = store_questions(store, split)
+    if not qs:
+        raise ExamplesError(f"{store.path}: split {split!r} holds no questions (sentences with answers) to show")
+    chosen = choose_rows(len(qs), n) if rows is None else rows
+    answers = store.answers()
+    sources = store_sources(store)
+    model = model.float().eval()
+    by_group: dict[tuple[str, int], list[int]] = {}
+    starts_of: dict[str, np.ndarray] = {}
+    for q in chosen.tolist():
+        file, r, _ = qs[q]
+        if file not in starts_of:
+            md = open_parquet(store.path / file).metadata
+            starts_of[file] = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
+        g = int(np.searchsorted(starts_of[file], r, side="right") - 1)
+        by_group.setdefault((file, g), []).append(q)
+    found_examples: dict[int, Example] = {}
+    missing: list[str] = []
+    for (file, g), group in by_group.items():
+        b = table_to_block(store.read_table(file, [g]))
+        for q in group:
+            _, r, k = qs[q]
+            i = r - int(starts_of[file][g])
+            si = int(b.sent_offsets[i]) + k
+            img = str(b.img_id[i])
+            row = {c: getattr(b, c)[i] for c in META_COLUMNS}
+            pic = picture_of(img, row, store, sources, missing)
+            ids = torch.from_numpy(b.input_ids[si:si + 1].astype(np.int64))
+            n_obj = b.features.shape[1]
+            with recording_cross_attention(model.encoder) as found:
+                out = model.encoder(ids, ids != 0, torch.from_numpy(b.features[i:i + 1].astype(np.float32)),
+                                    torch.from_numpy(b.boxes[i:i + 1]),
+                                    torch.from_numpy(np.arange(n_obj)[None] < int(b.num_boxes[i])))
+            probs = model.qa_head(out.pooled).float()[0].softmax(-1)
+            lo, hi = int(b.ans_offsets[si]), int(b.ans_offsets[si + 1])
+            gold = sorted(((answers.answer(int(a)), float(sc)) for a, sc in
+                           zip(b.ans_ids[lo:hi], b.ans_scores[lo:hi], strict=True)), key=lambda t: -t[1])
+            pred = answers.answer(int(probs.argmax()))
+            vals, idx = probs.topk(min(TOP, probs.shape[0]))
+            tokens = token_names(store, b.input_ids[si])
+            att = torch.stack(found).cpu().numpy()[:, :, :, :len(tokens)]  # (L, 1, H, T, N): one picture
+            found_examples[q] = Example(
+                row=q, id=f"{img}-{k}", text=store.tokenizer().decode(b.input_ids[si]), tokens=tokens,
+                pictures=[pic], gold=gold, pred=pred,
+                top=[(answers.answer(int(j)), float(v)) for v, j in zip(vals, idx, strict=True)],
+                score=float(bool(gold) and pred == gold[0][0]), attention=np.ascontiguousarray(att, np.float32))
+    examples = [found_examples[q] for q in chosen.tolist()]
+    say_pictures([e.pictures[0] for e in examples], missing, notes)
+    return examples, len(qs)
