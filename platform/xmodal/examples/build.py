@@ -36,7 +36,7 @@ from xmodal.examples.stats import compare
 
 ARTIFACT_DIR = "examples"  # the pages' folder among a run's artifacts
 TABLE_FILE = "examples/examples_table.json"  # the run's table of the examples (`mlflow.log_table`)
-EXAMPLES_TAG = "xmodal.examples"  # the run's tag: the index page's artifact path
+EXAMPLES_TAG = run_tags.EXAMPLES  # the run's tag: the index page's artifact path
 
 
 @dataclass

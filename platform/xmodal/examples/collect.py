@@ -21,7 +21,7 @@ import torch
 from xmodal import run_tags, tracking
 from xmodal.errors import UserError
 
-log = logging.getLogger("xmodal.examples")
+log = logging.getLogger(__name__)
 
 TASKS = ("vqa", "gqa", "nlvr2")
 TOP = 5  # answers listed per example
