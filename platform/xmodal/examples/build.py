@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from xmodal import run_tags, tracking
+from xmodal.errors import UserError
 from xmodal.examples.collect import (
     PRETRAIN_SPLIT,
     ExamplesError,
@@ -46,6 +47,7 @@ class Built:
     b: RunExamples | None
     pages: int
     pictures: int
+    mult: list | None = None  # a MulT run's clips (`examples.mult.MultExample`)
 
 
 def write_pages(a: RunExamples, b: RunExamples | None, folder: Path) -> tuple[int, int]:
@@ -99,7 +101,12 @@ def make_examples(uri: str, run_id: str, split: str | None = None, n: int = 48, 
     target = check_out(out) if out is not None else None
     a_run = get_run(uri, run_id, "--run-id")
     task = run_task(a_run, "--run-id")
-    split = split or (PRETRAIN_SPLIT if task == "pretrain" else "valid")
+    split = split or {"pretrain": PRETRAIN_SPLIT, "mult": "test"}.get(task, "valid")
+    if task == "mult":
+        if compare_run is not None:
+            raise ExamplesError(f"--compare: run {run_id!r} is a MulT run; two runs side by side are for "
+                                "fine-tuning runs")
+        return _mult_examples(uri, a_run, split, n, target)
     if compare_run is not None:
         b_run = get_run(uri, compare_run, "--compare")
         other = run_task(b_run, "--compare")
@@ -129,6 +136,36 @@ def make_examples(uri: str, run_id: str, split: str | None = None, n: int = 48, 
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return Built(target, a, b, pages, pictures)
+
+
+def _mult_examples(uri: str, run, split: str, n: int, target: Path | None) -> Built:
+    """A MulT run's pages: its clips of `split` (one it evaluated: valid or test)."""
+    from xmodal.data.mult.store import open_store
+    from xmodal.examples.mult import collect_mult, write_mult_pages
+    from xmodal.export.source import from_run
+
+    try:
+        store = open_store(run.tags.get(run_tags.STORE, ""))
+    except UserError as e:
+        raise ExamplesError(f"--run-id: the store of run {run.run_id!r} cannot be opened: {e}") from None
+    evaluated = [s for s in store.splits if s != "train"]
+    if split not in evaluated:
+        raise ExamplesError(f"--split {split}: run {run.run_id!r} did not evaluate it; it evaluated "
+                            f"{', '.join(evaluated)}")
+    target = target or check_out(Path("examples") / (run.name or run.run_id))
+    with tempfile.TemporaryDirectory(prefix="xmodal-examples-") as scratch:
+        source = from_run(uri, run.run_id, Path(scratch))
+        examples, size = collect_mult(source.model, store, split, n)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        pages = write_mult_pages(run.name, run.run_id, split, size, examples, tmp)
+        publish(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    a = RunExamples(run.run_id, run.name, "mult", split, str(store.path), [], size)
+    return Built(target, a, None, pages, 0, mult=examples)
 
 
 def table_of(a: RunExamples) -> dict[str, list]:

@@ -94,16 +94,19 @@ def check_count(n: int, key: str = "--examples") -> int:
 
 
 def run_task(run: tracking.RunRecord, key: str) -> str:
-    """The task of a run whose examples have pages: a fine-tuning task (the `task` tag `finetune-<task>`) or
-    `pretrain` (its QA head); else an error saying what the run is."""
+    """The task of a run whose examples have pages: a fine-tuning task (the `task` tag `finetune-<task>`),
+    `pretrain` (its QA head) or `mult` (its `model` tag); else an error saying what the run is."""
     task = run.tags.get(run_tags.TASK, "")
+    if run.tags.get(run_tags.MODEL) == "mult":
+        return "mult"
     if task.startswith("finetune-") and task[len("finetune-"):] in TASKS:
         return task[len("finetune-"):]
     if task == "pretrain":
         return task
     what = f"a {task!r} run" if task else "a run without a task tag"
     raise ExamplesError(f"{key}: run {run.run_id!r} is {what}; expected a fine-tuning run "
-                        f"({', '.join('finetune-' + t for t in TASKS)}) or a pretraining run (its QA head)")
+                        f"({', '.join('finetune-' + t for t in TASKS)}), a pretraining run (its QA head) or a "
+                        "MulT run")
 
 
 def get_run(uri: str, run_id: str, key: str) -> tracking.RunRecord:
