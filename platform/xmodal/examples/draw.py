@@ -22,6 +22,7 @@ from xmodal.examples.collect import Box, Picture
 MAX_SIDE = 512  # a page's picture: the longer side, in pixels
 CANVAS = (236, 236, 236)
 BLANK_TEXT = (120, 120, 120)
+SHAPE_EDGE = (70, 70, 70)
 SHAPES = ("rectangle", "ellipse", "triangle", "diamond")
 
 
@@ -64,14 +65,16 @@ def scene(pic: Picture) -> Image.Image:
         x1, y1, x2, y2 = pixels(box, size)
         fill = attribute_colour(box)
         shape = SHAPES[max(box.obj, 0) % len(SHAPES)]
+        edge = SHAPE_EDGE  # a white or pale object stays visible on the canvas
         if shape == "rectangle":
-            d.rectangle((x1, y1, x2, y2), fill=fill)
+            d.rectangle((x1, y1, x2, y2), fill=fill, outline=edge)
         elif shape == "ellipse":
-            d.ellipse((x1, y1, x2, y2), fill=fill)
+            d.ellipse((x1, y1, x2, y2), fill=fill, outline=edge)
         elif shape == "triangle":
-            d.polygon([((x1 + x2) / 2, y1), (x2, y2), (x1, y2)], fill=fill)
+            d.polygon([((x1 + x2) / 2, y1), (x2, y2), (x1, y2)], fill=fill, outline=edge)
         else:
-            d.polygon([((x1 + x2) / 2, y1), (x2, (y1 + y2) / 2), ((x1 + x2) / 2, y2), (x1, (y1 + y2) / 2)], fill=fill)
+            d.polygon([((x1 + x2) / 2, y1), (x2, (y1 + y2) / 2), ((x1 + x2) / 2, y2), (x1, (y1 + y2) / 2)], fill=fill,
+                      outline=edge)
     return img
 
 

@@ -84,7 +84,10 @@ def document(title: str, body: str) -> str:
 
 
 def verdict(e: Example) -> str:
-    return "<b class='right'>right</b>" if e.right else "<b class='wrong'>wrong</b>"
+    """Right, wrong, or partly right: a VQA answer that only some annotators gave (soft score below 1)."""
+    if not e.right:
+        return "<b class='wrong'>wrong</b>"
+    return "<b class='right'>right</b>" if e.score >= 1 else "<b class='right'>partly right</b>"
 
 
 def answers_block(e: Example) -> str:
