@@ -57,6 +57,8 @@ def test_a_finetuning_run_logs_its_example_pages(run):
     assert r.status == "FINISHED" and r.tags[EXAMPLES_TAG] == "examples/index.html"
     assert "examples/index.html" in r.tags[run_tags.NOTE] and "6 valid examples" in r.tags[run_tags.NOTE]
     assert r.metrics["time/end_of_run_s"] > 0
+    parts = [r.metrics[f"time/examples/{p}_s"] for p in ("model", "predict", "pages", "log")]
+    assert all(p > 0 for p in parts) and sum(parts) <= r.metrics["time/end_of_run_s"]
     table = json.loads(tracking.download_artifacts(uri, run_id, TABLE_FILE, tmp / "table").read_text())
     assert table["columns"][:5] == ["example_id", "question", "answers", "prediction", "right"]
     assert len(table["data"]) == 6

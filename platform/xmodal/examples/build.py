@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,13 +206,24 @@ def log_run_examples(uri: str, run_id: str, run_name: str, cfg, data, checkpoint
     """The end of a run: `cfg.examples.count` examples with the run's final model (the selected weights of
     its final checkpoint folder) on its own data, logged into the run: a fine-tuning run's examples of
     `cfg.examples.split`, a pretraining run's QA questions of its store's minival split. Nothing when the
-    count is 0. Returns the index's address."""
+    count is 0. Where the time went is logged too (`time/examples/{model,predict,pages,log}_s`). Returns
+    the index's address."""
     from xmodal.export.source import from_checkpoint
 
     conf = cfg.examples
     if conf.count == 0:
         return None
+    spent: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        spent[f"time/examples/{name}_s"] = now - t
+        t = now
+
     source = from_checkpoint(checkpoint_dir, key="the run's final checkpoint", run_id=run_id)
+    lap("model")
     notes: list[str] = []
     if source.kind == "pretrain":
         examples, size = evaluate_pretrain(source.model, data, PRETRAIN_SPLIT, conf.count, notes)
@@ -221,6 +233,11 @@ def log_run_examples(uri: str, run_id: str, run_name: str, cfg, data, checkpoint
         size = len(data.split(conf.split))
         examples = evaluate(source.model, data, conf.split, choose_rows(size, conf.count), notes)
         a = RunExamples(run_id, run_name, data.task, conf.split, str(data.path), examples, size, notes)
+    lap("predict")
     with tempfile.TemporaryDirectory(prefix="xmodal-examples-") as tmp:
         write_pages(a, None, Path(tmp))
-        return log_pages(uri, run_id, Path(tmp), a)
+        lap("pages")
+        url = log_pages(uri, run_id, Path(tmp), a)
+        lap("log")
+    tracking.log_metrics(uri, run_id, spent)
+    return url
