@@ -118,11 +118,11 @@ def test_two_runs_side_by_side_add_up(run, tmp_path):
 def test_bad_runs_and_splits_are_refused_before_anything_is_written(run, tmp_path):
     _, uri, run_id, _ = run
     exp = tracking.ensure_experiment(uri, "other")
-    mult = tracking.create_run(uri, exp, "m", {}, {run_tags.TASK: "mosi", run_tags.MODEL: "mult"})
+    other = tracking.create_run(uri, exp, "r", {}, {run_tags.TASK: "retrieval"})
     gqa = tracking.create_run(uri, exp, "g", {}, {run_tags.TASK: "finetune-gqa"})
     out = tmp_path / "never"
     cases = [
-        (dict(run_id=mult), "--run-id: run '" + mult + "' is a 'mosi' run; expected a fine-tuning run"),
+        (dict(run_id=other), "--run-id: run '" + other + "' is a 'retrieval' run; expected a fine-tuning run"),
         (dict(run_id=run_id, split="train"), "--split train: run '" + run_id + "' did not evaluate it"),
         (dict(run_id=run_id, split="test"), "--split test"),
         (dict(run_id=run_id, compare_run=gqa), "two runs of one task"),
