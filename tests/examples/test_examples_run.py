@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -165,7 +166,9 @@ def test_a_pretraining_run_logs_its_qa_head_s_pages(tiny_store, tmp_path, ray_lo
     listed = {n.split("/")[-1] for n in tracking.list_artifacts(uri, result.run_id, "examples")}
     assert len([n for n in listed if re.fullmatch(r"example-\d{4}\.html", n)]) == 5 and "index.html" in listed
 
-    built = make_examples(uri, result.run_id, None, 4, out=tmp_path / "pages")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a job's console takes no library warning (tests/runner/test_interrupt.py)
+        built = make_examples(uri, result.run_id, None, 4, out=tmp_path / "pages")
     assert built.a.split == "minival" and len(built.a.examples) == 4
     for e in built.a.examples:
         assert e.gold and e.text.endswith("?") and len(e.top) == 5

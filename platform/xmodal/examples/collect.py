@@ -459,7 +459,7 @@ def evaluate_pretrain(model, store, split: str, n: int, notes: list[str], rows: 
             n_obj = b.features.shape[1]
             with recording_cross_attention(model.encoder) as found:
                 out = model.encoder(ids, ids != 0, torch.from_numpy(b.features[i:i + 1].astype(np.float32)),
-                                    torch.from_numpy(b.boxes[i:i + 1]),
+                                    torch.from_numpy(b.boxes[i:i + 1].astype(np.float32)),
                                     torch.from_numpy(np.arange(n_obj)[None] < int(b.num_boxes[i])))
             probs = model.qa_head(out.pooled).float()[0].softmax(-1)
             lo, hi = int(b.ans_offsets[si]), int(b.ans_offsets[si + 1])
