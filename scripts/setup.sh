@@ -6,14 +6,17 @@ PY=${PYTHON:-python3}
 
 # The SSH server and rsync that tests/test_ray_up.py runs in its rehearsal hosts (the cluster launcher
 # works over SSH and rsync), and PostgreSQL, the cluster head's MLflow database there and in
-# tests/test_cluster_postgres.py: installed where this runs as root with apt and they are missing (CI,
-# a container). Elsewhere nothing is installed, and the tests that need them skip, saying why.
+# tests/test_cluster_postgres.py, and Chromium, the headless browser tests/examples/test_examples_browser.py
+# drives through Playwright (whose own browser download is not reachable everywhere): installed where this
+# runs as root with apt and they are missing (CI, a container). Elsewhere nothing is installed, and the
+# tests that need them skip, saying why.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=()
     [ -x /usr/sbin/sshd ] || need+=(openssh-server)
     command -v ssh >/dev/null || need+=(openssh-client)
     command -v rsync >/dev/null || need+=(rsync)
     compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null || need+=(postgresql)
+    command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium)
     if [ "${#need[@]}" -gt 0 ]; then
         # openssh-server's install would start a machine-wide sshd on every interface; a policy-rc.d
         # that answers 101 forbids starting services during the install (the rehearsal starts its own).
@@ -26,8 +29,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         if ! { apt-get -o DPkg::Lock::Timeout=600 update -qq &&
                DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
                    --no-install-recommends "${need[@]}"; }; then
-            echo "setup.sh: could not install ${need[*]} with apt: tests/test_ray_up.py and" \
-                 "tests/test_cluster_postgres.py will skip" >&2
+            echo "setup.sh: could not install ${need[*]} with apt: tests/test_ray_up.py," \
+                 "tests/test_cluster_postgres.py and tests/examples/test_examples_browser.py will skip" >&2
         fi
     fi
 fi

@@ -245,6 +245,8 @@ CASES = [
     Case("report-bad-tracking-uri", "report.py", ["--experiment", "x", "--tracking-uri", "mlflow.db"],
          ["'mlflow.db'", "sqlite:///"]),
     # ---- jobs/benchmark.py: every subcommand's bad input, before anything is measured
+    Case("bench-examples-zero", "benchmark.py", ["examples", "--run-id", "abc", "--examples", "0"],
+         ["--examples 0", "at least 1"]),
     Case("bench-mult-bad-preset", "benchmark.py", ["mult", "--preset", "huge"], ["--preset 'huge'", "reference"]),
     Case("bench-mult-set-not-a-number", "benchmark.py", ["mult", "--set", "dim=abc"], ["dim=abc", "not an integer"]),
     Case("bench-mult-set-unknown-field", "benchmark.py", ["mult", "--set", "dimm=3"], ["dimm", "unknown", "num_heads"]),
@@ -434,6 +436,15 @@ CASES = [
          ["--out", "'/proc/xmodal-bench'", "cannot be written"]),
     Case("bench-tracking-work-unwritable", "benchmark.py", ["tracking", "--writers", "1", "--work", "/proc/xmodal-w"],
          ["--work", "'/proc/xmodal-w'", "cannot be written"]),
+    # ---- jobs/examples.py (a run of another task and a split the run did not evaluate need a database with
+    # runs: tests/examples/test_examples_cli.py)
+    Case("examples-zero", "examples.py", ["--run-id", "abc", "--examples", "0"], ["--examples 0", "at least 1"]),
+    Case("examples-no-database", "examples.py", ["--run-id", "abc123"],
+         ["--run-id", "'abc123'", "mlflow.db", "no MLflow store"]),
+    Case("examples-unknown-run", "examples.py", ["--run-id", "abc123"], ["--run-id", "no MLflow run 'abc123'"],
+         files={"mlflow.db": ""}),
+    Case("examples-out-is-a-file", "examples.py", ["--run-id", "abc", "--out", "o"], ["--out", "'o'", "is a file"],
+         files={"o": "x"}),
     # ---- fine-tuning's start and a failed start
     Case("finetune-init-checkpoint-of-mult", "finetune.py", ["--init", "checkpoint", "--init-path", "ck"],
          ["init.path", "meta.json", "holds a MulT model's checkpoint", "needs an LXMERT"],
@@ -593,7 +604,7 @@ def test_the_table_is_large_and_ids_are_unique():
     assert len(CASES) >= 25 and len({c.id for c in CASES}) == len(CASES)
     assert {c.script for c in CASES} == {"pretrain.py", "finetune.py", "train_mult.py", "sweep.py", "ingest.py",
                                          "report.py", "benchmark.py", "replay_tracking.py", "export.py",
-                                         "extract.py"}
+                                         "extract.py", "examples.py"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -75,6 +75,20 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
 }
 
 
+def end_of_run_pages(plan, folder, data) -> bool:
+    """A training run's example pages, logged into it before it ends (`engine.AfterRun`, xmodal.examples):
+    fine-tuning runs, and pretraining runs with the QA task, whose `examples.count` is above 0."""
+    cfg = plan.config
+    if getattr(getattr(cfg, "examples", None), "count", 0) == 0:
+        return False
+    if hasattr(cfg, "tasks") and not cfg.tasks.qa:
+        return False
+    from xmodal.examples import log_run_examples
+
+    log_run_examples(plan.tracking_uri, plan.run_id, plan.run_name, cfg, data, folder)
+    return True
+
+
 def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
              extra: dict[str, tuple[str, str, str]] | None = None) -> int:
     """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
@@ -100,6 +114,6 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
 
     def go() -> None:
         cfg = load_config(spec.config_class, args.config, overrides + args.set)
-        run_job(spec, cfg, source=args.config or "defaults")
+        run_job(spec, cfg, source=args.config or "defaults", after_run=end_of_run_pages)
 
     return user_errors(go)

@@ -38,6 +38,9 @@ REPRO_VERSIONS = "xmodal.repro.versions"  # python and the packages a run's numb
 # logged models
 MODEL_CLASS = "xmodal.class"  # the model's module.qualname
 
+# example pages (xmodal.examples)
+EXAMPLES = "xmodal.examples"  # the artifact path of a run's example pages' index (examples/index.html)
+
 # sweeps
 KIND = "xmodal.kind"  # "sweep" on the parent run, "trial" on each child
 SWEEP = "xmodal.sweep"  # the sweep's name, on the parent and every child

@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "tracking": ("xmodal_bench.tracking", "MLflow under N writers (sqlite, server, postgres): points present, "
                  "p50/p99 per call"),
     "sweep": ("xmodal_bench.sweep", "N tiny MulT sweep trials: each trial's life against its training, per phase"),
+    "examples": ("xmodal_bench.examples", "a fine-tuning run's example pages against the run's own evaluation time"),
     "extract": ("xmodal_bench.extract", "region-feature extraction: images/s per detector worker and per decode core, "
                 "regions batched vs per image, fp32 vs bf16"),
 }

@@ -102,6 +102,15 @@ class FinetuneDataConfig(Section):
     eval_batches: PosInt | None = None  # cap on validation batches per evaluation
 
 
+class FinetuneExamplesConfig(Section):
+    """Example pages logged into the run at its end (`examples/index.html`, docs/tracking.md): `count`
+    examples of `split` with the run's final model, each with its picture, boxes, answers and
+    cross-attention. 0 = off."""
+
+    count: int = Field(16, ge=0, le=1000)
+    split: str = "valid"  # a split the run evaluates: any of its set's but train
+
+
 class FinetuneConfig(JobConfig):
     """LXMERT fine-tuning: `jobs/finetune.py --task vqa|gqa|nlvr2`. The model section applies to a
     from-scratch run; initialised from pretrained weights, the architecture is the checkpoint's."""
@@ -116,6 +125,7 @@ class FinetuneConfig(JobConfig):
     # Reference: BCE on the soft scores (VQA; its GQA default too); "ce": cross-entropy on the top answer.
     qa_loss: Literal["bce", "ce"] = "bce"
     robust: FinetuneRobustConfig = Field(default_factory=FinetuneRobustConfig)
+    examples: FinetuneExamplesConfig = Field(default_factory=FinetuneExamplesConfig)
     data: FinetuneDataConfig = Field(default_factory=FinetuneDataConfig)
     # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default: the paper's 5e-5, one epoch of
     # the synthetic set's 5,400 questions (168 steps).
@@ -139,6 +149,8 @@ class FinetuneConfig(JobConfig):
             lambda c: f"robust.conditions={list(c.robust.conditions)}"),
         Use("robust.seed", lambda c: bool(c.robust.conditions), "by the robustness conditions (robust.conditions)",
             lambda c: "robust.conditions=[]"),
+        Use("examples.split", lambda c: c.examples.count > 0, "by the example pages (examples.count > 0)",
+            lambda c: "examples.count=0"),
         EMBEDDED_USE,
         Use("data.synthetic_questions_per_image", lambda c: c.data.store is None and c.task != "nlvr2",
             "to build the embedded VQA or GQA set (data.store unset, task=vqa or gqa)",

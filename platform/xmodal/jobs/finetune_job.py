@@ -118,6 +118,10 @@ class FinetuneJob(JobSpec):
         if "valid" not in data.splits:
             raise ConfigError(f"data.store: {data.path} has no valid split (model selection needs one); "
                               f"it has {', '.join(data.splits)}")
+        shown = [s for s in data.splits if s != "train"]
+        if cfg.examples.count and cfg.examples.split not in shown:
+            raise ConfigError(f"examples.split: {cfg.examples.split!r} is not a split the run evaluates; expected one "
+                              f"of {', '.join(shown)} (the splits of {data.path} but train)")
         return data
 
     def open_data(self, path: str):

@@ -28,6 +28,14 @@ from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metrics
 
 
+class PretrainExamplesConfig(Section):
+    """Example pages of the QA head logged into the run at its end (`examples/index.html`,
+    docs/tracking.md): `count` questions of the store's minival split with the run's final model, each
+    with its picture, boxes, answers and cross-attention. 0 = off."""
+
+    count: int = Field(16, ge=0, le=1000)
+
+
 class TaskSchedule(Section):
     # The paper adds QA only in the last 10 of 20 epochs (0.5); the embedded default trains it from
     # the first step (PretrainConfig.schedule).
@@ -66,6 +74,7 @@ class PretrainConfig(JobConfig):
     # The embedded default trains QA from the first step; paper runs set schedule.qa_from_fraction=0.5.
     schedule: TaskSchedule = Field(default_factory=lambda: TaskSchedule(qa_from_fraction=0.0))
     data: LxmertDataConfig = Field(default_factory=LxmertDataConfig)
+    examples: PretrainExamplesConfig = Field(default_factory=PretrainExamplesConfig)
     # The small preset on the embedded store learns fastest at 2e-3; paper runs use 1e-4.
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3))
     # The embedded default: about 3 minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
@@ -75,6 +84,8 @@ class PretrainConfig(JobConfig):
 
     # Options read only under a condition (`config.unused_options`): given otherwise, an error.
     USES: ClassVar[tuple[Use, ...]] = (
+        Use("examples.count", lambda c: c.tasks.qa, "by the QA head's example pages (tasks.qa=true)",
+            lambda c: "tasks.qa=false"),
         Use("tasks.feat_loss", lambda c: c.tasks.obj_feat, "by the feature-regression task (tasks.obj_feat=true)",
             lambda c: "tasks.obj_feat=false"),
         Use("tasks.label_objects", lambda c: c.tasks.obj_label, "by the object-label task (tasks.obj_label=true)",

@@ -10,7 +10,10 @@ Shapes: B batch, T words, N objects, D hidden, F visual feature dim.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,7 +22,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xmodal.bounds import Dropout, NonNegInt, PosFloat, PosInt, SeqLen
-from xmodal.models.attention import PostLNAttention, PostLNFeedForward, padding_to_attn_mask
+from xmodal.models.attention import (
+    MultiHeadAttention,
+    PostLNAttention,
+    PostLNFeedForward,
+    padding_to_attn_mask,
+)
 
 
 @dataclass
@@ -196,6 +204,41 @@ class LxmertEncoder(nn.Module):
         cls = lang[:, 0]  # (B, D)
         pooled = torch.tanh(self.pooler(cls)) if self.pooler is not None else cls
         return LxmertOutput(lang, visn, pooled)
+
+
+def attention_probs(attn: MultiHeadAttention, x: Tensor, context: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """The (B, H, T, S) softmax weights of `attn`'s queries `x` over the keys of `context`: what its
+    fused SDPA call computes inside and does not return (the same projections, scale and mask)."""
+    d, h, dh = attn.dim, attn.num_heads, attn.head_dim
+    w, b = attn.in_proj.weight, attn.in_proj.bias
+    q = F.linear(x, w[:d], b[:d]).unflatten(-1, (h, dh)).transpose(1, 2)  # (B, H, T, dh)
+    k = F.linear(context, w[d:2 * d], b[d:2 * d]).unflatten(-1, (h, dh)).transpose(1, 2)  # (B, H, S, dh)
+    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(dh)  # (B, H, T, S)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask.float()
+    return scores.softmax(-1)
+
+
+@contextlib.contextmanager
+def recording_cross_attention(encoder: LxmertEncoder) -> Iterator[list[Tensor]]:
+    """Within the block, every forward of `encoder` appends to the yielded list, per cross-modality layer
+    in order, the language side's attention over the objects: (B, H, T, N) float32 weights of each word
+    ([CLS] first) over the boxes, read from the layer's own inputs by a forward pre-hook (padded objects
+    get 0). Outside it the encoder runs as before: no hook, no cost."""
+    found: list[Tensor] = []
+
+    def hook(layer: CrossModalityLayer, args: tuple) -> None:
+        lang, visn, _, visn_mask = args
+        with torch.no_grad():
+            found.append(attention_probs(layer.cross_l.attn, lang, visn, visn_mask).detach())
+
+    handles = [layer.register_forward_pre_hook(hook) for layer in encoder.x_layers]
+    try:
+        yield found
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class HeadTransform(nn.Module):

@@ -48,8 +48,10 @@ Differences from the reference code (each noted where it happens):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -344,6 +346,10 @@ class StreamStack(nn.Module):
         self.attn_dropout = attn_dropout
         self.relu_dropout, self.res_dropout = relu_dropout, res_dropout
         self.recompute_ffn = recompute_ffn
+        # Set by `recording_crossmodal_attention` only: each crossmodal layer call appends its attention
+        # weights here, and `Mult._crossmodal` files them by direction into `recorded`.
+        self.record: list[Tensor] | None = None
+        self.recorded: dict[tuple[int, tuple[str, str]], Tensor] = {}
         p = nn.Parameter
         self.ln1_weight, self.ln1_bias = p(torch.ones(depth, n, dim)), p(torch.zeros(depth, n, dim))
         self.in_proj_weight, self.in_proj_bias = p(torch.empty(depth, n, 3 * dim, dim)), p(torch.zeros(depth, n, 3 * dim))
@@ -447,6 +453,8 @@ class StreamStack(nn.Module):
             q = q.view(g * b, tq, h, p)  # (GB, T, H, P)
             kv = torch.baddbmm(kv_b[:, None], src.reshape(g, b * s, d), kv_w.transpose(1, 2))
             k, v = kv.view(g * b, s, 2, h, p).unbind(2)  # (GB, S, H, P) each
+        if self.record is not None and kv_hat is not None:
+            self.record.append(self._probs(q, k, attn_mask, is_causal).view(g, b, h, tq, -1))
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=attn_mask, is_causal=is_causal,
@@ -463,6 +471,21 @@ class StreamStack(nn.Module):
         else:
             f = self._ffn(x, fc1_w, fc1_b, fc2_w, fc2_b)
         return x + F.dropout(f, self.res_dropout, training)
+
+    @torch.no_grad()
+    def _probs(self, q: Tensor, k: Tensor, attn_mask, is_causal: bool) -> Tensor:
+        """The (GB, H, T, S) softmax weights the SDPA call below computes and does not return: the same
+        scores (the true head dim's scale; zero-padded head dims add nothing) and mask."""
+        scores = (q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2)).float() / math.sqrt(self.head_dim)
+        t, s = scores.shape[-2:]
+        if is_causal:
+            attn_mask = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril()
+        elif type(attn_mask).__name__ == "CausalBias":  # `offset_causal_mask`'s lower-right causal bias
+            attn_mask = offset_causal_allowed(t, s, device=scores.device)
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+                else scores + attn_mask.float()
+        return scores.softmax(-1)
 
     def _ffn(self, x: Tensor, fc1_w: Tensor, fc1_b: Tensor, fc2_w: Tensor, fc2_b: Tensor) -> Tensor:
         g, b, t, d = x.shape
@@ -590,6 +613,11 @@ class Mult(nn.Module):
                 stack.layer(weights[gi], layer, states[gi], kvs[gi], *masks[gi], stack.attn_dropout[s])
                 for gi, (s, e) in enumerate(groups)
             ]
+            if stack.record is not None:  # one entry per group, in order: (G, B, H, T, S)
+                found, stack.record = stack.record, []
+                for (s, e), probs in zip(groups, found, strict=True):
+                    for dr, p in zip(dirs[s:e], probs.unbind(0), strict=True):
+                        stack.recorded[(layer, dr)] = p
         out: dict[tuple[str, str], Tensor] = {}
         for gi, (s, e) in enumerate(groups):
             for dr, x in zip(dirs[s:e], StreamStack.final_norm(weights[gi], states[gi]).unbind(0), strict=True):
@@ -682,3 +710,19 @@ class Mult(nn.Module):
         # hidden: (B, combined). Residual block, then the output layer (reference).
         h = self.proj2(F.dropout(F.relu(self.proj1(hidden)), self.config.out_dropout, self.training)) + hidden
         return MultOutput(self.out_layer(h), hidden)
+
+
+@contextlib.contextmanager
+def recording_crossmodal_attention(model: Mult) -> Iterator[dict[tuple[int, tuple[str, str]], Tensor]]:
+    """Within the block, each forward of `model` fills the yielded dict with every crossmodal layer's
+    attention: (layer, (source, target)) -> (B, H, T_target, S_source) float32 weights of each target step
+    over the source steps (padded keys get 0), computed from the layer's own q and k and mask. Outside
+    it nothing is recorded."""
+    stack = getattr(model, "crossmodal", None)
+    if stack is None:
+        raise ValueError(f"MulT variant {model.config.variant!r} has no crossmodal attention to record")
+    stack.record, stack.recorded = [], {}
+    try:
+        yield stack.recorded
+    finally:
+        stack.record = None

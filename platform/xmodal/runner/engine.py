@@ -20,6 +20,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,11 @@ from xmodal.runner.spec import (
     split_batch,
 )
 from xmodal.scores import SELECTED_PREFIX
+
+# What a command line may add at the end of a run, before it is marked FINISHED: called with the plan, the
+# final checkpoint's folder and the driver's data; returns whether it did anything (its time is then logged
+# as `time/end_of_run_s`). The layers above the runner supply it (the example pages: `cli.job_main`).
+AfterRun = Callable[[RunPlan, Path, Any], bool]
 
 
 @dataclass
@@ -193,7 +199,7 @@ def in_trial_process(spec: JobSpec, plan: RunPlan, data, trial: Trial) -> InProc
 
 
 def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = None,
-                     marks: dict[str, float] | None = None) -> RunResult:
+                     marks: dict[str, float] | None = None, after_run: AfterRun | None = None) -> RunResult:
     """Ray Train, then the final artifacts; the MLflow run ends FINISHED, FAILED on any error, or
     KILLED when Ctrl-C stopped it (RunInterrupted). A sweep trial's end is the sweep driver's to mark
     (`Trial`). `marks`: the run's timeline so far (`xmodal.runner.timeline`), logged as `time/*`."""
@@ -225,7 +231,7 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
         if stopped:
             step = int((result.metrics or {}).get("step", 0))
             raise _stopped(plan, errors.RunInterrupted(f"at step {step}", step))
-        finish_run(plan, result.checkpoint, spec, data, marks)
+        finish_run(plan, result.checkpoint, spec, data, marks, after_run)
     except errors.RunInterrupted:
         raise
     except KeyboardInterrupt:
@@ -286,13 +292,15 @@ def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | 
 
 
 def run(spec: JobSpec | StagedJob, cfg, source: str = "defaults", parent_run_id: str | None = None,
-        tags: dict[str, str] | None = None, trial: Trial | None = None) -> RunResult:
+        tags: dict[str, str] | None = None, trial: Trial | None = None, after_run: AfterRun | None = None
+        ) -> RunResult:
     """check -> open the MLflow run -> Ray Train -> finish, for one run of any job. A staged job: its
-    name fixed once, every stage checked, then the stages run in order (each a run of its own)."""
+    name fixed once, every stage checked, then the stages run in order (each a run of its own).
+    `after_run`: what the command line adds at the end of each run (`AfterRun`)."""
     if isinstance(spec, StagedJob):
         cfg = named(spec, cfg)
         check(spec, cfg)
-        return spec.run_stages(cfg, run, source, parent_run_id, tags, trial)
+        return spec.run_stages(cfg, functools.partial(run, after_run=after_run), source, parent_run_id, tags, trial)
     marks: dict[str, float] = {}
     timeline.mark(marks, "run_start")
     checked = check(spec, cfg)
@@ -311,7 +319,7 @@ def run(spec: JobSpec | StagedJob, cfg, source: str = "defaults", parent_run_id:
             end_failed(p, e)
         raise
     try:
-        return train_and_finish(spec, p, checked.prepared.data, trial, marks)
+        return train_and_finish(spec, p, checked.prepared.data, trial, marks, after_run)
     except errors.RunInterrupted as e:
         if cfg.mlflow.run_name is None:  # a generated name: the same command would start a new run
             e.hint = f" with --run-name {p.run_name}"
@@ -326,10 +334,10 @@ def outbox(plan: RunPlan) -> tracking.Outbox:
 
 
 def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None,
-               marks: dict[str, float] | None = None) -> None:
+               marks: dict[str, float] | None = None, after_run: AfterRun | None = None) -> None:
     """Log the resolved config and the final checkpoint's files as artifacts, the final model as the
-    run's MLflow model (with `spec` and `data`), where the run's time went (`time/*`, from `marks`),
-    then mark the MLflow run finished."""
+    run's MLflow model (with `spec` and `data`), what `after_run` adds, where the run's time went
+    (`time/*`, from `marks`), then mark the MLflow run finished."""
     out = outbox(plan)
     with tempfile.TemporaryDirectory() as tmp:
         cfg_file = Path(tmp) / "config.yaml"
@@ -343,6 +351,8 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
                 model_id = record.log_model(spec, plan, data, Path(d))
                 if model_id is not None and plan.config.mlflow.registered_model:
                     record.register(plan, model_id)
+            if after_run is not None and not out.spooled and tracking.reachable(plan.tracking_uri):
+                _after(plan, Path(d), data, after_run, out)
     if marks:
         timeline.mark(marks, "finished")
         spent = timeline.phases(marks)
@@ -352,12 +362,26 @@ def finish_run(plan: RunPlan, checkpoint, spec: JobSpec | None = None, data=None
     out.report()
 
 
-def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
+def _after(plan: RunPlan, folder: Path, data, after_run: AfterRun, out: tracking.Outbox) -> None:
+    """`after_run`, timed. It adds to a run whose training is done: its failure is said in one line and
+    the run still ends FINISHED (its model and metrics are whole)."""
+    started = time.monotonic()
+    try:
+        did = after_run(plan, folder, data)
+    except Exception as e:
+        console.say(f"[xmodal] warning: the end-of-run pages of run {plan.run_name} were not made: "
+                    f"{type(e).__name__}: {e}")
+        return
+    if did:
+        out.metrics({"time/end_of_run_s": time.monotonic() - started}, plan.total_steps)
+
+
+def run_job(spec: JobSpec, cfg, source: str = "defaults", after_run: AfterRun | None = None) -> RunResult:
     """What a job's command line runs: one run (the spec's `run`), or with `seeds` in the config one
     run per seed under a parent run holding every metric's mean and std over the seeds."""
     seeds = getattr(cfg, "seeds", None)
     if not seeds:
-        return _run_and_sum_up(spec, cfg, source)
+        return _run_and_sum_up(spec, cfg, source, after_run=after_run)
     for seed in seeds:  # every seed's config is checked before the first run starts
         check(spec, _seeded(cfg, seed, "check"))
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
@@ -366,7 +390,7 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                              {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
-        finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent).run_id
+        finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent, after_run).run_id
                   for seed in seeds]
         summary = record.finish_seeds_parent(uri, parent, finals, seeds)
     except KeyboardInterrupt as e:  # the seed's run says where it stopped; a rerun resumes it
@@ -380,9 +404,10 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults") -> RunResult:
     return RunResult(parent, base, uri, summary)
 
 
-def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None) -> RunResult:
+def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None,
+                    after_run: AfterRun | None = None) -> RunResult:
     started = time.monotonic()
-    out = run(spec, cfg, source, parent_run_id=parent_run_id)
+    out = run(spec, cfg, source, parent_run_id=parent_run_id, after_run=after_run)
     c = console.CONSOLE
     shown = {k: v for k, v in out.metrics.items() if not k.startswith(SELECTED_PREFIX)}  # the best column has it
     c.show(console.end_summary(

@@ -133,6 +133,22 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
                         lambda: _client(uri).download_artifacts(run_id, artifact_path, str(dst_dir))))
 
 
+def artifact_url(uri: str, run_id: str, path: str) -> str | None:
+    """Where a browser shows a run's artifact `path`. A local artifact store: the file's file:// address,
+    where the links relative to it (a page's sibling pages) work too. A tracking server: the run's
+    Artifacts tab in the MLflow UI, which lists the path and shows it (the server itself sends artifacts
+    as downloads). None for a store a browser cannot open (e.g. s3:// under a local database)."""
+    info = _waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id).info)
+    root = info.artifact_uri
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/#/experiments/{info.experiment_id}/runs/{run_id}/artifacts"
+    if root.startswith("file:"):
+        return f"{root.rstrip('/')}/{path}"
+    if root.startswith("/"):
+        return Path(root, path).as_uri()
+    return None
+
+
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:
     """The most recently started FINISHED run of `experiment` with these tag values, or None. Reads
     only: a SQLite database that does not exist yet is not created (it holds no runs)."""

@@ -237,6 +237,13 @@ def log_artifact(uri: str, run_id: str, local_path: str | Path, artifact_path: s
     _waited(uri, f"logging artifact {local_path}", lambda: _log_artifact(uri, run_id, local_path, artifact_path))
 
 
+def log_table(uri: str, run_id: str, columns: dict[str, list[Any]], artifact_file: str) -> None:
+    """A table (column name -> values, one row per index) as a run's JSON table artifact, which the
+    MLflow UI shows in its evaluation view (`MlflowClient.log_table`)."""
+    _waited(uri, f"logging table {artifact_file}",
+            lambda: _client(uri).log_table(run_id, data=dict(columns), artifact_file=artifact_file))
+
+
 def set_terminated(uri: str, run_id: str, status: str = "FINISHED") -> None:
     _waited(uri, f"marking run {run_id} {status}", lambda: _set_terminated(uri, run_id, status))
 

@@ -1,0 +1,57 @@
+"""NLVR2: each example's two pictures, and the attention of each drawn over its own picture."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from xmodal.data.finetune.sets import open_finetune
+from xmodal.examples.build import write_pages
+from xmodal.examples.collect import RunExamples, choose_rows, evaluate
+from xmodal.models.lxmert import PRESETS, recording_cross_attention
+from xmodal.models.lxmert_finetune import LxmertForNlvr2
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("output", ["sigmoid", "softmax"])
+def test_nlvr2_examples_show_both_pictures_with_their_own_attention(stores, tmp_path, output):
+    data = open_finetune(stores["nlvr2"])
+    m = data.store.manifest
+    torch.manual_seed(0)
+    model = LxmertForNlvr2(PRESETS["tiny"].replace(vocab_size=m.vocab_size, visual_feat_dim=m.feat_dim,
+                                                   x_layers=2), output=output).eval()
+    rows = choose_rows(len(data.split("valid")), 6)
+    examples = evaluate(model, data, "valid", rows, [])
+    sp = data.split("valid")
+    for e, row in zip(examples, rows.tolist(), strict=True):
+        assert [p.img_id for p in e.pictures] == [str(x) for x in sp.img_ids[row]]
+        assert e.attention.shape[:3] == (2, 2, 4)  # layers, pictures, heads
+        assert {a for a, _ in e.top} == {"true", "false"} and sum(p for _, p in e.top) == pytest.approx(1)
+        assert e.right == (e.gold[0][0] == e.pred)
+        assert e.pred == e.top[0][0]
+
+    # picture 1's weights are those of the statement over the second image (the pair is stacked
+    # [img0, img1] per example along the batch, the model's own layout)
+    e, row = examples[0], int(rows[0])
+    images = data.images("valid")
+    k = images.rows[row]  # (2,) the two images
+    ids = torch.from_numpy(sp.input_ids[row:row + 1].astype(np.int64)).repeat(2, 1)
+    with torch.no_grad(), recording_cross_attention(model.encoder) as found:
+        model.encoder(ids, ids != 0, torch.from_numpy(images.features[k].astype(np.float32)),
+                      torch.from_numpy(images.boxes[k]), torch.from_numpy(images.visual_mask[k]))
+    t = len(e.tokens)
+    want = torch.stack(found)[:, :, :, :t].numpy()  # (L, 2, H, T, N)
+    np.testing.assert_allclose(e.attention, want, atol=1e-6)
+
+    a = RunExamples("r", "run", "nlvr2", "valid", str(data.path), examples, len(sp), [])
+    write_pages(a, None, tmp_path)
+    page = (tmp_path / "example-0000.html").read_text()
+    assert page.count("<div class='pic'>") == 2 and "picture 1 boxes" in page
+    shown = json.loads(re.search(r"id='att-A'>(.*?)</script>", page).group(1))
+    assert shown["pics"] == [p.img_id for p in examples[0].pictures]
+    assert "accuracy by sentence length" in (tmp_path / "index.html").read_text()
