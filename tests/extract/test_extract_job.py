@@ -82,6 +82,9 @@ def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images,
     assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp_path / "imgs").resolve())
     assert image_sources(store) == {**{p.stem: str(p.resolve()) for p in images},
                                     "grey": str((tmp_path / "imgs" / "sub" / "grey.PNG").resolve())}
+    from xmodal.examples.collect import store_sources
+
+    assert store_sources(store) == image_sources(store)  # what the example pages draw the pictures from
     lines = [x for x in stdout.splitlines() if x.strip()]
     assert lines and all("RANDOM WEIGHTS" in x for x in lines), lines
     assert any("extracted 5 images" in x and "rejected 0" in x for x in lines)

@@ -172,15 +172,14 @@ def is_synthetic(store) -> bool:
 
 
 def store_sources(store) -> dict[str, str]:
-    """img_id -> the image's path or URI, as the store records it; {} where it records none (or this
-    version of the feature store cannot say)."""
-    from xmodal.data.lxmert import features
+    """img_id -> the image's path or URI, as the store records it; {} where it records none: a feature
+    store from a reference TSV, or an LXMERT store (ingest does not carry the sources over)."""
+    from xmodal.data.lxmert.features import FeatureStore, image_sources
 
-    find = getattr(features, "image_sources", None)
-    if find is None:
+    if not isinstance(store, FeatureStore):
         return {}
     try:
-        return dict(find(store) or {})
+        return image_sources(store)
     except (OSError, ValueError, KeyError) as e:
         log.warning("[xmodal] the image sources of %s cannot be read (%s): drawing blank canvases", store.path, e)
         return {}
