@@ -66,11 +66,11 @@ WORKERS = {"worker1": "10.231.0.2", "worker2": "10.231.0.3", "worker3": "10.231.
 VICTIM = "worker3"
 BUCKET = "xmodal"
 PHOTOS = f"s3://{BUCKET}/photos"
-N_IMAGES = 120
+N_IMAGES = 64
 BATCH = 4
 SHARD = 8  # images per chunk the driver writes (default 256): the chunks come often enough to time the faults by
-KILL_AFTER = 32  # images written when the worker host dies
-INTERRUPT_AFTER = 48  # images written when the driver gets SIGINT
+KILL_AFTER = 16  # images written when the worker host dies
+INTERRUPT_AFTER = 24  # images written when the driver gets SIGINT
 SAMPLE = 12
 HEALTH = json.loads((REPO / "scripts" / "cluster" / "head_system_config.json").read_text())
 COMMON = ["--object-store-memory=100000000", "--disable-usage-stats"]
@@ -354,7 +354,8 @@ def check_detector_features(c: Cluster, rows: dict[str, dict]) -> None:
     for p, reg in zip(sample, found, strict=True):
         m = int(reg.boxes.shape[0])
         padded = {"img_id": np.array([p.stem], dtype=object), "img_h": np.array([reg.img_h]),
-                  "img_w": np.array([reg.img_w]), "num_boxes": np.array([m])}
+                  "img_w": np.array([reg.img_w]), "num_boxes": np.array([m]),
+                  "source": np.array([f"{PHOTOS}/{p.name}"], dtype=object)}  # an S3 image's source: its URI
         for name, value, fill in (("features", reg.features, 0.0), ("boxes", reg.boxes, 0.0),
                                   ("obj_ids", reg.obj_ids, -1), ("obj_conf", reg.obj_conf, 0.0),
                                   ("attr_ids", reg.attr_ids, -1), ("attr_conf", reg.attr_conf, 0.0)):
