@@ -117,8 +117,11 @@ def test_two_runs_side_by_side_add_up(run, tmp_path):
 
 
 def test_bad_runs_and_splits_are_refused_before_anything_is_written(run, tmp_path):
-    _, uri, run_id, _ = run
+    _, uri, run_id, vqa = run
     exp = tracking.ensure_experiment(uri, "other")
+    # a run whose recorded data digest is not the set's now: the set was ingested again since
+    moved = tracking.create_run(uri, exp, "m", {}, {run_tags.TASK: "finetune-vqa", run_tags.FINETUNE_SET: str(vqa.path),
+                                                     run_tags.REPRO_DATA_MANIFEST: "0" * 16})
     other = tracking.create_run(uri, exp, "r", {}, {run_tags.TASK: "retrieval"})
     gqa = tracking.create_run(uri, exp, "g", {}, {run_tags.TASK: "finetune-gqa"})
     out = tmp_path / "never"
@@ -128,6 +131,7 @@ def test_bad_runs_and_splits_are_refused_before_anything_is_written(run, tmp_pat
         (dict(run_id=run_id, split="test"), "--split test"),
         (dict(run_id=run_id, compare_run=gqa), "two runs of one task"),
         (dict(run_id=run_id, n=0), "--examples 0"),
+        (dict(run_id=moved), f"is not the data run '{moved}' read: its manifest's digest is "),
     ]
     for kwargs, said in cases:
         args = {"split": None, "n": 4, **kwargs}

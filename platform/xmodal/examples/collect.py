@@ -119,17 +119,37 @@ def get_run(uri: str, run_id: str, key: str) -> tracking.RunRecord:
         raise ExamplesError(f"{key}: no MLflow run {run_id!r} at {uri}") from None
 
 
+def check_data_unchanged(run: tracking.RunRecord, path: str, key: str) -> None:
+    """The data at `path` is the data the run read: its manifest's digest equals the one the run recorded
+    (`run_tags.REPRO_DATA_MANIFEST`). Data ingested again since would give other examples than the run
+    evaluated, with no error."""
+    from xmodal.runner.run_record import manifest_digest
+
+    recorded = run.tags.get(run_tags.REPRO_DATA_MANIFEST)
+    found = manifest_digest(path)
+    if recorded and recorded != "-" and found != recorded:
+        raise ExamplesError(f"{key}: {path} is not the data run {run.run_id!r} read: its manifest's digest is "
+                            f"{found}, the run recorded {recorded}; expected the data as it was (was it "
+                            "ingested again since?)")
+
+
+def open_recorded(run: tracking.RunRecord, key: str, tag: str, what: str, opener):
+    """The data the run recorded under `tag` (its path), checked unchanged and opened with `opener`."""
+    path = run.tags.get(tag)
+    if not path:
+        raise ExamplesError(f"{key}: run {run.run_id!r} records no {what} (tag {tag!r})")
+    check_data_unchanged(run, path, key)
+    try:
+        return opener(path)
+    except UserError as e:
+        raise ExamplesError(f"{key}: the {what} of run {run.run_id!r} cannot be opened: {e}") from None
+
+
 def open_set(run: tracking.RunRecord, key: str):
     """The fine-tuning set the run read (its `finetune_set` tag), opened and checked."""
     from xmodal.data.finetune.sets import open_finetune
 
-    path = run.tags.get(run_tags.FINETUNE_SET)
-    if not path:
-        raise ExamplesError(f"{key}: run {run.run_id!r} records no fine-tuning set (tag {run_tags.FINETUNE_SET!r})")
-    try:
-        return open_finetune(path)
-    except UserError as e:
-        raise ExamplesError(f"{key}: the fine-tuning set of run {run.run_id!r} cannot be opened: {e}") from None
+    return open_recorded(run, key, run_tags.FINETUNE_SET, "fine-tuning set", open_finetune)
 
 
 def check_split(data, split: str, run_id: str) -> None:
@@ -391,13 +411,7 @@ PRETRAIN_SPLIT = "minival"  # the split a pretraining run evaluates
 def open_pretrain_store(run: tracking.RunRecord, key: str):
     from xmodal.data.lxmert.store import open_store
 
-    path = run.tags.get(run_tags.STORE)
-    if not path:
-        raise ExamplesError(f"{key}: run {run.run_id!r} records no store (tag {run_tags.STORE!r})")
-    try:
-        return open_store(path)
-    except UserError as e:
-        raise ExamplesError(f"{key}: the store of run {run.run_id!r} cannot be opened: {e}") from None
+    return open_recorded(run, key, run_tags.STORE, "store", open_store)
 
 
 def check_pretrain_split(store, split: str, run_id: str) -> None:
