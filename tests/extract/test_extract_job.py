@@ -299,6 +299,8 @@ def test_quiet_unless_verbose(tmp_path):
     lines = run.stdout.splitlines()
     assert lines and all(x.startswith("[xmodal] RANDOM WEIGHTS: ") for x in lines), lines
     assert "wrote " in lines[-1]
+    # no --batch-size: chosen for the device, and said so (a CPU actor: 4)
+    assert any("batch 4 (chosen for the device)" in x for x in lines), lines
 
 
 @pytest.mark.slow

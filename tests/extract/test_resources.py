@@ -7,8 +7,11 @@ import pytest
 
 from xmodal.extract.images import ExtractError
 from xmodal.extract.resources import (
+    AUTO_BATCH_MAX,
+    CPU_BATCH,
     CUDA_CONTEXT_BYTES,
     DEFAULT_GPU_SHARE,
+    UNPROBED_GPU_BATCH,
     Cluster,
     batch_memory_bytes,
     place,
@@ -76,3 +79,31 @@ def test_gpu_cluster_two_actors_a_gpu_by_default():
     assert _place(gpu, batch_size=fits + 1, precision="bf16").actors == 4  # half the bytes
     # a GPU node that did not answer the memory question: the batch is not judged
     assert _place(Cluster(cpus=8, gpus=(1.0,), memory=GIB), batch_size=10**6).actors == 2
+
+
+def test_batch_left_out_is_chosen_for_the_device():
+    params = 65_000_000
+    for gib, precision in ((80, "fp32"), (141, "fp32"), (80, "bf16"), (141, "bf16"), (24, "fp32")):
+        gpu = Cluster(cpus=16, gpus=(1.0,), memory=128 * GIB, gpu_memory=gib * GIB)
+        p = _place(gpu, batch_size=None, precision=precision, params=params)
+        have = 0.5 * gib * GIB - CUDA_CONTEXT_BYTES
+        # the largest batch the estimate fits, at most AUTO_BATCH_MAX
+        assert p.batch_chosen and 1 <= p.batch_size <= AUTO_BATCH_MAX
+        assert batch_memory_bytes(FULL, p.batch_size, precision, params) <= have
+        assert (p.batch_size == AUTO_BATCH_MAX
+                or batch_memory_bytes(FULL, p.batch_size + 1, precision, params) > have)
+    h200 = Cluster(cpus=16, gpus=(1.0,), memory=128 * GIB, gpu_memory=141 * GIB)
+    assert _place(h200, batch_size=None, precision="bf16", params=params).batch_size == AUTO_BATCH_MAX
+    assert _place(h200, batch_size=None, gpus_per_actor=1, params=params).batch_size == AUTO_BATCH_MAX
+    assert _place(h200, batch_size=None, gpus_per_actor=0.25, params=params).batch_size < AUTO_BATCH_MAX
+    # given, it is kept and not marked chosen
+    assert (_place(h200, batch_size=3).batch_size, _place(h200, batch_size=3).batch_chosen) == (3, False)
+    unprobed = Cluster(cpus=8, gpus=(1.0,), memory=GIB)
+    assert _place(unprobed, batch_size=None).batch_size == UNPROBED_GPU_BATCH
+    cpu = Cluster(cpus=16, gpus=(0.0,), memory=64 * GIB)
+    assert _place(cpu, batch_size=None).batch_size == CPU_BATCH
+    assert _place(Cluster(cpus=2, gpus=(0.0,), memory=3 * GIB), batch_size=None).batch_size == 1  # what fits
+    with pytest.raises(ExtractError) as e:
+        _place(Cluster(cpus=8, gpus=(1.0,), memory=GIB, gpu_memory=4 * GIB), batch_size=None, gpus_per_actor=0.25)
+    assert str(e.value).startswith("the detector does not fit an actor at one image a call: estimated at ")
+    assert str(e.value).endswith("expected a larger --gpus-per-actor, or bf16")

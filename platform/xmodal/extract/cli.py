@@ -40,9 +40,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rejected", default=DEFAULT_MAX_REJECTED, metavar="N|P%",
                    help="unreadable images tolerated (listed and skipped) before the run fails: a number or a "
                         f"percentage of the images (default {DEFAULT_MAX_REJECTED})".replace("%", "%%"))
-    p.add_argument("--batch-size", type=int, default=4,
-                   help="images per detector call (default 4; refused where the estimate of the memory it needs "
-                        "passes an actor's share)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images per detector call (default: on a GPU the largest the estimate of its memory fits "
+                        "in an actor's share, at most 64; 4 on CPU; a given one is refused where the estimate "
+                        "passes the share)")
     p.add_argument("--actors", type=int, default=None,
                    help="detector actors (default: as many as the cluster's GPUs place at --gpus-per-actor, "
                         "else 1 on CPU)")

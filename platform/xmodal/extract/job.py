@@ -70,7 +70,7 @@ class ExtractOptions:
     format: str = "store"  # or "tsv"
     ids: str | None = None
     max_rejected: str = DEFAULT_MAX_REJECTED  # N images, or P% of them
-    batch_size: int = 4
+    batch_size: int | None = None  # default: chosen for the device (resources.place)
     actors: int | None = None  # default: as many as the cluster's GPUs place at gpus_per_actor, else 1
     gpus_per_actor: float | None = None  # default: 0.5 on a cluster with GPUs (resources.place)
     decode_tasks: int | None = None  # default: the cluster's CPUs less one per actor
@@ -342,10 +342,11 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     items = [{"path": r.path, "img_id": r.img_id,
               "given": plan.given[r.img_id].tobytes() if plan.given is not None else b""} for r in todo]
     # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
-    decode_tasks = min(placed.decode_tasks, -(-len(items) // o.batch_size))
+    decode_tasks = min(placed.decode_tasks, -(-len(items) // placed.batch_size))
     device = f"GPU ({placed.gpus_per_actor:g} each)" if placed.gpus_per_actor else "CPU"
     tell(f"extracting {len(todo)} images with {placed.actors} detector actor(s) on {device}, {decode_tasks} decode "
-         f"task(s), batch {o.batch_size}, {o.precision}, boxes "
+         f"task(s), batch {placed.batch_size}{' (chosen for the device)' if placed.batch_chosen else ''}, "
+         f"{o.precision}, boxes "
          f"{plan.num_objects if plan.given else '-'.join(map(str, sorted(set(plan.boxes_range))))}"
          f"{' from ' + str(o.boxes_from) if plan.given else ''}; work kept in {work.path} until done")
     bar = progress_bar(len(todo), f"extract ({RANDOM})" if o.random_weights else "extract", "img", o.progress)
@@ -366,7 +367,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
 
     noise = DriverNoise().__enter__()
     try:
-        for batch in pipeline.run(items, spec, batch_size=o.batch_size, actors=placed.actors,
+        for batch in pipeline.run(items, spec, batch_size=placed.batch_size, actors=placed.actors,
                                   gpus_per_actor=placed.gpus_per_actor, decode_tasks=decode_tasks):
             work.start()  # the run has really started: its work folder is made now
             reject = batch["reject"]

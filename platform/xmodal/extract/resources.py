@@ -12,6 +12,10 @@ driver once Ray is reached and before the pipeline starts (one `error:` line eac
   the actor's share of a GPU's memory (asked of a GPU node) or, on CPU, the cluster's memory per actor.
   An estimate: the activations of the largest input the detector makes (600 x 1000) through the
   backbone and of the RoI head over its 300 regions per image, not a measurement of the allocator.
+  Left out, it is chosen: on a GPU the largest batch the estimate fits in the actor's share, at most
+  `AUTO_BATCH_MAX` (the host's work per image falls with the batch, and past 64 it is under a
+  millisecond); `UNPROBED_GPU_BATCH` where no GPU node told its memory; `CPU_BATCH` on CPU (a CPU
+  actor runs the backbone one image at a time, so a larger batch gains nothing there).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ DEFAULT_GPU_SHARE = 0.5
 LARGEST_INPUT = (600, 1000)  # the detector's scaling: short side 600, long side at most 1000
 CUDA_CONTEXT_BYTES = 1 << 30  # what a process's CUDA context and kernels take before any tensor
 GPU_PROBE_TIMEOUT_S = 60.0
+AUTO_BATCH_MAX = 64
+UNPROBED_GPU_BATCH = 8
+CPU_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class Placement:
     actors: int
     gpus_per_actor: float  # 0 on CPU
     decode_tasks: int
+    batch_size: int
+    batch_chosen: bool = False  # chosen here, not given
 
 
 def batch_memory_bytes(cfg, batch_size: int, precision: str, params: int = 0) -> int:
@@ -78,9 +87,9 @@ def _gib(n: float) -> str:
 
 
 def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None, decode_tasks: int | None,
-          batch_size: int, precision: str, cfg, params: int = 0) -> Placement:
-    """The run's actors, GPU share and decode tasks on `cluster`; an ExtractError names the option, its
-    value and what the cluster takes."""
+          batch_size: int | None, precision: str, cfg, params: int = 0) -> Placement:
+    """The run's actors, GPU share, decode tasks and batch on `cluster` (`batch_size` None: chosen, see the
+    module's text); an ExtractError names the option, its value and what the cluster takes."""
     gpus = cluster.total_gpus
     if gpus_per_actor is not None and gpus <= 0:
         raise ExtractError(f"--gpus-per-actor {gpus_per_actor:g}: the cluster has no GPU; leave it out on a CPU "
@@ -97,7 +106,6 @@ def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None,
             raise ExtractError(f"--actors {actors}: the cluster has {cluster.cpus} CPU(s) and no GPU, one CPU per "
                                f"detector actor; expected at most {cluster.cpus}")
         n = actors or 1
-    need = batch_memory_bytes(cfg, batch_size, precision, params)
     if share and cluster.gpu_memory:
         have = share * cluster.gpu_memory - CUDA_CONTEXT_BYTES
         where = f"{share:g} of a {_gib(cluster.gpu_memory)} GPU, less {_gib(CUDA_CONTEXT_BYTES)} for CUDA"
@@ -106,15 +114,27 @@ def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None,
         where = f"the cluster's {_gib(cluster.memory)} of memory over {n} actor(s)"
     else:
         have = None
+    per_image = batch_memory_bytes(cfg, 1, precision) - batch_memory_bytes(cfg, 0, precision)
+    fit = None if have is None else max(0, int((have - 4 * params) // per_image))
+    chosen = batch_size is None
+    if chosen:
+        batch_size = CPU_BATCH if not share else UNPROBED_GPU_BATCH if fit is None else min(AUTO_BATCH_MAX, fit)
+        if fit is not None:
+            batch_size = min(batch_size, fit)
+        if batch_size < 1:
+            raise ExtractError(f"the detector does not fit an actor at one image a call: estimated at "
+                               f"{_gib(batch_memory_bytes(cfg, 1, precision, params))} ({precision}), more than an "
+                               f"actor's {_gib(max(0, have or 0))} ({where}); expected "
+                               + ("a larger --gpus-per-actor, or bf16" if share else "fewer --actors"))
+    need = batch_memory_bytes(cfg, batch_size, precision, params)
     if have is not None and need > have:
-        fit = max(0, int((have - 4 * params) // max(1, (need - 4 * params) // batch_size)))
         raise ExtractError(f"--batch-size {batch_size}: one detector call is estimated at {_gib(need)} "
                            f"({precision}, {LARGEST_INPUT[0]} x {LARGEST_INPUT[1]} images, "
                            f"{cfg.rpn.post_nms_top_n} regions each), more than an actor's {_gib(max(0, have))} ({where}); "
                            f"expected a batch of at most {fit}" + (" (or a larger --gpus-per-actor, or bf16)"
                                                                     if share else ""))
     tasks = decode_tasks if decode_tasks is not None else max(1, cluster.cpus - n)
-    return Placement(n, share, tasks)
+    return Placement(n, share, tasks, batch_size, chosen)
 
 
 def cluster_view(probe_gpu: bool = True) -> Cluster:
