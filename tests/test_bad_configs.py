@@ -479,6 +479,8 @@ CASES = [
          ["--gpus-per-actor 1.5", "0 < F <= 1"], files=IMAGE),
     Case("extract-actors-zero", "extract.py", [".", "out", *EXTRACT_TINY, "--actors", "0"],
          ["--actors 0", ">= 1"], files=IMAGE),
+    Case("extract-input-size-not-short-max", "extract.py", [".", "out", *EXTRACT_TINY, "--input-size", "600"],
+         ["--input-size '600'", "expected SHORT:MAX", "600:1000"], files=IMAGE),
     Case("extract-unknown-precision", "extract.py", [".", "out", *EXTRACT_TINY, "--precision", "fp16"],
          ["--precision", "'fp16'", "fp32", "tf32", "bf16"], files=IMAGE),
     # the work folder beside OUT is made once results arrive: a run that cannot reach Ray leaves none

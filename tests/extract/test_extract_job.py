@@ -227,6 +227,10 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
         "boxes and boxes-from": ([imgs, tmp_path / "o", *TINY, "--boxes", "36", "--boxes-from", tmp_path / "b.json"],
                                  "give one"),
         "missing boxes file": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "b.json"], "does not exist"),
+        "input size not SHORT:MAX": ([imgs, tmp_path / "o", *TINY, "--input-size", "600x1000"],
+                                     "--input-size '600x1000': expected SHORT:MAX, whole pixels with 32 <= SHORT <= MAX"),
+        "input size short above max": ([imgs, tmp_path / "o", *TINY, "--input-size", "800:600"],
+                                       "--input-size '800:600': expected SHORT:MAX"),
         # read from the image's header before Ray starts (the image is 56 wide)
         "box outside its image": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "outside.json"],
                                   f"outside.json: img_id 'COCO_val2014_000000000001' ({imgs / 'COCO_val2014_000000000001.jpg'}): "
@@ -382,20 +386,24 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
 
 
 @pytest.mark.slow
-def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, images, capsys):
+@pytest.mark.parametrize("size", [None, "150:250"])
+def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, images, capsys, size):
     # A detector saved in the detectron2 port's layout, run by the job, gives what the same detector
     # gives on the images as cv2.imread reads them and the reference's OpenCV code prepares them: the
     # whole path (listing, decoding and preparing in Ray tasks, the weights' import in each actor,
-    # batching, the store's packing) changes nothing but float16.
-    det = random_detector(DetectorConfig.tiny(), seed=7)
+    # batching, the store's packing) changes nothing but float16. With --input-size, the detector's
+    # input config is that size's, in the decode tasks and the actors alike.
+    short, cap = map(int, (size or "600:1000").split(":"))
+    det = random_detector(DetectorConfig.tiny().replace_in("input", scale=short, max_size=cap), seed=7)
     save_in_layout(det.state_dict(), "detectron2", tmp_path / "w.pkl")
     out = tmp_path / "store"
     rc, stdout, err = _run(tmp_path / "imgs", out, "--weights", tmp_path / "w.pkl", "--tiny", "--no-progress",
-                           "--batch-size", "3", capsys=capsys)
+                           "--batch-size", "3", *(["--input-size", size] if size else []), capsys=capsys)
     assert rc == 0, err
     assert "RANDOM" not in stdout
     store = open_features(out)
     assert store.manifest.options["layout"] == "detectron2"
+    assert store.manifest.options.get("input_size") == (None if size is None else [short, cap])
     rows = _rows(store)
     import torch
 

@@ -33,6 +33,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (default: exact, TF32 off), tf32 (TF32 convolutions and matmuls) or bf16 (bfloat16 "
                         "autocast over the network; boxes and NMS in float32)")
+    p.add_argument("--input-size", metavar="SHORT:MAX",
+                   help="the detector's input: the short side scaled to SHORT pixels unless the long side would "
+                        "pass MAX (default 600:1000, the reference's and its weights'; another for a detector "
+                        "trained at another size)")
     p.add_argument("--format", choices=("store", "tsv"), default="store",
                    help="store (default): a feature-only store; tsv: the reference's TSV")
     p.add_argument("--ids", metavar="FILE", help="image ids: JSON {path: img_id} or TSV path<TAB>img_id lines "
@@ -68,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
 def options(a: argparse.Namespace) -> ExtractOptions:
     return ExtractOptions(images=a.images, out=a.out, weights=a.weights, layout=a.layout,
                           random_weights=a.random_weights, tiny=a.tiny, boxes=a.boxes, boxes_from=a.boxes_from,
-                          precision=a.precision, format=a.format, ids=a.ids, max_rejected=a.max_rejected,
+                          precision=a.precision, input_size=a.input_size, format=a.format, ids=a.ids,
+                          max_rejected=a.max_rejected,
                           batch_size=a.batch_size, actors=a.actors, gpus_per_actor=a.gpus_per_actor,
                           decode_tasks=a.decode_tasks,
                           images_per_shard=a.images_per_shard, objects_vocab=a.objects_vocab,

@@ -25,6 +25,7 @@ import datetime
 import hashlib
 import math
 import os
+import re
 import shutil
 import time
 import uuid
@@ -54,6 +55,7 @@ PUBLIC_WEIGHTS = (
     "unc-nlp/frcnn-vg-finetuned (Hugging Face): pytorch_model.bin",
 )
 DEFAULT_MAX_REJECTED = "1%"
+MIN_INPUT_SIDE = 32  # the backbone's stride is 16: a smaller input leaves the RPN a cell or two
 
 
 @dataclass
@@ -67,6 +69,7 @@ class ExtractOptions:
     boxes: str | None = None  # "36" (default) or "MIN-MAX"
     boxes_from: str | None = None
     precision: str = "fp32"  # fp32 (exact), tf32, bf16 (config.PRECISIONS)
+    input_size: str | None = None  # "SHORT:MAX" pixels; default the reference's 600:1000 (InputConfig)
     format: str = "store"  # or "tsv"
     ids: str | None = None
     max_rejected: str = DEFAULT_MAX_REJECTED  # N images, or P% of them
@@ -120,6 +123,21 @@ def max_rejected(text: str, total: int) -> int:
     except ValueError:
         raise ExtractError(f"--max-rejected {text!r}: expected a number of images >= 0 (e.g. 10) or a percentage "
                            "of them (e.g. 1%)") from None
+
+
+def input_size(text: str | None) -> tuple[int, int]:
+    """`--input-size SHORT:MAX` -> (short side, long side's cap) of the detector's input; None -> the
+    reference's (`InputConfig`: TEST.SCALES[0], TEST.MAX_SIZE)."""
+    from xmodal.models.butd.config import InputConfig
+
+    if text is None:
+        return InputConfig.scale, InputConfig.max_size
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if m is None or not MIN_INPUT_SIDE <= int(m.group(1)) <= int(m.group(2)):
+        raise ExtractError(f"--input-size {text!r}: expected SHORT:MAX, whole pixels with {MIN_INPUT_SIDE} <= SHORT "
+                           f"<= MAX (the reference's {InputConfig.scale}:{InputConfig.max_size}: the short side "
+                           "scaled to SHORT unless the long side would pass MAX)")
+    return int(m.group(1)), int(m.group(2))
 
 
 def weights_error() -> ExtractError:
@@ -183,6 +201,7 @@ class Plan:
     fingerprint: dict[str, Any]
     images_root: str = ""  # what the relative sources are relative to
     sources: dict[str, str] | None = None  # img_id -> where the image came from (images.image_sources)
+    input_size: tuple[int, int] = (600, 1000)  # the detector's input: short side, long side's cap
 
 
 def _detector_sizes(tiny: bool) -> tuple[int, int]:
@@ -208,6 +227,7 @@ def check(o: ExtractOptions) -> Plan:
     if o.boxes is not None and o.boxes_from is not None:
         raise ExtractError("--boxes and --boxes-from: give one (--boxes-from takes the boxes from the file)")
     boxes_range = parse_boxes(o.boxes or "36")
+    size = input_size(o.input_size)
     if o.random_weights and o.weights:
         raise ExtractError("--weights and --random-weights: give one")
     if o.random_weights and o.layout != "auto":
@@ -243,9 +263,11 @@ def check(o: ExtractOptions) -> Plan:
         "boxes": None if given else list(boxes_range),
         "boxes_from_sha256": sha256_of(Path(o.boxes_from).expanduser()) if o.boxes_from else None,
         "num_objects": num_objects, "precision": o.precision,
+        # recorded where it is not the reference's, so that a work folder of an earlier version still resumes
+        **({"input_size": list(size)} if size != input_size(None) else {}),
     }
     root, sources = image_sources(o.images, refs)
-    return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint, root, sources)
+    return Plan(refs, given, boxes_range, num_objects, out, layout, sha, vocab, fingerprint, root, sources, size)
 
 
 def _detector_params(tiny: bool) -> int:
@@ -312,7 +334,6 @@ def _connect(o: ExtractOptions, plan: Plan, pipeline) -> tuple[Any, Any, bool]:
     fails."""
     import ray
 
-    from xmodal.models.butd.detector import DetectorConfig
     from xmodal.runner.ray_cluster import connect
 
     started_here = not ray.is_initialized()
@@ -322,10 +343,10 @@ def _connect(o: ExtractOptions, plan: Plan, pipeline) -> tuple[Any, Any, bool]:
             weights=None if o.random_weights else str(Path(o.weights or "").expanduser().resolve()),
             weights_sha256=plan.weights_sha256, layout=plan.layout or "auto", tiny=o.tiny, seed=o.seed,
             boxes_range=plan.boxes_range, given=plan.given is not None, precision=o.precision,
-            num_objects=plan.num_objects)
+            num_objects=plan.num_objects, input_size=plan.input_size)
         placed = place(cluster_view(), actors=o.actors, gpus_per_actor=o.gpus_per_actor,
                        decode_tasks=o.decode_tasks, batch_size=o.batch_size, precision=o.precision,
-                       cfg=DetectorConfig.tiny() if o.tiny else DetectorConfig(), params=_detector_params(o.tiny))
+                       cfg=spec.config(), params=_detector_params(o.tiny))
     except BaseException:
         if started_here and ray.is_initialized():
             ray.shutdown()

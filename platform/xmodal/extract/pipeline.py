@@ -47,11 +47,13 @@ class DetectorSpec:
     given: bool = False  # boxes come with the images (--boxes-from)
     precision: str = "fp32"  # `detector.PRECISIONS`: fp32 (exact), tf32, bf16
     num_objects: int = 36
+    input_size: tuple[int, int] = (600, 1000)  # InputConfig's scale and max_size: --input-size
 
     def config(self):
         from xmodal.models.butd.config import DetectorConfig
 
-        return (DetectorConfig.tiny() if self.tiny else DetectorConfig()).with_boxes(self.boxes_range)
+        cfg = (DetectorConfig.tiny() if self.tiny else DetectorConfig()).with_boxes(self.boxes_range)
+        return cfg.replace_in("input", scale=self.input_size[0], max_size=self.input_size[1])
 
     def build(self):
         from xmodal.models.butd.detector import random_detector

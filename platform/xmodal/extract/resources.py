@@ -10,7 +10,8 @@ driver once Ray is reached and before the pipeline starts (one `error:` line eac
   least 1, so that decoding keeps up with the detectors.
 - `--batch-size`: `batch_memory_bytes` estimates what one detector call holds on its device, against
   the actor's share of a GPU's memory (asked of a GPU node) or, on CPU, the cluster's memory per actor.
-  An estimate: the activations of the largest input the detector makes (600 x 1000) through the
+  An estimate: the activations of the largest input the detector makes (the reference's 600 x 1000:
+  its input's short side by the long side's cap, `--input-size`) through the
   backbone and of the RoI head over its 300 regions per image, not a measurement of the allocator.
   Left out, it is chosen: on a GPU the largest batch the estimate fits in the actor's share, at most
   `AUTO_BATCH_MAX` (the host's work per image falls with the batch, and past 64 it is under a
@@ -27,7 +28,6 @@ from xmodal.extract.images import ExtractError
 
 ACTIVATION_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}  # tf32 computes in float32's storage
 DEFAULT_GPU_SHARE = 0.5
-LARGEST_INPUT = (600, 1000)  # the detector's scaling: short side 600, long side at most 1000
 CUDA_CONTEXT_BYTES = 1 << 30  # what a process's CUDA context and kernels take before any tensor
 GPU_PROBE_TIMEOUT_S = 60.0
 AUTO_BATCH_MAX = 64
@@ -64,7 +64,7 @@ def batch_memory_bytes(cfg, batch_size: int, precision: str, params: int = 0) ->
     of window x window while they are built), ROI pooling's table of block maxima over the res4 map,
     the pooled regions, and the first res5 bottleneck over all regions at 14 x 14; in the precision's
     bytes (the NMS and the table in float32), plus the float32 weights (`params`)."""
-    h, w = LARGEST_INPUT
+    h, w = cfg.input.scale, cfg.input.max_size  # the largest input the detector makes
     act = ACTIVATION_BYTES[precision]
     bb, rpn, head = cfg.backbone, cfg.rpn, cfg.roi_head
     out = [bb.stage_out(i) for i in (2, 3, 4, 5)]
@@ -129,7 +129,7 @@ def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None,
     need = batch_memory_bytes(cfg, batch_size, precision, params)
     if have is not None and need > have:
         raise ExtractError(f"--batch-size {batch_size}: one detector call is estimated at {_gib(need)} "
-                           f"({precision}, {LARGEST_INPUT[0]} x {LARGEST_INPUT[1]} images, "
+                           f"({precision}, {cfg.input.scale} x {cfg.input.max_size} images, "
                            f"{cfg.rpn.post_nms_top_n} regions each), more than an actor's {_gib(max(0, have))} ({where}); "
                            f"expected a batch of at most {fit}" + (" (or a larger --gpus-per-actor, or bf16)"
                                                                     if share else ""))
