@@ -76,7 +76,16 @@ import pytest
 
 import xmodal_rehearsal as rehearsal
 from xmodal_rehearsal import Hosts
-from xmodal_testing import NODE_START_TRIES, PYTHON, REPO, NodeStart, kill_tree, start_nodes
+from xmodal_testing import (
+    NODE_START_TRIES,
+    PYTHON,
+    REPO,
+    HostLogs,
+    NodeStart,
+    child_of,
+    kill_tree,
+    start_nodes,
+)
 
 REASON = rehearsal.unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"host rehearsal unavailable: {REASON}")]
@@ -158,17 +167,6 @@ def printed_losses(log: str) -> dict[int, float]:
             for m in re.finditer(r"^\[xmodal\] step (\d+)/\d+ .* loss ([0-9.]+) ", log, re.MULTILINE)}
 
 
-def child_of(pid: int) -> int:
-    """The one child of `pid` (the program an `nsenter --pid` runs: nsenter forks it)."""
-    deadline = time.monotonic() + 30
-    while True:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if children:
-            return int(children[0])
-        assert time.monotonic() < deadline, f"process {pid} started no child"
-        time.sleep(0.05)
-
-
 @dataclass
 class Cluster:
     hosts: Hosts
@@ -176,25 +174,19 @@ class Cluster:
     env: dict[str, str]
     uri: str
     store: Path
-    logs: dict = field(default_factory=dict)
+    logs: HostLogs = field(init=False)
     lost: set[str] = field(default_factory=set)  # worker hosts cut off or killed
 
-    def log(self, name: str, mode: str = "w") -> dict:
-        if name in self.logs:
-            self.logs[name].close()
-        self.logs[name] = open(self.shared / f"{name}.log", mode)  # noqa: SIM115 - closed at teardown
-        return {"stdout": self.logs[name], "stderr": subprocess.STDOUT}
-
-    def text(self, name: str) -> str:
-        return (self.shared / f"{name}.log").read_text()
+    def __post_init__(self) -> None:
+        self.logs = HostLogs(self.shared)
 
     def tail(self, name: str, n: int = 4000) -> str:
-        return self.text(name)[-n:]
+        return self.logs.text(name)[-n:]
 
     def monitor(self, since: float) -> list[tuple[float, str, list[str]]]:
         """The monitor's lines since `since` (monotonic): (time, "nodes" or "worker", addresses)."""
         out = []
-        for line in self.text("monitor").splitlines():
+        for line in self.logs.text("monitor").splitlines():
             parts = line.split()
             if len(parts) >= 2 and parts[1] in ("nodes", "worker") and float(parts[0]) >= since:
                 out.append((float(parts[0]), parts[1], parts[2:]))
@@ -218,7 +210,7 @@ class Cluster:
         def launch() -> subprocess.Popen:
             return self.hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379",
                                            f"--node-ip-address={address}", "--num-cpus=2", *COMMON],
-                                    env=self.env, **self.log(log, "a"))
+                                    env=self.env, **self.logs.open(log, "a"))
 
         def teardown(proc: subprocess.Popen) -> None:
             kill_tree(proc.pid)
@@ -240,7 +232,7 @@ class Cluster:
         """The job's driver, in `head`, attached to the cluster."""
         cmd = self.job(name, "--set", f"scale.placement_strategy={placement}", "--set", f"scale.max_failures={max_failures}")
         return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
-                                **self.log(log))
+                                **self.logs.open(log))
 
     def past_a_checkpoint(self, driver: subprocess.Popen, run: str, log: str, newer_than: int = 0) -> dict[int, dict]:
         """Waits until a checkpoint past step `newer_than` is on S3 and a progress line of the attempt running
@@ -256,7 +248,7 @@ class Cluster:
             metas = checkpoint_metas(client, run)
             if mark is None and metas and max(metas) > newer_than:
                 mark = max(metas)
-            text = self.text(log)  # the lines of the attempt running now: after the last resume, if any
+            text = self.logs.text(log)  # the lines of the attempt running now: after the last resume, if any
             shown = printed_losses(text[max(text.rfind("[xmodal] resumed from checkpoint"), 0):])
             if mark is not None and shown and max(shown) >= mark + 3:
                 return metas
@@ -267,7 +259,7 @@ class Cluster:
             rc = driver.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the job did not end within {timeout} s:\n" + self.tail(log))
-        out = self.text(log)
+        out = self.logs.text(log)
         assert rc == 0, out[-6000:]
         return out
 
@@ -329,15 +321,15 @@ def cluster(mlflow_template, request) -> Iterator[Cluster]:
     try:
         hosts.create()
         c = Cluster(hosts, shared, env, uri, store)
-        hosts.popen("head", [str(BIN / "moto_server"), "-H", HEAD, "-p", str(S3_PORT)], env=env, **c.log("s3"))
+        hosts.popen("head", [str(BIN / "moto_server"), "-H", HEAD, "-p", str(S3_PORT)], env=env, **c.logs.open("s3"))
         start_head(hosts, env)
         start_nodes([c.worker_node(name, address, name) for name, address in WORKERS.items()])
-        hosts.popen("head", [PYTHON, "-c", MONITOR], env=env, **c.log("monitor"))
+        hosts.popen("head", [PYTHON, "-c", MONITOR], env=env, **c.logs.open("monitor"))
         wait_port(HEAD, S3_PORT, 30)
         s3().create_bucket(Bucket=BUCKET)
         c.wait_nodes([HEAD, *WORKERS.values()])
         # The GCS holds the cluster configs' health-check settings.
-        config = json.loads(next(line for line in c.text("monitor").splitlines() if line.startswith("config "))[7:])
+        config = json.loads(next(line for line in c.logs.text("monitor").splitlines() if line.startswith("config "))[7:])
         assert {k: config.get(k) for k in HEALTH} == HEALTH, config
         # From now on every host name resolves to 127.0.0.1 (as in many a machine's /etc/hosts; Ray's
         # nodes, which joined already, cannot start with that): gloo's own choice of
@@ -352,8 +344,8 @@ def cluster(mlflow_template, request) -> Iterator[Cluster]:
         yield c
     finally:
         hosts.teardown()
-        for f in (c.logs.values() if c is not None else ()):
-            f.close()
+        if c is not None:
+            c.logs.close()
         if request.session.testsfailed == failed_before:
             shutil.rmtree(shared)
         else:
@@ -437,7 +429,7 @@ def newest_used(c: Cluster, name: str, at_faults: list[dict[int, dict]]) -> int:
     attempt after it resumes from that one. The next fault waits for a newer checkpoint still, so that
     every attempt resumes from a step of its own (a second `train/resumed_from_step` at the same step
     would be the same MLflow point)."""
-    resumed = [int(s) for s in re.findall(r"\[xmodal\] resumed from checkpoint at step (\d+)", c.text(name))]
+    resumed = [int(s) for s in re.findall(r"\[xmodal\] resumed from checkpoint at step (\d+)", c.logs.text(name))]
     return max([0, *resumed, *(max(a) for a in at_faults)])
 
 
@@ -465,7 +457,7 @@ def lose_hosts(c: Cluster, name: str, ref: Reference, faults: list[tuple[str, Ca
         c.lost.add(victim)
         alive.remove(WORKERS[victim])
         deadline = faulted + 300
-        while driver.poll() is None and c.text(name).count("[xmodal] resumed from checkpoint") < len(at_faults):
+        while driver.poll() is None and c.logs.text(name).count("[xmodal] resumed from checkpoint") < len(at_faults):
             assert time.monotonic() < deadline, f"not resumed 300 s after {what}:\n" + c.tail(name)
             time.sleep(0.2)
         resumed_after = time.monotonic() - faulted
@@ -518,7 +510,7 @@ def test_strict_placement_on_the_host_left_fails_within_its_tries(cluster):
         rc = strict.wait(timeout=240)
     except subprocess.TimeoutExpired:
         pytest.fail("the STRICT_SPREAD job did not end within 240 s:\n" + c.tail("strict"))
-    said = c.text("strict")
+    said = c.logs.text("strict")
     assert rc != 0, said[-4000:]
     assert f"The worker group startup timed out after {START_TIMEOUT_S}" in said, said[-4000:]
     exp = tracking.get_experiment_id(c.uri, "xmodal-pretrain")

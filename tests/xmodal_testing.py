@@ -97,6 +97,40 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
 
 
 # What `ray start` prints once its node has registered with the GCS (with --block, before it blocks).
+
+class HostLogs:
+    """The log files of the processes a test starts in its rehearsal hosts, one `NAME.log` each in one
+    folder: `open` gives Popen's output arguments (a name opened again is closed first), `text` reads one
+    back, `close` at teardown."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.files: dict = {}
+
+    def open(self, name: str, mode: str = "w") -> dict:
+        if name in self.files:
+            self.files[name].close()
+        self.files[name] = open(self.folder / f"{name}.log", mode)  # noqa: SIM115 - closed by close()
+        return {"stdout": self.files[name], "stderr": subprocess.STDOUT}
+
+    def text(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text()
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def child_of(pid: int) -> int:
+    """The one child of `pid` (the program an `nsenter --pid` runs: nsenter forks it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        assert time.monotonic() < deadline, f"process {pid} started no child"
+        time.sleep(0.05)
+
 NODE_STARTED = "Ray runtime started."
 NODE_START_TRIES = 3
 

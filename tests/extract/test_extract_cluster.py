@@ -50,7 +50,16 @@ import pytest
 
 import xmodal_rehearsal as rehearsal
 from xmodal_rehearsal import BRIDGE_ADDRESS, Hosts
-from xmodal_testing import NODE_START_TRIES, PYTHON, REPO, NodeStart, kill_tree, start_nodes
+from xmodal_testing import (
+    NODE_START_TRIES,
+    PYTHON,
+    REPO,
+    HostLogs,
+    NodeStart,
+    child_of,
+    kill_tree,
+    start_nodes,
+)
 
 cv2 = pytest.importorskip("cv2")
 
@@ -154,33 +163,16 @@ def wait_port(host: str, port: int, timeout: float) -> None:
             time.sleep(0.1)
 
 
-def child_of(pid: int) -> int:
-    """The one child of `pid` (the program an `nsenter --pid` runs: nsenter forks it)."""
-    deadline = time.monotonic() + 30
-    while True:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        if children:
-            return int(children[0])
-        assert time.monotonic() < deadline, f"process {pid} started no child"
-        time.sleep(0.05)
-
-
 @dataclass
 class Cluster:
     hosts: Hosts
     shared: Path
     env: dict[str, str]
     images: list[Path]
-    logs: dict = field(default_factory=dict)
+    logs: HostLogs = field(init=False)
 
-    def log(self, name: str, mode: str = "w") -> dict:
-        if name in self.logs:
-            self.logs[name].close()
-        self.logs[name] = open(self.shared / f"{name}.log", mode)  # noqa: SIM115 - closed at teardown
-        return {"stdout": self.logs[name], "stderr": subprocess.STDOUT}
-
-    def text(self, name: str) -> str:
-        return (self.shared / f"{name}.log").read_text()
+    def __post_init__(self) -> None:
+        self.logs = HostLogs(self.shared)
 
     def worker_node(self, host: str, address: str) -> NodeStart:
         """`ray start --block` of a worker node in `host`; a failed start is torn down by its process tree
@@ -188,7 +180,7 @@ class Cluster:
         def launch() -> subprocess.Popen:
             return self.hosts.popen(host, [RAY, "start", "--block", f"--address={HEAD}:6379",
                                            f"--node-ip-address={address}", "--num-cpus=2", "--num-gpus=1",
-                                           *COMMON], env=self.env, **self.log(host, "a"))
+                                           *COMMON], env=self.env, **self.logs.open(host, "a"))
 
         def teardown(proc: subprocess.Popen) -> None:
             kill_tree(proc.pid)
@@ -201,7 +193,7 @@ class Cluster:
         cmd = [PYTHON, str(REPO / "jobs" / "extract.py"), PHOTOS, str(out), "--random-weights", "--tiny",
                "--no-progress", "--batch-size", str(BATCH), "--images-per-shard", str(SHARD), "--gpus-per-actor", "1"]
         return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
-                                **self.log(log))
+                                **self.logs.open(log))
 
     def tasks(self) -> dict[str, dict[str, dict[str, int]]]:
         """`TASKS`' answer: {"batches" | "retried" | "actors": {job id: {node address: count}}}."""
@@ -212,8 +204,8 @@ class Cluster:
         deadline = time.monotonic() + timeout
         while (n := written(out)) < at_least:
             assert driver.poll() is None, f"the driver ended ({driver.returncode}) with {n} images written:\n" \
-                                          + self.text(log)[-5000:]
-            assert time.monotonic() < deadline, f"{n} images written after {timeout} s:\n" + self.text(log)[-5000:]
+                                          + self.logs.text(log)[-5000:]
+            assert time.monotonic() < deadline, f"{n} images written after {timeout} s:\n" + self.logs.text(log)[-5000:]
             time.sleep(0.2)
         return n
 
@@ -221,8 +213,8 @@ class Cluster:
         try:
             rc = driver.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the job did not end within {timeout} s:\n" + self.text(log)[-5000:])
-        said = self.text(log)
+            pytest.fail(f"the job did not end within {timeout} s:\n" + self.logs.text(log)[-5000:])
+        said = self.logs.text(log)
         assert rc == 0, said[-5000:]
         assert "Traceback" not in said, said[-5000:]
         return said
@@ -283,7 +275,7 @@ def cluster(request) -> Iterator[Cluster]:
         port = bridge_port()
         env["AWS_ENDPOINT_URL"] = f"http://{BRIDGE_ADDRESS}:{port}"
         moto = subprocess.Popen([str(BIN / "moto_server"), "-H", BRIDGE_ADDRESS, "-p", str(port)],
-                                start_new_session=True, **c.log("s3"))
+                                start_new_session=True, **c.logs.open("s3"))
         start_head(hosts, env)
         start_nodes([c.worker_node(name, address) for name, address in WORKERS.items()])
         wait_port(BRIDGE_ADDRESS, port, 30)
@@ -300,8 +292,8 @@ def cluster(request) -> Iterator[Cluster]:
         hosts.teardown()
         if moto is not None:
             kill_tree(moto.pid)
-        for f in (c.logs.values() if c is not None else ()):
-            f.close()
+        if c is not None:
+            c.logs.close()
         if request.session.testsfailed == failed_before:
             shutil.rmtree(shared)
         else:
@@ -387,7 +379,7 @@ def interrupted(cluster) -> Reference:
     interrupted = time.monotonic()
     os.kill(child_of(driver.pid), signal.SIGINT)  # the driver itself, as Ctrl-C in its terminal
     rc = driver.wait(timeout=180)
-    said = c.text("interrupted")
+    said = c.logs.text("interrupted")
     assert rc == 130, said[-5000:]
     assert f"extracting {N_IMAGES} images with {len(WORKERS)} detector actor(s)" in said, said[-5000:]
     stopped = [line for line in said.splitlines() if "stopped extracting:" in line]
