@@ -7,8 +7,9 @@ driver is interrupted (Ctrl-C) and resumed by the same command, and one that los
     worker3  10.231.0.4      so one actor per worker host, and its decode tasks on the CPUs beside it
     (machine) 10.231.0.254 the S3 server (moto) on the bridge address, holding the images
 
-The job is `jobs/extract.py s3://.../photos OUT --random-weights --tiny` (the tiny detector, random
-weights of a fixed seed) over `N_IMAGES` small JPEGs of varied content, OUT in a folder every host
+The job is `jobs/extract.py s3://.../photos OUT --random-weights --tiny --boxes-from BOXES --input-size
+96:160` (the tiny detector, random weights of a fixed seed, the features of 1 to 4 given boxes an image
+at a small input) over `N_IMAGES` small JPEGs of varied content, OUT in a folder every host
 sees (/var/tmp, the machine's; only the driver writes it). Two extractions of the same images:
 - with every host up, the driver gets SIGINT (Ctrl-C) once `INTERRUPT_AFTER` images are written: it
   writes what is finished, says how many images are kept, exits 130 and leaves nothing at OUT; the
@@ -23,9 +24,14 @@ images, and the second equals the first row for row. Each worker host's actor di
 batches: Ray's task events give the node of each finished detector task (a batch the lost host
 finished but whose output was lost with it is done again elsewhere, and counted on both).
 
-The cost is the tiny detector's (about 0.8 s of one core per image here: every image is scaled to
-600 x 800 as the reference scales it), so `N_IMAGES` is small; the hosts share the machine's two
-cores, so no speed-up is expected or measured. Each phase prints its wall time.
+Why given boxes at a small input: with proposals, even the tiny detector costs about 0.8 s of one core
+per image here, at any input size (its RoI head runs res5 over 300 regions an image, and the per-class
+selection walks 1,600 classes): 2,000 images would take the rehearsal past an hour on two cores. With
+a few given boxes at 96 x 128 an image costs about 8 ms, and what the rehearsal is for (listing,
+decoding from S3, placing the actors, batching, the driver's chunks, Ctrl-C and a lost host at scale)
+is the same path; the proposal path's equality with the detector in-process is tested in
+tests/extract/test_extract_job.py. The hosts share the machine's two cores, so no speed-up is
+expected or measured. Each phase prints its wall time.
 
 Root only (network namespaces); skipped otherwise, with the reason.
 """
@@ -75,12 +81,14 @@ WORKERS = {"worker1": "10.231.0.2", "worker2": "10.231.0.3", "worker3": "10.231.
 VICTIM = "worker3"
 BUCKET = "xmodal"
 PHOTOS = f"s3://{BUCKET}/photos"
-N_IMAGES = 64
-BATCH = 4
-SHARD = 8  # images per chunk the driver writes (default 256): the chunks come often enough to time the faults by
-KILL_AFTER = 32  # images written when the worker host dies: half, so that its actor has finished batches by then
-INTERRUPT_AFTER = 24  # images written when the driver gets SIGINT
-SAMPLE = 12
+N_IMAGES = 2000
+BATCH = 16
+SHARD = 100  # images per chunk the driver writes (default 256): the chunks come often enough to time the faults by
+KILL_AFTER = 1000  # images written when the worker host dies: half, so that its actor has finished batches by then
+INTERRUPT_AFTER = 600  # images written when the driver gets SIGINT
+SAMPLE = 24
+INPUT_SIZE = (96, 160)
+MAX_GIVEN = 4  # given boxes an image: 1 to 4
 HEALTH = json.loads((REPO / "scripts" / "cluster" / "head_system_config.json").read_text())
 COMMON = ["--object-store-memory=100000000", "--disable-usage-stats"]
 DETECTOR_TASK = "(DetectorActor)).submit"  # the name of Ray Data's batch tasks on the detector actors ends so
@@ -169,6 +177,7 @@ class Cluster:
     shared: Path
     env: dict[str, str]
     images: list[Path]
+    boxes: Path  # the --boxes-from file
     logs: HostLogs = field(init=False)
 
     def __post_init__(self) -> None:
@@ -191,7 +200,8 @@ class Cluster:
     def start(self, out: Path, log: str) -> subprocess.Popen:
         """The extraction's driver, in `head`, attached to the cluster: the same command but for OUT."""
         cmd = [PYTHON, str(REPO / "jobs" / "extract.py"), PHOTOS, str(out), "--random-weights", "--tiny",
-               "--no-progress", "--batch-size", str(BATCH), "--images-per-shard", str(SHARD), "--gpus-per-actor", "1"]
+               "--no-progress", "--batch-size", str(BATCH), "--images-per-shard", str(SHARD), "--gpus-per-actor", "1",
+               "--boxes-from", str(self.boxes), "--input-size", ":".join(map(str, INPUT_SIZE))]
         return self.hosts.popen("head", cmd, env={**self.env, "RAY_ADDRESS": f"{HEAD}:6379"}, cwd=str(self.shared),
                                 **self.logs.open(log))
 
@@ -218,6 +228,18 @@ class Cluster:
         assert rc == 0, said[-5000:]
         assert "Traceback" not in said, said[-5000:]
         return said
+
+
+def given_boxes(file: Path, photos: list[Path], seed: int = 0) -> Path:
+    """`--boxes-from FILE`: 1 to `MAX_GIVEN` boxes inside each 64 x 48 image, in its pixels."""
+    rng = np.random.default_rng(seed)
+    boxes = {}
+    for p in photos:
+        x1, y1 = rng.uniform(0, 40, (2, rng.integers(1, MAX_GIVEN + 1))) * [[1], [0.7]]
+        w, h = rng.uniform(4, 24, (2, x1.size))
+        boxes[p.stem] = np.stack([x1, y1, np.minimum(x1 + w, 63), np.minimum(y1 + h, 47)], 1).round(1).tolist()
+    file.write_text(json.dumps(boxes))
+    return file
 
 
 def work_of(out: Path) -> Path:
@@ -270,7 +292,8 @@ def cluster(request) -> Iterator[Cluster]:
     began = time.monotonic()
     try:
         hosts.create()
-        c = Cluster(hosts, shared, env, images(shared / "photos", N_IMAGES))
+        photos = images(shared / "photos", N_IMAGES)
+        c = Cluster(hosts, shared, env, photos, given_boxes(shared / "boxes.json", photos))
         # On the machine's bridge address: every host reaches it over the bridge, the test directly.
         port = bridge_port()
         env["AWS_ENDPOINT_URL"] = f"http://{BRIDGE_ADDRESS}:{port}"
@@ -336,13 +359,16 @@ def check_detector_features(c: Cluster, rows: dict[str, dict]) -> None:
     from xmodal.models.butd.detector import DetectorConfig, random_detector
     from xmodal.models.butd.image import PreparedImage
 
-    det = random_detector(DetectorConfig.tiny(), seed=0).eval()
+    cfg = DetectorConfig.tiny().replace_in("input", scale=INPUT_SIZE[0], max_size=INPUT_SIZE[1])
+    det = random_detector(cfg, seed=0).eval()
     sample = [c.images[i] for i in np.linspace(0, N_IMAGES - 1, SAMPLE).round().astype(int)]
+    given = json.loads(c.boxes.read_text())
     with torch.inference_mode():
         decoded = [cv2.imread(str(p), cv2.IMREAD_COLOR) for p in sample]
         found = det.extract([PreparedImage(torch.from_numpy(b), s, *im.shape[:2])
-                             for im, (b, s) in ((im, prepare_blob(im, det.cfg.input)) for im in decoded)])
-    k = 36
+                             for im, (b, s) in ((im, prepare_blob(im, det.cfg.input)) for im in decoded)],
+                            given_boxes=[torch.tensor(given[p.stem], dtype=torch.float32) for p in sample])
+    k = max(len(b) for b in given.values())  # the store's slots: the most boxes an image was given
     for p, reg in zip(sample, found, strict=True):
         m = int(reg.boxes.shape[0])
         padded = {"img_id": np.array([p.stem], dtype=object), "img_h": np.array([reg.img_h]),
