@@ -133,7 +133,7 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     from ray.train.torch import TorchTrainer
 
     from xmodal.runner.gloo import NodeInterfaceTorchConfig
-    from xmodal.runner.worker import worker
+    from xmodal.runner.worker import PLAN_KEY, worker
 
     cfg = plan.config
     scale, train = cfg.scale, cfg.train
@@ -142,7 +142,9 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
         resources["GPU"] = scale.gpus_per_worker
     return TorchTrainer(
         functools.partial(worker, spec, stop_flag=stop_flag),
-        train_loop_config=dataclasses.asdict(plan),
+        # The plan itself, typed (pickled, not rebuilt from a dict): the worker gets the driver's config
+        # object and batch builder as they are.
+        train_loop_config={PLAN_KEY: plan},
         torch_config=NodeInterfaceTorchConfig(),  # gloo on the node IP's interface, never loopback by mistake
         scaling_config=ray.train.ScalingConfig(
             num_workers=scale.num_workers, use_gpu=scale.gpus_per_worker > 0, resources_per_worker=resources,

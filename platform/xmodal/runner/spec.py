@@ -68,8 +68,9 @@ class PreparedJob:
 @dataclass
 class RunPlan:
     """Everything a worker needs, resolved on the driver. `check` fills all but the MLflow run;
-    `engine.open_run` sets `run_id`. The config travels as the typed object `check` validated and
-    fitted (pickled to Ray Train's workers); it is dumped to JSON only where it is written down (the
+    `engine.open_run` sets `run_id`. The plan travels as itself: pickled to Ray Train's workers
+    (`engine.trainer`), the config inside it the typed object `check` validated and fitted, the batch
+    builder the one `prepare` made. The config is dumped to JSON only where it is written down (the
     run's `config.yaml`, a checkpoint's `meta.json`, the MLflow model)."""
 
     job: str
