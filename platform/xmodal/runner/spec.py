@@ -8,7 +8,7 @@ in its own module. It says three things, each a few methods:
     data        prepare (driver: config -> opened data, fitted config, what the run records about it)
                 open_data (a worker reopens the data from its path)
     model       build_objective, load_start, step_kwargs
-    worker      setup, train_batches, evaluate, held_out
+    worker      train_batches, evaluate, held_out
 
 Checking and running a job are the engine's (`engine.check`, `engine.run`), the same for every
 job. A job made of stages (the chain) is a `StagedJob`: stages of ordinary specs that the engine
