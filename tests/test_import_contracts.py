@@ -59,3 +59,21 @@ def test_every_module_of_the_package_is_in_a_layer():
     top = {f"xmodal.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
     top |= {f"xmodal.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()}
     assert top - named == set(), f"modules in no layer of pyproject.toml: {sorted(top - named)}"
+
+
+def test_the_ray_edges_are_exactly_the_modules_that_import_ray_and_the_design_doc_names_them(graph):
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (edges,) = [c["allowed_importers"] for c in contracts if c["type"] == "exclusive" and c["modules"] == ["ray"]]
+    assert offences(graph, ["ray"], edges) == []
+    importers = set(graph.find_modules_that_directly_import("ray", as_package=True))
+    # no allowance wider than the edges: each one named imports Ray itself (a module that stops needing
+    # Ray leaves the list)
+    assert all(any(i == e or i.startswith(e + ".") for i in importers) for e in edges), \
+        sorted(e for e in edges if not any(i == e or i.startswith(e + ".") for i in importers))
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    named = [e.removeprefix("xmodal.").replace(".", "/") + ".py" if e.startswith("xmodal.") else e for e in edges]
+    assert [n for n in named if f"`{n}`" not in doc] == []
+    # and it bites: the console, a leaf every layer uses, is not an edge
+    assert "xmodal.console" not in edges and offences(graph, ["ray"], [e for e in edges if e != "xmodal.runner.engine"])

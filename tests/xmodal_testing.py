@@ -39,6 +39,28 @@ def all_logits(model, out) -> dict:
     }
 
 
+def spy_checks_and_prepares(mp, *specs: type) -> dict[str, list[str]]:
+    """The run name of each call of `engine.check` and of the specs' `prepare` in this process, in the
+    order made: each call recorded, then made as it is (`mp`: a pytest MonkeyPatch that undoes it)."""
+    from xmodal.runner import engine
+
+    calls: dict[str, list[str]] = {"check": [], "prepare": []}
+    check = engine.check
+
+    def counted_check(spec, cfg):
+        calls["check"].append(cfg.mlflow.run_name)
+        return check(spec, cfg)
+
+    mp.setattr(engine, "check", counted_check)
+    for spec in specs:
+        def counted_prepare(self, cfg, inputs, _prepare=spec.prepare):
+            calls["prepare"].append(cfg.mlflow.run_name)
+            return _prepare(self, cfg, inputs)
+
+        mp.setattr(spec, "prepare", counted_prepare)
+    return calls
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,9 +2,10 @@
 driver's view of a run (start banner, one progress bar, an evaluation table per evaluation, end summary).
 
 Train workers print lines to their stdout, which Ray forwards to the driver: messages (`say`) and, from
-rank 0, events (`emit`: progress, evaluations) as one JSON line each. The driver's console (`attach_ray`)
-takes those lines out of Ray's log stream: messages are logged without Ray's `(pid=...)` prefix, events
-move the progress bar and print the tables. On a terminal the bar is a live tqdm bar; when stdout is not
+rank 0, events (`emit`: progress, evaluations) as one JSON line each. The driver's console
+(`Console.ray_lines`, put into Ray's log stream by `xmodal.runner.ray_cluster.attach_ray`) takes those
+lines out of it: messages are logged without Ray's `(pid=...)` prefix, events move the progress bar and
+print the tables. On a terminal the bar is a live tqdm bar; when stdout is not
 a terminal (a log file, `ray job submit`) it becomes a plain line at the first log step and then every
 tenth of the run. `--verbose`
 brings Ray's own output back (progress bars, report dumps, INFO lines).
@@ -570,31 +571,3 @@ class Console:
 
 
 CONSOLE = Console()
-
-
-class _RayLines:
-    def __init__(self, forward: Callable[[dict[str, Any]], None]):
-        self.forward = forward
-
-    def __call__(self, data: dict[str, Any]) -> None:
-        CONSOLE.ray_lines(data, self.forward)
-
-
-def attach_ray() -> bool:
-    """Route the worker lines Ray forwards to this driver through the console (after `ray.init`).
-    Uses Ray's log dispatcher (a private API, checked against Ray 2.60); without it, the lines come
-    out as Ray prints them. Returns whether the console is attached."""
-    if not CONSOLE.active:
-        return False
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-    except ImportError:
-        return False
-    with dispatcher._lock:
-        for i, (name, handler) in enumerate(dispatcher.handlers):
-            if isinstance(handler, _RayLines):
-                return True
-            if name == "ray_print_logs":
-                dispatcher.handlers[i] = (name, _RayLines(handler))
-                return True
-    return False

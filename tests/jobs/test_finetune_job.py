@@ -21,6 +21,7 @@ from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.jobs.chain_config import PretrainFinetuneConfig
 from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.runner import engine
+from xmodal_testing import spy_checks_and_prepares
 
 TINY = ["preset=tiny", "train.batch_size=16", "train.eval_every=4", "train.log_every=2",
         "mlflow.system_metrics=false"]
@@ -146,6 +147,7 @@ def test_an_untagged_mult_run_is_refused_after_its_download_which_is_removed(mul
 def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_path, ray_local):
     from xmodal.jobs.chain_job import ChainJob
     from xmodal.jobs.finetune_job import FinetuneJob, Init, load_init, resolve_init
+    from xmodal.jobs.pretrain_job import PretrainJob
     from xmodal.run_tags import CHAIN_STAGE
 
     # The chain's own mlflow section holds system_metrics, and the fine-tuning stage takes the pretraining
@@ -156,7 +158,12 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
                  f"pretrain.data.store={sets['images']}", "pretrain.train.max_steps=8",
                  f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
                  cls=PretrainFinetuneConfig)
-    out = engine.run(ChainJob(), cfg)
+    with pytest.MonkeyPatch.context() as mp:
+        calls = spy_checks_and_prepares(mp, PretrainJob, FinetuneJob)
+        out = engine.run(ChainJob(), cfg)
+    # Both stages checked once, before the first starts (the chain's check is theirs); each stage then runs
+    # with its checked result: its data opened once, the fine-tuning stage's weights put in once they exist.
+    assert calls == {"check": ["chain", "chain-pretrain", "chain"], "prepare": ["chain-pretrain", "chain"]}
     uri = out.tracking_uri
     fine = tracking.get_run(uri, out.run_id)
     pre_id = fine.tags["pretrain_run_id"]

@@ -10,6 +10,7 @@ from xmodal import tracking
 from xmodal.config import ConfigError, load_config
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.runner import engine
+from xmodal_testing import spy_checks_and_prepares
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,10 @@ RUN = ["preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every
 
 @pytest.fixture(scope="module")
 def seeded(mult_store, tmp_path_factory, ray_local):
-    """(tracking URI, the parent run's id, folder): `seeds=[1, 2]` through the engine, as the job runs them.
-    The seed-1 run is also the fault-free run the worker-fault case must equal (one run less)."""
+    """(tracking URI, the parent run's id, folder, the driver's calls): `seeds=[1, 2]` through the engine,
+    as the job runs them. The seed-1 run is also the fault-free run the worker-fault case must equal (one
+    run less). The calls: the run name of each `engine.check` and each `MultJob.prepare` in the driver
+    (spied on, then run as they are)."""
     from xmodal.jobs.mult_job import MultJob
     from xmodal.runner.engine import run_job
 
@@ -61,12 +64,23 @@ def seeded(mult_store, tmp_path_factory, ray_local):
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
         *RUN, "seeds=[1, 2]", "mlflow.run_name=seeded"])
-    return uri, run_job(MultJob(), cfg).run_id, tmp
+    with pytest.MonkeyPatch.context() as mp:
+        calls = spy_checks_and_prepares(mp, MultJob)
+        parent = run_job(MultJob(), cfg).run_id
+    return uri, parent, tmp, calls
+
+
+@pytest.mark.slow
+def test_each_seeds_run_is_checked_and_prepared_once(seeded):
+    # before the parent run opens, every seed's run is checked under its own name; each then runs with
+    # that result: no second check, no second opening of its data
+    *_, calls = seeded
+    assert calls == {"check": ["seeded-seed1", "seeded-seed2"], "prepare": ["seeded-seed1", "seeded-seed2"]}
 
 
 @pytest.mark.slow
 def test_seeds_select_on_validation_and_report_mean_and_std(seeded):
-    uri, parent_id, _ = seeded
+    uri, parent_id, *_ = seeded
     parent = tracking.get_run(uri, parent_id)
     assert parent.status == "FINISHED"
     children = tracking.child_runs(uri, parent_id)
@@ -100,7 +114,7 @@ def test_a_worker_fault_resumes_exactly(mult_store, seeded, ray_local):
     and test metrics."""
     from xmodal.jobs.mult_job import MultJob
 
-    uri, parent_id, tmp = seeded
+    uri, parent_id, tmp, _ = seeded
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
         *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=7"])

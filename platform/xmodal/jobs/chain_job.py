@@ -12,10 +12,11 @@ from __future__ import annotations
 from xmodal import run_tags
 from xmodal.jobs.chain_config import PretrainFinetuneConfig
 from xmodal.jobs.finetune_config import FinetuneInit
-from xmodal.jobs.finetune_job import FinetuneJob
+from xmodal.jobs.finetune_job import FinetuneJob, Init, started_from
 from xmodal.jobs.pretrain_job import PretrainJob
+from xmodal.models.lxmert import LxmertConfig
 from xmodal.runner.hooks import say
-from xmodal.runner.spec import RunResult, StagedJob, Trial
+from xmodal.runner.spec import CheckedStages, RunResult, StagedJob, Trial
 
 
 def stages(cfg: PretrainFinetuneConfig, name: str):
@@ -36,19 +37,17 @@ class ChainJob(StagedJob):
     config_class = PretrainFinetuneConfig
     run_name = "chain"
 
-    def check_stages(self, cfg: PretrainFinetuneConfig, check):
-        """Both stages, before either starts: the fine-tuning stage as it will run, on the
-        pretraining stage's architecture (its weights do not exist yet)."""
+    def check_stages(self, cfg: PretrainFinetuneConfig, check) -> CheckedStages:
+        """Both stages, once, before either starts: the fine-tuning stage as it will run, on the
+        pretraining stage's architecture (its weights do not exist yet: `run_stages` resolves them)."""
         pre, fine = stages(cfg, cfg.mlflow.run_name or "chain")
-        checked = check(PretrainJob(), pre)
-        fine = fine.model_copy(update={"model": checked.prepared.cfg.model, "init": FinetuneInit(source="scratch")})
-        check(FinetuneJob(), fine)
-        return checked
+        first = check(PretrainJob(), pre)
+        fine = fine.model_copy(update={"init": FinetuneInit(source="scratch")})  # `started_from` sets it
+        return CheckedStages([first, check(_OnArchitecture(first.prepared.cfg.model), fine)])
 
-    def run_stages(self, cfg: PretrainFinetuneConfig, run, source: str, parent_run_id: str | None,
-                   tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
+    def run_stages(self, cfg: PretrainFinetuneConfig, checked: CheckedStages, run, source: str,
+                   parent_run_id: str | None, tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
         name = cfg.mlflow.run_name
-        pre, fine = stages(cfg, name)
         pre, fine = stages(cfg, name)
         # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
         stage_tags = {run_tags.CHAIN_STAGE: "pretrain",
@@ -56,13 +55,26 @@ class ChainJob(StagedJob):
         # A trial whose worker runs in its own process (`Trial.in_process`) holds the worker's resources:
         # its pretraining stage runs there too, reporting to no one (Tune ranks the fine-tuning stage).
         stage = Trial(report=_unreported, marks_end=True) if trial is not None and trial.in_process else None
-        first = run(PretrainJob(), pre, source, parent_run_id, stage_tags, stage)
+        first = run(PretrainJob(), pre, source, parent_run_id, stage_tags, stage, checked=checked.stages[0])
         say(f"[xmodal] chain {name}: pretraining stage done (MLflow run {first.run_id}); fine-tuning from it")
-        fine = fine.model_copy(update={"init": FinetuneInit(
-            source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
-            answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)})
+        init = FinetuneInit(source="run", run_id=first.run_id, pretrain_experiment=cfg.mlflow.experiment,
+                            answer_head_from_qa=cfg.finetune.init.answer_head_from_qa)
+        fine = fine.model_copy(update={"init": init})
         fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
-        return run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial)
+        return run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial,
+                   checked=started_from(checked.stages[1], init))
+
+
+class _OnArchitecture(FinetuneJob):
+    """The fine-tuning stage as its check sees it before the pretraining stage has run: the weights
+    are yet to come, their architecture is known (the pretraining stage's fitted model), so the set
+    and the model are checked as the stage will run. `started_from` puts the weights in later."""
+
+    def __init__(self, model: LxmertConfig):
+        self.model = model
+
+    def resolve_start(self, cfg, data, tracking_uri, download_dir) -> tuple[Init, LxmertConfig]:
+        return Init("scratch"), self.model
 
 
 def _unreported(_metrics: dict) -> None:

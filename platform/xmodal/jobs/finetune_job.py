@@ -36,14 +36,14 @@ from xmodal.config import ConfigError
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.loop import gather_rows
 from xmodal.data.finetune.stream import split_layout
-from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig
+from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig, FinetuneInit
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 from xmodal.outputs import check_local_input
 from xmodal.runner.hooks import say
-from xmodal.runner.ray_cluster import removed_on_failure
-from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
+from xmodal.runner.ray_cluster import init_download_dir, removed_on_failure
+from xmodal.runner.spec import CheckedRun, JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
 
@@ -172,6 +172,26 @@ class FinetuneJob(JobSpec):
             selected = {"best": w.selection.score, **w.selection.valid, **final}
             (folder / "predictions" / "selected.json").write_text(json.dumps(selected, indent=2))
         return {**final, **robust_metrics(w, "valid")}
+
+
+def started_from(checked: CheckedRun, init: FinetuneInit) -> CheckedRun:
+    """A fine-tuning run checked before its starting weights existed (the chain's stage, checked on the
+    pretraining stage's architecture before that stage ran), now starting from them (`init`: a run):
+    the run checked, its weights downloaded and read as `prepare` does, the architecture they fix
+    checked to be the one the run was checked on; the rest of the check stands as it is."""
+    plan, prepared = checked.plan, checked.prepared
+    cfg = prepared.cfg.model_copy(update={"init": init})
+    with init_download_dir(plan.storage, plan.run_name) as download:
+        start, model = resolve_init(cfg, str(prepared.data.store.path), plan.tracking_uri, download)
+        if model != cfg.model:
+            raise ConfigError(f"init.run_id: the model of run {init.run_id!r} is not the architecture this run was "
+                              f"checked on ({model} != {cfg.model})")
+    tags = {**prepared.tags, run_tags.INIT: start.source}
+    if start.run_id:
+        tags[run_tags.INIT_RUN_ID] = start.run_id
+    prepared = dataclasses.replace(prepared, cfg=cfg, start=dataclasses.asdict(start), tags=tags)
+    plan = dataclasses.replace(plan, config=cfg, start=prepared.start)
+    return CheckedRun(plan, prepared, checked.parameters)
 
 
 def reader(w: Worker):

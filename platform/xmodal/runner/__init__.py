@@ -10,7 +10,8 @@ faults, Ctrl-C).
     recovery.py     the newest checkpoint that verifies, for a resume
     faults.py       test-only fault injection (train.fail_at_step, train.random_faults)
     interrupt.py    Ctrl-C and SIGTERM: stop at a checkpoint
-    ray_cluster.py  connecting to Ray (a local one started and retried), where runs are stored
+    ray_cluster.py  connecting to Ray (a local one started and retried), the workers' lines to the
+                    console, where runs are stored
     gloo.py         the network interface of a worker's process group
     inprocess.py    the same worker in this process, without Ray or MLflow
     timeline.py     where a run's wall time goes (time/* metrics)

@@ -37,9 +37,10 @@ from xmodal.runner.faults import check_fault_storage, fault_schedule
 from xmodal.runner.interrupt import GracefulStop
 from xmodal.runner.ray_cluster import check_cluster, connect, init_download_dir, storage_path
 from xmodal.runner.spec import (
+    CheckedRun,
+    CheckedStages,
     JobSpec,
     PrepareContext,
-    PreparedJob,
     RunPlan,
     RunResult,
     StagedJob,
@@ -56,21 +57,12 @@ from xmodal.scores import SELECTED_PREFIX
 AfterRun = Callable[[RunPlan, Path, Any], bool]
 
 
-@dataclass
-class CheckedRun:
-    """A config that passed every check: the plan the workers get (no MLflow run yet), with what the
-    driver alone needs (the opened data, and the model's size for the banner)."""
-
-    plan: RunPlan
-    prepared: PreparedJob
-    parameters: int  # the model's, counted on the meta device
-
-
-def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun:
+def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
     bounds (pydantic, at load), the faults, the job's data and starting weights (`prepare`), the
     cluster's address, the steps, and the model built on the meta device. A staged job: every stage,
-    before the first starts. Raises UserError."""
+    before the first starts. Each check and `prepare` happens once per run: `run` takes the result as
+    it is. Raises UserError."""
     if isinstance(spec, StagedJob):
         return spec.check_stages(cfg, check)
     micro = split_batch(cfg)
@@ -141,7 +133,7 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
     from ray.train.torch import TorchTrainer
 
     from xmodal.runner.gloo import NodeInterfaceTorchConfig
-    from xmodal.runner.worker import worker
+    from xmodal.runner.worker import PLAN_KEY, worker
 
     cfg = plan.config
     scale, train = cfg.scale, cfg.train
@@ -150,7 +142,9 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
         resources["GPU"] = scale.gpus_per_worker
     return TorchTrainer(
         functools.partial(worker, spec, stop_flag=stop_flag),
-        train_loop_config=dataclasses.asdict(plan),
+        # The plan itself, typed (pickled, not rebuilt from a dict): the worker gets the driver's config
+        # object and batch builder as they are.
+        train_loop_config={PLAN_KEY: plan},
         torch_config=NodeInterfaceTorchConfig(),  # gloo on the node IP's interface, never loopback by mistake
         scaling_config=ray.train.ScalingConfig(
             num_workers=scale.num_workers, use_gpu=scale.gpus_per_worker > 0, resources_per_worker=resources,
@@ -292,18 +286,22 @@ def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | 
 
 
 def run(spec: JobSpec | StagedJob, cfg, source: str = "defaults", parent_run_id: str | None = None,
-        tags: dict[str, str] | None = None, trial: Trial | None = None, after_run: AfterRun | None = None
-        ) -> RunResult:
+        tags: dict[str, str] | None = None, trial: Trial | None = None, after_run: AfterRun | None = None,
+        checked: CheckedRun | CheckedStages | None = None) -> RunResult:
     """check -> open the MLflow run -> Ray Train -> finish, for one run of any job. A staged job: its
-    name fixed once, every stage checked, then the stages run in order (each a run of its own).
-    `after_run`: what the command line adds at the end of each run (`AfterRun`)."""
+    name fixed once, every stage checked, then the stages run in order (each a run of its own, with its
+    checked result). `checked`: the result of `check(spec, cfg)` made already (a multi-seed run's seeds,
+    a chain's stages), taken as it is. `after_run`: what the command line adds at the end of each run
+    (`AfterRun`)."""
     if isinstance(spec, StagedJob):
         cfg = named(spec, cfg)
-        check(spec, cfg)
-        return spec.run_stages(cfg, functools.partial(run, after_run=after_run), source, parent_run_id, tags, trial)
+        stages = checked if checked is not None else check(spec, cfg)
+        return spec.run_stages(cfg, stages, functools.partial(run, after_run=after_run), source, parent_run_id,
+                               tags, trial)
     marks: dict[str, float] = {}
     timeline.mark(marks, "run_start")
-    checked = check(spec, cfg)
+    if checked is None:
+        checked = check(spec, cfg)
     p = open_run(spec, checked, source, parent_run_id, tags)
     checked_cfg = checked.prepared.cfg  # the run name set; `cfg.mlflow.run_name` below is the one given
     try:
@@ -382,15 +380,16 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults", after_run: AfterRun | 
     seeds = getattr(cfg, "seeds", None)
     if not seeds:
         return _run_and_sum_up(spec, cfg, source, after_run=after_run)
-    for seed in seeds:  # every seed's config is checked before the first run starts
-        check(spec, _seeded(cfg, seed, "check"))
+    base = named(spec, cfg).mlflow.run_name
+    seeded = {seed: _seeded(cfg, seed, f"{base}-seed{seed}") for seed in seeds}
+    # every seed's run is checked (once) before the first starts; each runs with its checked result
+    checked = {seed: check(spec, seeded[seed]) for seed in seeds}
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)
-    base = named(spec, cfg).mlflow.run_name
     parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                              {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
-        finals = [_run_and_sum_up(spec, _seeded(cfg, seed, f"{base}-seed{seed}"), source, parent, after_run).run_id
+        finals = [_run_and_sum_up(spec, seeded[seed], source, parent, after_run, checked[seed]).run_id
                   for seed in seeds]
         summary = record.finish_seeds_parent(uri, parent, finals, seeds)
     except KeyboardInterrupt as e:  # the seed's run says where it stopped; a rerun resumes it
@@ -405,9 +404,9 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults", after_run: AfterRun | 
 
 
 def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None,
-                    after_run: AfterRun | None = None) -> RunResult:
+                    after_run: AfterRun | None = None, checked: CheckedRun | None = None) -> RunResult:
     started = time.monotonic()
-    out = run(spec, cfg, source, parent_run_id=parent_run_id, after_run=after_run)
+    out = run(spec, cfg, source, parent_run_id=parent_run_id, after_run=after_run, checked=checked)
     c = console.CONSOLE
     shown = {k: v for k, v in out.metrics.items() if not k.startswith(SELECTED_PREFIX)}  # the best column has it
     c.show(console.end_summary(

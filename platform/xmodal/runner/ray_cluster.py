@@ -1,4 +1,5 @@
-"""Connecting to Ray and choosing where runs are stored. Imported only by drivers."""
+"""Connecting to Ray, routing the workers' lines to the console, and choosing where runs are stored.
+Imported only by drivers."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from xmodal.console import PREFIX, say
+from xmodal.console import CONSOLE, PREFIX, say
 from xmodal.errors import UserError
 from xmodal.outputs import check_output_location
 
@@ -121,8 +123,6 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
     A local Ray gets at least `min_logical_cpus` logical CPUs: Train workers take
     fractions, and Ray Data's read tasks need CPUs of their own or `fit()` hangs.
     """
-    from xmodal.console import attach_ray
-
     ray = require_ray()
     if not ray.is_initialized():
         check_cluster_address()
@@ -137,6 +137,34 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
             os.environ.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
             start_local(num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
     attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up
+
+
+class _RayLines:
+    def __init__(self, forward: Callable[[dict[str, Any]], None]):
+        self.forward = forward
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        CONSOLE.ray_lines(data, self.forward)
+
+
+def attach_ray() -> bool:
+    """Route the worker lines Ray forwards to this driver through the console (`Console.ray_lines`,
+    after `ray.init`). Uses Ray's log dispatcher (a private API, checked against Ray 2.60); without it,
+    the lines come out as Ray prints them. Returns whether the console is attached."""
+    if not CONSOLE.active:
+        return False
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return False
+    with dispatcher._lock:
+        for i, (name, handler) in enumerate(dispatcher.handlers):
+            if isinstance(handler, _RayLines):
+                return True
+            if name == "ray_print_logs":
+                dispatcher.handlers[i] = (name, _RayLines(handler))
+                return True
+    return False
 
 
 # Ray Train's preemption watcher (an actor of every run, polling the cluster's drain state every 5 s)

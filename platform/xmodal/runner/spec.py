@@ -1,5 +1,6 @@
 """What a training job is to the engine: a `JobSpec` (three small protocols), what its driver side
-resolves (`PreparedJob`), the plan every worker gets (`RunPlan`), and what a run returns (`RunResult`).
+resolves (`PreparedJob`), the plan every worker gets (`RunPlan`), a config that passed every check
+(`CheckedRun`, which a run takes as it is), and what a run returns (`RunResult`).
 
 A job (pretraining, fine-tuning, MulT, the pretrain-then-fine-tune chain) is one `JobSpec` subclass
 in its own module. It says three things, each a few methods:
@@ -7,7 +8,7 @@ in its own module. It says three things, each a few methods:
     data        prepare (driver: config -> opened data, fitted config, what the run records about it)
                 open_data (a worker reopens the data from its path)
     model       build_objective, load_start, step_kwargs
-    worker      setup, train_batches, evaluate, held_out
+    worker      train_batches, evaluate, held_out
 
 Checking and running a job are the engine's (`engine.check`, `engine.run`), the same for every
 job. A job made of stages (the chain) is a `StagedJob`: stages of ordinary specs that the engine
@@ -67,8 +68,9 @@ class PreparedJob:
 @dataclass
 class RunPlan:
     """Everything a worker needs, resolved on the driver. `check` fills all but the MLflow run;
-    `engine.open_run` sets `run_id`. The config travels as the typed object `check` validated and
-    fitted (pickled to Ray Train's workers); it is dumped to JSON only where it is written down (the
+    `engine.open_run` sets `run_id`. The plan travels as itself: pickled to Ray Train's workers
+    (`engine.trainer`), the config inside it the typed object `check` validated and fitted, the batch
+    builder the one `prepare` made. The config is dumped to JSON only where it is written down (the
     run's `config.yaml`, a checkpoint's `meta.json`, the MLflow model)."""
 
     job: str
@@ -89,6 +91,30 @@ class RunPlan:
     builder: Any = None  # PreparedJob.builder
     run_id: str = ""
     verbose: bool = False  # Ray's own output on the workers too (`--verbose`)
+
+
+@dataclass
+class CheckedRun:
+    """A config that passed every check (`engine.check`): the plan the workers get (no MLflow run yet),
+    with what the driver alone needs (the opened data, and the model's size for the banner). The run
+    (`engine.run`) takes it as it is: nothing is checked or prepared twice."""
+
+    plan: RunPlan
+    prepared: PreparedJob
+    parameters: int  # the model's, counted on the meta device
+
+
+@dataclass
+class CheckedStages:
+    """A staged job's stages, each checked (`StagedJob.check_stages`) before the first starts, in the
+    order they run."""
+
+    stages: list[CheckedRun]
+
+    @property
+    def plan(self) -> RunPlan:
+        """The first stage's plan (its data is what the job reads first)."""
+        return self.stages[0].plan
 
 
 @dataclass
@@ -191,20 +217,22 @@ class JobSpec:
 class StagedJob:
     """A job made of ordinary specs run one after the other (the pretrain-then-fine-tune chain). The
     engine knows it: `engine.check` and `engine.run` hand it their own `check` and `run`, with which it
-    checks every stage before the first starts and runs them in order; the last stage's run is the
+    checks every stage once, before the first starts, and runs them in order, each with its checked
+    result (`CheckedStages`); the last stage's run is the
     job's result (the one a sweep trial reports). Like a spec, it names its job and config class."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
     run_name: ClassVar[str]
 
-    def check_stages(self, cfg, check: Callable[[JobSpec, Any], Any]) -> Any:
-        """`check` (the engine's) on every stage's spec and config; returns the first stage's result."""
+    def check_stages(self, cfg, check: Callable[[JobSpec, Any], CheckedRun]) -> CheckedStages:
+        """`check` (the engine's) on every stage's spec and config, once: their results, in order."""
         raise NotImplementedError
 
-    def run_stages(self, cfg, run: Callable[..., RunResult], source: str, parent_run_id: str | None,
-                   tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
-        """The stages run in order through `run` (the engine's); returns the last stage's result."""
+    def run_stages(self, cfg, checked: CheckedStages, run: Callable[..., RunResult], source: str,
+                   parent_run_id: str | None, tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
+        """The stages run in order through `run` (the engine's), each with its checked result
+        (`run(..., checked=)`); returns the last stage's result."""
         raise NotImplementedError
 
 

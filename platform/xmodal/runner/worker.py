@@ -28,6 +28,8 @@ from xmodal.runner.interrupt import StopWatch
 from xmodal.runner.session import RayTrainSession
 from xmodal.runner.spec import JobSpec, RunPlan, Worker
 
+PLAN_KEY = "plan"  # train_loop_config's one key (Ray Train takes a dict): the RunPlan
+
 
 def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.device, total_steps: int,
                 micro_batch: int, rank: int = 0, world: int = 1, ray_data: bool = False, fresh: bool = True,
@@ -49,10 +51,11 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
     return Worker(cfg, data, state, model, rank, world, device, micro_batch, ray_data, selection, builder)
 
 
-def worker(spec: JobSpec, plan_dict: dict[str, Any], stop_flag=None) -> None:
-    """Every job's Ray Train worker. `stop_flag`: the driver's `interrupt.StopFlag` (Ctrl-C), None in
+def worker(spec: JobSpec, config: dict[str, RunPlan], stop_flag=None) -> None:
+    """Every job's Ray Train worker. `config`: Ray Train's train_loop_config, holding the driver's
+    `RunPlan` itself (`engine.trainer`). `stop_flag`: the driver's `interrupt.StopFlag` (Ctrl-C), None in
     sweep trials (Tune stops those)."""
-    run_worker(spec, RunPlan(**plan_dict), RayTrainSession(), stop_flag=stop_flag)
+    run_worker(spec, config[PLAN_KEY], RayTrainSession(), stop_flag=stop_flag)
 
 
 def run_worker(spec: JobSpec, plan: RunPlan, session, data=None, stop_flag=None) -> None:
