@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal.runner.spec import RunPlan

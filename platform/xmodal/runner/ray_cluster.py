@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from xmodal.console import CONSOLE, PREFIX, say
-from xmodal.errors import UserError
-from xmodal.outputs import check_output_location
+from xmodal.base.console import CONSOLE, PREFIX, say
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_output_location
 
 
 def require_ray():
@@ -136,7 +136,7 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
         else:
             os.environ.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
             start_local(num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
-    attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up
+    attach_ray()  # the workers' lines through the console (xmodal.base.console), where a command line set it up
 
 
 class _RayLines:

@@ -1,4 +1,4 @@
-"""Every MLflow tag name xmodal writes or reads, in one place (no imports); tests/test_run_tags.py
+"""Every MLflow tag name xmodal writes or reads, in one place (no imports); tests/base/test_run_tags.py
 finds any "xmodal." tag name written elsewhere.
 
 A module of its own, below both `xmodal.sweep` and `xmodal.report`: the sweep runner calls the
