@@ -36,7 +36,7 @@ import numpy as np
 
 from xmodal.console import DriverNoise, progress_bar, say
 from xmodal.core.checkpoint import sha256_of
-from xmodal.data.common import check_target, local_target, publish_dir
+from xmodal.data.atomic import check_target, local_target, publish_dir
 from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
 from xmodal.errors import RunInterrupted, UserError
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file

@@ -51,20 +51,15 @@ import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.answers import AnswerError, AnswerTable
+from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     Location,
     Manifest,
     StoreError,
-    check_target,
-    discard_partial,
-    local_target,
     locate,
-    missing_parents,
     open_listed_parquet,
     open_parquet,
-    publish_dir,
     store_path,
-    temp_dir_beside,
 )
 from xmodal.data.lxmert.features import FeatureStore, ImageStore, open_image_store
 from xmodal.data.lxmert.store import LxmertStore, concat_ranges, open_store
@@ -533,20 +528,15 @@ def write_finetune(path: str | Path, *, task: str, store: LxmertStore, splits: M
         ignored_by_split=by_split, missing_image_examples=list(missing_image_examples or []),
         stats=dict(stats or {}), inputs={s: list(v) for s, v in (inputs or {}).items()}, options=dict(options or {}),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    made = missing_parents(root)
-    tmp = None
-    try:
-        tmp = temp_dir_beside(root)
+    with StagedDir(root, overwrite, KIND) as staged:
+        tmp = staged.tmp
         for name, sp in splits.items():
             pq.write_table(split_to_table(sp), tmp / f"{name}.parquet", row_group_size=1 << 16)
         if answers is not None:
             answers.save(tmp)
         manifest.write(tmp)
         open_finetune(tmp, store.path)  # check what was written before it becomes visible
-        publish_dir(tmp, root, lambda: check_target(root, overwrite, KIND))
-    except BaseException:
-        discard_partial(tmp, made)
-        raise
+        staged.publish()
     return open_finetune(root)
 
 

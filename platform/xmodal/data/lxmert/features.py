@@ -15,7 +15,7 @@ answer table or sentence column. A store that `jobs/extract.py` wrote has one mo
 (string): where each image came from, relative to the IMAGES root its manifest records
 (`options.images_root`) or a URI or absolute path; `image_sources` reads them. Stores without it
 (written from TSV files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed into place
-(`common.publish_dir`). Imports numpy and pyarrow only.
+(`atomic.StagedDir`). Imports numpy and pyarrow only.
 """
 
 from __future__ import annotations
@@ -30,22 +30,17 @@ import pyarrow as pa
 import pydantic
 
 from xmodal.console import progress_bar
+from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     KINDS,
     Location,
     Manifest,
     StoreError,
-    check_target,
-    discard_partial,
     kind_at,
-    local_target,
     locate,
-    missing_parents,
     open_listed_parquet,
     open_parquet,
-    publish_dir,
     store_path,
-    temp_dir_beside,
 )
 from xmodal.data.lxmert.ingest import (
     IngestError,
@@ -212,9 +207,8 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
                "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
                "row_group_images": row_group_images}
     mark_random_weights(paths, options)
-    made = missing_parents(out_path)
-    tmp = temp_dir_beside(out_path)
-    try:
+    with StagedDir(out_path, overwrite, KIND) as staged:
+        tmp = staged.tmp
         (tmp / SHARD_DIR).mkdir()
         shards: list[FeatureShard] = []
         buffer = []
@@ -251,8 +245,5 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
             inputs=[str(p) for p in paths], content_sha256=digest.hexdigest(), options={**options, "feat_dim": width},
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")).write(tmp)
         open_features(tmp)  # check what was written before it becomes visible
-        publish_dir(tmp, out_path, lambda: check_target(out_path, overwrite, KIND))
-    except BaseException:
-        discard_partial(tmp, made)
-        raise
+        staged.publish()
     return open_features(out_path)

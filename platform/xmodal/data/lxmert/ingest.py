@@ -50,7 +50,8 @@ import numpy as np
 
 from xmodal.console import progress_bar, say
 from xmodal.data.answers import AnswerTable
-from xmodal.data.common import check_target, kind_at, local_target, open_parquet, read_manifest_json
+from xmodal.data.atomic import check_target, local_target
+from xmodal.data.common import kind_at, open_parquet, read_manifest_json
 from xmodal.data.lxmert.store import (
     KIND,
     ImageBlock,
@@ -720,7 +721,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                              minival_split=how, image_order=order, **counters)
     except BaseException:
         if writer is not None:
-            writer.abort()
+            writer.discard()
         raise
 
 

@@ -41,21 +41,16 @@ import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.answers import AnswerTable
+from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     Location,
     Manifest,
     StoreError,
     Unit,
-    check_target,
-    discard_partial,
-    local_target,
     locate,
-    missing_parents,
     open_listed_parquet,
     open_parquet,
-    publish_dir,
     store_path,
-    temp_dir_beside,
 )
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
 
@@ -583,34 +578,22 @@ def _leaf_index(pf: pq.ParquetFile, arrow_col: int) -> int:
 # ============================================================================ writing
 
 
-class StoreWriter:
-    """Builds a store in a hidden temporary directory next to `path`; `finish()` renames it into
-    place. Used as a context manager: any exception removes the temporary directory, so a failed
+class StoreWriter(StagedDir):
+    """Builds a store in a hidden temporary directory next to `path` (`StagedDir`); `finish()` renames it
+    into place. Used as a context manager: any exception removes the temporary directory, so a failed
     ingest leaves nothing behind (and an existing store untouched)."""
 
     def __init__(self, path: str | Path, *, num_objects: int, feat_dim: int, max_seq_len: int,
                  images_per_shard: int = 256, row_group_images: int = 32, overwrite: bool = False):
-        self.path = local_target(path)
-        check_target(self.path, overwrite, KIND)
-        self.overwrite = overwrite
+        target = local_target(path)
+        check_target(target, overwrite, KIND)
+        super().__init__(target, overwrite, KIND)
         self.num_objects, self.feat_dim, self.max_seq_len = num_objects, feat_dim, max_seq_len
         self.images_per_shard = max(1, images_per_shard)
         self.row_group_images = max(1, min(row_group_images, self.images_per_shard))
-        self.made = missing_parents(self.path)  # removed again by abort() if still empty
-        self.tmp = temp_dir_beside(self.path)
         self._pending: dict[str, list[ImageBlock]] = {s: [] for s in SPLITS}
         self._pending_rows: dict[str, int] = dict.fromkeys(SPLITS, 0)
         self.shards: dict[str, list[ShardInfo]] = {s: [] for s in SPLITS}
-
-    def __enter__(self) -> StoreWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-
-    def abort(self) -> None:
-        discard_partial(self.tmp, self.made)
 
     def add(self, split: str, block: ImageBlock) -> None:
         if split not in SPLITS:
@@ -661,8 +644,5 @@ class StoreWriter:
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **counts)
         manifest.write(self.tmp)
         open_store(self.tmp)  # check what was written before it becomes visible
-        self._publish()
+        self.publish()
         return open_store(self.path)
-
-    def _publish(self) -> None:
-        publish_dir(self.tmp, self.path, lambda: check_target(self.path, self.overwrite, KIND))

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.data.common import check_target, local_target
+from xmodal.data.atomic import check_target, local_target
 from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, KIND, MODALITIES, SPLITS, MultSplit, write_store
 from xmodal.errors import UserError
 
