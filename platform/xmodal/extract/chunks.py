@@ -2,9 +2,9 @@
 
 A batch of regions (`Regions`: numpy arrays, padded to the run's `num_objects` slots, with each image's
 `num_boxes`) becomes either store rows (`store_table`: the image columns of `store.image_schema`, float16
-features, boxes normalised by the image size, exactly as `ingest.parse_tsv_line` + `pack_images` make
+features, boxes normalised by the image size, exactly as `tsv.parse_tsv_line` + `pack_images` make
 them from a TSV line, and each image's `source`) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
-the fields `ingest.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
+the fields `tsv.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
 
 The work folder, `.OUT.extract` beside OUT (hidden, same file system, so publishing is a rename):
 
@@ -96,7 +96,7 @@ def _b64(a: np.ndarray, dtype: type) -> str:
 
 
 def tsv_lines(r: Regions) -> list[str]:
-    """The reference's TSV lines (fields `ingest.TSV_FIELDS`) of a batch of regions."""
+    """The reference's TSV lines (fields `tsv.TSV_FIELDS`) of a batch of regions."""
     lines = []
     for i in range(len(r["img_id"])):
         k = int(r["num_boxes"][i])

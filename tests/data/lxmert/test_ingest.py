@@ -10,8 +10,9 @@ import pytest
 from refdata import ANSWERS, WORDS, RefCorpus
 
 from xmodal.data.common import StoreError
-from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert, minival_by_hash
+from xmodal.data.lxmert.ingest import ingest_lxmert, minival_by_hash
 from xmodal.data.lxmert.store import open_store
+from xmodal.data.lxmert.tsv import IngestError
 from xmodal.ingest_cli import main as ingest_main
 from xmodal_testing import REPO
 

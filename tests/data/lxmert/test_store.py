@@ -12,8 +12,9 @@ from refdata import FEAT_DIM, RAW, RefCorpus, ref_image, write_reference
 
 from xmodal.data.answers import AnswerTable, normalize_answer
 from xmodal.data.common import StoreError
-from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert
+from xmodal.data.lxmert.ingest import ingest_lxmert
 from xmodal.data.lxmert.store import open_store
+from xmodal.data.lxmert.tsv import IngestError
 from xmodal.ingest_cli import main as ingest_main
 
 

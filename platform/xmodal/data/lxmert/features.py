@@ -10,7 +10,7 @@ image stores:
 
 The rows are an LXMERT store's image columns (`store.image_schema`: img_id, img_h, img_w,
 num_boxes, float16 features, normalised boxes, object/attribute ids and confidences), decoded and
-checked by the same code (`ingest.scan_tsv_ids`, `ingest.parse_tsv_line`); there is no vocabulary,
+checked by the same code (`tsv.scan_tsv_ids`, `tsv.parse_tsv_line`); there is no vocabulary,
 answer table or sentence column. A store that `jobs/extract.py` wrote has one more column, `source`
 (string): where each image came from, relative to the IMAGES root its manifest records
 (`options.images_root`) or a URI or absolute path; `image_sources` reads them. Stores without it
@@ -42,7 +42,15 @@ from xmodal.data.common import (
     open_parquet,
     store_path,
 )
-from xmodal.data.lxmert.ingest import (
+from xmodal.data.lxmert.store import (
+    LxmertStore,
+    image_columns,
+    image_schema,
+    open_store,
+    read_shard,
+    write_shard,
+)
+from xmodal.data.lxmert.tsv import (
     IngestError,
     check_tsv_inputs,
     item_bytes,
@@ -51,14 +59,6 @@ from xmodal.data.lxmert.ingest import (
     parse_item,
     scan_tsv_ids,
     tsv_lines,
-)
-from xmodal.data.lxmert.store import (
-    LxmertStore,
-    image_columns,
-    image_schema,
-    open_store,
-    read_shard,
-    write_shard,
 )
 
 KIND = "features"

@@ -44,7 +44,7 @@ F16_MAX = float(np.finfo(np.float16).max)
 
 class MultIngestError(UserError):
     """Bad MulT input: the message names the file, the key and what was expected (the LXMERT
-    ingest's is `lxmert.ingest.IngestError`)."""
+    ingest's is `lxmert.tsv.IngestError`)."""
 
 
 # ============================================================================ safe unpickling
