@@ -438,7 +438,7 @@ def evaluate_pretrain(model, store, split: str, n: int, notes: list[str], rows: 
     its cross-attention: only the row groups holding them are read. Returns them and the number of
     questions in the split. Right: the prediction is the most-agreed gold answer (`qa_acc`)."""
     from xmodal.data.common import open_parquet
-    from xmodal.data.lxmert.store import table_to_block
+    from xmodal.data.lxmert.rows import table_to_block
     from xmodal.models.lxmert import recording_cross_attention
 
     qs = store_questions(store, split)

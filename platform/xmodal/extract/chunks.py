@@ -1,7 +1,7 @@
 """The detector's output written down, and the work folder that holds it until the run is published.
 
 A batch of regions (`Regions`: numpy arrays, padded to the run's `num_objects` slots, with each image's
-`num_boxes`) becomes either store rows (`store_table`: the image columns of `store.image_schema`, float16
+`num_boxes`) becomes either store rows (`store_table`: the image columns of `rows.image_schema`, float16
 features, boxes normalised by the image size, exactly as `tsv.parse_tsv_line` + `pack_images` make
 them from a TSV line, and each image's `source`) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
 the fields `tsv.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from xmodal.data.common import options_diff, options_json
 from xmodal.data.lxmert.features import SHARD_DIR, SOURCE
-from xmodal.data.lxmert.store import image_columns, image_schema, write_shard
+from xmodal.data.lxmert.rows import image_columns, image_schema, write_shard
 from xmodal.extract.images import ExtractError
 
 STATE_FILE = "extract.json"

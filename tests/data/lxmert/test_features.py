@@ -19,7 +19,8 @@ from xmodal.data.lxmert.features import (
     open_features,
     open_image_store,
 )
-from xmodal.data.lxmert.store import LxmertStore, image_schema
+from xmodal.data.lxmert.rows import image_schema
+from xmodal.data.lxmert.store import LxmertStore
 from xmodal.data.lxmert.tsv import IngestError
 from xmodal.ingest_cli import main as ingest_main
 

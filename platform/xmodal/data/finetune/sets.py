@@ -62,7 +62,8 @@ from xmodal.data.common import (
     store_path,
 )
 from xmodal.data.lxmert.features import FeatureStore, ImageStore, open_image_store
-from xmodal.data.lxmert.store import LxmertStore, concat_ranges, open_store
+from xmodal.data.lxmert.rows import concat_ranges
+from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.tokenizer import VOCAB_FILE
 from xmodal.errors import UserError
 

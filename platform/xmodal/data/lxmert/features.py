@@ -8,7 +8,7 @@ image stores:
     STORE/manifest.json               kind "features": dims, shards with their row counts, inputs
     STORE/images/part-NNNNN.parquet   one row per image
 
-The rows are an LXMERT store's image columns (`store.image_schema`: img_id, img_h, img_w,
+The rows are an LXMERT store's image columns (`rows.image_schema`: img_id, img_h, img_w,
 num_boxes, float16 features, normalised boxes, object/attribute ids and confidences), decoded and
 checked by the same code (`tsv.scan_tsv_ids`, `tsv.parse_tsv_line`); there is no vocabulary,
 answer table or sentence column. A store that `jobs/extract.py` wrote has one more column, `source`
@@ -42,14 +42,8 @@ from xmodal.data.common import (
     open_parquet,
     store_path,
 )
-from xmodal.data.lxmert.store import (
-    LxmertStore,
-    image_columns,
-    image_schema,
-    open_store,
-    read_shard,
-    write_shard,
-)
+from xmodal.data.lxmert.rows import image_columns, image_schema, read_shard, write_shard
+from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.tsv import (
     IngestError,
     check_tsv_inputs,

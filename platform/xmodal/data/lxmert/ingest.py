@@ -41,15 +41,8 @@ from xmodal.console import progress_bar, say
 from xmodal.data.answers import AnswerTable
 from xmodal.data.atomic import check_target, local_target
 from xmodal.data.lxmert.corpus import Corpus, answer_arrays, load_pretrain_json
-from xmodal.data.lxmert.store import (
-    KIND,
-    ImageBlock,
-    ImageOrder,
-    LxmertStore,
-    MinivalSplit,
-    StoreWriter,
-    concat_ranges,
-)
+from xmodal.data.lxmert.rows import ImageBlock, concat_ranges
+from xmodal.data.lxmert.store import KIND, ImageOrder, LxmertStore, MinivalSplit, StoreWriter
 from xmodal.data.lxmert.tsv import (
     IngestError,
     TsvImage,

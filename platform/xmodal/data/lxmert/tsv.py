@@ -25,7 +25,7 @@ import numpy as np
 
 from xmodal.console import progress_bar, say
 from xmodal.data.common import kind_at, open_parquet, read_manifest_json
-from xmodal.data.lxmert.store import read_shard
+from xmodal.data.lxmert.rows import read_shard
 from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
@@ -244,7 +244,7 @@ def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None,
 
 
 def pack_images(images: list[TsvImage], num_objects: int, feat_dim: int) -> dict[str, np.ndarray]:
-    """Decoded TSV images -> the image fields (`store.IMAGE_FIELDS`) as (K, ...) arrays, padded to
+    """Decoded TSV images -> the image fields (`rows.IMAGE_FIELDS`) as (K, ...) arrays, padded to
     `num_objects` slots (zero features/boxes, id -1)."""
     k, n = len(images), num_objects
     feats = np.zeros((k, n, feat_dim), np.float16)
