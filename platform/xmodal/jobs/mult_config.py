@@ -23,8 +23,8 @@ from xmodal.config import (
     store_field,
 )
 from xmodal.data.options import SyntheticMultOptions
-from xmodal.models.mult import PRESETS as MULT_PRESETS
-from xmodal.models.mult import MultConfig
+from xmodal.models.mult_config import PRESETS as MULT_PRESETS
+from xmodal.models.mult_config import MultConfig
 from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
 from xmodal.robustness import MULT_CONDITIONS, MultCondition
 
