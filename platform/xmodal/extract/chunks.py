@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xmodal.data.common import options_diff, options_json
-from xmodal.data.lxmert.features import SHARD_DIR, SOURCE
-from xmodal.data.lxmert.rows import image_columns, image_schema, write_shard
+from xmodal.data.lxmert.features import SHARD_DIR
+from xmodal.data.lxmert.rows import SOURCE, image_columns, image_schema, write_shard
 from xmodal.extract.images import ExtractError
 
 STATE_FILE = "extract.json"
@@ -85,7 +85,7 @@ def store_table(r: Regions) -> pa.Table:
         "obj_conf": np.where(valid, np.clip(r["obj_conf"], 0, 1), 0),
         "attr_conf": np.where(valid, np.clip(r["attr_conf"], 0, 1), 0)})
     schema = image_schema(n, feat_dim)
-    if "source" in r:  # where each image came from (features.SOURCE)
+    if "source" in r:  # where each image came from (rows.SOURCE)
         cols[SOURCE.name] = pa.array([str(x) for x in r["source"]], SOURCE.type)
         schema = schema.append(SOURCE)
     return pa.Table.from_pydict(cols, schema=schema)

@@ -37,7 +37,8 @@ import numpy as np
 from xmodal.console import DriverNoise, progress_bar, say
 from xmodal.core.checkpoint import sha256_of
 from xmodal.data.atomic import check_target, local_target, publish_dir
-from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
+from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
+from xmodal.data.lxmert.rows import IMAGES_ROOT
 from xmodal.errors import RunInterrupted, UserError
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take

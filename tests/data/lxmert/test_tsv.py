@@ -1,6 +1,6 @@
 """The image inputs of an ingest (xmodal.data.lxmert.tsv): a feature-only store read in place of a TSV
-file, row group by row group in a random order, and the random-weight features of an extraction marked
-in every store built from them."""
+file, row group by row group in a random order; the random-weight features of an extraction marked in
+every store built from them; where an extraction's images came from, carried into the LXMERT store."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from refdata import RefCorpus
 
-from xmodal.data.lxmert.features import ingest_features
+from xmodal.data.lxmert.features import image_sources, ingest_features, open_features
+from xmodal.data.lxmert.ingest import ingest_lxmert
+from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, write_shard
+from xmodal.data.lxmert.store import open_store
 from xmodal.data.lxmert.tsv import RANDOM_WEIGHTS_KEY, tsv_lines_at
 
 
@@ -52,3 +57,60 @@ def test_a_store_of_random_weight_features_is_marked_where_it_goes(reference: Re
     assert second.manifest.options[RANDOM_WEIGHTS_KEY] == [str(first.path)]
     third = ingest_features(tmp_path / "third", [second.path], progress=False)  # a store built from it
     assert third.manifest.options[RANDOM_WEIGHTS_KEY] == [str(second.path)] and "RANDOM WEIGHTS" in capsys.readouterr().out
+
+
+def _give_sources(store, root: Path) -> dict[str, str]:
+    """Write into a feature store what an extraction records: each image's file relative to IMAGES (its
+    manifest's images_root) in a `source` column. Returns img_id -> the file's absolute path."""
+    expected = {}
+    for s in store.manifest.shards:
+        p = store.path / s.file
+        t = pq.read_table(p)
+        rel = [f"sub/{i}.jpg" for i in t.column("img_id").to_pylist()]
+        write_shard(t.append_column(SOURCE, pa.array(rel, SOURCE.type)), p, 4)
+        expected.update({i: str(root / r) for i, r in zip(t.column("img_id").to_pylist(), rel, strict=True)})
+    raw = json.loads((store.path / "manifest.json").read_text())
+    raw["options"][IMAGES_ROOT] = str(root)
+    (store.path / "manifest.json").write_text(json.dumps(raw))
+    return expected
+
+
+def _store_sources(path: Path) -> tuple[set[str], dict[str, str | None]]:
+    """The column names of an LXMERT store's shards, and img_id -> its `source` value (None: no column)."""
+    lx = open_store(path)
+    names, out = set(), {}
+    for split in ("train", "minival"):
+        for f in lx.shard_paths(split):
+            t = pq.read_table(f)
+            names.add(tuple(t.column_names))
+            src = t.column("source").to_pylist() if "source" in t.column_names else [None] * t.num_rows
+            out.update(zip(t.column("img_id").to_pylist(), src, strict=True))
+    return names, out
+
+
+def test_an_lxmert_store_keeps_where_its_extracted_images_came_from(reference: RefCorpus, tmp_path: Path):
+    """`ingest lxmert --tsv STORE` over a store that records its images' files: the LXMERT store records them
+    too, absolute, and `image_sources` reads them from it; beside a TSV file, that file's images have none,
+    and every shard has the one schema."""
+    feats = ingest_features(tmp_path / "feats", reference.tsv[:1], images_per_shard=8, progress=False)
+    expected = _give_sources(open_features(feats.path), tmp_path / "imgs")
+    assert image_sources(feats.path) == expected
+    ingest_lxmert(tmp_path / "lx", [feats.path, reference.tsv[1]], reference.json, vocab_size=200,
+                  images_per_shard=5, progress=False)
+    names, stored = _store_sources(tmp_path / "lx")
+    assert len(names) == 1 and "source" in next(iter(names))  # every shard: the same columns, source among them
+    from_store = {i for i in stored if i in expected}
+    assert from_store and len(from_store) < len(stored)  # images from both inputs
+    assert {i: stored[i] for i in from_store} == {i: expected[i] for i in from_store}
+    assert all(stored[i] is None for i in stored if i not in expected)  # the TSV file's images: none recorded
+    assert image_sources(tmp_path / "lx") == {i: expected[i] for i in from_store}
+    block = open_store(tmp_path / "lx").read_split("train")  # the rows read back carry it too
+    assert block.source is not None and {i: s for i, s in zip(block.img_id, block.source, strict=True)
+                                         if s is not None} == {i: expected[i] for i in block.img_id if i in expected}
+
+
+def test_an_lxmert_store_from_tsv_files_has_no_source_column(reference: RefCorpus, tmp_path: Path):
+    ingest_lxmert(tmp_path / "lx", reference.tsv, reference.json, vocab_size=200, progress=False)
+    names, stored = _store_sources(tmp_path / "lx")
+    assert not any("source" in n for n in names) and set(stored.values()) == {None}
+    assert image_sources(tmp_path / "lx") == {}

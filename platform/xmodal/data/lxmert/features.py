@@ -13,9 +13,10 @@ num_boxes, float16 features, normalised boxes, object/attribute ids and confiden
 checked by the same code (`tsv.scan_tsv_ids`, `tsv.parse_tsv_line`); there is no vocabulary,
 answer table or sentence column. A store that `jobs/extract.py` wrote has one more column, `source`
 (string): where each image came from, relative to the IMAGES root its manifest records
-(`options.images_root`) or a URI or absolute path; `image_sources` reads them. Stores without it
-(written from TSV files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed into place
-(`atomic.StagedDir`). Imports numpy and pyarrow only.
+(`options.images_root`) or a URI or absolute path; `image_sources` reads them (an LXMERT store's too:
+`jobs/ingest.py lxmert` carries them over from such a store). Stores without it (written from TSV
+files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed
+into place (`atomic.StagedDir`). Imports numpy and pyarrow only.
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ from xmodal.data.common import (
     open_parquet,
     store_path,
 )
-from xmodal.data.lxmert.rows import image_columns, image_schema, read_shard, write_shard
+from xmodal.data.lxmert.rows import (
+    IMAGES_ROOT,
+    SOURCE,
+    absolute_source,
+    image_columns,
+    image_schema,
+    read_shard,
+    write_shard,
+)
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.tsv import (
     IngestError,
@@ -58,8 +67,6 @@ from xmodal.data.lxmert.tsv import (
 KIND = "features"
 SCHEMA_VERSION = 1
 SHARD_DIR = "images"
-SOURCE = pa.field("source", pa.string())  # an extracted store's column: where each image came from
-IMAGES_ROOT = "images_root"  # the manifest's option the relative sources are relative to
 
 
 class FeatureShard(pydantic.BaseModel):
@@ -136,27 +143,23 @@ def open_features(path: str | Path | Location) -> FeatureStore:
     return FeatureStore(store_path(root), m)
 
 
-def image_sources(store: FeatureStore | str | Path | Location) -> dict[str, str]:
+def image_sources(store: FeatureStore | LxmertStore | str | Path | Location) -> dict[str, str]:
     """img_id -> where the image came from (an absolute local path or a URI), for a store written by
-    `jobs/extract.py`; {} for a store that does not record it (built from TSV files, or older). Reads the
-    img_id and source columns only."""
-    if not isinstance(store, FeatureStore):
-        store = open_features(store)
-    root = store.manifest.options.get(IMAGES_ROOT)
+    `jobs/extract.py` or an LXMERT store ingested from one; {} for a store that does not record it (built
+    from TSV files, or older). An LXMERT store's images from TSV files are left out. Reads the img_id and
+    source columns only."""
+    if not isinstance(store, FeatureStore | LxmertStore):
+        store = open_image_store(store)
+    root = store.manifest.options.get(IMAGES_ROOT)  # an LXMERT store has none: its sources are absolute
     out: dict[str, str] = {}
     for f in store.image_files():
         if SOURCE.name not in open_parquet(store.path / f).schema_arrow.names:
             return {}
         t = store.read_table(f, columns=["img_id", SOURCE.name])
         for img_id, src in zip(t.column("img_id").to_pylist(), t.column(SOURCE.name).to_pylist(), strict=True):
-            out[img_id] = _absolute(src, root)
+            if src is not None:
+                out[img_id] = absolute_source(src, root)
     return out
-
-
-def _absolute(source: str, root: str | None) -> str:
-    if "://" in source or source.startswith("/") or not root:
-        return source
-    return f"{root.rstrip('/')}/{source}" if "://" in root else str(Path(root) / source)
 
 
 ImageStore = LxmertStore | FeatureStore

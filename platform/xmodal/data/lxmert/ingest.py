@@ -52,6 +52,7 @@ from xmodal.data.lxmert.tsv import (
     mark_random_weights,
     pack_images,
     parse_item,
+    records_sources,
     scan_tsv_ids,
     tsv_lines,
     tsv_lines_at,
@@ -136,7 +137,9 @@ class Sentences:
         return 0 if k is None else int(self.offsets[k + 1] - self.offsets[k])
 
 
-def _block(images: list[TsvImage], sentences: Sentences, num_objects: int, feat_dim: int) -> ImageBlock:
+def _block(images: list[TsvImage], sentences: Sentences, num_objects: int, feat_dim: int,
+           with_sources: bool) -> ImageBlock:
+    """The images with their sentences; `with_sources`: with where each came from (None for a TSV line's)."""
     k = np.array([sentences.image_ids[im.img_id] for im in images], dtype=np.int64)
     s0, s1 = sentences.offsets[k], sentences.offsets[k + 1]
     sents = sentences.order[concat_ranges(s0, s1)]
@@ -149,7 +152,8 @@ def _block(images: list[TsvImage], sentences: Sentences, num_objects: int, feat_
         sent_offsets=np.concatenate([[0], np.cumsum(s1 - s0)]).astype(np.int64),
         input_ids=tokens[sents],
         ans_offsets=np.concatenate([[0], np.cumsum(a1 - a0)]).astype(np.int64),
-        ans_ids=ans_lab[idx], ans_scores=ans_score[idx])
+        ans_ids=ans_lab[idx], ans_scores=ans_score[idx],
+        source=np.array([im.source for im in images], dtype=object) if with_sources else None)
 
 
 def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str | Path], *,
@@ -221,7 +225,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     layout = dict(max_seq_len=max_seq_len, images_per_shard=images_per_shard, row_group_images=row_group_images,
                   overwrite=overwrite)
     return _write(out_path, _progress(lines, sentences, len(used_ids), progress), sentences, split_of, limits, layout,
-                  options, tokenizer=tokenizer, answers=table, source="lxmert",
+                  options, with_sources=records_sources(tsv_paths), tokenizer=tokenizer, answers=table, source="lxmert",
                   num_object_labels=num_object_labels, num_attr_labels=num_attr_labels,
                   inputs=[str(p) for p in [*tsv_paths, *sentence_files]], minival_split=how, image_order=order,
                   **counters)
@@ -313,9 +317,10 @@ def _progress(lines: Iterable[tuple[str, str | TsvImage]], sentences: Sentences,
 
 def _write(out_path: Path, lines: Iterable[tuple[str, str | TsvImage]], sentences: Sentences,
            split_of: Callable[[str], str], limits: dict[str, Any], layout: dict[str, Any], options: dict[str, Any],
-           **finish: Any) -> LxmertStore:
-    """Decode and check each line, deal the images into train and minival, write the store. The
-    writer (the store's temporary folder) is made at the first image, whose width it takes."""
+           *, with_sources: bool, **finish: Any) -> LxmertStore:
+    """Decode and check each line, deal the images into train and minival, write the store (with a
+    `source` column when an input records where its images came from). The writer (the store's
+    temporary folder) is made at the first image, whose width it takes."""
     writer: StoreWriter | None = None
     buffers: dict[str, list[TsvImage]] = {"train": [], "minival": []}
     chunk = max(1, min(layout["images_per_shard"], 64))
@@ -329,13 +334,13 @@ def _write(out_path: Path, lines: Iterable[tuple[str, str | TsvImage]], sentence
             split = split_of(im.img_id)
             buffers[split].append(im)
             if len(buffers[split]) >= chunk:
-                writer.add(split, _block(buffers[split], sentences, num_objects, limits["feat_dim"]))
+                writer.add(split, _block(buffers[split], sentences, num_objects, limits["feat_dim"], with_sources))
                 buffers[split] = []
         if writer is None:
             raise IngestError("no image has both features and sentences: nothing to write")
         for split, images in buffers.items():
             if images:
-                writer.add(split, _block(images, sentences, num_objects, limits["feat_dim"]))
+                writer.add(split, _block(images, sentences, num_objects, limits["feat_dim"], with_sources))
         return writer.finish(options=options, **finish)
     except BaseException:
         if writer is not None:

@@ -9,7 +9,11 @@ Row schema (`arrow_schema`): img_id, img_h, img_w, num_boxes; features float16 a
 `answer_ids`/`answer_scores` list<list<...>>: the known answers of each sentence with their soft
 scores (empty = not a question, or no answer in the table). Padding objects (num_boxes < N) have
 zero features/boxes and id -1. The image columns (`image_schema`) are also all of a feature-only
-store's (`xmodal.data.lxmert.features`). Imports numpy and pyarrow only.
+store's (`xmodal.data.lxmert.features`). A store whose images came from `jobs/extract.py` has one more
+column, `SOURCE` (string): where each image came from. An extraction's feature store records it relative
+to its IMAGES folder (its manifest's `options.images_root`, `IMAGES_ROOT`); an LXMERT store ingested
+from one records it as an absolute path or URI (`absolute_source`), null for an image from a TSV file.
+Imports numpy and pyarrow only.
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xmodal.data.common import Location, StoreError, open_parquet
+
+SOURCE = pa.field("source", pa.string())  # where each image came from (a store of extracted images only)
+IMAGES_ROOT = "images_root"  # a feature store's manifest option: what its relative sources are relative to
+
+
+def absolute_source(source: str, root: str | None) -> str:
+    """A recorded source as an absolute path or URI: a relative one is joined to `root` (a folder or a URI)."""
+    if "://" in source or source.startswith("/") or not root:
+        return source
+    return f"{root.rstrip('/')}/{source}" if "://" in root else str(Path(root) / source)
+
 
 # ============================================================================ rows in memory
 
@@ -49,6 +64,7 @@ class ImageBlock:
     ans_offsets: np.ndarray  # (S + 1,) int64: sentence s owns answers [o[s], o[s+1])
     ans_ids: np.ndarray  # (A,) int32 answer-table labels
     ans_scores: np.ndarray  # (A,) float32 soft scores
+    source: np.ndarray | None = None  # (K,) object: str, or None where unknown; None: the store has no column
 
     @property
     def num_images(self) -> int:
@@ -78,7 +94,8 @@ class ImageBlock:
             num_boxes=self.num_boxes[images], features=self.features[images], boxes=self.boxes[images],
             obj_ids=self.obj_ids[images], obj_conf=self.obj_conf[images], attr_ids=self.attr_ids[images],
             attr_conf=self.attr_conf[images], sent_offsets=_offsets(s1 - s0), input_ids=self.input_ids[sents],
-            ans_offsets=_offsets(a1 - a0), ans_ids=self.ans_ids[answers], ans_scores=self.ans_scores[answers])
+            ans_offsets=_offsets(a1 - a0), ans_ids=self.ans_ids[answers], ans_scores=self.ans_scores[answers],
+            source=None if self.source is None else self.source[images])
 
     @staticmethod
     def concat(blocks: Sequence[ImageBlock]) -> ImageBlock:
@@ -95,7 +112,9 @@ class ImageBlock:
             sent_offsets=_offsets(np.concatenate([b.sentences_per_image for b in blocks])),
             input_ids=cat("input_ids"),
             ans_offsets=_offsets(np.concatenate([np.diff(b.ans_offsets) for b in blocks])),
-            ans_ids=cat("ans_ids"), ans_scores=cat("ans_scores"))
+            ans_ids=cat("ans_ids"), ans_scores=cat("ans_scores"),
+            source=None if all(b.source is None for b in blocks) else np.concatenate(
+                [np.full(b.num_images, None, object) if b.source is None else b.source for b in blocks]))
 
     def check(self, where: str) -> None:
         """Shape/dtype consistency (writer side): a bug here must not reach the shards."""
@@ -110,6 +129,8 @@ class ImageBlock:
             got = getattr(self, name).shape
             if got != shape:
                 raise StoreError(f"{where}: field {name!r} has shape {got}, expected {shape}")
+        if self.source is not None and self.source.shape != (k,):
+            raise StoreError(f"{where}: field 'source' has shape {self.source.shape}, expected ({k},)")
         if self.features.dtype != np.float16:
             raise StoreError(f"{where}: features must be float16, got {self.features.dtype}")
         if int(self.sent_offsets[-1]) != self.num_sentences or int(self.ans_offsets[-1]) != self.ans_ids.shape[0]:
@@ -222,7 +243,11 @@ def block_to_table(block: ImageBlock) -> pa.Table:
         "answer_scores": pa.ListArray.from_arrays(
             sent_off, pa.ListArray.from_arrays(ans_off, pa.array(block.ans_scores.astype(np.float32)))),
     }
-    return pa.Table.from_pydict(cols, schema=arrow_schema(n, f, t))
+    schema = arrow_schema(n, f, t)
+    if block.source is not None:
+        cols[SOURCE.name] = pa.array([None if x is None else str(x) for x in block.source], SOURCE.type)
+        schema = schema.append(SOURCE)
+    return pa.Table.from_pydict(cols, schema=schema)
 
 
 def _chunks(col: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
@@ -303,4 +328,6 @@ def table_to_block(table: pa.Table) -> ImageBlock:
         ans_offsets=_join_offsets(ans_offs),
         ans_ids=ans_vals[0] if len(ans_vals) == 1 else np.concatenate(ans_vals),
         ans_scores=score_vals[0] if len(score_vals) == 1 else np.concatenate(score_vals),
+        source=np.asarray(table.column(SOURCE.name).to_pylist(), dtype=object).reshape(-1)
+        if SOURCE.name in table.column_names else None,
     )

@@ -20,12 +20,13 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from xmodal.console import progress_bar, say
 from xmodal.data.common import kind_at, open_parquet, read_manifest_json
-from xmodal.data.lxmert.rows import read_shard
+from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, absolute_source, read_shard
 from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
@@ -78,6 +79,7 @@ class TsvImage:
     attr_conf: np.ndarray
     boxes: np.ndarray  # (n, 4) float32 normalised
     features: np.ndarray  # (n, F) float16
+    source: str | None = None  # an extracted store's row: where the image came from (absolute path or URI)
 
 
 def parse_tsv_line(line: str, where: str, *, feat_dim: int | None, num_objects: int, num_object_labels: int,
@@ -207,7 +209,7 @@ def scan_tsv_ids(paths: list[Path], progress: bool, feat_dim: int | None = None,
     bar = progress_bar(sum(p.stat().st_size for p in paths if not p.is_dir()), "scan TSV", "B", progress)
     for k, p in enumerate(paths):
         if is_feature_store(p):  # an extracted store: its img_id column and its width
-            shards, width_here = _store_shards(p)
+            shards, width_here, _ = _store_shards(p)
             if width is None:
                 width, width_from = width_here, f"the width of the first image, in {p}"
             elif width_here != width:
@@ -313,27 +315,45 @@ def mark_random_weights(paths: list[Path], options: dict) -> None:
         options[RANDOM_WEIGHTS_KEY] = found
 
 
-def _store_shards(p: Path) -> tuple[list[tuple[Path, int]], int]:
-    """(shard path, rows) of a feature-only store, and its feature width."""
+class _StoreInput(NamedTuple):
+    shards: list[tuple[Path, int]]  # (shard path, rows)
+    feat_dim: int
+    images_root: str | None  # what the store's relative sources are relative to
+
+
+def _store_shards(p: Path) -> _StoreInput:
+    """The shards of a feature-only store, its feature width and its images' root."""
     raw = read_manifest_json(p / "manifest.json")
     try:
-        return [(p / s["file"], int(s["rows"])) for s in raw["shards"]], int(raw["feat_dim"])
+        options = raw.get("options") or {}
+        return _StoreInput([(p / s["file"], int(s["rows"])) for s in raw["shards"]], int(raw["feat_dim"]),
+                           options.get(IMAGES_ROOT) if isinstance(options, dict) else None)
     except (KeyError, TypeError, ValueError) as e:
         raise IngestError(f"{p / 'manifest.json'}: not a readable feature-only store manifest ({e})") from None
 
 
-def _store_images(p: Path, shard: Path, table, first_row: int = 0) -> Iterator[tuple[str, TsvImage]]:
-    """The rows of `table` (the shard's rows from `first_row` on) as the TsvImage a line decodes to."""
+def records_sources(paths: list[Path]) -> bool:
+    """Does any input record where its images came from (an extracted store's `source` column)?"""
+    return any(SOURCE.name in open_parquet(shard).schema_arrow.names
+               for p in paths if is_feature_store(p) for shard, _ in _store_shards(p).shards[:1])
+
+
+def _store_images(p: Path, shard: Path, table, first_row: int = 0,
+                  images_root: str | None = None) -> Iterator[tuple[str, TsvImage]]:
+    """The rows of `table` (the shard's rows from `first_row` on) as the TsvImage a line decodes to, with
+    the image's source where the store records one (made absolute against `images_root`)."""
     cols = {c: table.column(c).combine_chunks() for c in table.column_names}
     dense = {c: cols[c].to_numpy_ndarray() for c in ("features", "boxes", "obj_ids", "obj_conf", "attr_ids",
                                                      "attr_conf")}
+    sources = cols[SOURCE.name].to_pylist() if SOURCE.name in cols else [None] * table.num_rows
     for i, img_id in enumerate(cols["img_id"].to_pylist()):
         n = int(cols["num_boxes"][i].as_py())
         yield f"{p}: {shard.name} row {first_row + i} (img_id {img_id!r})", TsvImage(
             img_id=img_id, img_h=int(cols["img_h"][i].as_py()), img_w=int(cols["img_w"][i].as_py()), num_boxes=n,
             obj_ids=dense["obj_ids"][i, :n].astype(np.int32), obj_conf=dense["obj_conf"][i, :n].astype(np.float32),
             attr_ids=dense["attr_ids"][i, :n].astype(np.int32), attr_conf=dense["attr_conf"][i, :n].astype(np.float32),
-            boxes=dense["boxes"][i, :n].astype(np.float32), features=dense["features"][i, :n].astype(np.float16))
+            boxes=dense["boxes"][i, :n].astype(np.float32), features=dense["features"][i, :n].astype(np.float16),
+            source=None if sources[i] is None else absolute_source(sources[i], images_root))
 
 
 def check_store_image(im: TsvImage, where: str, *, feat_dim: int | None, num_objects: int, num_object_labels: int,
@@ -378,8 +398,9 @@ def tsv_lines(paths: list[Path]) -> Iterator[tuple[str, str | TsvImage]]:
     """Every line of the TSV files (an extracted store's rows as TsvImage), in order."""
     for p in paths:
         if is_feature_store(p):
-            for shard, _ in _store_shards(p)[0]:
-                yield from _store_images(p, shard, read_shard(shard))
+            store = _store_shards(p)
+            for shard, _ in store.shards:
+                yield from _store_images(p, shard, read_shard(shard), 0, store.images_root)
             continue
         with open(p, "rb") as f:
             for lineno, raw in enumerate(f, 1):
@@ -395,14 +416,14 @@ def tsv_lines_at(paths: list[Path], locations: Iterable[tuple[int, int, int]]) -
     shard index, row): only the row group holding the row is read (and kept while the next rows come
     from it). In the seeded random order nearly every image is in another shard than the last: reading
     whole shards cost 85 ms per image at 36 x 2048 (256 images a shard), one row group 32x less."""
-    stores = {k: _store_shards(p)[0] for k, p in enumerate(paths) if is_feature_store(p)}
+    stores = {k: _store_shards(p) for k, p in enumerate(paths) if is_feature_store(p)}
     files = {k: open(p, "rb") for k, p in enumerate(paths) if k not in stores}  # noqa: SIM115 - closed below
     starts: dict[tuple[int, int], list[int]] = {}  # (store, shard) -> first row of each row group, and the end
     cached: tuple[tuple[int, int, int], list[tuple[str, TsvImage]]] | None = None
     try:
         for k, offset, lineno in locations:
             if k in stores:
-                shard = stores[k][offset][0]
+                shard = stores[k].shards[offset][0]
                 if (k, offset) not in starts:
                     meta = open_parquet(shard).metadata
                     starts[(k, offset)] = list(itertools.accumulate(
@@ -411,7 +432,8 @@ def tsv_lines_at(paths: list[Path], locations: Iterable[tuple[int, int, int]]) -
                 group = bisect.bisect_right(bounds, lineno) - 1
                 if cached is None or cached[0] != (k, offset, group):
                     table = read_shard(shard, row_groups=[group])
-                    cached = ((k, offset, group), list(_store_images(paths[k], shard, table, bounds[group])))
+                    cached = ((k, offset, group), list(_store_images(paths[k], shard, table, bounds[group],
+                                                                     stores[k].images_root)))
                 yield cached[1][lineno - bounds[group]]
                 continue
             f = files[k]
