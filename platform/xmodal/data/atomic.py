@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from xmodal.base.outputs import check_writable_dir
 from xmodal.data.common import KINDS, MANIFEST_FILE, StoreError, is_uri, kind_at, kind_name
-from xmodal.outputs import check_writable_dir
 
 
 def local_target(path: str | Path) -> Path:

@@ -31,8 +31,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pydantic
 
-from xmodal.console import say
-from xmodal.errors import UserError
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
 
 MANIFEST_FILE = "manifest.json"
 

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from xmodal.bounds import Dropout, PosInt
+from xmodal.base.bounds import Dropout, PosInt
 
 Variant = Literal[
     "full",  # MulT: six crossmodal transformers, three self-attention transformers

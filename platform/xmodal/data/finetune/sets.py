@@ -71,7 +71,7 @@ from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.tokenizer import VOCAB_FILE
 
 if TYPE_CHECKING:
-    from xmodal.batches import Nlvr2Batch, VqaBatch
+    from xmodal.core.batches import Nlvr2Batch, VqaBatch
 
 KIND = "lxmert-finetune"
 SCHEMA_VERSION = 1
@@ -458,7 +458,7 @@ def iter_finetune_batches(data: FinetuneData, split: str, batch_size: int, *, se
     """
     import torch
 
-    from xmodal.batches import Nlvr2Batch, VqaBatch
+    from xmodal.core.batches import Nlvr2Batch, VqaBatch
 
     sp = data.split(split)
     nb = num_batches(len(sp), batch_size, world, drop_last)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from xmodal.base.errors import UserError
 from xmodal.data.lxmert.rows import concat_ranges
-from xmodal.errors import UserError
 
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
 

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pydantic
 
-from xmodal.console import progress_bar
+from xmodal.base.console import progress_bar
 from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     KINDS,

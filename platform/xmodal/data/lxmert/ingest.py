@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.console import progress_bar, say
+from xmodal.base.console import progress_bar, say
 from xmodal.data.answers import AnswerTable
 from xmodal.data.atomic import check_target, local_target
 from xmodal.data.lxmert.corpus import Corpus, answer_arrays, load_pretrain_json

@@ -24,10 +24,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from xmodal.console import progress_bar, say
+from xmodal.base.console import progress_bar, say
+from xmodal.base.errors import UserError
 from xmodal.data.common import kind_at, open_parquet, read_manifest_json
 from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, absolute_source, read_shard
-from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
                                "num_boxes", "boxes", "features")
