@@ -182,7 +182,7 @@ def write_lxmert_inputs(folder: str, images: int, num_objects: int, feat_dim: in
 
 def sentence_part(json_file: str, vocab: str) -> dict[str, Any]:
     """The ingest's per-sentence work alone: parse and check the JSON, tokenise every sentence."""
-    from xmodal.data.lxmert.ingest import Corpus, load_pretrain_json
+    from xmodal.data.lxmert.corpus import Corpus, load_pretrain_json
     from xmodal.data.tokenizer import WordPieceTokenizer
 
     t, c = time.perf_counter(), _cpu_s()

@@ -328,7 +328,8 @@ def _ddp(device: torch.device) -> Callable[[nn.Module], nn.Module]:
 
 
 def mult_contenders(s: Settings) -> list[Contender]:
-    from xmodal.models.mult import Mult, preset
+    from xmodal.models.mult import Mult
+    from xmodal.models.mult_config import preset
     from xmodal.objectives.sentiment import MultObjective
     from xmodal_bench.mult import PlainMult, _PlainObjective
 
@@ -491,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
     import transformers
 
     from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-    from xmodal.models.mult import PRESETS as MULT_PRESETS
+    from xmodal.models.mult_config import PRESETS as MULT_PRESETS
     from xmodal_bench import at_least, cuda_arg, folder_arg, preset_arg, write_results
 
     cuda_arg(args.device)

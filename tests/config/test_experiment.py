@@ -249,7 +249,7 @@ def test_every_preset_is_valid_and_checkpoint_every_is_gone():
     from xmodal.config.experiment import TrainConfig
     from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.models.lxmert import PRESETS as LXMERT
-    from xmodal.models.mult import PRESETS as MULT
+    from xmodal.models.mult_config import PRESETS as MULT
 
     for name in LXMERT:
         load_config(PretrainConfig, overrides=[f"preset={name}"])

@@ -111,10 +111,11 @@ SMALL = SyntheticLxmertOptions(num_images=400, num_objects=12, feat_dim=16, num_
 
 def read_images(store) -> dict[str, np.ndarray]:
     """Every image of an LXMERT or feature-only store as numpy arrays (what a test wrote, read back):
-    an LXMERT store's named like `store.IMAGE_FIELDS`, a feature store's by column."""
+    an LXMERT store's named like `rows.IMAGE_FIELDS`, a feature store's by column."""
     import pyarrow as pa
 
-    from xmodal.data.lxmert.store import IMAGE_FIELDS, LxmertStore, table_to_block
+    from xmodal.data.lxmert.rows import IMAGE_FIELDS, table_to_block
+    from xmodal.data.lxmert.store import LxmertStore
 
     t = pa.concat_tables([store.read_table(f) for f in store.image_files()])
     if isinstance(store, LxmertStore):

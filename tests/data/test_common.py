@@ -12,15 +12,7 @@ import numpy as np
 import pytest
 
 from xmodal.base.errors import UserError
-from xmodal.data.common import (
-    MANIFEST_FILE,
-    StoreError,
-    check_target,
-    discard_partial,
-    missing_parents,
-    publish_dir,
-    temp_dir_beside,
-)
+from xmodal.data.common import MANIFEST_FILE, StoreError
 from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.store import LxmertStore, open_store
@@ -139,45 +131,6 @@ def test_overwrite_replaces_only_the_same_kind_and_leaves_nothing_half_written(t
     # The same kind is replaced.
     again = build_synthetic_store(lxmert.path, dataclasses.replace(TINY, seed=3), overwrite=True)
     assert again.manifest.options["seed"] == 3
-
-
-def test_check_target_refuses_a_folder_that_is_not_a_store(tmp_path: Path):
-    folder = tmp_path / "mine"
-    folder.mkdir()
-    (folder / "thesis.tex").write_text("keep me")
-    with pytest.raises(StoreError, match="already exists and is not a store"):
-        check_target(folder, False, "mult")
-    with pytest.raises(StoreError, match=r"exists and is not a store \(no manifest.json\); refusing .* even with "
-                                         "--overwrite"):
-        check_target(folder, True, "mult")
-    (folder / MANIFEST_FILE).write_text("{not json")
-    with pytest.raises(StoreError, match="manifest.json cannot be read .* refusing to replace it"):
-        check_target(folder, True, "mult")
-    assert (folder / "thesis.tex").read_text() == "keep me"
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    check_target(empty, False, "lxmert")  # an empty folder is fine, and kept until the store replaces it
-    assert empty.is_dir()
-
-
-def test_a_failed_write_removes_only_what_it_created(tmp_path: Path):
-    """An empty output folder the user made survives a failed write; folders the write made above
-    its target do not; a finished write takes the empty folder's place."""
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    made = missing_parents(mine)
-    tmp = temp_dir_beside(mine)
-    discard_partial(tmp, made)
-    assert mine.is_dir() and not any(mine.iterdir()) and sorted(tmp_path.iterdir()) == [mine]
-    deep = tmp_path / "a" / "b" / "out"
-    made = missing_parents(deep)
-    assert made == [tmp_path / "a", tmp_path / "a" / "b"]
-    discard_partial(temp_dir_beside(deep), made)
-    assert sorted(tmp_path.iterdir()) == [mine]
-    tmp = temp_dir_beside(mine)
-    (tmp / MANIFEST_FILE).write_text("{}")
-    publish_dir(tmp, mine, lambda: check_target(mine, False, "mult"))
-    assert (mine / MANIFEST_FILE).is_file() and sorted(tmp_path.iterdir()) == [mine]
 
 
 # ----------------------------------------------------------------------------- older formats

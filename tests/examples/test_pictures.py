@@ -65,8 +65,8 @@ def test_a_store_without_pictures_or_names(tmp_path):
 
 
 def test_a_store_that_is_not_an_extractions_feature_store_has_no_sources():
-    # an LXMERT store (ingest does not carry the sources over); an extraction's feature store's sources are
-    # checked on a real extraction in tests/extract/test_extract_job.py
+    # only an image store records sources: those of an extraction's feature store, and of an LXMERT store
+    # ingested from it, are checked on a real extraction in tests/extract/test_extract_job.py
     assert store_sources(extracted_store()) == {}
 
 

@@ -14,7 +14,8 @@ from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, export
 from xmodal.export.source import from_model
 from xmodal.models.lxmert import LxmertForPretraining
 from xmodal.models.lxmert import preset as lxmert_preset
-from xmodal.models.mult import Mult, preset
+from xmodal.models.mult import Mult
+from xmodal.models.mult_config import preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -17,7 +17,7 @@ from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.models.lxmert_init import reference_weights
 from xmodal.models.mult import Mult
-from xmodal.models.mult import preset as mult_preset
+from xmodal.models.mult_config import preset as mult_preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -16,7 +16,7 @@ from xmodal.export.source import from_model
 from xmodal.models.lxmert import LxmertForPretraining, preset
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.models.mult import Mult
-from xmodal.models.mult import preset as mult_preset
+from xmodal.models.mult_config import preset as mult_preset
 from xmodal_testing import all_logits
 
 transformers = pytest.importorskip("transformers")

@@ -379,6 +379,11 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
     assert set(got) == set(a)
     for k in a:
         assert np.array_equal(got[k], a[k]["features"])
+    # where each image came from, carried into the LXMERT store: what its example pages draw
+    from xmodal.examples.collect import store_sources
+
+    assert image_sources(lx) == image_sources(store) == {p.stem: str(p.resolve()) for p in images}
+    assert store_sources(lx) == image_sources(store)
     # a folder that is not a store is refused in one line
     (tmp_path / "notastore").mkdir()
     rc = ingest_main(["features", str(tmp_path / "x"), "--tsv", str(tmp_path / "notastore")])

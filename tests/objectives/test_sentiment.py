@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from xmodal.core.batches import MultBatch
-from xmodal.models.mult import Mult, preset
+from xmodal.models.mult import Mult
+from xmodal.models.mult_config import preset
 from xmodal.objectives.sentiment import (
     MULT_METRICS,
     MultObjective,

@@ -4,10 +4,7 @@
 - `Manifest`: the base of the typed `manifest.json` models. Every manifest records its `kind`;
   reading one validates every field and names the file, the dotted field, the bad value and what
   was expected.
-- `check_target` / `publish_dir` / `discard_partial`: the atomic write. A store is built in a hidden
-  temporary directory beside the target and renamed into place; an existing directory is replaced only
-  with `overwrite`, only when it is a store or set of the same kind, and never when it is not a store.
-  A failed write removes only what it created (an empty output folder the user made stays).
+- `xmodal.data.atomic`: how they are written (built beside the target, renamed into place).
 - `ensure_derived`: the one policy for the embedded synthetic defaults (derived data, rebuilt when
   built otherwise); a store the user named is never modified.
 - `prefetch_iter`: produce batches in a background thread, a few ahead of the training step.
@@ -20,12 +17,9 @@ The on-disk formats are described in docs/papers.md ("data formats"). Imports py
 from __future__ import annotations
 
 import json
-import os
 import queue
-import shutil
 import threading
 import urllib.parse
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +33,6 @@ import pydantic
 
 from xmodal.base.console import say
 from xmodal.base.errors import UserError
-from xmodal.base.outputs import check_writable_dir
 
 MANIFEST_FILE = "manifest.json"
 
@@ -367,103 +360,6 @@ def kind_at(path: Path | Location) -> str | None:
     if not mpath.is_file():
         return None
     return manifest_kind(read_manifest_json(mpath))
-
-
-# ============================================================================ atomic writes
-
-
-def local_target(path: str | Path) -> Path:
-    """Where a writer builds a store or set: a local folder, made absolute. A URI is refused (stores are
-    written on a local disk, atomically by rename; one for S3 is uploaded after, docs/cluster.md)."""
-    if is_uri(str(path)):
-        raise StoreError(f"{path}: stores and sets are written to a local folder; write it here, then upload "
-                         "it (e.g. `aws s3 sync STORE s3://bucket/prefix/STORE`)")
-    target = Path(path).expanduser().resolve()
-    # Creatable and writable before anything is read (a half URI such as `s3:/bucket` included): the
-    # temporary folder beside it is the first thing written, after the (possibly long) read.
-    check_writable_dir(path if not target.exists() else target.parent, "output folder")
-    return target
-
-
-def check_target(path: Path, overwrite: bool, kind: str) -> None:
-    """May a `kind` store or set be written at `path`? Nothing there, or an empty directory: yes (the
-    empty directory, e.g. made by the user, is left alone here and replaced only by `publish_dir`, so a
-    failed write keeps it). An existing directory: only with `overwrite`, and only if it is a store or
-    set of the same kind; never a directory that is not a store at all. Raises StoreError naming the path."""
-    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
-        return
-    writing = KINDS[kind]
-    if not path.is_dir() or not (path / MANIFEST_FILE).is_file():
-        if not overwrite:
-            raise StoreError(f"{path}: already exists and is not a store; choose another path")
-        raise StoreError(f"{path}: exists and is not a store (no {MANIFEST_FILE}); refusing to replace it "
-                         f"with {writing} even with --overwrite")
-    try:
-        found = kind_at(path)
-    except StoreError as e:
-        raise StoreError(f"{path}: exists, and its {MANIFEST_FILE} cannot be read ({e}); refusing to replace it "
-                         "even with --overwrite: remove it yourself if it is yours to delete") from None
-    if found != kind:
-        raise StoreError(f"{path}: holds {kind_name(found)} (kind {found!r}); refusing to replace it with "
-                         f"{writing} (kind {kind!r}){' even with --overwrite' if overwrite else ''}: --overwrite "
-                         "replaces only a store or set of the same kind; choose another path")
-    if not overwrite:
-        raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
-
-
-def missing_parents(path: Path) -> list[Path]:
-    """The folders above `path` that do not exist yet, outermost first: what `temp_dir_beside` will
-    create, for `discard_partial` to remove after a failure."""
-    return [p for p in reversed(path.parents) if not p.exists()]
-
-
-def discard_partial(tmp: Path | None, made: Sequence[Path]) -> None:
-    """Undo a failed write: remove the temporary directory, then the folders in `made` (from
-    `missing_parents`, taken before the write began), deepest first, each only while it is empty.
-    Nothing else is touched: a folder the user had made (an empty output folder) stays."""
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for p in reversed(made):
-        try:
-            p.rmdir()
-        except OSError:
-            pass
-
-
-def temp_dir_beside(path: Path) -> Path:
-    """A new hidden directory next to `path` (same file system, so the final rename is atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    return tmp
-
-
-def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
-    """Make the finished directory `tmp` visible as `path` by rename; an existing `path` (allowed by
-    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
-    readers see the old directory or the new one, never a half-written one."""
-    old = None
-    if path.exists():
-        check()
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory (e.g. the user's output folder): the finished one takes its place
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            path.mkdir(exist_ok=True)
-            raise
-        return
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # ============================================================================ embedded defaults

@@ -193,11 +193,12 @@ def is_synthetic(store) -> bool:
 
 
 def store_sources(store) -> dict[str, str]:
-    """img_id -> the image's path or URI, as the store records it; {} where it records none: a feature
-    store from a reference TSV, or an LXMERT store (ingest does not carry the sources over)."""
+    """img_id -> the image's path or URI, as the store records it (an extraction's feature store, or an
+    LXMERT store ingested from one); {} where it records none: a store from a reference TSV."""
     from xmodal.data.lxmert.features import FeatureStore, image_sources
+    from xmodal.data.lxmert.store import LxmertStore
 
-    if not isinstance(store, FeatureStore):
+    if not isinstance(store, FeatureStore | LxmertStore):
         return {}
     try:
         return image_sources(store)
@@ -439,7 +440,7 @@ def evaluate_pretrain(model, store, split: str, n: int, notes: list[str], rows: 
     its cross-attention: only the row groups holding them are read. Returns them and the number of
     questions in the split. Right: the prediction is the most-agreed gold answer (`qa_acc`)."""
     from xmodal.data.common import open_parquet
-    from xmodal.data.lxmert.store import table_to_block
+    from xmodal.data.lxmert.rows import table_to_block
     from xmodal.models.lxmert import recording_cross_attention
 
     qs = store_questions(store, split)

@@ -16,7 +16,7 @@ Targets (`TARGETS`):
 What a target cannot hold is refused before anything is written (an `ExportError` naming the model
 option or variant and the target). `--out` is checked first (`xmodal.base.outputs.check_writable_dir`: a
 place that cannot be written is one error, not a traceback half-way). The output is written into a
-temporary folder beside `--out` and renamed into place at the end (`data/common.py: publish_dir`); an
+temporary folder beside `--out` and renamed into place at the end (`data/atomic.py: publish_dir`); an
 existing non-empty `--out` is replaced only with `force`. Every output has `xmodal_export.json`: the
 source, which weights (selected on validation, and on which metric, or the last), the files and the
 notes (what was adapted, e.g. a zero token-type table).
@@ -250,7 +250,7 @@ def check_output(out: Path | str, force: bool) -> Path:
 
 def export(source: Source, to: str, out: str | Path, force: bool = False) -> ExportResult:
     """Write `source`'s model for target `to` as the folder `out` (see the module's docstring)."""
-    from xmodal.data.common import publish_dir
+    from xmodal.data.atomic import publish_dir
 
     if to not in TARGETS:
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")

@@ -1,10 +1,10 @@
 """The detector's output written down, and the work folder that holds it until the run is published.
 
 A batch of regions (`Regions`: numpy arrays, padded to the run's `num_objects` slots, with each image's
-`num_boxes`) becomes either store rows (`store_table`: the image columns of `store.image_schema`, float16
-features, boxes normalised by the image size, exactly as `ingest.parse_tsv_line` + `pack_images` make
+`num_boxes`) becomes either store rows (`store_table`: the image columns of `rows.image_schema`, float16
+features, boxes normalised by the image size, exactly as `tsv.parse_tsv_line` + `pack_images` make
 them from a TSV line, and each image's `source`) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
-the fields `ingest.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
+the fields `tsv.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
 
 The work folder, `.OUT.extract` beside OUT (hidden, same file system, so publishing is a rename):
 
@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from xmodal.data.common import options_diff, options_json
-from xmodal.data.lxmert.features import SHARD_DIR, SOURCE
-from xmodal.data.lxmert.store import image_columns, image_schema, write_shard
+from xmodal.data.lxmert.features import SHARD_DIR
+from xmodal.data.lxmert.rows import SOURCE, image_columns, image_schema, write_shard
 from xmodal.extract.images import ExtractError
 
 STATE_FILE = "extract.json"
@@ -85,7 +85,7 @@ def store_table(r: Regions) -> pa.Table:
         "obj_conf": np.where(valid, np.clip(r["obj_conf"], 0, 1), 0),
         "attr_conf": np.where(valid, np.clip(r["attr_conf"], 0, 1), 0)})
     schema = image_schema(n, feat_dim)
-    if "source" in r:  # where each image came from (features.SOURCE)
+    if "source" in r:  # where each image came from (rows.SOURCE)
         cols[SOURCE.name] = pa.array([str(x) for x in r["source"]], SOURCE.type)
         schema = schema.append(SOURCE)
     return pa.Table.from_pydict(cols, schema=schema)
@@ -96,7 +96,7 @@ def _b64(a: np.ndarray, dtype: type) -> str:
 
 
 def tsv_lines(r: Regions) -> list[str]:
-    """The reference's TSV lines (fields `ingest.TSV_FIELDS`) of a batch of regions."""
+    """The reference's TSV lines (fields `tsv.TSV_FIELDS`) of a batch of regions."""
     lines = []
     for i in range(len(r["img_id"])):
         k = int(r["num_boxes"][i])

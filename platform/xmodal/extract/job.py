@@ -39,8 +39,9 @@ from xmodal.base.console import DriverNoise, progress_bar, say
 from xmodal.base.errors import RunInterrupted, UserError
 from xmodal.base.outputs import check_writable_file
 from xmodal.core.checkpoint import sha256_of
-from xmodal.data.common import check_target, local_target, publish_dir
-from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
+from xmodal.data.atomic import check_target, local_target, publish_dir
+from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
+from xmodal.data.lxmert.rows import IMAGES_ROOT
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take
 from xmodal.extract.images import ExtractError, ImageRef, assign_ids, image_sources, list_images, read_id_map

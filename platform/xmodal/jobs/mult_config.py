@@ -24,8 +24,8 @@ from xmodal.config.experiment import (
 )
 from xmodal.core.robustness import MULT_CONDITIONS, MultCondition
 from xmodal.data.options import SyntheticMultOptions
-from xmodal.models.mult import PRESETS as MULT_PRESETS
-from xmodal.models.mult import MultConfig
+from xmodal.models.mult_config import PRESETS as MULT_PRESETS
+from xmodal.models.mult_config import MultConfig
 from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
 
 

@@ -121,39 +121,7 @@ def pretraining_losses(
             res["mlm_acc/count"] = sel.sum()
 
     if "obj_feat" in run or "obj_label" in run:
-        masked = batch.obj_masked & batch.visual_mask  # (B, N)
-        need = masked if tasks.label_objects == "masked" or "obj_label" not in run else batch.visual_mask
-        h = model.object_heads.transform(out.visn)  # (B, N, D); the losses keep `need`
-
-        if "obj_feat" in run:
-            pred = model.object_heads.feat(h).float()  # (B, N, F)
-            target = batch.feat_targets.float()
-            if tasks.feat_loss == "l2":
-                per_obj = F.mse_loss(pred, target, reduction="none").mean(-1)
-            else:
-                per_obj = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
-            res["loss/obj_feat"] = tasks.visual_loss_scale * _masked_mean(per_obj, masked)
-            if with_metrics:
-                mse = F.mse_loss(pred, target, reduction="none").mean(-1)
-                res["feat_mse/correct"] = (mse * masked).sum().detach()
-                res["feat_mse/count"] = masked.sum()
-
-        if "obj_label" in run:
-            total = h.new_zeros((), dtype=torch.float32)
-            for name, head, labels, conf in (
-                ("obj", model.object_heads.obj, batch.obj_labels, batch.obj_conf),
-                ("attr", model.object_heads.attr, batch.attr_labels, batch.attr_conf),
-            ):
-                keep = need & (labels != IGNORE)  # (B, N)
-                logits = head(h).float()  # (B, N, L)
-                target = labels.clamp(min=0)
-                ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(keep)
-                weight = conf.float() if tasks.label_confidence_weighted else None
-                total = total + _masked_mean(ce, keep, weight)
-                if with_metrics:
-                    res[f"{name}_acc/correct"] = _hits(logits, target, keep)
-                    res[f"{name}_acc/count"] = keep.sum()
-            res["loss/obj_label"] = tasks.visual_loss_scale * total
+        _object_losses(model, out.visn, batch, tasks, run, with_metrics, res)
 
     if "matching" in run:
         logits = model.match_head(out.pooled).float()  # (B, 2)
@@ -174,6 +142,45 @@ def pretraining_losses(
 
     res["loss"] = sum(res[f"loss/{t}"] for t in run)
     return res
+
+
+def _object_losses(model: LxmertForPretraining, visn: Tensor, batch: LxmertBatch, tasks: PretrainTasks,
+                   run: tuple[str, ...], with_metrics: bool, res: dict[str, Tensor]) -> None:
+    """The object tasks' losses (feature regression, detector labels) and metrics, added to `res`:
+    both read the same transformed object states."""
+    masked = batch.obj_masked & batch.visual_mask  # (B, N)
+    need = masked if tasks.label_objects == "masked" or "obj_label" not in run else batch.visual_mask
+    h = model.object_heads.transform(visn)  # (B, N, D); the losses keep `need`
+
+    if "obj_feat" in run:
+        pred = model.object_heads.feat(h).float()  # (B, N, F)
+        target = batch.feat_targets.float()
+        if tasks.feat_loss == "l2":
+            per_obj = F.mse_loss(pred, target, reduction="none").mean(-1)
+        else:
+            per_obj = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
+        res["loss/obj_feat"] = tasks.visual_loss_scale * _masked_mean(per_obj, masked)
+        if with_metrics:
+            mse = F.mse_loss(pred, target, reduction="none").mean(-1)
+            res["feat_mse/correct"] = (mse * masked).sum().detach()
+            res["feat_mse/count"] = masked.sum()
+
+    if "obj_label" in run:
+        total = h.new_zeros((), dtype=torch.float32)
+        for name, head, labels, conf in (
+            ("obj", model.object_heads.obj, batch.obj_labels, batch.obj_conf),
+            ("attr", model.object_heads.attr, batch.attr_labels, batch.attr_conf),
+        ):
+            keep = need & (labels != IGNORE)  # (B, N)
+            logits = head(h).float()  # (B, N, L)
+            target = labels.clamp(min=0)
+            ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(keep)
+            weight = conf.float() if tasks.label_confidence_weighted else None
+            total = total + _masked_mean(ce, keep, weight)
+            if with_metrics:
+                res[f"{name}_acc/correct"] = _hits(logits, target, keep)
+                res[f"{name}_acc/count"] = keep.sum()
+        res["loss/obj_label"] = tasks.visual_loss_scale * total
 
 
 class PretrainingObjective(torch.nn.Module):

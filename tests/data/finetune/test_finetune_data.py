@@ -19,7 +19,8 @@ from xmodal.core.batches import Nlvr2Batch, VqaBatch
 from xmodal.data.common import StoreError
 from xmodal.data.finetune import sets as finetune
 from xmodal.data.finetune.ingest import ingest_finetune
-from xmodal.data.finetune.sets import FinetuneError, epoch_order, iter_finetune_batches, open_finetune
+from xmodal.data.finetune.sets import epoch_order, iter_finetune_batches, open_finetune
+from xmodal.data.finetune.split import FinetuneError
 from xmodal.data.finetune.synthetic import (
     build_synthetic_nlvr2,
     build_synthetic_vqa,

@@ -13,7 +13,8 @@ import torch
 
 from xmodal.data.common import Location
 from xmodal.data.finetune import stream
-from xmodal.data.finetune.sets import FinetuneError, open_finetune
+from xmodal.data.finetune.sets import open_finetune
+from xmodal.data.finetune.split import FinetuneError
 from xmodal.data.finetune.stream import split_layout
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal_testing import S3_BUCKET

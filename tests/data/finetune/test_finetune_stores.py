@@ -15,7 +15,8 @@ from refdata import RefImage, read_images, ref_image
 
 from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.finetune.ingest import ingest_finetune
-from xmodal.data.finetune.sets import FinetuneError, iter_finetune_batches, open_finetune
+from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
+from xmodal.data.finetune.split import FinetuneError
 from xmodal.data.lxmert.features import FeatureStore, ingest_features
 from xmodal.data.lxmert.store import LxmertStore
 

@@ -12,7 +12,7 @@ import numpy as np
 from refdata import WORDS, write_reference
 
 from xmodal.data.answers import AnswerTable
-from xmodal.data.lxmert.ingest import Corpus, answer_arrays, ingest_lxmert, load_pretrain_json
+from xmodal.data.lxmert.ingest import ingest_lxmert
 
 EXTRA = [  # merged into images of the other files; variants of one answer; an unknown answer; {} labels
     {"img_id": "COCO_000003", "sentf": {"gqa": ["what is it?", "Is the dog red?"]},
@@ -77,21 +77,3 @@ def test_store_rows_equal_a_plain_reading_of_the_json(tmp_path: Path):
     assert m.unknown_answers == sum(a not in table for a in raws) > 0
     assert m.unanswerable_questions >= 1 and m.missing_labelf == 1
     assert m.options["missing_images"] == 1
-
-
-def test_per_sentence_arrays_are_compact(tmp_path: Path):
-    recs = [{"img_id": f"img{i}", "sentf": {"c": [f"a red dog number {j}." for j in range(4)], "q": ["is it red?"]},
-             "labelf": {"q": [{"yes": 1.0, "no": 0.5}]}} for i in range(2000)]
-    p = tmp_path / "s.json"
-    p.write_text(json.dumps(recs))
-    corpus = Corpus()
-    load_pretrain_json(p, corpus)
-    n = len(corpus)
-    assert n == 10_000
-    held = sum(len(a) * a.itemsize for a in (corpus.text_ends, corpus.sent_image, corpus.label_ends,
-                                             corpus.raw_ids, corpus.raw_scores)) + len(corpus.question)
-    assert held / n < 40 and len(corpus.text) / n < 25  # no Python object per sentence
-    assert list(corpus.sentences())[:2] == ["a red dog number 0.", "a red dog number 1."]
-    offsets, labels, scores, counts = answer_arrays(corpus, AnswerTable(["yes", "no"]))
-    assert offsets[-1] == 4000 and labels[:2].tolist() == [0, 1] and scores[:2].tolist() == [1.0, 0.5]
-    assert counts == {"unknown_answers": 0, "unanswerable_questions": 0}

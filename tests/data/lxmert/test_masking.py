@@ -8,7 +8,8 @@ import torch
 
 from xmodal.data.lxmert.loader import batches_from_blocks, block_rng, iter_local_batches
 from xmodal.data.lxmert.masking import IGNORE, LxmertBatchBuilder
-from xmodal.data.lxmert.store import ImageBlock, LxmertStore
+from xmodal.data.lxmert.rows import ImageBlock
+from xmodal.data.lxmert.store import LxmertStore
 from xmodal.data.options import MaskingOptions
 
 

@@ -41,15 +41,8 @@ from typing import Any
 import numpy as np
 
 from xmodal.data.answers import AnswerError, AnswerTable, normalize_answer
-from xmodal.data.finetune.sets import (
-    FinetuneData,
-    FinetuneError,
-    FinetuneSplit,
-    check_same_dims,
-    check_task,
-    image_index,
-    write_finetune,
-)
+from xmodal.data.finetune.sets import FinetuneData, check_same_dims, image_index, write_finetune
+from xmodal.data.finetune.split import FinetuneError, FinetuneSplit, check_task
 from xmodal.data.jsonfile import read_json_file
 from xmodal.data.lxmert.features import ImageStore, open_image_store
 from xmodal.data.lxmert.store import LxmertStore

@@ -73,7 +73,7 @@ def split_layout(data: FinetuneData, split: str) -> SplitLayout:
 
 
 def _layout(data: FinetuneData, split: str) -> SplitLayout:
-    from xmodal.data.finetune.sets import FinetuneError
+    from xmodal.data.finetune.split import FinetuneError
 
     sp = data.split(split)
     index = data.store_index()

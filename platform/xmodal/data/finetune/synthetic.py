@@ -59,13 +59,12 @@ from xmodal.data.common import StoreError, ensure_derived, options_diff
 from xmodal.data.finetune.sets import (
     KIND,
     FinetuneData,
-    FinetuneError,
     FinetuneManifest,
-    FinetuneSplit,
     open_finetune,
     store_fingerprint,
     write_finetune,
 )
+from xmodal.data.finetune.split import FinetuneError, FinetuneSplit
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
 

@@ -8,14 +8,15 @@ image stores:
     STORE/manifest.json               kind "features": dims, shards with their row counts, inputs
     STORE/images/part-NNNNN.parquet   one row per image
 
-The rows are an LXMERT store's image columns (`store.image_schema`: img_id, img_h, img_w,
+The rows are an LXMERT store's image columns (`rows.image_schema`: img_id, img_h, img_w,
 num_boxes, float16 features, normalised boxes, object/attribute ids and confidences), decoded and
-checked by the same code (`ingest.scan_tsv_ids`, `ingest.parse_tsv_line`); there is no vocabulary,
+checked by the same code (`tsv.scan_tsv_ids`, `tsv.parse_tsv_line`); there is no vocabulary,
 answer table or sentence column. A store that `jobs/extract.py` wrote has one more column, `source`
 (string): where each image came from, relative to the IMAGES root its manifest records
-(`options.images_root`) or a URI or absolute path; `image_sources` reads them. Stores without it
-(written from TSV files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed into place
-(`common.publish_dir`). Imports numpy and pyarrow only.
+(`options.images_root`) or a URI or absolute path; `image_sources` reads them (an LXMERT store's too:
+`jobs/ingest.py lxmert` carries them over from such a store). Stores without it (written from TSV
+files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed
+into place (`atomic.StagedDir`). Imports numpy and pyarrow only.
 """
 
 from __future__ import annotations
@@ -30,24 +31,29 @@ import pyarrow as pa
 import pydantic
 
 from xmodal.base.console import progress_bar
+from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     KINDS,
     Location,
     Manifest,
     StoreError,
-    check_target,
-    discard_partial,
     kind_at,
-    local_target,
     locate,
-    missing_parents,
     open_listed_parquet,
     open_parquet,
-    publish_dir,
     store_path,
-    temp_dir_beside,
 )
-from xmodal.data.lxmert.ingest import (
+from xmodal.data.lxmert.rows import (
+    IMAGES_ROOT,
+    SOURCE,
+    absolute_source,
+    image_columns,
+    image_schema,
+    read_shard,
+    write_shard,
+)
+from xmodal.data.lxmert.store import LxmertStore, open_store
+from xmodal.data.lxmert.tsv import (
     IngestError,
     check_tsv_inputs,
     item_bytes,
@@ -57,20 +63,10 @@ from xmodal.data.lxmert.ingest import (
     scan_tsv_ids,
     tsv_lines,
 )
-from xmodal.data.lxmert.store import (
-    LxmertStore,
-    image_columns,
-    image_schema,
-    open_store,
-    read_shard,
-    write_shard,
-)
 
 KIND = "features"
 SCHEMA_VERSION = 1
 SHARD_DIR = "images"
-SOURCE = pa.field("source", pa.string())  # an extracted store's column: where each image came from
-IMAGES_ROOT = "images_root"  # the manifest's option the relative sources are relative to
 
 
 class FeatureShard(pydantic.BaseModel):
@@ -147,27 +143,23 @@ def open_features(path: str | Path | Location) -> FeatureStore:
     return FeatureStore(store_path(root), m)
 
 
-def image_sources(store: FeatureStore | str | Path | Location) -> dict[str, str]:
+def image_sources(store: FeatureStore | LxmertStore | str | Path | Location) -> dict[str, str]:
     """img_id -> where the image came from (an absolute local path or a URI), for a store written by
-    `jobs/extract.py`; {} for a store that does not record it (built from TSV files, or older). Reads the
-    img_id and source columns only."""
-    if not isinstance(store, FeatureStore):
-        store = open_features(store)
-    root = store.manifest.options.get(IMAGES_ROOT)
+    `jobs/extract.py` or an LXMERT store ingested from one; {} for a store that does not record it (built
+    from TSV files, or older). An LXMERT store's images from TSV files are left out. Reads the img_id and
+    source columns only."""
+    if not isinstance(store, FeatureStore | LxmertStore):
+        store = open_image_store(store)
+    root = store.manifest.options.get(IMAGES_ROOT)  # an LXMERT store has none: its sources are absolute
     out: dict[str, str] = {}
     for f in store.image_files():
         if SOURCE.name not in open_parquet(store.path / f).schema_arrow.names:
             return {}
         t = store.read_table(f, columns=["img_id", SOURCE.name])
         for img_id, src in zip(t.column("img_id").to_pylist(), t.column(SOURCE.name).to_pylist(), strict=True):
-            out[img_id] = _absolute(src, root)
+            if src is not None:
+                out[img_id] = absolute_source(src, root)
     return out
-
-
-def _absolute(source: str, root: str | None) -> str:
-    if "://" in source or source.startswith("/") or not root:
-        return source
-    return f"{root.rstrip('/')}/{source}" if "://" in root else str(Path(root) / source)
 
 
 ImageStore = LxmertStore | FeatureStore
@@ -212,9 +204,8 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
                "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
                "row_group_images": row_group_images}
     mark_random_weights(paths, options)
-    made = missing_parents(out_path)
-    tmp = temp_dir_beside(out_path)
-    try:
+    with StagedDir(out_path, overwrite, KIND) as staged:
+        tmp = staged.tmp
         (tmp / SHARD_DIR).mkdir()
         shards: list[FeatureShard] = []
         buffer = []
@@ -251,8 +242,5 @@ def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: 
             inputs=[str(p) for p in paths], content_sha256=digest.hexdigest(), options={**options, "feat_dim": width},
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")).write(tmp)
         open_features(tmp)  # check what was written before it becomes visible
-        publish_dir(tmp, out_path, lambda: check_target(out_path, overwrite, KIND))
-    except BaseException:
-        discard_partial(tmp, made)
-        raise
+        staged.publish()
     return open_features(out_path)

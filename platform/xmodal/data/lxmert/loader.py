@@ -27,7 +27,8 @@ import pyarrow as pa
 from xmodal.core.batches import LxmertBatch
 from xmodal.data.common import StoreError, Unit, epoch_units, group_tables, prefetch_iter, read_unit
 from xmodal.data.lxmert.masking import BlockSamples, LxmertBatchBuilder
-from xmodal.data.lxmert.store import ImageBlock, LxmertStore, read_shard, table_to_block
+from xmodal.data.lxmert.rows import ImageBlock, read_shard, table_to_block
+from xmodal.data.lxmert.store import LxmertStore
 
 # Units (row groups, 32 images by default) mixed into the blocks at a time: with 64-image blocks,
 # a block holds images of ~16 units. Memory: one window of units (paper dims: 16 x 32 images x

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from xmodal.core.batches import LxmertBatch
-from xmodal.data.lxmert.store import ImageBlock, LxmertStore
+from xmodal.data.lxmert.rows import ImageBlock
+from xmodal.data.lxmert.store import LxmertStore
 from xmodal.data.options import MaskingOptions
 
 IGNORE = -100

@@ -28,15 +28,8 @@ import numpy as np
 from xmodal.base.errors import UserError
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
-from xmodal.data.lxmert.store import (
-    KIND,
-    ImageBlock,
-    LxmertManifest,
-    LxmertStore,
-    MinivalSplit,
-    StoreWriter,
-    open_store,
-)
+from xmodal.data.lxmert.rows import ImageBlock
+from xmodal.data.lxmert.store import KIND, LxmertManifest, LxmertStore, MinivalSplit, StoreWriter, open_store
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.data.tokenizer import WordPieceTokenizer
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from xmodal.base.errors import UserError
-from xmodal.data.common import check_target, local_target
+from xmodal.data.atomic import check_target, local_target
 from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, KIND, MODALITIES, SPLITS, MultSplit, write_store
 
 FORMATS = ("reference", "mmsa")
@@ -44,7 +44,7 @@ F16_MAX = float(np.finfo(np.float16).max)
 
 class MultIngestError(UserError):
     """Bad MulT input: the message names the file, the key and what was expected (the LXMERT
-    ingest's is `lxmert.ingest.IngestError`)."""
+    ingest's is `lxmert.tsv.IngestError`)."""
 
 
 # ============================================================================ safe unpickling

@@ -44,21 +44,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
+from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     Location,
     Manifest,
     StoreError,
     Unit,
-    check_target,
-    discard_partial,
-    local_target,
     locate,
-    missing_parents,
     open_listed_parquet,
     open_parquet,
-    publish_dir,
     store_path,
-    temp_dir_beside,
 )
 
 SCHEMA_VERSION = 1
@@ -472,10 +467,8 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
             raise StoreError(f"split {name!r}: task {sp.task!r} dims {sp.dims()} differ from "
                              f"task {task!r} dims {dims} of the other splits")
     check_target(path, overwrite, KIND)
-    made = missing_parents(path)
-    tmp = None
-    try:
-        tmp = temp_dir_beside(path)
+    with StagedDir(path, overwrite, KIND) as staged:
+        tmp = staged.tmp
         shards: dict[str, list[ShardInfo]] = {}
         for name in SPLITS:
             if name not in splits:
@@ -498,10 +491,7 @@ def write_store(path: str | Path, splits: Mapping[str, MultSplit], *, dataset: s
         )
         manifest.write(tmp)
         MultStore.open(tmp)  # check what was written before it becomes visible
-        publish_dir(tmp, path, lambda: check_target(path, overwrite, KIND))
-    except BaseException:
-        discard_partial(tmp, made)
-        raise
+        staged.publish()
     return MultStore.open(path)
 
 

@@ -1,0 +1,143 @@
+"""How every store and set is written: atomically, so that readers see the old directory or the new one.
+
+A store is built in a hidden temporary directory beside the target and renamed into place; an existing
+directory is replaced only with `overwrite`, only when it is a store or set of the same kind, and never
+when it is not a store. A failed write removes only what it created (an empty output folder the user
+made stays). `StagedDir` is that sequence for a writer; `check_target` is also called on its own, before
+a long read, so that a target that will be refused fails first. Imports the standard library only (and
+the data layer's `common`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from xmodal.base.outputs import check_writable_dir
+from xmodal.data.common import KINDS, MANIFEST_FILE, StoreError, is_uri, kind_at, kind_name
+
+
+def local_target(path: str | Path) -> Path:
+    """Where a writer builds a store or set: a local folder, made absolute. A URI is refused (stores are
+    written on a local disk, atomically by rename; one for S3 is uploaded after, docs/cluster.md)."""
+    if is_uri(str(path)):
+        raise StoreError(f"{path}: stores and sets are written to a local folder; write it here, then upload "
+                         "it (e.g. `aws s3 sync STORE s3://bucket/prefix/STORE`)")
+    target = Path(path).expanduser().resolve()
+    # Creatable and writable before anything is read (a half URI such as `s3:/bucket` included): the
+    # temporary folder beside it is the first thing written, after the (possibly long) read.
+    check_writable_dir(path if not target.exists() else target.parent, "output folder")
+    return target
+
+
+def check_target(path: Path, overwrite: bool, kind: str) -> None:
+    """May a `kind` store or set be written at `path`? Nothing there, or an empty directory: yes (the
+    empty directory, e.g. made by the user, is left alone here and replaced only by `publish_dir`, so a
+    failed write keeps it). An existing directory: only with `overwrite`, and only if it is a store or
+    set of the same kind; never a directory that is not a store at all. Raises StoreError naming the path."""
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return
+    writing = KINDS[kind]
+    if not path.is_dir() or not (path / MANIFEST_FILE).is_file():
+        if not overwrite:
+            raise StoreError(f"{path}: already exists and is not a store; choose another path")
+        raise StoreError(f"{path}: exists and is not a store (no {MANIFEST_FILE}); refusing to replace it "
+                         f"with {writing} even with --overwrite")
+    try:
+        found = kind_at(path)
+    except StoreError as e:
+        raise StoreError(f"{path}: exists, and its {MANIFEST_FILE} cannot be read ({e}); refusing to replace it "
+                         "even with --overwrite: remove it yourself if it is yours to delete") from None
+    if found != kind:
+        raise StoreError(f"{path}: holds {kind_name(found)} (kind {found!r}); refusing to replace it with "
+                         f"{writing} (kind {kind!r}){' even with --overwrite' if overwrite else ''}: --overwrite "
+                         "replaces only a store or set of the same kind; choose another path")
+    if not overwrite:
+        raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
+
+
+def missing_parents(path: Path) -> list[Path]:
+    """The folders above `path` that do not exist yet, outermost first: what `temp_dir_beside` will
+    create, for `discard_partial` to remove after a failure."""
+    return [p for p in reversed(path.parents) if not p.exists()]
+
+
+def discard_partial(tmp: Path | None, made: Sequence[Path]) -> None:
+    """Undo a failed write: remove the temporary directory, then the folders in `made` (from
+    `missing_parents`, taken before the write began), deepest first, each only while it is empty.
+    Nothing else is touched: a folder the user had made (an empty output folder) stays."""
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
+def temp_dir_beside(path: Path) -> Path:
+    """A new hidden directory next to `path` (same file system, so the final rename is atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
+    """Make the finished directory `tmp` visible as `path` by rename; an existing `path` (allowed by
+    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
+    readers see the old directory or the new one, never a half-written one."""
+    old = None
+    if path.exists():
+        check()
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()  # an empty directory (e.g. the user's output folder): the finished one takes its place
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            path.mkdir(exist_ok=True)
+            raise
+        return
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if old is not None:
+            os.rename(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class StagedDir:
+    """A store or set of `kind` being written for `path` (local, from `local_target`): `tmp`, a new
+    hidden directory beside it, to write into; `publish()` renames it into place (checking the target
+    again: it may have changed while the store was built); `discard()`, or leaving a `with` block by an
+    exception, removes it and the folders made for it."""
+
+    def __init__(self, path: Path, overwrite: bool, kind: str):
+        self.path, self.overwrite, self.kind = path, overwrite, kind
+        self.made = missing_parents(path)
+        try:
+            self.tmp = temp_dir_beside(path)
+        except BaseException:
+            discard_partial(None, self.made)
+            raise
+
+    def __enter__(self) -> StagedDir:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    def publish(self) -> None:
+        publish_dir(self.tmp, self.path, lambda: check_target(self.path, self.overwrite, self.kind))
+
+    def discard(self) -> None:
+        discard_partial(self.tmp, self.made)
