@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,14 +32,13 @@ from xmodal.examples.collect import (
     get_run,
     run_task,
 )
-from xmodal.examples.draw import picture, save_png
+from xmodal.examples.draw import picture_png
 from xmodal.examples.pages import Drawn, Side, example_page, index_page, page_name, page_order, picture_name
 from xmodal.examples.stats import compare
 
 ARTIFACT_DIR = "examples"  # the pages' folder among a run's artifacts
 TABLE_FILE = "examples/examples_table.json"  # the run's table of the examples (`mlflow.log_table`)
 EXAMPLES_TAG = run_tags.EXAMPLES  # the run's tag: the index page's artifact path
-WRITERS = 2  # threads encoding the pictures and writing the files while the pages are drawn
 
 
 @dataclass
@@ -62,28 +60,19 @@ def write_pages(a: RunExamples, b: RunExamples | None, folder: Path) -> tuple[in
         b.examples = [b.examples[i] for i in order]
     cmp = compare(a.examples, b.examples) if b is not None else None
     (folder / "img").mkdir(parents=True, exist_ok=True)
+    drawn: dict[str, Drawn] = {}
+    for e in a.examples:
+        for pic in e.pictures:
+            if pic.img_id not in drawn:
+                path = folder / picture_name(pic.img_id)
+                (w, h), uri = picture_png(pic, path)
+                drawn[pic.img_id] = Drawn(w, h, uri)
     notes = list(dict.fromkeys(a.notes + (b.notes if b is not None else [])))
     n = len(a.examples)
-    # Each picture is drawn here and PNG-encoded and written by a second thread (Pillow's encoder and
-    # the file system release the GIL), as are the pages: the drawing and the HTML overlap them.
-    with ThreadPoolExecutor(max_workers=WRITERS) as pool:
-        sizes: dict[str, tuple[int, int]] = {}
-        uris: dict[str, Future[str]] = {}
-        for e in a.examples:
-            for pic in e.pictures:
-                if pic.img_id not in uris:
-                    img = picture(pic)
-                    sizes[pic.img_id] = img.size
-                    uris[pic.img_id] = pool.submit(save_png, img, folder / picture_name(pic.img_id))
-        drawn = {k: Drawn(*sizes[k], f.result()) for k, f in uris.items()}
-        written = []
-        for i in range(n):
-            sides = [Side("A", a, a.examples[i])] + ([Side("B", b, b.examples[i])] if b is not None else [])
-            written.append(pool.submit((folder / page_name(i)).write_text, example_page(i, n, sides, drawn, notes),
-                                       encoding="utf-8"))
-        (folder / "index.html").write_text(index_page(a, b, cmp, notes, drawn), encoding="utf-8")
-        for f in written:
-            f.result()  # a page that could not be written raises here
+    for i in range(n):
+        sides = [Side("A", a, a.examples[i])] + ([Side("B", b, b.examples[i])] if b is not None else [])
+        (folder / page_name(i)).write_text(example_page(i, n, sides, drawn, notes), encoding="utf-8")
+    (folder / "index.html").write_text(index_page(a, b, cmp, notes, drawn), encoding="utf-8")
     return n + 1, len(drawn)
 
 
