@@ -1,4 +1,4 @@
-"""Benchmarks: `python jobs/benchmark.py {lxmert,data,mult,suite,scale,tracking,sweep,extract} [options]` (each subcommand has --help).
+"""Benchmarks: `python jobs/benchmark.py {lxmert,data,mult,suite,scale,tracking,sweep,examples,extract} [options]` (each subcommand has --help).
 
 Runs where torch (and transformers, for the LXMERT peer) are installed; Ray is not needed (`tracking`
 needs MLflow).

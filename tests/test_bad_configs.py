@@ -247,6 +247,10 @@ CASES = [
     # ---- jobs/benchmark.py: every subcommand's bad input, before anything is measured
     Case("bench-examples-zero", "benchmark.py", ["examples", "--run-id", "abc", "--examples", "0"],
          ["--examples 0", "at least 1"]),
+    Case("bench-examples-second-count-zero", "benchmark.py", ["examples", "--run-id", "abc", "--examples", "16", "0"],
+         ["--examples 0", "at least 1"]),
+    Case("bench-examples-threads-zero", "benchmark.py", ["examples", "--run-id", "abc", "--threads", "0"],
+         ["--threads 0", ">= 1"]),
     Case("bench-mult-bad-preset", "benchmark.py", ["mult", "--preset", "huge"], ["--preset 'huge'", "reference"]),
     Case("bench-mult-set-not-a-number", "benchmark.py", ["mult", "--set", "dim=abc"], ["dim=abc", "not an integer"]),
     Case("bench-mult-set-unknown-field", "benchmark.py", ["mult", "--set", "dimm=3"], ["dimm", "unknown", "num_heads"]),

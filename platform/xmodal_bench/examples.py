@@ -1,15 +1,22 @@
 """The cost of a fine-tuning run's example pages against the run's own evaluation time.
 
-    python jobs/benchmark.py examples --run-id RUN [--tracking-uri URI] [--examples 48] [--repeats 3]
-        [--out bench-results]
+    python jobs/benchmark.py examples --run-id RUN [--tracking-uri URI] [--examples 16 48] [--repeats 5]
+        [--threads N] [--out bench-results]
 
-On a finished fine-tuning run: the median over `--repeats` (interleaved) of (a) one prediction pass over the pages'
-split as the run's evaluations make it (the job's streaming reader, its micro batch, the objective's
+On a finished fine-tuning run: the median over `--repeats` (interleaved) of (a) one prediction pass over the
+pages' split as the run's evaluations make it (the job's streaming reader, its micro batch, the objective's
 forward with predictions), times the passes the run made over that split (its logged evaluations, the
-held-out pass with the selected model, one per robustness condition), and (b) the pages for `--examples`
-examples (the model on them with the attention hook, the pictures drawn, the HTML written: what
-`examples.log_run_examples` does before it logs). The run's own `time/end_of_run_s` (the same pages and
-their logging, in the run) is reported beside them.
+held-out pass with the selected model, one per robustness condition), and (b) for each count of
+`--examples` (default 16, the default `examples.count`, and 48), the pages for that many examples: the
+model on them with the attention hook (`predict`), then the pictures drawn and encoded and the HTML
+written (`draw`): what `examples.log_run_examples` does before it logs. A row per count gives the pages'
+seconds and their share of the evaluation. The run's own `time/end_of_run_s` (its pages and their
+logging, in the run) is reported beside them.
+
+Each figure is given in seconds and in CPU seconds of the process (all its threads). On a machine others
+load, torch's threads wait for each other's cores and the evaluation's seconds grow tens of times more
+than the pages': the CPU seconds with `--threads 1` (no thread waits for another) compare the two parts'
+work whatever the load; the seconds are the figure on a quiet machine.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", required=True, help="a finished fine-tuning run")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--split", default="valid", help="the pages' split (default valid)")
-    p.add_argument("--examples", type=int, default=48, help="examples on the pages (default 48)")
-    p.add_argument("--repeats", type=int, default=3, help="timings per figure; the median is reported (default 3)")
+    p.add_argument("--examples", type=int, nargs="+", default=[16, 48],
+                   help="examples on the pages, one row per count (default 16 48)")
+    p.add_argument("--repeats", type=int, default=5, help="timings per figure; the median is reported (default 5)")
+    p.add_argument("--threads", type=int, help="torch threads for both figures (default: torch's own)")
     p.add_argument("--out", default="bench-results", help="folder for examples.json and examples.md")
     p.add_argument("--work", help="scratch folder (default: the temporary folder)")
 
@@ -53,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.objectives.finetune import FinetuneObjective
     from xmodal_bench import at_least, begin, write_results
 
-    check_count(args.examples)
-    at_least(args, 1, "repeats")
+    for n in args.examples:
+        check_count(n)
+    counts = list(dict.fromkeys(args.examples))
+    at_least(args, 1, "repeats", "threads")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     work, stamp, meta = begin(args, "examples")
     started = time.monotonic()
     try:
@@ -72,46 +85,63 @@ def run(args: argparse.Namespace) -> int:
         robust = len(cfg.get("robust", {}).get("conditions", [])) if args.split == "valid" else 0
         passes = logged + 1 + robust
 
-        def one_pass() -> float:
-            t = time.perf_counter()
+        def one_pass() -> tuple[float, float]:
+            t, cpu = time.perf_counter(), time.process_time()
             with torch.no_grad():
                 for b in iter_eval_batches(data, args.split, batch, reader=local_reader()):
                     objective(b, with_predictions=True)
-            return time.perf_counter() - t
+            return time.perf_counter() - t, time.process_time() - cpu
 
-        def pages() -> float:
-            t = time.perf_counter()
+        def pages(n: int) -> tuple[float, float, float]:
+            t, cpu = time.perf_counter(), time.process_time()
             size = len(data.split(args.split))
             notes: list[str] = []
-            ex = evaluate(model, data, args.split, choose_rows(size, args.examples), notes)
+            ex = evaluate(model, data, args.split, choose_rows(size, n), notes)
+            predicted = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=work) as d:
                 write_pages(RunExamples(args.run_id, r.name, task, args.split, str(data.path), ex, size, notes),
                             None, Path(d))
-            return time.perf_counter() - t
+                drawn = time.perf_counter()
+            return predicted - t, drawn - predicted, time.process_time() - cpu
 
-        one_pass(), pages()  # warm: the first reads fill the page cache, the tokenizer and the index load
-        # interleaved, so that both figures see the same load of a shared machine
-        timed = [(one_pass(), pages()) for _ in range(args.repeats)]
-        eval_s = statistics.median(t[0] for t in timed)
-        pages_s = statistics.median(t[1] for t in timed)
+        one_pass(), [pages(n) for n in counts]  # warm: the first reads fill the page cache, the tokenizer, the index
+        # interleaved, so that every figure sees the same load of a shared machine
+        timed = [(one_pass(), [pages(n) for n in counts]) for _ in range(args.repeats)]
+        eval_s = statistics.median(t[0][0] for t in timed)
+        eval_cpu = statistics.median(t[0][1] for t in timed)
+        by_count = {}
+        for k, n in enumerate(counts):
+            parts = [t[1][k] for t in timed]
+            by_count[n] = {"pages_s": statistics.median(p + d for p, d, _ in parts),
+                           "predict_s": statistics.median(p for p, _, _ in parts),
+                           "draw_s": statistics.median(d for _, d, _ in parts),
+                           "pages_cpu_s": statistics.median(c for _, _, c in parts)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    total = eval_s * passes
+    total, total_cpu = eval_s * passes, eval_cpu * passes
+    for v in by_count.values():
+        v["pages_share"] = v["pages_s"] / total
+        v["pages_cpu_share"] = v["pages_cpu_s"] / total_cpu
     res = {"meta": {**meta, "wall_s": time.monotonic() - started, "run_id": args.run_id, "task": task,
                     "split": args.split, "split_examples": len(data.split(args.split)), "batch": batch,
-                    "threads": torch.get_num_threads()},
-           "eval_pass_s": eval_s, "passes": passes, "evaluation_s": total, "pages_s": pages_s,
-           "examples": args.examples, "pages_share": pages_s / total,
+                    "threads": torch.get_num_threads(), "repeats": args.repeats},
+           "eval_pass_s": eval_s, "passes": passes, "evaluation_s": total, "eval_pass_cpu_s": eval_cpu,
+           "evaluation_cpu_s": total_cpu,
+           "pages": [{"examples": n, **v} for n, v in by_count.items()],
            "run_end_of_run_s": r.metrics.get("time/end_of_run_s")}
+    end = res["run_end_of_run_s"]
     text = "\n".join([
-        f"| {task} {args.split} ({res['meta']['split_examples']} examples, batch {batch}) | seconds |",
-        "| --- | --- |",
-        f"| one evaluation pass (median of {args.repeats}) | {eval_s:.3f} |",
-        f"| the run's evaluation: {passes} passes | {total:.2f} |",
-        f"| pages for {args.examples} examples (median of {args.repeats}) | {pages_s:.3f} |",
-        f"| pages / evaluation | {100 * pages_s / total:.1f} % |",
-        f"| the run's own time/end_of_run_s (pages and their logging) | "
-        f"{res['run_end_of_run_s'] if res['run_end_of_run_s'] is not None else '-'} |",
+        f"| {task} {args.split} ({res['meta']['split_examples']} examples, batch {batch}, "
+        f"{res['meta']['threads']} torch threads), median of {args.repeats} | seconds | of the evaluation | "
+        "CPU seconds | of its CPU |",
+        "| --- | --- | --- | --- | --- |",
+        f"| one evaluation pass | {eval_s:.3f} | | {eval_cpu:.3f} | |",
+        f"| the run's evaluation: {passes} passes | {total:.3f} | 100 % | {total_cpu:.3f} | 100 % |",
+        *(f"| pages for {n} examples (predict {v['predict_s']:.3f}, draw {v['draw_s']:.3f}) | {v['pages_s']:.3f} | "
+          f"{100 * v['pages_share']:.1f} % | {v['pages_cpu_s']:.3f} | {100 * v['pages_cpu_share']:.1f} % |"
+          for n, v in by_count.items()),
+        f"| the run's own time/end_of_run_s (its pages and their logging) | "
+        f"{f'{end:.3f}' if end is not None else '-'} | | | |",
     ])
     write_results(args.out, f"examples-{stamp}", res, text)
     return 0

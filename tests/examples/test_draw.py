@@ -7,7 +7,7 @@ import base64
 from PIL import Image
 
 from xmodal.examples.collect import Box, Picture
-from xmodal.examples.draw import box_colour, picture_png, pixels, size_of
+from xmodal.examples.draw import PALETTE_BOXES, attribute_colour, box_colour, picture_png, pixels, size_of
 
 
 def test_a_box_lands_on_the_pixels_of_its_coordinates(tmp_path):
@@ -36,3 +36,22 @@ def test_a_picture_without_an_image_is_a_blank_canvas_of_its_size(tmp_path):
     x1, y1, x2, y2 = pixels(box, img.size)
     assert img.getpixel((x2, (y1 + y2) // 2)) == box_colour(0)
     assert img.getpixel((400, 60)) == (236, 236, 236)
+
+
+
+def test_every_box_keeps_its_own_colours_in_a_palette_and_beyond_one(tmp_path):
+    """A flat picture is a palette PNG: each box's outline and each object's fill are still their own colours
+    (two per box); with more boxes than a palette holds the picture is RGB, every box still drawn right."""
+    for n, mode in ((PALETTE_BOXES, "P"), (PALETTE_BOXES + 10, "RGB")):
+        cols = 13
+        rows = -(-n // cols)
+        boxes = [Box(((i % cols) / cols, (i // cols) / rows, (i % cols + 0.9) / cols, (i // cols + 0.9) / rows), obj=0,
+                     attr=i, obj_conf=1.0, attr_conf=1.0, label="") for i in range(n)]  # a grid of rectangles
+        size, _ = picture_png(Picture("many", 640, 480, boxes, "synthetic"), tmp_path / f"{n}.png")
+        png = Image.open(tmp_path / f"{n}.png")
+        assert png.mode == mode and png.size == size == (512, 384)
+        img = png.convert("RGB")
+        for i, b in enumerate(boxes):
+            x1, y1, x2, y2 = pixels(b, size)
+            assert img.getpixel((x2, (y1 + y2) // 2)) == box_colour(i), (n, i)  # its outline
+            assert img.getpixel((x2 - 4, y2 - 4)) == attribute_colour(b), (n, i)  # its object's fill

@@ -142,18 +142,26 @@ def test_bad_runs_and_splits_are_refused_before_anything_is_written(run, tmp_pat
 
 
 def test_the_pages_cost_benchmark(run, tmp_path):
-    """jobs/benchmark.py examples on the run: both figures measured, the passes the run made counted."""
+    """jobs/benchmark.py examples on the run: the evaluation and the pages of each count measured, the
+    passes the run made counted, a row per count in the table."""
     from xmodal_bench import main
 
     _, uri, run_id, _ = run
-    assert main(["examples", "--run-id", run_id, "--tracking-uri", uri, "--examples", "4", "--repeats", "1",
+    assert main(["examples", "--run-id", run_id, "--tracking-uri", uri, "--examples", "2", "4", "--repeats", "1", "--threads", "1",
                  "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 0
     res = json.loads(next((tmp_path / "out").glob("examples-*.json")).read_text())
     # evaluations logged under valid/accuracy, the held-out pass, two robustness conditions (the defaults)
     logged = len(tracking.metric_history(uri, run_id, "valid/accuracy"))
     assert res["passes"] == logged + 1 + 2 and logged >= 1
-    assert res["eval_pass_s"] > 0 and res["pages_s"] > 0
-    assert res["pages_share"] == pytest.approx(res["pages_s"] / (res["eval_pass_s"] * res["passes"]))
+    assert res["eval_pass_s"] > 0 and res["evaluation_s"] == pytest.approx(res["eval_pass_s"] * res["passes"])
+    assert [p["examples"] for p in res["pages"]] == [2, 4]
+    assert res["evaluation_cpu_s"] == pytest.approx(res["eval_pass_cpu_s"] * res["passes"]) and res["meta"]["threads"] == 1
+    for p in res["pages"]:
+        assert p["predict_s"] > 0 and p["draw_s"] > 0 and p["pages_cpu_s"] > 0
+        assert p["pages_share"] == pytest.approx(p["pages_s"] / res["evaluation_s"])
+        assert p["pages_cpu_share"] == pytest.approx(p["pages_cpu_s"] / res["evaluation_cpu_s"])
+    table = next((tmp_path / "out").glob("examples-*.md")).read_text()
+    assert "| pages for 2 examples" in table and "| pages for 4 examples" in table
     assert list((tmp_path / "work").iterdir()) == []
 
 

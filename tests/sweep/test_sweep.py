@@ -26,7 +26,8 @@ SWEEP = str(REPO / "jobs" / "sweep.py")
 
 
 def space_file(tmp: Path, store: Path, body: str, train: str) -> Path:
-    """A space on the tiny preset, 16 sentences a step; `train` sets steps and evaluations (= reports)."""
+    """A space on the tiny preset, 16 sentences a step; `train` sets steps and evaluations (= reports).
+    No example pages (`examples.count: 0`): the chain trial's test has them."""
     head = f"""
     job: pretrain
     base:
@@ -34,6 +35,7 @@ def space_file(tmp: Path, store: Path, body: str, train: str) -> Path:
         preset: tiny
         data: {{store: {store}, eval_batches: 2}}
         train: {{epochs: 2, batch_size: 16, log_every: 2, {train}}}
+        examples: {{count: 0}}
         mlflow: {{system_metrics: false, tracking_uri: "sqlite:///{tmp / 'mlflow.db'}"}}
     max_concurrent: 2
     seed: 0
@@ -122,6 +124,7 @@ def test_sweep_children_conditions_early_stopping_and_report(tmp_path, tiny_stor
             assert steps == [2, 4, 6]
             arts = set(tracking.list_artifacts(uri, r.run_id))
             assert {"config.yaml", "model"} <= arts
+            assert "examples" not in arts and T.EXAMPLES not in tags  # examples.count: 0 in the base
             # where the trial's time went: its phases (xmodal.runner.timeline) and Tune's share add up
             # to its life as the driver saw it; everything but training is overhead
             m = r.metrics
@@ -481,8 +484,9 @@ def test_a_chain_trial_runs_both_stages_in_its_process(tmp_path, tiny_store, ray
         job: pretrain_finetune
         base:
           config:
-            pretrain: {{preset: tiny, data: {{store: {tiny_store}, eval_batches: 2}}, train: {{max_steps: 4, {stage}}}}}
-            finetune: {{data: {{store: {vqa}}}, train: {{max_steps: 4, {stage}}}}}
+            pretrain: {{preset: tiny, data: {{store: {tiny_store}, eval_batches: 2}}, train: {{max_steps: 4, {stage}}},
+                        examples: {{count: 2}}}}
+            finetune: {{data: {{store: {vqa}}}, train: {{max_steps: 4, {stage}}}, examples: {{count: 3}}}}
             mlflow: {{system_metrics: false, tracking_uri: "sqlite:///{tmp_path / 'mlflow.db'}"}}
         metric: valid/accuracy
         mode: max
@@ -505,3 +509,11 @@ def test_a_chain_trial_runs_both_stages_in_its_process(tmp_path, tiny_store, ray
         assert (folder / TrialSession.REGISTRY).is_file(), sorted(p.name for p in folder.iterdir())
         assert not (folder / "checkpoint_manager_snapshot.json").exists()  # no Ray Train run state
         assert run.metrics["time/training_s"] > 0
+    # a trial's runs have their example pages, as a run from the command line has: each stage at its
+    # own examples.count (the QA head's questions of the pretraining stage, the fine-tuning stage's valid)
+    for run, count in ((pre, 2), (trial, 3)):
+        assert run.tags[T.EXAMPLES] == "examples/index.html", run.name
+        pages = {n.split("/")[-1] for n in tracking.list_artifacts(uri, run.run_id, "examples") if n.endswith(".html")}
+        assert pages == {"index.html", *(f"example-{i:04d}.html" for i in range(count))}, run.name
+        assert f"{count} {'minival' if run is pre else 'valid'} examples" in run.tags[T.NOTE]
+        assert run.metrics["time/end_of_run_s"] > 0

@@ -21,17 +21,11 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
 
 
 def end_of_run_pages(plan, folder, data) -> bool:
-    """A training run's example pages, logged into it before it ends (`engine.AfterRun`, xmodal.examples):
-    fine-tuning runs, and pretraining runs with the QA task, whose `examples.count` is above 0."""
-    cfg = plan.config
-    if getattr(getattr(cfg, "examples", None), "count", 0) == 0:
-        return False
-    if hasattr(cfg, "tasks") and not cfg.tasks.qa:
-        return False
-    from xmodal.examples import log_run_examples
+    """A training run's example pages, logged into it before it ends (`engine.AfterRun`):
+    `examples.end_of_run_pages`, imported only when a run ends (it loads torch and Pillow)."""
+    from xmodal.examples import end_of_run_pages as pages
 
-    log_run_examples(plan.tracking_uri, plan.run_id, plan.run_name, cfg, data, folder)
-    return True
+    return pages(plan, folder, data)
 
 
 def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,

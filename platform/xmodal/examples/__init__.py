@@ -6,10 +6,11 @@ two runs side by side with McNemar's test of their disagreements (docs/tracking.
 Reads finished runs through `xmodal.tracking` and their models through `xmodal.export.source`; never
 imports mlflow. Rooms, each importing only those before it: collect.py (the run, its set, its model on
 the chosen examples), stats.py (summaries, the comparison), draw.py and pages.py (PNG pictures, HTML),
-build.py (the pages whole, into a folder or into the run).
+build.py (the pages whole, into a folder or into the run: at the end of a job's run and of a sweep's
+trial, `end_of_run_pages`).
 """
 
-from xmodal.examples.build import Built, log_run_examples, make_examples
+from xmodal.examples.build import Built, end_of_run_pages, log_run_examples, make_examples
 from xmodal.examples.collect import ExamplesError
 
-__all__ = ["Built", "ExamplesError", "log_run_examples", "make_examples"]
+__all__ = ["Built", "ExamplesError", "end_of_run_pages", "log_run_examples", "make_examples"]

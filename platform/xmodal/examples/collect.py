@@ -236,13 +236,14 @@ def image_rows(data, img_ids: list[str], columns: tuple[str, ...]) -> tuple[dict
         store = data.image_stores[i]
         md = open_parquet(store.path / file).metadata
         starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
-        for g in sorted({int(np.searchsorted(starts, r, side="right") - 1) for r, _ in wanted}):
-            table = store.read_table(file, [g], columns=list(columns))
-            cols = {c: (_tensor(table.column(c)) if hasattr(table.column(c).type, "shape")
-                        else table.column(c).to_numpy()) for c in columns}
-            for r, img in wanted:
-                if starts[g] <= r < starts[g + 1]:
-                    out[img] = {c: v[r - starts[g]] for c, v in cols.items()}
+        groups = sorted({int(np.searchsorted(starts, r, side="right") - 1) for r, _ in wanted})
+        table = store.read_table(file, groups, columns=list(columns))  # one read of the file's groups
+        cols = {c: (_tensor(table.column(c)) if hasattr(table.column(c).type, "shape")
+                    else table.column(c).to_numpy()) for c in columns}
+        at = dict(zip(groups, np.cumsum([0] + [int(starts[g + 1] - starts[g]) for g in groups]), strict=False))
+        for r, img in wanted:  # row r of the file, in the table: its group's place there, plus r's place in it
+            g = int(np.searchsorted(starts, r, side="right") - 1)
+            out[img] = {c: v[int(at[g]) + r - int(starts[g])] for c, v in cols.items()}
     return out, where
 
 
@@ -323,8 +324,9 @@ def gold_of(data, sp, row: int) -> list[tuple[str, float]]:
 
 
 @torch.no_grad()
-def evaluate(model, data, split: str, rows: np.ndarray, notes: list[str], batch_size: int = 16) -> list[Example]:
-    """The model on the examples `rows` of `split`: predictions, top answers, scores and cross-attention."""
+def evaluate(model, data, split: str, rows: np.ndarray, notes: list[str], batch_size: int = 64) -> list[Example]:
+    """The model on the examples `rows` of `split`: predictions, top answers, scores and cross-attention,
+    `batch_size` examples a forward (the default count's and 48 examples in one)."""
     from xmodal.models.lxmert import recording_cross_attention
 
     sp = data.split(split)

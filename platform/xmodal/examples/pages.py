@@ -70,12 +70,13 @@ class Drawn(NamedTuple):
     uri: str
 
 
-def weights(e: Example) -> dict:
-    """The JSON a page holds for one run's example: the weights and their head average."""
-    att = np.round(e.attention.astype(np.float64), DECIMALS)
-    avg = np.round(e.attention.astype(np.float64).mean(axis=2), DECIMALS)  # (L, P, T, N)
-    return {"att": att.tolist(), "avg": avg.tolist(), "pics": [p.img_id for p in e.pictures],
-            "tokens": e.tokens}
+def weights(e: Example, avg: np.ndarray | None = None) -> dict:
+    """The JSON a page holds for one run's example: the weights and their head average (`avg`, (L, P, T, N)
+    float64, where the caller has it)."""
+    att = e.attention.astype(np.float64)
+    avg = att.mean(axis=2) if avg is None else avg
+    return {"att": np.round(att, DECIMALS).tolist(), "avg": np.round(avg, DECIMALS).tolist(),
+            "pics": [p.img_id for p in e.pictures], "tokens": e.tokens}
 
 
 def document(title: str, body: str) -> str:
@@ -104,7 +105,7 @@ def attention_block(r: str, e: Example, drawn: dict[str, Drawn]) -> str:
     """Pictures with the attention overlay of run `r` ("A" or "B") and its layer/head/word pickers."""
     layers, _, heads, tokens, _ = e.attention.shape
     last = layers - 1
-    avg = e.attention.mean(axis=2)  # (L, P, T, N)
+    avg = e.attention.astype(np.float64).mean(axis=2)  # (L, P, T, N): shown, and the page's JSON
     layer_opts = "".join(f"<option value={i}{' selected' if i == last else ''}>cross layer {i + 1}</option>"
                          for i in range(layers))
     head_opts = "<option value='avg'>mean of heads</option>" + "".join(
@@ -132,7 +133,7 @@ def attention_block(r: str, e: Example, drawn: dict[str, Drawn]) -> str:
             f"<select id='head-{r}' onchange=\"show('{r}')\">{head_opts}</select> from "
             f"<input type=hidden id='tok-{r}' value=0>{toks}</p>"
             f"<div class='grid'>{''.join(pics)}</div>"
-            f"<script type='application/json' id='att-{r}'>{json.dumps(weights(e))}</script>")
+            f"<script type='application/json' id='att-{r}'>{json.dumps(weights(e, avg))}</script>")
 
 
 @dataclass

@@ -41,6 +41,7 @@ from xmodal.base.errors import RunInterrupted, UserError
 from xmodal.base.scores import selected_key
 from xmodal.config.experiment import ConfigError, flatten
 from xmodal.config.paths import config_has
+from xmodal.examples import end_of_run_pages
 from xmodal.jobs.registry import job_spec
 from xmodal.runner import engine, recovery, timeline
 from xmodal.runner.spec import Trial
@@ -181,9 +182,12 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
         raw = set_dotted(raw, "mlflow.run_name", run_name)
     source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
     cfg = validate_config(spec.config_class, raw, source)
+    # A trial is a run of its job like one from the command line: its example pages too, at its config's
+    # `examples.count` (docs/tracking.md, "Example pages")
     engine.run(spec, cfg, source, parent_run_id=setup["parent_run_id"],
              tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
-             trial=Trial(report=tune.report) if setup.get("in_process") else Trial([TuneReportCallback()]))
+             trial=Trial(report=tune.report) if setup.get("in_process") else Trial([TuneReportCallback()]),
+             after_run=end_of_run_pages)
 
 
 def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
