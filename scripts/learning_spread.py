@@ -28,7 +28,8 @@ from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.priors import pretraining_priors
 from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.jobs.finetune_config import FinetuneConfig
-from xmodal.jobs.finetune_job import Init, finetune_in_process
+from xmodal.jobs.finetune_init import Init
+from xmodal.jobs.finetune_job import finetune_in_process
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.jobs.pretrain_job import pretrain_in_process, with_store_dims
 

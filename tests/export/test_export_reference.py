@@ -12,7 +12,7 @@ from lxmert_reference_layout import reference_pretraining, reference_task
 from xmodal.base.errors import UserError
 from xmodal.export import export
 from xmodal.export.source import from_model
-from xmodal.jobs.finetune_job import load_init, resolve_path_init
+from xmodal.jobs.finetune_init import load_init, resolve_path_init
 from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.models.lxmert_init import reference_weights

@@ -14,7 +14,7 @@ import torch
 
 from xmodal import tracking
 from xmodal.core import checkpoint as ckpt
-from xmodal.jobs.finetune_job import Init, run_weights_here
+from xmodal.jobs.finetune_init import Init, run_weights_here
 from xmodal.runner.ray_cluster import init_download_dir
 
 

@@ -147,7 +147,8 @@ def test_an_untagged_mult_run_is_refused_after_its_download_which_is_removed(mul
 def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_path, ray_local):
     from xmodal.base.run_tags import CHAIN_STAGE
     from xmodal.jobs.chain_job import ChainJob
-    from xmodal.jobs.finetune_job import FinetuneJob, Init, load_init, resolve_init
+    from xmodal.jobs.finetune_init import Init, load_init, resolve_init
+    from xmodal.jobs.finetune_job import FinetuneJob
     from xmodal.jobs.pretrain_job import PretrainJob
 
     # The chain's own mlflow section holds system_metrics, and the fine-tuning stage takes the pretraining
@@ -237,7 +238,8 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
 
 def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from xmodal.jobs.finetune_job import FinetuneJob, Init, load_init
+    from xmodal.jobs.finetune_init import Init, load_init
+    from xmodal.jobs.finetune_job import FinetuneJob
     from xmodal.models.lxmert_init import encoder_state_from_hf_dir
 
     data = open_finetune(sets["vqa"])
@@ -260,7 +262,8 @@ def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_
 
 def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
     from lxmert_reference_layout import randomised, reference_pretraining
-    from xmodal.jobs.finetune_job import FinetuneJob, Init, load_init
+    from xmodal.jobs.finetune_init import Init, load_init
+    from xmodal.jobs.finetune_job import FinetuneJob
     from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
 
     data = open_finetune(sets["vqa"])

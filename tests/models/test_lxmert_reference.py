@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lxmert_reference_layout import randomised, reference_pretraining, reference_task
-from xmodal.jobs.finetune_job import Init, load_init
+from xmodal.jobs.finetune_init import Init, load_init
 from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights

@@ -4,7 +4,7 @@ Each source gives a `Source`: the bare model (the one the run's MLflow model hol
 `runner/run_record.py: exported_model`) in fp32 eval mode with the weights the run selected (`best_model.pt`
 of selecting jobs) or its last ones, what kind of model it is, and the tokenizer vocabulary of the
 store it was trained on when that store has one. The run's checkpoint is found and checked as
-fine-tuning's `--init run|checkpoint` finds it (`jobs/finetune_job.py: run_model_folder`,
+fine-tuning's `--init run|checkpoint` finds it (`jobs/finetune_init.py: run_model_folder`,
 `checkpoint_files`); the job and its config come from the checkpoint's meta (`jobs/registry.py: JOBS`).
 
 A checkpoint's weight files are checked against the size and sha256 its meta records (`checkpoint.seal`)
@@ -28,7 +28,7 @@ from xmodal.base import run_tags
 from xmodal.base.errors import UserError
 from xmodal.base.outputs import check_local_input
 from xmodal.core import checkpoint as ckpt
-from xmodal.jobs.finetune_job import checkpoint_files, run_model_folder
+from xmodal.jobs.finetune_init import checkpoint_files, run_model_folder
 from xmodal.runner.hooks import ValidationSelection
 from xmodal.runner.run_record import final_weights
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from xmodal.base import run_tags
 from xmodal.jobs.chain_config import PretrainFinetuneConfig
 from xmodal.jobs.finetune_config import FinetuneInit
-from xmodal.jobs.finetune_job import FinetuneJob, Init, started_from
+from xmodal.jobs.finetune_init import Init
+from xmodal.jobs.finetune_job import FinetuneJob, started_from
 from xmodal.jobs.pretrain_job import PretrainJob
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.runner.hooks import say
