@@ -14,7 +14,7 @@ from xmodal import tracking
 from xmodal.base import run_tags as T
 from xmodal.base.scores import selected_key
 from xmodal.report import make_report
-from xmodal.sweep.runner import log_importance
+from xmodal.sweep.importance import log_importance
 from xmodal.sweep.space import load_space
 
 SPACE = """

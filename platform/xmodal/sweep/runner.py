@@ -1,5 +1,6 @@
 """Ablation sweeps on Ray Tune + Optuna: a search-space file -> one Tune experiment, one MLflow parent
-run, and per trial one run of the job logged as a child run. The only module that imports Tune/Optuna.
+run, and per trial one run of the job logged as a child run. The only module that imports Tune (Optuna
+too, with importance.py's fANOVA).
 A trial of one worker runs that worker in the trial's own process (`in_process_trials`); a trial of
 several is a Ray Train run.
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import tempfile
@@ -45,6 +45,7 @@ from xmodal.examples import end_of_run_pages
 from xmodal.jobs.registry import job_spec
 from xmodal.runner import engine, recovery, timeline
 from xmodal.runner.spec import Trial
+from xmodal.sweep.importance import log_importance
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,
@@ -63,7 +64,6 @@ TRIAL_RESOURCES = {"CPU": 0.01}
 # trials it had started. The state is small: save it often.
 TUNE_STATE_PERIOD_S = "2"
 BEST_ALIAS = "best"  # the registered model's alias of a sweep's best trial: models:/NAME@best
-IMPORTANCE_MIN_TRIALS = 3  # fANOVA's forest on fewer finished trials says nothing
 NOTE_LIMIT = 7500  # a tag value's limit in MLflow's stores is 8000 characters
 log = logging.getLogger(__name__)
 
@@ -443,63 +443,6 @@ def register_best(plan: SweepPlan, parent_run_id: str, run_id: str, score: float
     log.info(f"registered the best trial's model as {plan.register!r} version {version.version}: "
              f"models:/{plan.register}@{BEST_ALIAS}")
     return {"name": plan.register, "version": version.version, "alias": BEST_ALIAS, "model_id": model_id}
-
-
-def param_importance(space: SearchSpace, points: list[tuple[dict[str, Any], float]]) -> dict[str, Any]:
-    """fANOVA importances of the space's parameters for the trials' score, from (searched values,
-    score) of the finished trials: Optuna's FanovaImportanceEvaluator (seeded by the space's seed)
-    on a study rebuilt from those points with the space's own distributions (its define-by-run
-    function run on a FixedTrial). Plain data, for the parent's T.IMPORTANCE tag (the report reads
-    it there and imports no Optuna). Parameters that did not apply in every finished trial, or took
-    one value in all, are left out; `why` says why there are no values."""
-    info: dict[str, Any] = {"method": "fanova", "metric": space.metric, "trials": len(points)}
-    if len(points) < IMPORTANCE_MIN_TRIALS:
-        return {**info, "why": f"{len(points)} finished trial(s), fANOVA needs at least {IMPORTANCE_MIN_TRIALS}"}
-    define = DefineByRun(space.parameters)
-    trials = []
-    for chosen, score in points:
-        fixed = optuna.trial.FixedTrial({k: v for k, v in chosen.items() if k in space.parameters})
-        define(fixed)
-        trials.append(optuna.trial.create_trial(params=fixed.params, distributions=fixed.distributions,
-                                                value=score))
-    seen = list(dict.fromkeys(k for t in trials for k in t.params))
-    varied = [k for k in seen if all(k in t.params for t in trials) and len({repr(t.params[k]) for t in trials}) > 1]
-    info["left_out"] = [k for k in seen if k not in varied]
-    if not varied:
-        return {**info, "why": "no parameter that applied in every finished trial took two values"}
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created" line on the sweep's console
-    try:
-        study = optuna.create_study(direction="maximize" if space.mode == "max" else "minimize")
-        study.add_trials(trials)
-        values = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=space.seed), params=varied)
-    except RuntimeError as e:  # Optuna's fANOVA: "zero total variance" when every trial scored the same
-        return {**info, "why": f"fANOVA failed: {e}"}
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    return {**info, "values": {k: float(v) for k, v in values.items()}}
-
-
-def log_importance(uri: str, space: SearchSpace, parent_run_id: str) -> dict[str, Any]:
-    """The parameter importances over the trials that trained to their end, as the report counts
-    them (MLflow state FINISHED, not stopped early) and scored as Tune ranked them (their selected
-    score), on the parent run as the T.IMPORTANCE tag; returned too."""
-    from xmodal.report import collect_runs
-
-    trials, _ = collect_runs(uri, parent_run_id=parent_run_id)
-    points = []
-    for t in trials:
-        score = t.value(space.metric)
-        if t.state == "finished" and score is not None and math.isfinite(score):
-            points.append((t.params, score))
-    try:
-        info = param_importance(space, points)
-    except ValueError as e:  # a logged value outside its distribution (a space edited since): not the sweep's end
-        log.warning(f"parameter importance not computed: {e}")
-        info = {"method": "fanova", "metric": space.metric, "trials": len(points), "why": f"failed: {e}"}
-    tracking.set_tags(uri, parent_run_id, {T.IMPORTANCE: json.dumps(info)})
-    return info
 
 
 def _log_searched_values(uri: str, parent_run_id: str) -> None:
