@@ -47,6 +47,7 @@ class DetectorSpec:
     given: bool = False  # boxes come with the images (--boxes-from)
     precision: str = "fp32"  # `detector.PRECISIONS`: fp32 (exact), tf32, bf16
     num_objects: int = 36
+    threads: int | None = None  # a CPU actor's torch threads (`resources.cpu_threads`); None: as Ray set them
 
     def config(self):
         from xmodal.models.butd.config import DetectorConfig
@@ -135,6 +136,9 @@ class DetectorActor:
 
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cpu" and spec.threads:
+            # Ray sets OMP_NUM_THREADS to the one CPU the actor reserves: torch would run on one core
+            torch.set_num_threads(spec.threads)
         self.detector = spec.build().to(self.device).eval()
 
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
