@@ -56,14 +56,20 @@ def test_an_actor_refuses_weights_other_than_the_file_the_driver_checked(tmp_pat
 def test_a_cpu_actor_sets_its_torch_threads_from_the_spec():
     """Ray sets OMP_NUM_THREADS=1 in an actor that reserves one CPU; the spec's threads (its share of
     the node's cores) replace that, and a spec without them leaves the process's setting alone."""
+    import os
+
     import torch
 
+    cores = len(os.sched_getaffinity(0))
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        DetectorActor(DetectorSpec(weights=None, tiny=True, threads=3))
-        assert torch.get_num_threads() == 3
+        DetectorActor(DetectorSpec(weights=None, tiny=True, threads=cores))
+        assert torch.get_num_threads() == cores
         DetectorActor(DetectorSpec(weights=None, tiny=True))
-        assert torch.get_num_threads() == 3
+        assert torch.get_num_threads() == cores
+        # a share counted in Ray's logical CPUs (a local Ray has at least 4) is capped at the node's cores
+        DetectorActor(DetectorSpec(weights=None, tiny=True, threads=cores + 4))
+        assert torch.get_num_threads() == cores
     finally:
         torch.set_num_threads(before)

@@ -18,6 +18,7 @@ imports Ray Data.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,8 +138,10 @@ class DetectorActor:
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cpu" and spec.threads:
-            # Ray sets OMP_NUM_THREADS to the one CPU the actor reserves: torch would run on one core
-            torch.set_num_threads(spec.threads)
+            # Ray sets OMP_NUM_THREADS to the one CPU the actor reserves: torch would run on one core.
+            # The spec's share counts Ray's logical CPUs (a local Ray has at least 4, even on 2 cores):
+            # no more threads than this node's cores.
+            torch.set_num_threads(max(1, min(spec.threads, len(os.sched_getaffinity(0)))))
         self.detector = spec.build().to(self.device).eval()
 
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
