@@ -344,7 +344,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
     # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
     decode_tasks = min(placed.decode_tasks, -(-len(items) // o.batch_size))
     device = (f"GPU ({placed.gpus_per_actor:g} each)" if placed.gpus_per_actor
-              else f"CPU ({placed.threads_per_actor} torch threads each)")
+              else f"CPU (torch threads: {placed.threads_per_actor} each at most, no more than its node's cores)")
     tell(f"extracting {len(todo)} images with {placed.actors} detector actor(s) on {device}, {decode_tasks} decode "
          f"task(s), batch {o.batch_size}, {o.precision}, boxes "
          f"{plan.num_objects if plan.given else '-'.join(map(str, sorted(set(plan.boxes_range))))}"
