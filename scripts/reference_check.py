@@ -33,16 +33,20 @@ share of exp values that are not correctly rounded, as measured in the run).
 
 Usage (the reference's cpu_nms built beforehand as its lib/Makefile builds it, or py_cpu_nms is used):
 
-    python scripts/reference_check.py photos DIR                 # the photograph set (scikit-image's bundled ones)
+    python scripts/reference_check.py photos PHOTOS            # scikit-image's bundled photographs, cropped, rescaled
     python scripts/reference_check.py weights W.pkl [--seed 0] [--logit-scale 1] [--rpn-size-bias 1.75]
-    python scripts/reference_check.py compare --reference BUA --lxmert-script extract_coco_image.py \\
-        --weights W.pkl DIR [--tsv OURS.tsv] [--out report.json]
+    NPY_DISABLE_CPU_FEATURES="AVX512F ... FMA3 AVX2" PYTHONPATH=NUMPY_1_DIR:platform \
+        python scripts/reference_check.py reference --reference BUA --lxmert-script extract_coco_image.py \
+        --weights W.pkl PHOTOS --out REF                        # one .npz per image
+    python scripts/reference_check.py ours --weights W.pkl PHOTOS --out OURS
+    python scripts/reference_check.py compare REF OURS [--out table.json]   # or: compare REF --tsv OURS.tsv
 
-`compare` runs our detector in process (the job's decode and blob, `Detector.regions`) unless `--tsv`
-gives an extraction's TSV (`jobs/extract.py ... --format tsv`), and prints one row per image: boxes
-identical to the reference's (slot by slot, bit for bit), the largest box and feature differences, the
-object and attribute ids that agree, and where the two first differ (input blob, res4b22 features, RPN
-outputs, the 300 proposals, the selection).
+`ours` runs our detector as the job does (the decode task's blob, `Detector.regions`); `compare --tsv`
+takes an extraction's TSV (`jobs/extract.py ... --format tsv`) instead. `compare` prints one row per
+image: the boxes identical to the reference's (slot by slot, bit for bit), within 0.001 px, and in both
+sets; the largest box and feature differences; the object and attribute ids that agree; whether the
+36th and 37th max_conf tie; and, from `ours`, where the two first differ (input blob, res4b22, the RPN's
+outputs, the proposals as a set and in order).
 """
 
 from __future__ import annotations
