@@ -17,7 +17,7 @@ disagreements first, with McNemar's test. OUT must be new or empty; nothing is w
 import argparse
 import sys
 
-from xmodal.cli import setup_console, user_errors
+from xmodal.base.commands import setup_console, user_errors
 
 
 def main(argv: list[str]) -> int:

@@ -18,7 +18,7 @@ before anything is written; DIR is checked first, written whole or not at all, a
 import argparse
 import sys
 
-from xmodal.cli import setup_console, user_errors
+from xmodal.base.commands import setup_console, user_errors
 
 
 def main(argv: list[str]) -> int:

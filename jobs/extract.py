@@ -2,7 +2,7 @@
 
 import sys
 
-from xmodal.extract.cli import main
+from xmodal.cli.extract import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

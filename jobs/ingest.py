@@ -2,7 +2,7 @@
 
 import sys
 
-from xmodal.ingest_cli import main
+from xmodal.cli.ingest import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

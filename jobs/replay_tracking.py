@@ -10,7 +10,7 @@ skipped. The file is renamed to `FILE.replayed` once everything in it is logged.
 import argparse
 import sys
 
-from xmodal.cli import user_errors
+from xmodal.base.commands import user_errors
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ logged to the sweep's parent run.
 import argparse
 import sys
 
-from xmodal.cli import user_errors
+from xmodal.base.commands import user_errors
 from xmodal.report import make_report, parse_value
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
 
     def go() -> None:
         from xmodal import tracking
-        from xmodal.outputs import check_writable_dir
+        from xmodal.base.outputs import check_writable_dir
 
         if args.out:  # before MLflow is opened: the default folder is checked once the sweep's name is known
             check_writable_dir(args.out, "--out")

@@ -12,7 +12,7 @@ trials are kept, unfinished ones continue from their checkpoints.
 import argparse
 import sys
 
-from xmodal.cli import add_verbose, setup_console, user_errors
+from xmodal.base.commands import add_verbose, setup_console, user_errors
 from xmodal.sweep import sweep
 from xmodal.sweep.plan import SweepOptions
 

@@ -1,4 +1,4 @@
-"""Check a cluster config before `ray up` (xmodal/cluster_check.py): addresses, key files, file mounts,
+"""Check a cluster config before `ray up` (xmodal/runner/cluster_check.py): addresses, key files, file mounts,
 the scripts its commands run. Run it from the repository root, where `ray up` runs.
 
     python3 scripts/check_cluster.py cluster.onprem.yaml      # before `ray up cluster.onprem.yaml`
@@ -22,7 +22,7 @@ from pathlib import Path
 # under any python3, a node's too, before its environment exists.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "platform"))
 
-from xmodal.cluster_check import ClusterConfigError, check, check_address, head_address  # noqa: E402
+from xmodal.runner.cluster_check import ClusterConfigError, check, check_address, head_address  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

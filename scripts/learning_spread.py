@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.priors import pretraining_priors
 from xmodal.data.lxmert.synthetic import build_synthetic_store
@@ -67,7 +67,7 @@ ABLATION = {  # search_spaces/lxmert_tasks.yaml's options
 
 
 def ablation_run(space_file: str, subset: str, seed: int, tmp: Path) -> dict:
-    from xmodal.config import apply_overrides, load_yaml
+    from xmodal.config.experiment import apply_overrides, load_yaml
 
     space = load_yaml(Path(space_file).read_text())
     chain = apply_overrides(space["base"].get("config", {}), space["base"].get("set", []))

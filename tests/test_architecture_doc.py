@@ -169,7 +169,7 @@ def config_classes() -> list[type]:
 
 
 def is_config_key(text: str) -> bool:
-    from xmodal.config_paths import config_has
+    from xmodal.config.paths import config_has
 
     return any(config_has(cls, text) for cls in config_classes())
 

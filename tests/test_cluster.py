@@ -649,7 +649,7 @@ def test_sweep_runs_its_trials_across_both_nodes(rehearsal):
     r = rehearsal
     if not (REPO / "jobs" / "sweep.py").exists():
         pytest.skip("jobs/sweep.py is not in this tree yet (the sweep layer lands separately)")
-    T = pytest.importorskip("xmodal.run_tags", reason="xmodal.sweep is not in this tree yet")
+    T = pytest.importorskip("xmodal.base.run_tags", reason="xmodal.sweep is not in this tree yet")
     space = r.tmp / "space.yaml"
     space.write_text(SWEEP_SPACE.format(store=r.store))
     job = run_job(r, "jobs/sweep.py", str(space), "--name", "rehearsal-sweep", "--no-report")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.runner.ray_cluster import check_cluster_address, cluster_address
 
 

@@ -269,7 +269,7 @@ def tiny_worker(job: str, store: Path, *overrides: str):
     """(spec, config, worker) of `job` on the tiny preset, 16 samples a step, on the CPU."""
     import torch
 
-    from xmodal.config import load_config
+    from xmodal.config.experiment import load_config
     from xmodal.jobs.finetune_config import FinetuneConfig
     from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.pretrain_config import PretrainConfig

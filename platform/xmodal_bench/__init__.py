@@ -5,7 +5,7 @@ model (the same benchmark for two models); `data`, `tracking` and `sweep` measur
 of that name; `scale` the stores and workers at two sizes; `extract` the feature extractor; `suite` runs them all for a device run.
 
 Bad input of any benchmark (a preset, a --set, a number, an output path) is a `UserError`: one line
-`error: ...` on stderr and exit code 2 (`xmodal.cli.user_errors`), raised before anything is measured
+`error: ...` on stderr and exit code 2 (`xmodal.base.commands.user_errors`), raised before anything is measured
 or written. The helpers below are the checks every benchmark shares.
 """
 
@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from xmodal.cli import dispatch
-from xmodal.console import say
-from xmodal.errors import UserError
+from xmodal.base.commands import dispatch
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
 
 # name -> (module implementing it, one-line help); imported only when chosen, so `lxmert` needs no
 # pyarrow and `data` no transformers.

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.console import say
+from xmodal.base.console import say
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

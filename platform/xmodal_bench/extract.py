@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from xmodal.console import say
-from xmodal.errors import UserError
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
 from xmodal.models.butd.detector import Detector, DetectorConfig, random_detector
 from xmodal_bench import at_least, begin, cuda_arg, write_results
 

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from xmodal.batches import LxmertBatch
-from xmodal.console import say
+from xmodal.base.console import say
+from xmodal.base.outputs import check_writable_file
+from xmodal.core.batches import LxmertBatch
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.core.step import TrainState, adamw, train_step
 from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
-from xmodal.outputs import check_writable_file
 from xmodal_bench import at_least, cuda_arg
 from xmodal_bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from xmodal.console import say
+from xmodal.base.console import say
 from xmodal.core.step import TrainState, train_step
 
 H200_BF16_DENSE_TFLOPS = 989.0  # an H200's dense bf16 peak (NVIDIA's data sheet), the MFU denominator

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xmodal.batches import MultBatch
-from xmodal.console import say
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
+from xmodal.core.batches import MultBatch
 from xmodal.core.cost import peak_memory_gib
 from xmodal.core.runtime import apply_precision, compile_module
 from xmodal.core.step import TrainState, train_step
-from xmodal.errors import UserError
 from xmodal.models.mult import (
     DIRECTIONS,
     MODALITIES,

@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.console import say
-from xmodal.errors import UserError
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
 from xmodal.tracking import git_commit
 
 WORDS = ("man", "woman", "dog", "horse", "street", "table", "red", "small", "riding", "sitting", "on", "the", "next",
@@ -241,7 +241,7 @@ def lxmert_worker(store: str, batch: int) -> dict[str, Any]:
     """One epoch of the pretraining job's worker (tiny preset, CPU, in this process): peak RSS."""
     import torch
 
-    from xmodal.config import load_config
+    from xmodal.config.experiment import load_config
     from xmodal.data.lxmert.store import open_store
     from xmodal.jobs.pretrain_config import PretrainConfig
     from xmodal.jobs.pretrain_job import PretrainJob
@@ -337,7 +337,7 @@ def mult_worker(store: str, batch: int, steps: int) -> dict[str, Any]:
     """The MulT job's worker (tiny preset, CPU, in this process) for `steps` steps: peak RSS."""
     import torch
 
-    from xmodal.config import load_config
+    from xmodal.config.experiment import load_config
     from xmodal.data.mult.store import open_store
     from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.mult_job import MultJob

@@ -51,12 +51,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from xmodal.batches import LxmertBatch, MultBatch
-from xmodal.console import say
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
+from xmodal.core.batches import LxmertBatch, MultBatch
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.core.step import TrainState, train_step
-from xmodal.errors import UserError
 from xmodal.tracking import git_commit
 from xmodal_bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from xmodal.console import say
+from xmodal.base.console import say
 from xmodal.runner import timeline
 
 SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "mult_ablation.yaml"
@@ -38,7 +38,7 @@ PHASES = ("prepare_s", "train_start_s", "worker_setup_s", "data_start_s", "train
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from xmodal.cli import add_verbose
+    from xmodal.base.commands import add_verbose
 
     p.add_argument("--trials", type=int, default=4, help="trials, each a MulT variant (default 4, at most 10)")
     p.add_argument("--concurrent", type=int, default=1, help="trials at a time (default 1)")
@@ -135,8 +135,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal import tracking
-    from xmodal.cli import setup_console
-    from xmodal.errors import UserError
+    from xmodal.base.commands import setup_console
+    from xmodal.base.errors import UserError
     from xmodal.runner.ray_cluster import connect, require_ray
     from xmodal.sweep.plan import SweepOptions
     from xmodal.sweep.runner import run_sweep
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
                         f"{variants}")
     work, stamp, meta = begin(args, "sweep", trials=args.trials, concurrent=args.concurrent, epochs=args.epochs)
     # A sweep job's console: the trials' event lines (progress, evaluations) are taken out of Ray's log
-    # stream (xmodal.console) instead of printed as JSON, and Ray's and MLflow's chatter is quiet.
+    # stream (xmodal.base.console) instead of printed as JSON, and Ray's and MLflow's chatter is quiet.
     setup_console(args.verbose)
     res: dict[str, Any] = {"meta": meta}
     say(f"benchmark sweep on {meta['machine']}: {args.trials} MulT trials, {args.concurrent} at a time; "

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from xmodal import tracking
-from xmodal.console import say
-from xmodal.errors import UserError
-from xmodal.outputs import check_writable_dir
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_writable_dir
 
 BACKENDS = ("sqlite", "server", "postgres")
 EXPERIMENT = "xmodal-bench-tracking"

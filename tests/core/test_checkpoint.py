@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
+from xmodal.base.errors import UserError
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.runtime import prepare
-from xmodal.errors import UserError
 from xmodal.runner import recovery
 from xmodal.runner.engine import checkpoint_write_error
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_state():
-    from xmodal.config import OptimConfig, TrainConfig
+    from xmodal.config.experiment import OptimConfig, TrainConfig
 
     torch.manual_seed(0)
     return prepare(torch.nn.Linear(4, 3), torch.device("cpu"), TrainConfig(), OptimConfig(lr=1e-3), 10)

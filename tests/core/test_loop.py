@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from xmodal.batches import LxmertBatch
-from xmodal.config import OptimConfig, TrainConfig
+from xmodal.config.experiment import OptimConfig, TrainConfig
 from xmodal.core import checkpoint as ckpt
+from xmodal.core.batches import LxmertBatch
 from xmodal.core.loop import evaluate_sums, fit, ratios
 from xmodal.core.runtime import prepare
 from xmodal.core.step import linear_warmup_decay
@@ -125,7 +125,7 @@ def test_warmup_then_linear_decay():
 
 
 def test_prepare_reads_plain_settings_objects():
-    """runtime.prepare does not need xmodal.config: any object with the attributes it reads will do."""
+    """runtime.prepare does not need xmodal.config.experiment: any object with the attributes it reads will do."""
     from types import SimpleNamespace
 
     train = SimpleNamespace(compile=False, precision="auto")

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from xmodal.batches import MultBatch
+from xmodal.core.batches import MultBatch
 from xmodal.core.runtime import apply_precision, resolve_precision
 from xmodal.core.step import TrainState, train_step
 from xmodal.models.mult import Mult, preset

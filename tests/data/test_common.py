@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xmodal.base.errors import UserError
 from xmodal.data.common import (
     MANIFEST_FILE,
     StoreError,
@@ -27,7 +28,6 @@ from xmodal.data.lxmert.synthetic import build_synthetic_store, ensure_synthetic
 from xmodal.data.mult.store import MultStore, write_store
 from xmodal.data.mult.synthetic import generate
 from xmodal.data.options import SyntheticLxmertOptions, SyntheticMultOptions
-from xmodal.errors import UserError
 
 TINY = SyntheticLxmertOptions(num_images=20, num_objects=4, feat_dim=8, num_object_labels=10, num_attr_labels=4,
                               num_answers=20, sentences_per_image=2, images_per_shard=16)

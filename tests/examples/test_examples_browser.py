@@ -13,9 +13,10 @@ import shutil
 
 import pytest
 
-from xmodal import run_tags, tracking
-from xmodal.cli import end_of_run_pages
-from xmodal.config import load_config
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.cli.jobs import end_of_run_pages
+from xmodal.config.experiment import load_config
 from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.runner import engine
 from xmodal_testing import MlflowServer

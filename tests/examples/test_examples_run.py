@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal import run_tags, tracking
-from xmodal.cli import end_of_run_pages
-from xmodal.config import load_config
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.cli.jobs import end_of_run_pages
+from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
 from xmodal.examples.build import EXAMPLES_TAG, TABLE_FILE
 from xmodal.jobs.finetune_config import FinetuneConfig

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.runner import engine

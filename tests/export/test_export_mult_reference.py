@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mult_reference_layout import MULTModel
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, export
 from xmodal.export.source import from_model
 from xmodal.models.lxmert import LxmertForPretraining

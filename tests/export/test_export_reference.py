@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lxmert_reference_layout import reference_pretraining, reference_task
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.export import export
 from xmodal.export.source import from_model
 from xmodal.jobs.finetune_job import load_init, resolve_path_init

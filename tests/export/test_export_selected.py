@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mult_reference_layout import MULTModel
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import bare_model, job_config

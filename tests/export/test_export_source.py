@@ -11,10 +11,10 @@ import subprocess
 import pytest
 import torch
 
-from xmodal.config import load_config
+from xmodal.base.errors import UserError
+from xmodal.config.experiment import load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.step import TrainState
-from xmodal.errors import UserError
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import from_checkpoint
 from xmodal.jobs.finetune_config import FinetuneConfig

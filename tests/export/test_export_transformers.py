@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.export import PROVENANCE_FILE, export
 from xmodal.export.source import from_model
 from xmodal.models.lxmert import LxmertForPretraining, preset

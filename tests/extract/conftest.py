@@ -1,5 +1,5 @@
 """The extraction tests call `jobs/extract.py`'s `main` in this process, and `main` sets up the console
-for the rest of a real run's process (`xmodal.console.configure`): the package logger's handler, the
+for the rest of a real run's process (`xmodal.base.console.configure`): the package logger's handler, the
 active console, the verbose flag. Each test gets the state back as it found it, so that the tests of
 other files on this worker see the console they expect."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from xmodal import console
+from xmodal.base import console
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,8 @@ import pytest
 
 cv2 = pytest.importorskip("cv2")
 
+from xmodal.cli.extract import main  # noqa: E402
 from xmodal.data.lxmert.features import image_sources, ingest_features, open_features  # noqa: E402
-from xmodal.extract.cli import main  # noqa: E402
 from xmodal.models.butd.detector import DetectorConfig, random_detector  # noqa: E402
 from xmodal.models.butd.weights import save_in_layout  # noqa: E402
 
@@ -336,8 +336,8 @@ def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, capsys):
+    from xmodal.cli.ingest import main as ingest_main
     from xmodal.data.lxmert.store import open_store
-    from xmodal.ingest_cli import main as ingest_main
 
     store = tmp_path / "extracted"
     assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0

@@ -56,9 +56,9 @@ def photo_folder(tmp_path) -> Path:
 
 
 def test_photographs_extract_ingest_and_pretrain(ray_local, tmp_path, photo_folder, capsys):
-    from xmodal.config import load_config
+    from xmodal.cli.ingest import main as ingest_main
+    from xmodal.config.experiment import load_config
     from xmodal.data.lxmert.store import open_store
-    from xmodal.ingest_cli import main as ingest_main
     from xmodal.jobs.pretrain_config import PretrainConfig
     from xmodal.jobs.pretrain_job import PretrainJob
     from xmodal.runner import engine

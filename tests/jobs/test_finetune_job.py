@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from xmodal import tracking
-from xmodal.config import ConfigError, load_config
+from xmodal.config.experiment import ConfigError, load_config
 from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
 from xmodal.data.lxmert.synthetic import build_synthetic_store
@@ -74,7 +74,7 @@ def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
 def mult_run(tmp_path_factory):
     """A MulT run as jobs/train_mult.py opens it (the engine's own check and open_run: its tags say MulT), with a
     `model` artifact as its end logs one: a MulT checkpoint's model.pt and meta.json."""
-    from xmodal import run_tags
+    from xmodal.base import run_tags
     from xmodal.data.mult.synthetic import SyntheticMultOptions
     from xmodal.data.mult.synthetic import build_synthetic_store as build_mult
     from xmodal.jobs.mult_config import MultTrainConfig
@@ -144,9 +144,9 @@ def test_an_untagged_mult_run_is_refused_after_its_download_which_is_removed(mul
 
 @pytest.mark.slow
 def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_path, ray_local):
+    from xmodal.base.run_tags import CHAIN_STAGE
     from xmodal.jobs.chain_job import ChainJob
     from xmodal.jobs.finetune_job import FinetuneJob, Init, load_init, resolve_init
-    from xmodal.run_tags import CHAIN_STAGE
 
     # The chain's own mlflow section holds system_metrics, and the fine-tuning stage takes the pretraining
     # stage's architecture (the config refuses them in the stages).

@@ -37,7 +37,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.priors import pretraining_priors
 from xmodal.data.lxmert.synthetic import build_synthetic_store

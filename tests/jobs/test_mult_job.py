@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from xmodal import tracking
-from xmodal.config import ConfigError, load_config
+from xmodal.config.experiment import ConfigError, load_config
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.runner import engine
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import pytest
 
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.data.mult.synthetic import build_synthetic_store
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.jobs.mult_job import MultJob

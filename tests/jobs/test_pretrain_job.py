@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from xmodal import tracking
-from xmodal.config import ConfigError, load_config
+from xmodal.config.experiment import ConfigError, load_config
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal_testing import PYTHON, REPO, RayHead, ray_env, wait_job
@@ -111,7 +111,7 @@ def test_job_submit_logs_a_finished_run(submitted, tiny_store, monkeypatch):
     import mlflow
     import torch
 
-    from xmodal import run_tags as T
+    from xmodal.base import run_tags as T
 
     assert (run.tags[T.SOURCE_NAME], run.tags[T.SOURCE_TYPE]) == ("jobs/pretrain.py", "JOB")
     assert run.tags[T.GIT_COMMIT] == run.tags["git_commit"] and "--run-name clean" in run.tags[T.COMMAND]
@@ -173,7 +173,7 @@ def test_worker_failure_resumes_exactly_into_one_history(submitted, tiny_store, 
 
 
 def final_metrics(out: str) -> dict[str, str]:
-    """The end summary's final value of each metric (xmodal.console.summary_table)."""
+    """The end summary's final value of each metric (xmodal.base.console.summary_table)."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("[xmodal] finished run "))
     rows = [line.split() for line in lines[start + 2:]]

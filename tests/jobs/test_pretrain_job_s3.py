@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
-from xmodal import run_tags, tracking
-from xmodal.config import ConfigError, load_config
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.config.experiment import ConfigError, load_config
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal_testing import S3_BUCKET

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.batches import Nlvr2Batch, VqaBatch
+from xmodal.core.batches import Nlvr2Batch, VqaBatch
 from xmodal.jobs.predictions import write_gqa_predictions, write_nlvr2_predictions, write_vqa_predictions
 from xmodal.models.lxmert import preset
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering

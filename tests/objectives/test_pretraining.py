@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xmodal.batches import LxmertBatch
+from xmodal.core.batches import LxmertBatch
 from xmodal.core.step import TrainState, adamw, linear_warmup_decay, train_step
 from xmodal.models.lxmert import LxmertForPretraining, preset
 from xmodal.objectives.pretraining import (

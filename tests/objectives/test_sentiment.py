@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xmodal.batches import MultBatch
+from xmodal.core.batches import MultBatch
 from xmodal.models.mult import Mult, preset
 from xmodal.objectives.sentiment import (
     MULT_METRICS,

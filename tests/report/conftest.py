@@ -7,8 +7,8 @@ import shutil
 import pytest
 from report_testing import sweep, trial
 
-from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.base import run_tags as T
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import json
 import os
 import subprocess
 
-from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.scores import better, selected_key
+from xmodal.base import run_tags as T
+from xmodal.base.scores import better, selected_key
 from xmodal_testing import PYTHON, REPO
 
 KEYS = ["model.x_layers", "tasks.obj_feat", "tasks.feat_loss", "train.seed"]

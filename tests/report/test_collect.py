@@ -8,10 +8,10 @@ import json
 import pytest
 from report_testing import one_error, report_cli, sweep, trial
 
-from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.base import run_tags as T
+from xmodal.base.scores import selected_key
 from xmodal.report import ReportError, make_report
-from xmodal.scores import selected_key
 
 
 def test_an_experiment_report_groups_runs_of_several_sweeps(store, tmp_path):

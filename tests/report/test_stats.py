@@ -9,8 +9,8 @@ import math
 import pytest
 from report_testing import costed_sweep, rows_of
 
-from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.base import run_tags as T
 from xmodal.report import ReportError, make_report
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xmodal import tracking
-from xmodal.console import end_summary
+from xmodal.base.console import end_summary
 
 
 def test_summary_puts_each_metric_beside_its_best_and_its_baseline():

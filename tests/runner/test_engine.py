@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from xmodal.config import ConfigError, load_config
+from xmodal.config.experiment import ConfigError, load_config
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner.faults import fault_schedule
 from xmodal_testing import PYTHON, REPO
@@ -78,8 +78,8 @@ def test_each_job_records_source_data_and_a_model_that_loads_in_a_fresh_process(
     with mlflow.pytorch.load_model in a process that has only the package on its path."""
     from mlflow import MlflowClient
 
-    from xmodal import run_tags as T
     from xmodal import tracking
+    from xmodal.base import run_tags as T
     from xmodal.jobs.finetune_config import FinetuneConfig
     from xmodal.jobs.finetune_job import FinetuneJob
     from xmodal.jobs.mult_config import MultTrainConfig

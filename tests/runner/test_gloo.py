@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-from xmodal.config import load_config  # noqa: E402
+from xmodal.config.experiment import load_config  # noqa: E402
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.jobs.pretrain_job import PretrainJob  # noqa: E402
 from xmodal.runner import gloo  # noqa: E402

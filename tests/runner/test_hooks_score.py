@@ -1,4 +1,4 @@
-"""The run's selected score (`xmodal.scores.selected_key`): every report a worker's hooks make to Ray
+"""The run's selected score (`xmodal.base.scores.selected_key`): every report a worker's hooks make to Ray
 Train carries the best `train.best_metric` so far, the score of the checkpoint the run keeps. Run in
 Ray Train's local mode (no workers: the training function runs in this process, and the trainer's
 result holds the function's last report)."""
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from xmodal.config import TrainConfig
+from xmodal.base.scores import selected_key
+from xmodal.config.experiment import TrainConfig
 from xmodal.runner.hooks import RunHooks
-from xmodal.scores import selected_key
 
 KEY = selected_key("eval/acc")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.config import load_config
+from xmodal.base import run_tags as T
+from xmodal.config.experiment import load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine, recovery

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from xmodal import tracking
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import engine
 from xmodal_testing import MlflowServer
@@ -86,7 +86,7 @@ def test_run_survives_a_30s_outage_without_losing_a_metric(tmp_path, tiny_store,
 def test_a_short_outage_wait_gives_up_in_about_that_time_naming_the_setting(tmp_path, tiny_store):  # noqa: F811
     """`mlflow.outage_wait_s` bounds the driver's waits too (opening the run), not only the run's end:
     a server that answered once and is gone fails the run in about that time, not the 300 s default."""
-    from xmodal.errors import UserError
+    from xmodal.base.errors import UserError
     from xmodal.jobs.pretrain_job import PretrainJob
     from xmodal.runner import engine
 

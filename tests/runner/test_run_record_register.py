@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from xmodal import tracking
-from xmodal.config import ConfigError, load_config
+from xmodal.config.experiment import ConfigError, load_config
 from xmodal.jobs.mult_config import MultTrainConfig
 
 

@@ -75,8 +75,9 @@ def test_a_trial_tune_ends_at_a_report_leaves_no_logger_thread_and_loses_no_metr
     """Tune ends a stopped trial's thread with SystemExit inside its report (and reuses the process for
     the next trial): the worker's MLflow logger is closed on the way out, with every metric up to that
     report in MLflow. A real MulT worker in this process, a real SQLite MLflow file, real checkpoints."""
-    from xmodal import console, tracking
-    from xmodal.config import load_config
+    from xmodal import tracking
+    from xmodal.base import console
+    from xmodal.config.experiment import load_config
     from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.jobs.registry import job_spec
     from xmodal.runner import engine

@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
-from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.base import run_tags as T
+from xmodal.base.scores import selected_key
 from xmodal.report import make_report
-from xmodal.scores import selected_key
 from xmodal.sweep.runner import log_importance
 from xmodal.sweep.space import load_space
 

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.errors import UserError
+from xmodal.base import run_tags as T
+from xmodal.base.errors import UserError
 from xmodal_testing import PYTHON, REPO
 
 NAME = "mult-depth-best"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import xmodal.config
+import xmodal.config.experiment
 from xmodal.jobs.chain_config import PretrainFinetuneConfig
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.jobs.pretrain_config import PretrainConfig
@@ -88,7 +88,7 @@ def test_mult_space_validates_against_the_mult_job_config(tmp_path):
     # Every variant gets the job's default budget, the one tests/jobs/test_mult_learning.py measures:
     # validated as a trial validates it (a partial train section keeps the job's batch size).
     cfg = validate_config(MultTrainConfig, plan.base, "trial")
-    default = xmodal.config.load_config(MultTrainConfig)
+    default = xmodal.config.experiment.load_config(MultTrainConfig)
     assert (cfg.train, cfg.optim, cfg.preset, cfg.model, cfg.data) == (
         default.train, default.optim, default.preset, default.model, default.data)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from xmodal import run_tags as T
 from xmodal import tracking
+from xmodal.base import run_tags as T
+from xmodal.base.scores import better, selected_key
 from xmodal.runner import timeline
-from xmodal.scores import better, selected_key
 from xmodal_testing import PYTHON, REPO, RayHead, kill_tree, ray_env
 
 SWEEP = str(REPO / "jobs" / "sweep.py")

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from xmodal import tracking
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal_testing import REPO
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from xmodal import tracking
-from xmodal.run_tags import PARENT_TAG
+from xmodal.base.run_tags import PARENT_TAG
 
 
 def test_records_are_plain_frozen_data(tmp_path):

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 from xmodal import tracking
-from xmodal.run_tags import RUN_NAME_TAG
+from xmodal.base.run_tags import RUN_NAME_TAG
 from xmodal_testing import REPO
 
 
@@ -54,7 +54,7 @@ def test_run_lifecycle_and_resume_skips_logged_steps(tmp_path, monkeypatch):
 
 
 def test_source_tags_name_the_entry_point_commit_and_command(monkeypatch):
-    from xmodal import run_tags as T
+    from xmodal.base import run_tags as T
     from xmodal.tracking.runs import _RAY_JOB_ENV
 
     monkeypatch.delenv(_RAY_JOB_ENV, raising=False)
@@ -73,7 +73,7 @@ def test_source_tags_name_the_entry_point_commit_and_command(monkeypatch):
 def test_experiments_open_in_the_training_view_and_datasets_are_logged_once(tmp_path):
     from mlflow import MlflowClient
 
-    from xmodal import run_tags as T
+    from xmodal.base import run_tags as T
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from xmodal import tracking
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal_testing import REPO
 
 

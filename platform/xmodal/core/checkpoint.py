@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from xmodal.base.errors import UserError
 from xmodal.core.step import TrainState
-from xmodal.errors import UserError
 
 STATE_FILE = "state.pt"
 MODEL_FILE = "model.pt"

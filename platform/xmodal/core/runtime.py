@@ -65,7 +65,7 @@ def compile_module(module: nn.Module, mode: str | None = None, backend: str = "i
 
 
 class TrainSettings(Protocol):
-    """What `prepare` reads of the job's train settings (`xmodal.config.TrainConfig` has it)."""
+    """What `prepare` reads of the job's train settings (`xmodal.config.experiment.TrainConfig` has it)."""
 
     @property
     def compile(self) -> bool: ...
@@ -75,7 +75,7 @@ class TrainSettings(Protocol):
 
 
 class OptimSettings(Protocol):
-    """What `prepare` reads of the job's optimizer settings (`xmodal.config.OptimConfig` has it)."""
+    """What `prepare` reads of the job's optimizer settings (`xmodal.config.experiment.OptimConfig` has it)."""
 
     @property
     def lr(self) -> float: ...

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from xmodal.base.errors import UserError
 from xmodal.data.jsonfile import read_json_file
-from xmodal.errors import UserError
 
 # Whole-answer rewrites (reference ANS_CONVERT; plus "zero", which docs/papers.md's "number words to digits" covers).
 _CONVERT: dict[str, str] = {

@@ -37,9 +37,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pydantic
 
-from xmodal.console import say
-from xmodal.errors import UserError
-from xmodal.outputs import check_writable_dir
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_writable_dir
 
 MANIFEST_FILE = "manifest.json"
 

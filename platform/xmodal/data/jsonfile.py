@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 
 
 def read_json_file(path: Path, error: type[UserError], *, what: str = "file", expected: str) -> Any:

@@ -1,5 +1,5 @@
 """Options of the data side, as plain dataclasses (validated by the experiment config: the bounds are
-`Annotated` metadata from xmodal.bounds, the checks across fields are in `__post_init__`)."""
+`Annotated` metadata from xmodal.base.bounds, the checks across fields are in `__post_init__`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 
 from annotated_types import Ge, Interval
 
-from xmodal.bounds import Fraction, NonNegFloat, PosFloat, PosInt, Probability, Seed, SeqLen
-from xmodal.errors import UserError
+from xmodal.base.bounds import Fraction, NonNegFloat, PosFloat, PosInt, Probability, Seed, SeqLen
+from xmodal.base.errors import UserError
 
 
 @dataclass

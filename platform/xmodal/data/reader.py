@@ -17,13 +17,13 @@ from dataclasses import asdict
 import pyarrow as pa
 import ray.data
 
-from xmodal import console
+from xmodal.base import console
 from xmodal.data.common import Unit, read_unit
 
 
 def quiet_ray_data() -> None:
     """Ray Data's progress bars and per-execution INFO lines off in this process unless --verbose: a
-    job shows its own progress (xmodal.console). Set where datasets are built, i.e. on the workers."""
+    job shows its own progress (xmodal.base.console). Set where datasets are built, i.e. on the workers."""
     ray.data.DataContext.get_current().enable_progress_bars = console.verbose()
     console.quiet_ray_data(logging.getLogger("ray.data"))
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 
 if TYPE_CHECKING:
     from xmodal.data.common import Location

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal import run_tags, tracking
-from xmodal.errors import UserError
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.base.errors import UserError
 from xmodal.examples.collect import (
     PRETRAIN_SPLIT,
     ExamplesError,
@@ -77,7 +78,7 @@ def write_pages(a: RunExamples, b: RunExamples | None, folder: Path) -> tuple[in
 
 
 def check_out(out: str | Path) -> Path:
-    from xmodal.outputs import check_writable_dir
+    from xmodal.base.outputs import check_writable_dir
 
     p = check_writable_dir(out, "--out")
     if p.is_dir() and any(p.iterdir()):

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmodal import run_tags, tracking
-from xmodal.errors import UserError
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.base.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Targets (`TARGETS`):
   `models/mult_reference.py`) with its `hyp_params` in `hyp_params.json`.
 
 What a target cannot hold is refused before anything is written (an `ExportError` naming the model
-option or variant and the target). `--out` is checked first (`xmodal.outputs.check_writable_dir`: a
+option or variant and the target). `--out` is checked first (`xmodal.base.outputs.check_writable_dir`: a
 place that cannot be written is one error, not a traceback half-way). The output is written into a
 temporary folder beside `--out` and renamed into place at the end (`data/common.py: publish_dir`); an
 existing non-empty `--out` is replaced only with `force`. Every output has `xmodal_export.json`: the
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from xmodal.console import say
-from xmodal.errors import UserError
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_writable_dir
 from xmodal.export.source import Source, from_checkpoint, from_logged_model, from_run
-from xmodal.outputs import check_writable_dir
 
 PROVENANCE_FILE = "xmodal_export.json"
 NLVR2_HEAD_FILE = "nlvr2_classifier.safetensors"

@@ -23,11 +23,12 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
-from xmodal import run_tags, tracking
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_local_input
 from xmodal.core import checkpoint as ckpt
-from xmodal.errors import UserError
 from xmodal.jobs.finetune_job import checkpoint_files, run_model_folder
-from xmodal.outputs import check_local_input
 from xmodal.runner.hooks import ValidationSelection
 from xmodal.runner.run_record import final_weights
 

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.base.errors import UserError
 from xmodal.data.common import is_uri
-from xmodal.errors import UserError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 

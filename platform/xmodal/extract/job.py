@@ -34,17 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.console import DriverNoise, progress_bar, say
+from xmodal.base.console import DriverNoise, progress_bar, say
+from xmodal.base.errors import RunInterrupted, UserError
+from xmodal.base.outputs import check_writable_file
 from xmodal.core.checkpoint import sha256_of
 from xmodal.data.common import check_target, local_target, publish_dir
 from xmodal.data.lxmert.features import IMAGES_ROOT, KIND, FeatureManifest, FeatureShard, open_features
-from xmodal.errors import RunInterrupted, UserError
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
 from xmodal.extract.chunks import REJECTS_FILE, STATE_FILE, WorkDir, take
 from xmodal.extract.images import ExtractError, ImageRef, assign_ids, image_sources, list_images, read_id_map
 from xmodal.extract.resources import cluster_view, place
 from xmodal.models.butd.config import PRECISIONS
-from xmodal.outputs import check_writable_file
 
 FLUSH_S = 60.0  # a chunk is written at least this often while images come (a slow CPU run loses little)
 RANDOM = "RANDOM WEIGHTS"

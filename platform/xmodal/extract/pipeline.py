@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import ray.data
 
-from xmodal import console
+from xmodal.base import console
 
 # A reject's kind: a file that is not a usable image (counted against --max-rejected), or a given box
 # outside its image (an error in --boxes-from: the run fails).

@@ -7,7 +7,7 @@ import dataclasses
 
 from pydantic import Field, model_validator
 
-from xmodal.config import JobConfig, MlflowConfig, ScaleConfig, check_batch
+from xmodal.config.experiment import JobConfig, MlflowConfig, ScaleConfig, check_batch
 from xmodal.jobs.finetune_config import FinetuneConfig, FinetuneInit
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS

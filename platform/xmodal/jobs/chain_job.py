@@ -9,7 +9,7 @@ the fine-tuning stage's (e.g. valid/accuracy): its run is the one that reports t
 
 from __future__ import annotations
 
-from xmodal import run_tags
+from xmodal.base import run_tags
 from xmodal.jobs.chain_config import PretrainFinetuneConfig
 from xmodal.jobs.finetune_config import FinetuneInit
 from xmodal.jobs.finetune_job import FinetuneJob

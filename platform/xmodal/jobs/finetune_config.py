@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from xmodal.bounds import PosInt, Seed
-from xmodal.config import (
+from xmodal.base.bounds import PosInt, Seed
+from xmodal.config.experiment import (
     CROSS_USE,
     EMBEDDED_USE,
     FAULT_SEED_USE,
@@ -23,12 +23,12 @@ from xmodal.config import (
     check_batch,
     store_field,
 )
+from xmodal.core.robustness import FINETUNE_CONDITIONS, FinetuneCondition
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.jobs.pretrain_config import embedded_lxmert_store
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
-from xmodal.robustness import FINETUNE_CONDITIONS, FinetuneCondition
 
 
 class FinetuneRobustConfig(RobustSection):
@@ -36,7 +36,7 @@ class FinetuneRobustConfig(RobustSection):
     at the per-step evaluations): each condition logged as `robust/<condition>/<metric>`. [] = off."""
 
     # feat_noise: Gaussian noise on the visual features; shuffle_boxes: boxes permuted across each
-    # image's objects, features kept (xmodal.robustness).
+    # image's objects, features kept (xmodal.core.robustness).
     conditions: list[FinetuneCondition] = Field(default_factory=lambda: list(FINETUNE_CONDITIONS))
     # Noise std as a multiple of each feature dimension's std over the split's images' real objects.
     noise_sigma: float = Field(0.5, gt=0, le=10)

@@ -8,7 +8,7 @@ the validation split every `eval_every` steps, keep the best model by `train.bes
 the end evaluate every held-out split with that model and write the reference's prediction files
 (VQA/GQA: JSON list of {question_id, answer}; NLVR2: CSV of identifier,True|False), logged as
 artifacts under `predictions/`; then the validation split once per `robust.conditions`, the visual
-inputs perturbed (`robust/<condition>/<metric>`, xmodal.robustness).
+inputs perturbed (`robust/<condition>/<metric>`, xmodal.core.robustness).
 
 Where the weights come from (`init.source`): the newest finished pretraining run on the same image
 store (`latest`, the default; scratch when there is none), an MLflow run id (`run`), a checkpoint
@@ -31,8 +31,10 @@ from typing import Any
 
 import torch
 
-from xmodal import run_tags, tracking
-from xmodal.config import ConfigError
+from xmodal import tracking
+from xmodal.base import run_tags
+from xmodal.base.outputs import check_local_input
+from xmodal.config.experiment import ConfigError
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.loop import gather_rows
 from xmodal.data.finetune.stream import split_layout
@@ -40,7 +42,6 @@ from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
-from xmodal.outputs import check_local_input
 from xmodal.runner.hooks import say
 from xmodal.runner.ray_cluster import removed_on_failure
 from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
@@ -476,7 +477,7 @@ def robust_metrics(w: Worker, split: str) -> dict[str, float]:
     validation split, the one every set has labelled (its clean figures are `best_valid/*`); the
     noise is scaled by each feature dimension's std over the split's images' real objects, streamed:
     float64 sums over each worker's blocks, added over the workers (`split_feature_std`)."""
-    from xmodal.robustness import finetune_perturbation
+    from xmodal.core.robustness import finetune_perturbation
 
     r = w.cfg.robust
     if not r.conditions:

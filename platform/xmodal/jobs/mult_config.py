@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from xmodal.bounds import Seed
-from xmodal.config import (
+from xmodal.base.bounds import Seed
+from xmodal.config.experiment import (
     EMBEDDED_USE,
     FAULT_SEED_USE,
     JobConfig,
@@ -22,18 +22,18 @@ from xmodal.config import (
     check_batch,
     store_field,
 )
+from xmodal.core.robustness import MULT_CONDITIONS, MultCondition
 from xmodal.data.options import SyntheticMultOptions
 from xmodal.models.mult import PRESETS as MULT_PRESETS
 from xmodal.models.mult import MultConfig
 from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
-from xmodal.robustness import MULT_CONDITIONS, MultCondition
 
 
 class MultRobustConfig(RobustSection):
     """Robustness, evaluated once at the end on the test split with the selected model (never at the
     per-step evaluations): each condition logged as `robust/<condition>/<metric>`. [] = off."""
 
-    # zero_<m>: modality m missing (features zeroed); noise_<m>: Gaussian noise on m (xmodal.robustness).
+    # zero_<m>: modality m missing (features zeroed); noise_<m>: Gaussian noise on m (xmodal.core.robustness).
     conditions: list[MultCondition] = Field(default_factory=lambda: list(MULT_CONDITIONS))
     # Noise std as a multiple of each feature dimension's std over the evaluated split's real steps.
     noise_sigma: float = Field(0.5, gt=0, le=10)

@@ -4,7 +4,7 @@ Workers read their own row groups of the train split through Ray Data (the same 
 reproducible, exact resume), evaluate on the validation split every `eval_every` steps, keep the
 best model by `train.best_metric`, and at the end evaluate the TEST split once, with that selected
 model, and then once per `robust.conditions` with the inputs perturbed (`robust/<condition>/<metric>`,
-xmodal.robustness). Optimiser: Adam, as the reference code. With `seeds`, the engine runs
+xmodal.core.robustness). Optimiser: Adam, as the reference code. With `seeds`, the engine runs
 one run per seed under a parent run with every metric's mean and std.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from xmodal import run_tags
-from xmodal.batches import MultBatch
-from xmodal.config import ConfigError
+from xmodal.base import run_tags
+from xmodal.config.experiment import ConfigError
+from xmodal.core.batches import MultBatch
 from xmodal.core.loop import gather_rows
 from xmodal.data.common import epoch_units, read_unit
 from xmodal.jobs.mult_config import MultTrainConfig
@@ -110,7 +110,7 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
 def robust_metrics(w: Worker, split: str, loaded=None) -> dict[str, float]:
     """`split` evaluated under each of `robust.conditions` (`robust/<condition>/<metric>`); the noise
     is scaled by each modality's per-dimension std over the split's real steps."""
-    from xmodal.robustness import feature_std, mult_perturbation
+    from xmodal.core.robustness import feature_std, mult_perturbation
 
     r = w.cfg.robust
     loaded = loaded if loaded is not None else w.data.split(split)

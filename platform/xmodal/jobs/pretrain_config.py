@@ -1,5 +1,5 @@
 """The pretraining job's config (`jobs/pretrain.py`, `pretrain_job.PretrainJob`): the shared sections
-of `xmodal.config` plus the tasks, their schedule and the LXMERT store."""
+of `xmodal.config.experiment` plus the tasks, their schedule and the LXMERT store."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from xmodal.bounds import NonNegInt, PosInt
-from xmodal.config import (
+from xmodal.base.bounds import NonNegInt, PosInt
+from xmodal.config.experiment import (
     CROSS_USE,
     EMBEDDED_USE,
     FAULT_SEED_USE,

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from xmodal import run_tags
-from xmodal.config import ConfigError
+from xmodal.base import run_tags
+from xmodal.config.experiment import ConfigError
 from xmodal.core.loop import evaluate_sums, ratios
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.models.lxmert import LxmertForPretraining

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xmodal.config import ConfigError
+from xmodal.config.experiment import ConfigError
 from xmodal.jobs.chain_job import ChainJob
 from xmodal.jobs.finetune_job import FinetuneJob
 from xmodal.jobs.mult_job import MultJob

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xmodal.bounds import Dropout, NonNegInt, PosFloat, PosInt, SeqLen
+from xmodal.base.bounds import Dropout, NonNegInt, PosFloat, PosInt, SeqLen
 from xmodal.models.attention import (
     MultiHeadAttention,
     PostLNAttention,

@@ -1,4 +1,4 @@
-"""Start LXMERT fine-tuning from pretrained weights. Imports torch only (and `xmodal.errors`).
+"""Start LXMERT fine-tuning from pretrained weights. Imports torch only (and `xmodal.base.errors`).
 
 - `load_pretrained_encoder(model, state_dict)`: the `encoder.*` weights of a pretraining state
   dict into a fine-tuning model (strict: every key, every shape).
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.models.lxmert import LxmertConfig
 
 # Leading key parts added by wrappers: DDP, torch.compile, and the objective holding the model.

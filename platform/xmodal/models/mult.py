@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from xmodal.bounds import Dropout, PosInt
+from xmodal.base.bounds import Dropout, PosInt
 from xmodal.models.attention import (
     additive_mask,
     key_padding_allowed,

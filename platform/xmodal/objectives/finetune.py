@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xmodal.batches import Nlvr2Batch, VqaBatch
+from xmodal.core.batches import Nlvr2Batch, VqaBatch
 from xmodal.models.lxmert import LxmertEncoder
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xmodal.batches import LxmertBatch
-from xmodal.bounds import PosFloat
+from xmodal.base.bounds import PosFloat
+from xmodal.core.batches import LxmertBatch
 from xmodal.models.lxmert import LxmertForPretraining
 
 TASKS: tuple[str, ...] = ("mlm", "obj_feat", "obj_label", "matching", "qa")

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xmodal.batches import MultBatch
+from xmodal.core.batches import MultBatch
 from xmodal.models.mult import Mult
 
 EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")

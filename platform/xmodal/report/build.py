@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.outputs import check_writable_dir
+from xmodal.base import run_tags as T
+from xmodal.base.outputs import check_writable_dir
 from xmodal.report.collect import check_metric, collect_runs, sweep_metric, sweep_mode
 from xmodal.report.plots import (
     plot_importance,

@@ -21,10 +21,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from xmodal import run_tags as T
 from xmodal import tracking
-from xmodal.errors import UserError
-from xmodal.scores import SELECTED_PREFIX, selected_key
+from xmodal.base import run_tags as T
+from xmodal.base.errors import UserError
+from xmodal.base.scores import SELECTED_PREFIX, selected_key
 
 
 class ReportError(UserError):

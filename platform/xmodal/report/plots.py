@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from xmodal import tracking
+from xmodal.base.scores import selected_key
 from xmodal.report.collect import fmt_param
 from xmodal.report.stats import (
     ALPHA,
@@ -23,7 +24,6 @@ from xmodal.report.stats import (
     numeric,
     pareto_front,
 )
-from xmodal.scores import selected_key
 
 CURVES_TOP = 3  # configurations shown in the learning-curve plot
 

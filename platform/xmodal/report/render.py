@@ -15,6 +15,7 @@ import csv
 import io
 import math
 
+from xmodal.base.scores import selected_key
 from xmodal.report.collect import fmt_param
 from xmodal.report.stats import (
     ALPHA,
@@ -28,7 +29,6 @@ from xmodal.report.stats import (
     Table,
     importance_table,
 )
-from xmodal.scores import selected_key
 
 
 def _fmt(x: float) -> str:

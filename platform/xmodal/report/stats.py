@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from xmodal import run_tags as T
+from xmodal.base import run_tags as T
+from xmodal.base.scores import SELECTED_PREFIX
 from xmodal.report.collect import (
     ReportError,
     TrialRun,
@@ -37,7 +38,6 @@ from xmodal.report.collect import (
     sweep_metric,
     sweep_mode,
 )
-from xmodal.scores import SELECTED_PREFIX
 
 if TYPE_CHECKING:
     from xmodal.tracking import RunRecord

@@ -28,8 +28,10 @@ from typing import Any
 import torch
 import yaml
 
-from xmodal import console, errors, run_tags, tracking
-from xmodal.config import ConfigError, flatten
+from xmodal import tracking
+from xmodal.base import console, errors, run_tags
+from xmodal.base.scores import SELECTED_PREFIX
+from xmodal.config.experiment import ConfigError, flatten
 from xmodal.core import checkpoint as ckpt
 from xmodal.runner import recovery, timeline
 from xmodal.runner import run_record as record
@@ -48,7 +50,6 @@ from xmodal.runner.spec import (
     named,
     split_batch,
 )
-from xmodal.scores import SELECTED_PREFIX
 
 # What a command line may add at the end of a run, before it is marked FINISHED: called with the plan, the
 # final checkpoint's folder and the driver's data; returns whether it did anything (its time is then logged

@@ -15,8 +15,8 @@ import random
 import time
 from pathlib import Path
 
-from xmodal.config import ConfigError
-from xmodal.console import say
+from xmodal.base.console import say
+from xmodal.config.experiment import ConfigError
 
 
 def check_fault_storage(train, storage: str) -> None:

@@ -1,6 +1,6 @@
 """What runs on every Train worker besides the loop: logging, evaluation, checkpoints, model
 selection on a validation split and fault injection (a testing aid, `xmodal.runner.faults`). Rank 0
-shows progress and evaluations through the driver's console (`xmodal.console.emit`).
+shows progress and evaluations through the driver's console (`xmodal.base.console.emit`).
 
 The run's score is decided here and nowhere else: the best `train.best_metric` over its evaluations
 (`scores.better`), the score of the checkpoint it keeps. It is logged to MLflow and sent with every
@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from xmodal import tracking
-from xmodal.config import TrainConfig
-from xmodal.console import emit, say
+from xmodal.base.console import emit, say
+from xmodal.base.scores import better, selected_key
+from xmodal.config.experiment import TrainConfig
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.cost import CostMeter
 from xmodal.core.loop import Throughput, all_reduce_sums
@@ -27,7 +28,6 @@ from xmodal.core.step import TrainState
 from xmodal.runner import timeline
 from xmodal.runner.faults import Injector
 from xmodal.runner.session import RayTrainSession
-from xmodal.scores import better, selected_key
 
 
 class ValidationSelection:

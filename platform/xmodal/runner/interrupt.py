@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from xmodal.console import say
+from xmodal.base.console import say
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 POLL_S = 0.1  # how often a worker asks the driver's flag

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from xmodal.console import PREFIX, say
-from xmodal.errors import UserError
-from xmodal.outputs import check_output_location
+from xmodal.base.console import PREFIX, say
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_output_location
 
 
 def require_ray():
@@ -121,7 +121,7 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
     A local Ray gets at least `min_logical_cpus` logical CPUs: Train workers take
     fractions, and Ray Data's read tasks need CPUs of their own or `fit()` hangs.
     """
-    from xmodal.console import attach_ray
+    from xmodal.base.console import attach_ray
 
     ray = require_ray()
     if not ray.is_initialized():
@@ -136,7 +136,7 @@ def connect(min_logical_cpus: int = LOCAL_MIN_CPUS) -> None:
         else:
             os.environ.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
             start_local(num_cpus=max(os.cpu_count() or 1, min_logical_cpus), log_to_driver=True)
-    attach_ray()  # the workers' lines through the console (xmodal.console), where a command line set it up
+    attach_ray()  # the workers' lines through the console (xmodal.base.console), where a command line set it up
 
 
 # Ray Train's preemption watcher (an actor of every run, polling the cluster's drain state every 5 s)

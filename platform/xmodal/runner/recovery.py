@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from xmodal.console import say
+from xmodal.base.console import say
 from xmodal.core import checkpoint as ckpt
 
 PREFIX = "checkpoint_"

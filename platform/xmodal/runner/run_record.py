@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from xmodal import run_tags, tracking
+from xmodal import tracking
+from xmodal.base import run_tags
 from xmodal.core import checkpoint as ckpt
 from xmodal.runner import recovery
 from xmodal.runner.hooks import ValidationSelection, say

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from xmodal.config import ConfigError
+from xmodal.config.experiment import ConfigError
 from xmodal.data.common import epoch_samples, locate
 from xmodal.runner.hooks import ValidationSelection
 
@@ -145,7 +145,7 @@ class JobSpec:
     """One training job. Subclasses set the class attributes and implement the protocols' methods."""
 
     name: ClassVar[str]  # the job's key: sweeps' `job:`, MLflow's `task` tag
-    config_class: ClassVar[type]  # its pydantic config (xmodal.config)
+    config_class: ClassVar[type]  # its pydantic config (xmodal.config.experiment)
     run_name: ClassVar[str]  # a run's default name (a timestamp follows): format fields of `cfg`
     optimizer: ClassVar[str] = "adamw"  # or "adam" (the MulT reference)
     # Model selection on a validation split: the best weights travel in every checkpoint and

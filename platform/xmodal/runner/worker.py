@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from xmodal import console, tracking
+from xmodal import tracking
+from xmodal.base import console
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.cost import CostMeter
 from xmodal.core.loop import fit

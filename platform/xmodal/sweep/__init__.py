@@ -4,7 +4,7 @@ per trial, logged to MLflow as children of one parent run per sweep.
     space.py   the space file's typed schema, loading, validation against the job's config (no Ray)
     plan.py    names, paths and every check, before Ray starts (no Ray)
     runner.py  Tune + Optuna: the Tuner, the trial function, the driver's MLflow callback
-    (tag names: xmodal.run_tags, shared with xmodal.report)
+    (tag names: xmodal.base.run_tags, shared with xmodal.report)
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from xmodal import tracking
-from xmodal.config import MODEL_NAME_RE
-from xmodal.config_paths import config_has, get_dotted
+from xmodal.config.experiment import MODEL_NAME_RE
+from xmodal.config.paths import config_has, get_dotted
 from xmodal.jobs.registry import job_spec
 from xmodal.runner.spec import timestamped
 from xmodal.sweep.space import (

@@ -34,15 +34,16 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search.optuna import OptunaSearch
 
-from xmodal import console, tracking
-from xmodal import run_tags as T
-from xmodal.config import ConfigError, flatten
-from xmodal.config_paths import config_has
-from xmodal.errors import RunInterrupted, UserError
+from xmodal import tracking
+from xmodal.base import console
+from xmodal.base import run_tags as T
+from xmodal.base.errors import RunInterrupted, UserError
+from xmodal.base.scores import selected_key
+from xmodal.config.experiment import ConfigError, flatten
+from xmodal.config.paths import config_has
 from xmodal.jobs.registry import job_spec
 from xmodal.runner import engine, recovery, timeline
 from xmodal.runner.spec import Trial
-from xmodal.scores import selected_key
 from xmodal.sweep.plan import SweepOptions, SweepPlan, plan_sweep, trial_run_name
 from xmodal.sweep.space import (
     AshaSpec,

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from xmodal.config import (
+from xmodal.config.experiment import (
     ConfigError,
     StrictLoader,
     apply_overrides,
@@ -30,8 +30,8 @@ from xmodal.config import (
     short_repr,
     yaml_problem,
 )
-from xmodal.config_paths import config_has, deep_merge, dotted_keys, unknown_key
-from xmodal.config_paths import set_dotted as _set_dotted
+from xmodal.config.paths import config_has, deep_merge, dotted_keys, unknown_key
+from xmodal.config.paths import set_dotted as _set_dotted
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -452,7 +452,7 @@ def point_problems(space: SearchSpace, point: dict[str, Any]) -> list[str]:
 
 
 def set_dotted(data: dict, key: str, value: Any, where: str = "") -> dict:
-    """xmodal.config_paths.set_dotted, with a part on the way that is a value a SpaceError."""
+    """xmodal.config.paths.set_dotted, with a part on the way that is a value a SpaceError."""
     return _set_dotted(data, key, value, where, SpaceError)
 
 

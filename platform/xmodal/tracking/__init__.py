@@ -22,7 +22,7 @@ tracking`, `tracking.create_run(...)`): it re-exports every public name of the m
 
 from __future__ import annotations
 
-from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+from xmodal.base.run_tags import PARENT_TAG, RUN_NAME_TAG
 from xmodal.tracking.connection import (
     LOCK_DIR,
     TRAINING_VIEW_QUERY,

@@ -16,7 +16,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.tracking.retry import _waited, reachable
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xmodal import run_tags as T
-from xmodal.errors import UserError
+from xmodal.base import run_tags as T
+from xmodal.base.errors import UserError
 from xmodal.tracking.connection import _client, _mlflow
 from xmodal.tracking.retry import _first_line, _waited
 

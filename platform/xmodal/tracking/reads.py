@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+from xmodal.base.run_tags import PARENT_TAG, RUN_NAME_TAG
 from xmodal.tracking.connection import _client
 from xmodal.tracking.retry import _waited
 

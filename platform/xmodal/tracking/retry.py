@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 
 
 def _first_line(e: Exception) -> str:
@@ -24,7 +24,7 @@ def _first_line(e: Exception) -> str:
 
 def _say(message: str) -> None:
     """A worker's line reaches the driver through its stdout; a driver's goes through its console."""
-    from xmodal.console import say
+    from xmodal.base.console import say
 
     say(message)
 

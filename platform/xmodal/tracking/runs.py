@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xmodal import run_tags as T
-from xmodal.run_tags import PARENT_TAG, RUN_NAME_TAG
+from xmodal.base import run_tags as T
+from xmodal.base.run_tags import PARENT_TAG, RUN_NAME_TAG
 from xmodal.tracking.connection import _client, _mlflow, artifact_location
 from xmodal.tracking.retry import _waited
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 from xmodal.tracking.connection import _client, _mlflow, check_existing_store, resolve_tracking_uri
 from xmodal.tracking.reads import RunNotFound, get_run
 from xmodal.tracking.retry import _first_line, _waited, reachable

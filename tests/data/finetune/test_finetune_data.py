@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.batches import Nlvr2Batch, VqaBatch
+from xmodal.cli.ingest import main as ingest_main
+from xmodal.core.batches import Nlvr2Batch, VqaBatch
 from xmodal.data.common import StoreError
 from xmodal.data.finetune import sets as finetune
 from xmodal.data.finetune.ingest import ingest_finetune
@@ -27,7 +28,6 @@ from xmodal.data.finetune.synthetic import (
 from xmodal.data.lxmert.store import LxmertStore
 from xmodal.data.lxmert.synthetic import build_synthetic_store, class_names, colour_names
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.ingest_cli import main as ingest_main
 from xmodal.objectives.finetune import nlvr2_statement
 
 torch.set_num_threads(1)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from refdata import RefImage, read_images, ref_image
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import FinetuneError, iter_finetune_batches, open_finetune
 from xmodal.data.lxmert.features import FeatureStore, ingest_features
 from xmodal.data.lxmert.store import LxmertStore
-from xmodal.ingest_cli import main as ingest_main
 
 
 def _tsv(path: Path, img_ids: list[str], seed: int, num_objects: int = 12, feat_dim: int = 16) -> dict[str, RefImage]:
@@ -164,7 +164,7 @@ def test_changed_store_is_detected_and_old_manifests_open(tmp_path: Path, small_
 
 def test_the_finetune_job_trains_on_a_set_over_a_feature_only_store(tmp_path: Path, small_store: LxmertStore):
     """The job's own path in process (no Ray): config checks, model dims, batches, evaluation, predictions."""
-    from xmodal.config import load_config
+    from xmodal.config.experiment import load_config
     from xmodal.jobs.finetune_config import FinetuneConfig
     from xmodal.jobs.finetune_job import FinetuneJob
     from xmodal.runner.inprocess import run_in_process

@@ -16,7 +16,8 @@ import pytest
 import torch
 from refdata import ref_image
 
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
+from xmodal.core.robustness import feature_std
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
@@ -26,7 +27,6 @@ from xmodal.data.lxmert.features import ingest_features
 from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.jobs.finetune_config import FinetuneConfig
-from xmodal.robustness import feature_std
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_ray_data_reads_the_same_train_and_eval_batches(sets, ray_local):
 PEAK = """
 import json, sys, time, torch
 t0 = time.time()
-from xmodal.config import load_config
+from xmodal.config.experiment import load_config
 from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from refdata import RefCorpus, read_images
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.features import (
     FeatureStore,
@@ -21,7 +22,6 @@ from xmodal.data.lxmert.features import (
 )
 from xmodal.data.lxmert.ingest import IngestError
 from xmodal.data.lxmert.store import LxmertStore, image_schema
-from xmodal.ingest_cli import main as ingest_main
 
 
 def _nothing_written(out: Path) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from refdata import ANSWERS, WORDS, RefCorpus
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert, minival_by_hash
 from xmodal.data.lxmert.store import open_store
-from xmodal.ingest_cli import main as ingest_main
 from xmodal_testing import REPO
 
 MINIVAL = ["COCO_000001", "COCO_000004", "COCO_000009", "COCO_000014", "COCO_000020"]

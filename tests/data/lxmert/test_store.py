@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from refdata import FEAT_DIM, RAW, RefCorpus, ref_image, write_reference
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.answers import AnswerTable, normalize_answer
 from xmodal.data.common import StoreError
 from xmodal.data.lxmert.ingest import IngestError, ingest_lxmert
 from xmodal.data.lxmert.store import open_store
-from xmodal.ingest_cli import main as ingest_main
 
 
 def _ingest(ref: RefCorpus, out: Path, **kw):

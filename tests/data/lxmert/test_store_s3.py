@@ -141,9 +141,9 @@ def test_a_bad_manifest_on_s3_names_the_field(s3, small_store: LxmertStore):
 
 def test_writers_and_derived_data_refuse_a_uri(tmp_path, monkeypatch, capsys):
     """Taken for a local path, s3://b/k would be the folder ./s3:/b/k: nothing is made here."""
+    from xmodal.cli.ingest import main as ingest_main
     from xmodal.data.lxmert.store import StoreWriter
     from xmodal.data.lxmert.synthetic import ensure_synthetic_store
-    from xmodal.ingest_cli import main as ingest_main
 
     monkeypatch.chdir(tmp_path)
     for source, *options in (("synthetic", "--no-progress"), ("mult-synthetic", "--num-samples", "10")):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from refdata import SMALL
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import (
     build_synthetic_store,
@@ -16,7 +17,6 @@ from xmodal.data.lxmert.synthetic import (
     ensure_synthetic_store,
 )
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.ingest_cli import main as ingest_main
 
 
 def test_nearest_prototype_classifier_far_above_chance(small_store: LxmertStore):

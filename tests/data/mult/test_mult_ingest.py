@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.mult.ingest import MultIngestError, ingest, safe_load
 from xmodal.data.mult.store import MODALITIES, MultStore
-from xmodal.ingest_cli import main as ingest_main
 
 DIMS = {"text": 6, "audio": 4, "vision": 3}
 PAD = {"text": 7, "audio": 11, "vision": 9}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.mult.store import MODALITIES, MultStore, open_store
 from xmodal.data.mult.synthetic import SyntheticMultOptions, ensure_synthetic_store, generate
-from xmodal.ingest_cli import main as ingest_main
 
 
 def test_streams_are_unaligned_and_only_the_combination_predicts():

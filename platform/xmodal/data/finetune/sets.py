@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pydantic
 
+from xmodal.base.errors import UserError
 from xmodal.data.answers import AnswerError, AnswerTable
 from xmodal.data.common import (
     Location,
@@ -69,10 +70,9 @@ from xmodal.data.common import (
 from xmodal.data.lxmert.features import FeatureStore, ImageStore, open_image_store
 from xmodal.data.lxmert.store import LxmertStore, concat_ranges, open_store
 from xmodal.data.tokenizer import VOCAB_FILE
-from xmodal.errors import UserError
 
 if TYPE_CHECKING:
-    from xmodal.batches import Nlvr2Batch, VqaBatch
+    from xmodal.core.batches import Nlvr2Batch, VqaBatch
 
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
 KIND = "lxmert-finetune"
@@ -585,7 +585,7 @@ def iter_finetune_batches(data: FinetuneData, split: str, batch_size: int, *, se
     """
     import torch
 
-    from xmodal.batches import Nlvr2Batch, VqaBatch
+    from xmodal.core.batches import Nlvr2Batch, VqaBatch
 
     sp = data.split(split)
     nb = num_batches(len(sp), batch_size, world, drop_last)

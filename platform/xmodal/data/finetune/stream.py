@@ -40,7 +40,7 @@ import pyarrow as pa
 from xmodal.data.common import Unit, epoch_units, group_tables, open_parquet, prefetch_iter, read_unit
 
 if TYPE_CHECKING:
-    from xmodal.batches import Nlvr2Batch, VqaBatch
+    from xmodal.core.batches import Nlvr2Batch, VqaBatch
     from xmodal.data.finetune.sets import FinetuneData
 
 IMAGE_COLUMNS: tuple[str, ...] = ("img_id", "num_boxes", "features", "boxes")
@@ -308,7 +308,7 @@ class _Block:
 def _to_batch(data: FinetuneData, split: str, a: dict[str, np.ndarray]) -> VqaBatch | Nlvr2Batch:
     import torch
 
-    from xmodal.batches import Nlvr2Batch, VqaBatch
+    from xmodal.core.batches import Nlvr2Batch, VqaBatch
 
     sp = data.split(split)
     rows = a["rows"]

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pydantic
 
-from xmodal.console import progress_bar
+from xmodal.base.console import progress_bar
 from xmodal.data.common import (
     KINDS,
     Location,

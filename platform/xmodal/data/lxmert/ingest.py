@@ -48,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.console import progress_bar, say
+from xmodal.base.console import progress_bar, say
+from xmodal.base.errors import UserError
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import check_target, kind_at, local_target, open_parquet, read_manifest_json
 from xmodal.data.lxmert.store import (
@@ -62,7 +63,6 @@ from xmodal.data.lxmert.store import (
     read_shard,
 )
 from xmodal.data.tokenizer import WordPieceTokenizer
-from xmodal.errors import UserError
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
                                "num_boxes", "boxes", "features")

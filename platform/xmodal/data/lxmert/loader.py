@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from xmodal.batches import LxmertBatch
+from xmodal.core.batches import LxmertBatch
 from xmodal.data.common import StoreError, Unit, epoch_units, group_tables, prefetch_iter, read_unit
 from xmodal.data.lxmert.masking import BlockSamples, LxmertBatchBuilder
 from xmodal.data.lxmert.store import ImageBlock, LxmertStore, read_shard, table_to_block

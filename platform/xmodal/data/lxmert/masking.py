@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from xmodal.batches import LxmertBatch
+from xmodal.core.batches import LxmertBatch
 from xmodal.data.lxmert.store import ImageBlock, LxmertStore
 from xmodal.data.options import MaskingOptions
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from xmodal.batches import LxmertBatch
+from xmodal.core.batches import LxmertBatch
 from xmodal.data.common import epoch_units, prefetch_iter
 from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, batches_from_blocks, unit_blocks
 from xmodal.data.lxmert.masking import LxmertBatchBuilder

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.base.errors import UserError
 from xmodal.data.answers import AnswerTable
 from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
 from xmodal.data.lxmert.store import (
@@ -38,7 +39,6 @@ from xmodal.data.lxmert.store import (
 )
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.data.tokenizer import WordPieceTokenizer
-from xmodal.errors import UserError
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "gray", "brown",
            "pink", "cyan", "gold", "silver", "tan", "navy"]

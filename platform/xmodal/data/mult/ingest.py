@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from xmodal.base.errors import UserError
 from xmodal.data.common import check_target, local_target
 from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, KIND, MODALITIES, SPLITS, MultSplit, write_store
-from xmodal.errors import UserError
 
 FORMATS = ("reference", "mmsa")
 DATASETS = ("mosi", "mosei", "iemocap")

@@ -37,7 +37,7 @@ import ray
 import ray.data
 from ray.data import FileShuffleConfig
 
-from xmodal.batches import MultBatch
+from xmodal.core.batches import MultBatch
 from xmodal.data.common import StoreError, epoch_units, prefetch_iter
 from xmodal.data.mult.store import MultStore, PadTo, table_to_split
 from xmodal.data.reader import quiet_ray_data, read_units

@@ -76,7 +76,7 @@ DEFAULT_SHARD_ROWS = 2048
 ROW_GROUP_ROWS = 32
 
 if TYPE_CHECKING:
-    from xmodal.batches import MultBatch
+    from xmodal.core.batches import MultBatch
 
 PadTo = Literal["batch", "store"] | Mapping[str, int]
 
@@ -222,7 +222,7 @@ def make_batch(feats: dict[str, np.ndarray], lengths: dict[str, np.ndarray], lab
     """numpy arrays -> MultBatch (sentiment labels (B, 1) float32, emotions (B, 4) long)."""
     import torch
 
-    from xmodal.batches import MultBatch
+    from xmodal.core.batches import MultBatch
 
     if labels.ndim == 1:
         lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))[:, None]

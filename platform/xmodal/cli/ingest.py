@@ -3,7 +3,7 @@
 One subcommand per source (`SOURCE --help` lists its options). This module owns the command line:
 it parses the arguments and calls plain data-layer functions with keyword arguments. A source's
 data module is imported only when that source is chosen (its dependencies stay its own). Bad
-input of any source is one line `error: ...` on stderr and exit code 2 (`xmodal.cli.user_errors`).
+input of any source is one line `error: ...` on stderr and exit code 2 (`xmodal.base.commands.user_errors`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import dataclasses
 import sys
 from collections.abc import Callable
 
-from xmodal.cli import user_errors
-from xmodal.console import say
-from xmodal.errors import UserError
+from xmodal.base.commands import user_errors
+from xmodal.base.console import say
+from xmodal.base.errors import UserError
 
 # ============================================================================ lxmert
 

@@ -1,7 +1,7 @@
 """Where a job will write, checked before any work starts: an output file or folder (`--out`,
 `--storage-path`, a store being built) must be creatable and writable, and a URI well formed for its
 scheme. Each check raises `UserError` naming the option, the value and what was wrong, so the command
-line prints one `error:` line (xmodal.cli.user_errors) and nothing has been written.
+line prints one `error:` line (xmodal.base.commands.user_errors) and nothing has been written.
 
 Standard library only: every layer may call these, the config's validation included.
 """
@@ -14,7 +14,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 
 # Schemes a run folder or store may live under (pyarrow's file systems that a cluster can share), and
 # what each needs after `scheme://`.

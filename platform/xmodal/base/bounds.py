@@ -1,6 +1,6 @@
 """Bounds of config fields as `typing.Annotated` metadata (annotated_types), checked by pydantic when a
 config is validated. The model and data modules use these aliases without importing pydantic; the
-config loader (`xmodal.config`) reads the same metadata back to say what a field allows.
+config loader (`xmodal.config.experiment`) reads the same metadata back to say what a field allows.
 """
 
 from __future__ import annotations

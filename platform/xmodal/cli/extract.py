@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from xmodal.cli import add_verbose, setup_console, user_errors
+from xmodal.base.commands import add_verbose, setup_console, user_errors
 from xmodal.extract.job import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
 from xmodal.extract.resources import DEFAULT_GPU_SHARE
 from xmodal.models.butd.config import PRECISIONS

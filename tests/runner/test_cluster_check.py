@@ -1,4 +1,4 @@
-"""scripts/check_cluster.py (xmodal/cluster_check.py), the check a user runs before `ray up`, and the head
+"""scripts/check_cluster.py (xmodal/runner/cluster_check.py), the check a user runs before `ray up`, and the head
 address node_env.sh checks before it writes anything: each run as a process, as a user or a node runs it.
 A good config passes with one line; each bad one is one `error:` line naming the file, key and value, exit
 code 2, no traceback, nothing written."""

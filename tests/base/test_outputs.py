@@ -1,12 +1,12 @@
-"""Output locations checked before work starts (xmodal.outputs): each bad place is one UserError naming
+"""Output locations checked before work starts (xmodal.base.outputs): each bad place is one UserError naming
 the option and the value, and no check leaves anything behind."""
 
 from __future__ import annotations
 
 import pytest
 
-from xmodal.errors import UserError
-from xmodal.outputs import check_output_location, check_uri, check_writable_dir, check_writable_file
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import check_output_location, check_uri, check_writable_dir, check_writable_file
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/runs", "s3://my.bucket-1/a/b", "gs://bkt/x", "file:///tmp/x",

@@ -1,4 +1,4 @@
-"""The robustness perturbations (xmodal.robustness): pure functions of typed batches, no Ray."""
+"""The robustness perturbations (xmodal.core.robustness): pure functions of typed batches, no Ray."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.batches import MultBatch, Nlvr2Batch, VqaBatch
-from xmodal.robustness import (
+from xmodal.core.batches import MultBatch, Nlvr2Batch, VqaBatch
+from xmodal.core.robustness import (
     FINETUNE_CONDITIONS,
     MULT_CONDITIONS,
     feature_std,
@@ -184,7 +184,7 @@ def test_the_report_shows_the_sweep_metric_under_each_condition_as_columns():
 
 
 def test_the_end_summary_puts_each_condition_on_one_line():
-    from xmodal.console import summary_table
+    from xmodal.base.console import summary_table
 
     final = {"test/acc2": 0.99, "test/mae": 0.05, "robust/zero_audio/acc2": 0.49, "robust/zero_audio/mae": 1.86,
              "robust/zero_audio/loss": 1.9, "robust/noise_text/acc2": 0.92, "robust/noise_text/mae": 0.4}
@@ -195,7 +195,7 @@ def test_the_end_summary_puts_each_condition_on_one_line():
 
 
 def test_robust_config_is_on_by_default_and_names_bad_values():
-    from xmodal.config import ConfigError, load_config
+    from xmodal.config.experiment import ConfigError, load_config
     from xmodal.jobs.finetune_config import FinetuneConfig
     from xmodal.jobs.mult_config import MultTrainConfig
 

@@ -5,7 +5,7 @@ The sections every job shares (`optim`, `train`, `scale`, `mlflow`), the base of
 (`xmodal.jobs.pretrain_config`, `finetune_config`, `mult_config`, `chain_config`).
 
 Every section forbids unknown keys and every field has its bounds (here, or as `Annotated` metadata
-in the model and data dataclasses, see xmodal.bounds), every float is finite, and an option the user
+in the model and data dataclasses, see xmodal.base.bounds), every float is finite, and an option the user
 gave that the config does not read is an error (its class's `USES`), so a bad value fails here, before Ray or
 MLflow start. Errors name the file, the dotted key, the bad value and what was expected, one line
 each. Model sections start from a named preset and take overrides on top.
@@ -24,8 +24,9 @@ from typing import Annotated, Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from xmodal.bounds import Dropout, PosInt, Seed, describe_bounds
-from xmodal.config_paths import (
+from xmodal.base.bounds import Dropout, PosInt, Seed, describe_bounds
+from xmodal.base.errors import UserError
+from xmodal.config.paths import (
     config_values,
     deep_merge,
     dotted_keys,
@@ -34,7 +35,6 @@ from xmodal.config_paths import (
     set_dotted,
     type_at,
 )
-from xmodal.errors import UserError
 
 # A registered model's name: MLflow forbids "/" and ":", and "@" would cut `models:/NAME@alias`.
 MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"

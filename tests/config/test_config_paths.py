@@ -1,8 +1,8 @@
-"""The config type tree's walker and the dotted-key tools on raw dicts (xmodal.config_paths)."""
+"""The config type tree's walker and the dotted-key tools on raw dicts (xmodal.config.paths)."""
 
 import pytest
 
-from xmodal.config_paths import (
+from xmodal.config.paths import (
     config_has,
     deep_merge,
     get_dotted,

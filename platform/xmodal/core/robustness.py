@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xmodal.batches import MultBatch, Nlvr2Batch, VqaBatch
+from xmodal.core.batches import MultBatch, Nlvr2Batch, VqaBatch
 
 MultCondition = Literal["zero_text", "zero_audio", "zero_vision", "noise_text", "noise_audio", "noise_vision"]
 FinetuneCondition = Literal["feat_noise", "shuffle_boxes"]

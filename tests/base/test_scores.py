@@ -1,4 +1,4 @@
-"""`xmodal.scores.better`: the one rule for "this score beats the best so far"."""
+"""`xmodal.base.scores.better`: the one rule for "this score beats the best so far"."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from xmodal.scores import better
+from xmodal.base.scores import better
 
 NAN = math.nan
 

@@ -2,7 +2,7 @@
 list of raw config dicts (what YAML files, `--set` overrides and search spaces are before validation),
 and the values of a validated config with their locations.
 
-The config loader (xmodal.config) and the search-space checks (xmodal.sweep.space) both name keys as
+The config loader (xmodal.config.experiment) and the search-space checks (xmodal.sweep.space) both name keys as
 `section.field.subfield`; both read the types and write the dicts through these functions, so a key
 that one accepts the other accepts too.
 """

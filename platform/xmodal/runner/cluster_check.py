@@ -29,7 +29,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from xmodal.errors import UserError
+from xmodal.base.errors import UserError
 
 COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
                 "head_start_ray_commands", "worker_start_ray_commands")

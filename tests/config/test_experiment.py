@@ -1,6 +1,6 @@
 import pytest
 
-from xmodal.config import ConfigError, apply_overrides, flatten, load_config, load_yaml
+from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config, load_yaml
 from xmodal.jobs.pretrain_config import PretrainConfig
 
 
@@ -246,7 +246,7 @@ def test_chain_checks_both_stages_batches_against_its_scale():
 
 
 def test_every_preset_is_valid_and_checkpoint_every_is_gone():
-    from xmodal.config import TrainConfig
+    from xmodal.config.experiment import TrainConfig
     from xmodal.jobs.mult_config import MultTrainConfig
     from xmodal.models.lxmert import PRESETS as LXMERT
     from xmodal.models.mult import PRESETS as MULT
@@ -263,7 +263,7 @@ def test_every_preset_is_valid_and_checkpoint_every_is_gone():
 
 def _float_keys(cls) -> list[str]:
     """The dotted key of every float option of a job's default config (not inside lists or tuples)."""
-    from xmodal.config_paths import config_values
+    from xmodal.config.paths import config_values
 
     return [".".join(loc) for loc, v in config_values(load_config(cls))
             if isinstance(v, float) and all(isinstance(p, str) for p in loc)]
@@ -374,8 +374,8 @@ def test_options_are_fine_where_something_uses_them_and_defaults_never_trip(tmp_
 
 
 def test_every_use_names_a_key_of_its_config_and_all_problems_are_listed():
-    from xmodal.config import check_used
-    from xmodal.config_paths import config_has
+    from xmodal.config.experiment import check_used
+    from xmodal.config.paths import config_has
     from xmodal.jobs.registry import JOBS
 
     for cls in {spec.config_class for spec in JOBS.values()}:
@@ -400,7 +400,7 @@ def test_every_use_names_a_key_of_its_config_and_all_problems_are_listed():
     ("s3://my bucket/runs", "scale.storage_path: 's3://my bucket/runs' has bucket 'my bucket'"),
 ])
 def test_storage_path_is_checked_before_any_work_and_nothing_is_made(tmp_path, monkeypatch, configured, expected):
-    from xmodal.errors import UserError
+    from xmodal.base.errors import UserError
     from xmodal.runner.ray_cluster import storage_path
 
     monkeypatch.chdir(tmp_path)
@@ -412,7 +412,7 @@ def test_storage_path_is_checked_before_any_work_and_nothing_is_made(tmp_path, m
 
 
 def test_storage_path_from_the_environment_or_the_default_is_checked_too(tmp_path, monkeypatch):
-    from xmodal.errors import UserError
+    from xmodal.base.errors import UserError
     from xmodal.runner.ray_cluster import storage_path
 
     monkeypatch.setenv("XMODAL_STORAGE_PATH", "gs:bucket/runs")

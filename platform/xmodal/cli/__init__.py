@@ -1,0 +1,1 @@
+"""The command lines: the training jobs' (jobs.py), ingest's (ingest.py) and extract's (extract.py)."""

@@ -1,0 +1,1 @@
+"""Typed experiment configs (experiment.py) and dotted config keys (paths.py)."""
