@@ -51,3 +51,25 @@ def test_an_actor_refuses_weights_other_than_the_file_the_driver_checked(tmp_pat
     save_in_layout(random_detector(DetectorConfig.tiny(), seed=1).state_dict(), "detectron2", path)
     with pytest.raises(WeightsError, match=f"{path}: sha256 .* on this node, not the {checked} the driver checked"):
         DetectorActor(spec)
+
+
+def test_a_cpu_actor_sets_its_torch_threads_from_the_spec():
+    """Ray sets OMP_NUM_THREADS=1 in an actor that reserves one CPU; the spec's threads (its share of
+    the node's cores) replace that, and a spec without them leaves the process's setting alone."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        DetectorActor(DetectorSpec(weights=None, tiny=True, threads=cores))
+        assert torch.get_num_threads() == cores
+        DetectorActor(DetectorSpec(weights=None, tiny=True))
+        assert torch.get_num_threads() == cores
+        # a share counted in Ray's logical CPUs (a local Ray has at least 4) is capped at the node's cores
+        DetectorActor(DetectorSpec(weights=None, tiny=True, threads=cores + 4))
+        assert torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(before)

@@ -107,3 +107,20 @@ def test_batch_left_out_is_chosen_for_the_device():
         _place(Cluster(cpus=8, gpus=(1.0,), memory=GIB, gpu_memory=4 * GIB), batch_size=None, gpus_per_actor=0.25)
     assert str(e.value).startswith("the detector does not fit an actor at one image a call: estimated at ")
     assert str(e.value).endswith("expected a larger --gpus-per-actor, or bf16")
+
+
+def test_a_cpu_actor_runs_on_its_share_of_the_cores_not_the_one_cpu_ray_reserves():
+    """Ray gives an actor that reserves one CPU one OpenMP thread: on a 2-core machine the job ran the
+    network on one core while the reference one image at a time used both."""
+    two = Cluster(cpus=2, gpus=(0.0,), memory=64 * GIB, node_cpus=(2,))
+    p = _place(two)
+    assert (p.actors, p.decode_tasks, p.threads_per_actor) == (1, 1, 2)  # still one CPU reserved: decode is placed
+    assert _place(two, actors=2).threads_per_actor == 1
+    node = Cluster(cpus=16, gpus=(0.0,), memory=64 * GIB, node_cpus=(16,))
+    assert [_place(node, actors=n, batch_size=1).threads_per_actor for n in (1, 3, 16)] == [16, 5, 1]
+    # two nodes: the actors are spread, one per node at 2, each on its node's cores
+    nodes = Cluster(cpus=24, gpus=(0.0,), memory=64 * GIB, node_cpus=(16, 8))
+    assert _place(nodes, actors=2).threads_per_actor == 12 and _place(nodes, actors=4, batch_size=1).threads_per_actor == 6
+    assert _place(Cluster(cpus=6, gpus=(0.0,), memory=64 * GIB)).threads_per_actor == 6  # nodes unknown: one node
+    # on GPUs the actors keep Ray's threads
+    assert _place(Cluster(cpus=32, gpus=(1.0,), memory=256 * GIB, node_cpus=(32,))).threads_per_actor is None

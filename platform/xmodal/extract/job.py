@@ -29,7 +29,7 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -352,7 +352,7 @@ def _connect(o: ExtractOptions, plan: Plan, pipeline) -> tuple[Any, Any, bool]:
         if started_here and ray.is_initialized():
             ray.shutdown()
         raise
-    return spec, placed, started_here
+    return replace(spec, threads=placed.threads_per_actor), placed, started_here
 
 
 def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], limit: int, tell) -> tuple[int, int]:
@@ -365,7 +365,8 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
               "given": plan.given[r.img_id].tobytes() if plan.given is not None else b""} for r in todo]
     # as many decode tasks as there are batches to decode at most (Ray Data warns of idle ones)
     decode_tasks = min(placed.decode_tasks, -(-len(items) // placed.batch_size))
-    device = f"GPU ({placed.gpus_per_actor:g} each)" if placed.gpus_per_actor else "CPU"
+    device = (f"GPU ({placed.gpus_per_actor:g} each)" if placed.gpus_per_actor
+              else f"CPU (torch threads: {placed.threads_per_actor} each at most, no more than its node's cores)")
     tell(f"extracting {len(todo)} images with {placed.actors} detector actor(s) on {device}, {decode_tasks} decode "
          f"task(s), batch {placed.batch_size}{' (chosen for the device)' if placed.batch_chosen else ''}, "
          f"{o.precision}, boxes "

@@ -18,6 +18,7 @@ imports Ray Data.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ class DetectorSpec:
     precision: str = "fp32"  # `detector.PRECISIONS`: fp32 (exact), tf32, bf16
     num_objects: int = 36
     input_size: tuple[int, int] = (600, 1000)  # InputConfig's scale and max_size: --input-size
+    threads: int | None = None  # a CPU actor's torch threads (`resources.cpu_threads`); None: as Ray set them
 
     def config(self):
         from xmodal.models.butd.config import DetectorConfig
@@ -137,6 +139,11 @@ class DetectorActor:
 
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cpu" and spec.threads:
+            # Ray sets OMP_NUM_THREADS to the one CPU the actor reserves: torch would run on one core.
+            # The spec's share counts Ray's logical CPUs (a local Ray has at least 4, even on 2 cores):
+            # no more threads than this node's cores.
+            torch.set_num_threads(max(1, min(spec.threads, len(os.sched_getaffinity(0)))))
         self.detector = spec.build().to(self.device).eval()
 
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:

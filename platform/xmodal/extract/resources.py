@@ -8,6 +8,12 @@ driver once Ray is reached and before the pipeline starts (one `error:` line eac
   else 1 on CPU; more than that (or than the CPUs of a CPU cluster) is refused.
 - `--decode-tasks`: default the cluster's CPUs less one per detector actor (each takes a CPU), at
   least 1, so that decoding keeps up with the detectors.
+- Torch threads of a CPU detector actor: Ray gives a worker that asks for one CPU one OpenMP thread
+  (it sets OMP_NUM_THREADS to the CPUs it reserved), so the actor would run the network on one core
+  while the others wait for decode work that takes a hundredth of the time. A CPU actor runs with its
+  share of its node's cores (the node's CPUs over the actors placed there, at least 1); it still
+  reserves one CPU from Ray, so that the decode tasks are placed (an actor reserving every CPU would
+  leave them none and the run would wait forever).
 - `--batch-size`: `batch_memory_bytes` estimates what one detector call holds on its device, against
   the actor's share of a GPU's memory (asked of a GPU node) or, on CPU, the cluster's memory per actor.
   An estimate: the activations of the largest input the detector makes (the reference's 600 x 1000:
@@ -41,6 +47,7 @@ class Cluster:
     gpus: tuple[float, ...]  # each alive node's GPUs
     memory: int  # bytes: Ray's `memory` resource over the cluster
     gpu_memory: int | None = None  # one GPU's, where a GPU node was asked
+    node_cpus: tuple[int, ...] = ()  # each alive node's CPUs (unknown: the cluster's as one node)
 
     @property
     def total_gpus(self) -> float:
@@ -54,6 +61,15 @@ class Placement:
     decode_tasks: int
     batch_size: int
     batch_chosen: bool = False  # chosen here, not given
+    threads_per_actor: int | None = None  # a CPU actor's torch threads; None on GPU (Ray's default)
+
+
+def cpu_threads(cluster: Cluster, actors: int) -> int:
+    """A CPU detector actor's torch threads: its share of its node's cores. Ray spreads the actors over
+    the CPU nodes, so a node holds about actors / nodes of them; no actor takes more than its node has."""
+    nodes = [c for c in cluster.node_cpus if c > 0] or [cluster.cpus]
+    per_node = math.ceil(actors / len(nodes))
+    return max(1, min(max(nodes) // per_node, cluster.cpus // max(1, actors)))
 
 
 def batch_memory_bytes(cfg, batch_size: int, precision: str, params: int = 0) -> int:
@@ -134,7 +150,7 @@ def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None,
                            f"expected a batch of at most {fit}" + (" (or a larger --gpus-per-actor, or bf16)"
                                                                     if share else ""))
     tasks = decode_tasks if decode_tasks is not None else max(1, cluster.cpus - n)
-    return Placement(n, share, tasks, batch_size, chosen)
+    return Placement(n, share, tasks, batch_size, chosen, None if share else cpu_threads(cluster, n))
 
 
 def cluster_view(probe_gpu: bool = True) -> Cluster:
@@ -143,7 +159,8 @@ def cluster_view(probe_gpu: bool = True) -> Cluster:
     import ray
 
     total = ray.cluster_resources()
-    nodes = tuple(float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive"))
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = tuple(float(n["Resources"].get("GPU", 0)) for n in alive)
     gpu_memory = None
     if probe_gpu and sum(nodes) > 0:
         @ray.remote(num_gpus=0.01, num_cpus=0)
@@ -158,4 +175,5 @@ def cluster_view(probe_gpu: bool = True) -> Cluster:
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
     return Cluster(cpus=int(total.get("CPU", 0)), gpus=tuple(g for g in nodes if g > 0) or (0.0,),
-                   memory=int(total.get("memory", 0)), gpu_memory=gpu_memory)
+                   memory=int(total.get("memory", 0)), gpu_memory=gpu_memory,
+                   node_cpus=tuple(int(n["Resources"].get("CPU", 0)) for n in alive))

@@ -49,7 +49,7 @@ def decode(boxes: Tensor, deltas: Tensor, offset: float = 1.0) -> Tensor:
     ctr = x1 + 0.5 w; the predicted box is ctr' -+ 0.5 w' with NO "- offset" on the far corner, so
     zero deltas move x2 and y2 one pixel out (box (0, 0, 15, 15) comes back as (0, 0, 16, 16)):
     the reference's arithmetic, which the proposals depend on. dw and dh are not clamped before exp
-    (Detectron's later log(1000 / 16) clamp is not in the reference).
+    (Detectron's later log(1000 / 16) clamp is not in the reference). exp is rounded once from float64.
     """
     boxes = boxes.to(deltas.dtype)
     widths, heights = sizes(boxes, offset)
@@ -58,8 +58,11 @@ def decode(boxes: Tensor, deltas: Tensor, offset: float = 1.0) -> Tensor:
     dx, dy, dw, dh = deltas.unbind(dim=-1)
     pred_ctr_x = dx * widths + ctr_x
     pred_ctr_y = dy * heights + ctr_y
-    pred_w = torch.exp(dw) * widths
-    pred_h = torch.exp(dh) * heights
+    # exp correctly rounded to the deltas' dtype (computed in float64): libm's expf, which the reference's
+    # numpy called for float32 arrays (numpy <= 1.16; later numpy's AVX2 / AVX-512 exp and torch's
+    # differ from it in the last bit of 40 % and 1 % of values, and such a bit moves a proposal's corner)
+    pred_w = torch.exp(dw.to(torch.float64)).to(dw.dtype) * widths
+    pred_h = torch.exp(dh.to(torch.float64)).to(dh.dtype) * heights
     return torch.stack((pred_ctr_x - 0.5 * pred_w, pred_ctr_y - 0.5 * pred_h,
                         pred_ctr_x + 0.5 * pred_w, pred_ctr_y + 0.5 * pred_h), dim=-1)
 
