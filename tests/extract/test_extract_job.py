@@ -308,7 +308,10 @@ def test_quiet_unless_verbose(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path, stop):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM (a batch system's stop;
+    Ray's own handler in the driver would abort the process and lose the images held) mid-run."""
     _images(tmp_path / "imgs", 12)
     out = tmp_path / "store"
     cmd = [sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"), str(out), *TINY,
@@ -324,7 +327,7 @@ def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path):
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, stop)
     stdout, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     last = [x for x in err.splitlines() if "stopped extracting" in x]

@@ -27,6 +27,8 @@ import math
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, replace
@@ -389,6 +391,7 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
             extracted += n
 
     noise = DriverNoise().__enter__()
+    term = _term_as_interrupt()
     try:
         for batch in pipeline.run(items, spec, batch_size=placed.batch_size, actors=placed.actors,
                                   gpus_per_actor=placed.gpus_per_actor, decode_tasks=decode_tasks):
@@ -429,7 +432,28 @@ def _run(o: ExtractOptions, plan: Plan, work: WorkDir, todo: list[ImageRef], lim
         if started_here and ray.is_initialized():
             ray.shutdown()
         noise.__exit__()
+        term()
     return extracted, rejected
+
+
+def _term_as_interrupt():
+    """SIGTERM taken as Ctrl-C while the extraction runs; returns what puts the handler before back.
+    `ray.init` in the driver installs Ray's core worker's fatal-signal handler for SIGTERM, which aborts
+    the process (exit 134 and a crash dump) and loses the images held; a batch system's stop or a
+    `kill` must stop the run as Ctrl-C does: the finished images written as a last chunk, exit 130."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+
+    def restore() -> None:
+        # a handler installed outside Python (Ray's) reads as None; the default is what is left then
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+    return restore
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _kept(work: WorkDir) -> str:
