@@ -134,9 +134,8 @@ def place(cluster: Cluster, *, actors: int | None, gpus_per_actor: float | None,
     fit = None if have is None else max(0, int((have - 4 * params) // per_image))
     chosen = batch_size is None
     if chosen:
-        batch_size = CPU_BATCH if not share else UNPROBED_GPU_BATCH if fit is None else min(AUTO_BATCH_MAX, fit)
-        if fit is not None:
-            batch_size = min(batch_size, fit)
+        most = AUTO_BATCH_MAX if share and fit is not None else UNPROBED_GPU_BATCH if share else CPU_BATCH
+        batch_size = most if fit is None else min(most, fit)
         if batch_size < 1:
             raise ExtractError(f"the detector does not fit an actor at one image a call: estimated at "
                                f"{_gib(batch_memory_bytes(cfg, 1, precision, params))} ({precision}), more than an "
