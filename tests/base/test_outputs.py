@@ -3,10 +3,20 @@ the option and the value, and no check leaves anything behind."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from xmodal.base.errors import UserError
-from xmodal.base.outputs import check_output_location, check_uri, check_writable_dir, check_writable_file
+from xmodal.base.outputs import (
+    RECORD,
+    Output,
+    check_output_location,
+    check_uri,
+    check_writable_dir,
+    check_writable_file,
+    read_record,
+)
 
 
 @pytest.mark.parametrize("uri", ["s3://bucket/runs", "s3://my.bucket-1/a/b", "gs://bkt/x", "file:///tmp/x",
@@ -58,3 +68,114 @@ def test_unwritable_folders_are_refused(tmp_path, where, said):
 def test_an_output_file_that_is_a_folder_is_refused(tmp_path):
     with pytest.raises(UserError, match="is a folder; expected a file name"):
         check_writable_file(tmp_path, "--out")
+
+
+# ---------------------------------------------------------------------------- the output policy
+
+def _tree(root):
+    """Every file under `root` with its bytes: what a user's folder held, to compare before and after."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _write(stage, files):
+    for name, text in files.items():
+        (stage.tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (stage.tmp / name).write_text(text)
+
+
+def test_a_new_folder_is_published_whole_with_its_record(tmp_path):
+    out = Output(tmp_path / "a" / "pages", "--out", "examples")
+    with out.stage() as stage:
+        _write(stage, {"index.html": "i", "img/0.png": "p"})
+        assert not out.path.exists()  # nothing visible before publish
+        stage.publish()
+    assert _tree(out.path) == {"index.html": b"i", "img/0.png": b"p", RECORD: _tree(out.path)[RECORD]}
+    assert read_record(out.path) == {"command": "examples", "files": ["img/0.png", "index.html"]}
+    assert [p.name for p in tmp_path.iterdir()] == ["a"] and [p.name for p in (tmp_path / "a").iterdir()] == ["pages"]
+
+
+def test_the_same_commands_earlier_output_is_replaced_and_nothing_else(tmp_path):
+    for files in ({"index.html": "1", "old.png": "1"}, {"index.html": "2"}):
+        with Output(tmp_path / "pages", "--out", "examples").stage() as stage:
+            _write(stage, files)
+            stage.publish()
+    assert set(_tree(tmp_path / "pages")) == {"index.html", RECORD}
+    assert (tmp_path / "pages" / "index.html").read_text() == "2"
+
+
+@pytest.mark.parametrize("other", ["thesis.tex", "img/mine.png"])
+def test_a_folder_holding_anything_else_is_refused_and_left_as_it_was(tmp_path, other):
+    with Output(tmp_path / "pages", "--out", "examples").stage() as stage:
+        _write(stage, {"index.html": "1", "img/0.png": "p"})
+        stage.publish()
+    (tmp_path / "pages" / other).write_text("keep me")
+    before = _tree(tmp_path)
+    with pytest.raises(UserError) as e:
+        Output(tmp_path / "pages", "--out", "examples")
+    assert str(e.value).startswith(f"--out: {str(tmp_path / 'pages')!r} already holds {other!r}, which examples did "
+                                   "not write there; choose a new or empty folder or pass --overwrite")
+    assert _tree(tmp_path) == before
+
+
+def test_another_commands_output_is_not_its_own(tmp_path):
+    with Output(tmp_path / "o", "--out", "report").stage() as stage:
+        _write(stage, {"report.md": "r"})
+        stage.publish()
+    with pytest.raises(UserError, match="already holds 'report.md', which examples did not write there"):
+        Output(tmp_path / "o", "--out", "examples")
+
+
+def test_overwrite_writes_beside_the_users_files_and_removes_only_its_own(tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    for files in ({"a.html": "1", "b.html": "1"}, {"a.html": "2"}):
+        with Output(tmp_path / "o", "--out", "examples", overwrite=True).stage() as stage:
+            _write(stage, files)
+            stage.publish()
+    assert {k: v for k, v in _tree(tmp_path / "o").items() if k != RECORD} == {"a.html": b"2", "notes.txt": b"mine"}
+    assert read_record(tmp_path / "o")["files"] == ["a.html"]
+    assert [p.name for p in tmp_path.iterdir()] == ["o"]
+
+
+def test_a_failed_write_leaves_nothing_and_keeps_the_users_empty_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for target in (tmp_path / "empty", tmp_path / "x" / "y"):
+        with pytest.raises(RuntimeError), Output(target, "--out", "examples").stage() as stage:
+            _write(stage, {"a": "1"})
+            raise RuntimeError("killed midway")
+    assert [p.name for p in tmp_path.iterdir()] == ["empty"] and not any((tmp_path / "empty").iterdir())
+
+
+def test_an_output_file_must_not_exist_unless_overwrite(tmp_path):
+    (tmp_path / "w.pkl").write_text("the user's weights")
+    with pytest.raises(UserError, match=r"--out: '.*w.pkl' already exists; choose a new file or pass --overwrite"):
+        Output(tmp_path / "w.pkl", "--out", "weights", file=True)
+    out = Output(tmp_path / "w.pkl", "--out", "weights", file=True, overwrite=True)
+    with out.stage() as stage:
+        stage.tmp.write_text("new")
+        assert (tmp_path / "w.pkl").read_text() == "the user's weights"
+        stage.publish()
+    assert (tmp_path / "w.pkl").read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["w.pkl"]
+
+
+@pytest.mark.parametrize(("where", "file", "said"), [
+    ("s3://bucket/prefix", False, "'s3://bucket/prefix' is a URI; examples writes a local folder only"),
+    ("s3:/bucket/prefix", False, "looks like a URI with a slash missing"),
+    ("FILE", False, "is a file; expected a folder"),
+    ("DIR", True, "is a folder; expected a file name"),
+])
+def test_outputs_that_cannot_be_meant_are_refused_before_anything_is_written(tmp_path, monkeypatch, where, file, said):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "DIR").mkdir()
+    before = _tree(tmp_path)
+    with pytest.raises(UserError, match=re.escape(said)):
+        Output(where, "--out", "examples", file=file)
+    assert _tree(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["DIR", "FILE"]
+
+
+def test_a_command_without_overwrite_does_not_offer_it(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError) as e:
+        Output(tmp_path / "f", "--out", "weights", file=True, overwrite=None)
+    assert "--overwrite" not in str(e.value)

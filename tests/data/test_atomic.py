@@ -7,14 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from xmodal.data.atomic import (
-    StagedDir,
-    check_target,
-    discard_partial,
-    missing_parents,
-    publish_dir,
-    temp_dir_beside,
-)
+from xmodal.base.outputs import discard_partial, missing_parents, publish_dir, temp_dir_beside
+from xmodal.data.atomic import StagedDir, check_target
 from xmodal.data.common import MANIFEST_FILE, StoreError
 
 

@@ -1,17 +1,35 @@
-"""Where a job will write, checked before any work starts: an output file or folder (`--out`,
-`--storage-path`, a store being built) must be creatable and writable, and a URI well formed for its
-scheme. Each check raises `UserError` naming the option, the value and what was wrong, so the command
-line prints one `error:` line (xmodal.base.commands.user_errors) and nothing has been written.
+"""The output policy of every command that writes, and the checks of where a job will write.
+
+Checks, before any work starts: an output file or folder (`--out`, `--storage-path`, a store being built)
+must be creatable and writable, and a URI well formed for its scheme. Each check raises `UserError`
+naming the option, the value and what was wrong, so the command line prints one `error:` line
+(xmodal.base.commands.user_errors) and nothing has been written.
+
+The policy (`Output`, `Stage`), the same for every command that publishes a folder or a file:
+- an output folder must be new, empty, or hold only this command's own earlier output, recognised by the
+  record it wrote there (`RECORD`: the command's name and every file it wrote); an output file must not
+  exist. `--overwrite` (where the command has it) lets a folder that holds other files be written into,
+  those files kept, and an existing file be replaced;
+- nothing a command did not write is ever removed: replacing its own earlier output removes only the
+  files its record lists;
+- everything is written into a hidden folder (or file) beside the target and published by rename at the
+  end, so a reader sees the old output or the new one; a failure removes only what the command made;
+- an `s3://` (or other URI) output is refused with one line by a command that writes locally; the
+  commands that write to a URI check it with `check_uri` and write there for real.
 
 Standard library only: every layer may call these, the config's validation included.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import tempfile
 import urllib.parse
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xmodal.base.errors import UserError
@@ -112,3 +130,214 @@ def check_output_location(text: str, option: str) -> str:
         return check_uri(text, option)
     check_writable_dir(text, option)
     return text
+
+
+# ============================================================================ the output policy
+
+# The record a command leaves in each output folder it publishes: who wrote the folder and which files,
+# so that the same command's next run may replace exactly those and nothing else.
+RECORD = ".xmodal-output.json"
+
+
+def missing_parents(path: Path) -> list[Path]:
+    """The folders above `path` that do not exist yet, outermost first: what staging will create, for
+    `discard_partial` to remove after a failure."""
+    return [p for p in reversed(path.parents) if not p.exists()]
+
+
+def discard_partial(tmp: Path | None, made: Sequence[Path]) -> None:
+    """Undo a failed write: remove the temporary folder or file, then the folders in `made` (from
+    `missing_parents`, taken before the write began), deepest first, each only while it is empty.
+    Nothing else is touched: a folder the user had made (an empty output folder) stays."""
+    if tmp is not None:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+    for p in reversed(made):
+        try:
+            p.rmdir()
+        except OSError:
+            pass
+
+
+def temp_dir_beside(path: Path) -> Path:
+    """A new hidden folder next to `path` (same file system, so the final rename is atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
+    """Make the finished folder `tmp` visible as `path` by rename; an existing `path` (allowed by
+    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
+    readers see the old folder or the new one, never a half-written one."""
+    old = None
+    if path.exists():
+        check()
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()  # an empty folder (e.g. the user's output folder): the finished one takes its place
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            path.mkdir(exist_ok=True)
+            raise
+        return
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        if old is not None:
+            os.rename(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _files_under(root: Path) -> list[str]:
+    """Every file and link under `root`, as POSIX paths relative to it, sorted; the record left out."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        # a link to a folder is listed as an entry, never followed
+        links = [d for d in dirnames if (Path(dirpath) / d).is_symlink()]
+        dirnames[:] = sorted(d for d in dirnames if d not in links)
+        for name in filenames + links:
+            found.append((rel / name).as_posix())
+    return sorted(f for f in found if f != RECORD)
+
+
+def read_record(folder: Path) -> dict | None:
+    """The record a command left in `folder` ({"command": ..., "files": [...]}), or None where there is
+    none or it cannot be read as one."""
+    try:
+        record = json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or not isinstance(record.get("command"), str)
+            or not isinstance(record.get("files"), list) or not all(isinstance(f, str) for f in record["files"])):
+        return None
+    return record
+
+
+def foreign_entries(folder: Path, command: str) -> list[str]:
+    """The files in `folder` that `command` did not write there by its record: all of them where it left
+    no record (or another command's), none where the folder holds only its own earlier output."""
+    record = read_record(folder)
+    own = set(record["files"]) if record is not None and record["command"] == command else set()
+    return [f for f in _files_under(folder) if f not in own]
+
+
+class Output:
+    """One output of a command, checked against the policy when made (before any work) and again when
+    published. `path`: the folder or file (a URI is refused: this command writes locally); `option`: how
+    the user named it (`--out`, `OUT`); `command`: the command's name, kept in the folder's record;
+    `file`: a file rather than a folder; `overwrite`: the user's `--overwrite` (None where the command has
+    no such option, so the error does not offer one)."""
+
+    def __init__(self, path: str | Path, option: str, command: str, *, file: bool = False,
+                 overwrite: bool | None = False):
+        text = str(path)
+        if "://" in text:
+            raise UserError(f"{option}: {text!r} is a URI; {command} writes a local {'file' if file else 'folder'} "
+                            "only: write it here, then copy it (e.g. with `aws s3 cp`)")
+        self.option, self.command, self.file, self.overwrite = option, command, file, overwrite
+        self.path = check_writable_file(text, option) if file else check_writable_dir(text, option)
+        self.check()
+
+    def _refuse(self, what: str) -> UserError:
+        offer = (" or pass --overwrite to replace it" if self.file else
+                 " or pass --overwrite to write beside what is there (none of it is removed)")
+        return UserError(f"{self.option}: {str(self.path)!r} {what}; choose a new {'file' if self.file else 'or empty folder'}"
+                         f"{offer if self.overwrite is False else ''}")
+
+    def check(self) -> None:
+        """Raises UserError if the output may not be written now (it is checked again at publish: the place
+        may have changed while the command ran)."""
+        p = self.path
+        if self.file:
+            if p.is_dir():
+                raise UserError(f"{self.option}: {str(p)!r} is a folder; expected a file name")
+            if (p.exists() or p.is_symlink()) and not self.overwrite:
+                raise self._refuse("already exists")
+            return
+        if p.exists() and not p.is_dir():
+            raise UserError(f"{self.option}: {str(p)!r} is a file; expected a folder (or a path where one can be made)")
+        if p.is_dir() and not self.overwrite:
+            foreign = foreign_entries(p, self.command)
+            if foreign:
+                raise self._refuse(f"already holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+                                   f"which {self.command} did not write there")
+
+    def stage(self) -> Stage:
+        """A hidden folder (or file name) beside the output to write into: `Stage.publish()` puts it in place."""
+        return Stage(self)
+
+
+class Stage:
+    """An output being written: `tmp` (a new hidden folder beside a folder output; for a file output, a
+    name beside it, not yet created). `publish()` checks the output again and puts `tmp` in place;
+    `discard()`, or leaving a `with` block unpublished, removes `tmp` and the folders made for it."""
+
+    def __init__(self, output: Output):
+        self.output = output
+        path = output.path
+        self.made = missing_parents(path)
+        self.published = False
+        try:
+            if output.file:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+            else:
+                self.tmp = temp_dir_beside(path)
+        except BaseException:
+            discard_partial(None, self.made)
+            raise
+
+    def __enter__(self) -> Stage:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.published:
+            self.discard()
+
+    def discard(self) -> None:
+        discard_partial(self.tmp, self.made)
+
+    def publish(self) -> Path:
+        """Put the written output in place and return its path. A folder gets its record; replacing this
+        command's own earlier output removes only the files that output's record lists; with --overwrite
+        a folder holding other files gets the new files written in beside them."""
+        out, path = self.output, self.output.path
+        try:
+            out.check()
+            if out.file:
+                os.replace(self.tmp, path)
+            else:
+                files = _files_under(self.tmp)
+                (self.tmp / RECORD).write_text(json.dumps({"command": out.command, "files": files}, indent=1) + "\n")
+                if path.is_dir() and foreign_entries(path, out.command):
+                    self._merge(files)
+                else:
+                    publish_dir(self.tmp, path, out.check)
+        except BaseException:
+            self.discard()
+            raise
+        self.published = True
+        return path
+
+    def _merge(self, files: list[str]) -> None:
+        """--overwrite into a folder that holds files of others: this command's earlier files (by its record)
+        removed, the new ones moved in (each replacing a file of the same name), the others kept."""
+        path = self.output.path
+        record = read_record(path)
+        old = set(record["files"]) if record is not None and record["command"] == self.output.command else set()
+        for f in sorted(old - set(files)):
+            (path / f).unlink(missing_ok=True)
+        for f in files + [RECORD]:
+            (path / f).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.tmp / f, path / f)
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -10,13 +10,15 @@ the data layer's `common`).
 
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from xmodal.base.outputs import check_writable_dir
+from xmodal.base.outputs import (
+    check_writable_dir,
+    discard_partial,
+    missing_parents,
+    publish_dir,
+    temp_dir_beside,
+)
 from xmodal.data.common import KINDS, MANIFEST_FILE, StoreError, is_uri, kind_at, kind_name
 
 
@@ -57,61 +59,6 @@ def check_target(path: Path, overwrite: bool, kind: str) -> None:
                          "replaces only a store or set of the same kind; choose another path")
     if not overwrite:
         raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
-
-
-def missing_parents(path: Path) -> list[Path]:
-    """The folders above `path` that do not exist yet, outermost first: what `temp_dir_beside` will
-    create, for `discard_partial` to remove after a failure."""
-    return [p for p in reversed(path.parents) if not p.exists()]
-
-
-def discard_partial(tmp: Path | None, made: Sequence[Path]) -> None:
-    """Undo a failed write: remove the temporary directory, then the folders in `made` (from
-    `missing_parents`, taken before the write began), deepest first, each only while it is empty.
-    Nothing else is touched: a folder the user had made (an empty output folder) stays."""
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for p in reversed(made):
-        try:
-            p.rmdir()
-        except OSError:
-            pass
-
-
-def temp_dir_beside(path: Path) -> Path:
-    """A new hidden directory next to `path` (same file system, so the final rename is atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    return tmp
-
-
-def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
-    """Make the finished directory `tmp` visible as `path` by rename; an existing `path` (allowed by
-    `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
-    readers see the old directory or the new one, never a half-written one."""
-    old = None
-    if path.exists():
-        check()
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory (e.g. the user's output folder): the finished one takes its place
-        try:
-            os.rename(tmp, path)
-        except OSError:
-            path.mkdir(exist_ok=True)
-            raise
-        return
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except OSError:
-        if old is not None:
-            os.rename(old, path)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 class StagedDir:

@@ -250,7 +250,7 @@ def check_output(out: Path | str, force: bool) -> Path:
 
 def export(source: Source, to: str, out: str | Path, force: bool = False) -> ExportResult:
     """Write `source`'s model for target `to` as the folder `out` (see the module's docstring)."""
-    from xmodal.data.atomic import publish_dir
+    from xmodal.base.outputs import publish_dir
 
     if to not in TARGETS:
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")

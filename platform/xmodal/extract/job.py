@@ -39,9 +39,9 @@ import numpy as np
 
 from xmodal.base.console import DriverNoise, progress_bar, say
 from xmodal.base.errors import RunInterrupted, UserError
-from xmodal.base.outputs import check_writable_file
+from xmodal.base.outputs import check_writable_file, publish_dir
 from xmodal.core.checkpoint import sha256_of
-from xmodal.data.atomic import check_target, local_target, publish_dir
+from xmodal.data.atomic import check_target, local_target
 from xmodal.data.lxmert.features import KIND, FeatureManifest, FeatureShard, open_features
 from xmodal.data.lxmert.rows import IMAGES_ROOT
 from xmodal.extract.boxes import check_inside, parse_boxes, read_boxes_file
