@@ -12,17 +12,20 @@ reference ran under, arguments checked with one `error:` line, and outputs under
 - Outputs: `output(...)` is `xmodal.base.outputs.Output` (a folder must be new, empty or hold only this
   command's own earlier output, recognised by the record it wrote there; a file must not exist unless
   --overwrite); a command writes into `Output.stage()` and publishes at the end, so nothing is half
-  written and nothing of the user's is removed. `earlier(output)` lists the files of this command's own
-  earlier output there, for a run that reuses them.
+  written and nothing of the user's is removed (Ctrl-C in a long run publishes the whole files done:
+  `kept_on_interrupt`). `earlier(output)` lists the files of this command's own earlier output there,
+  for a run that reuses them.
 """
 
 from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import importlib.abc
 import importlib.util
 import math
+import os
 import pickle
 import sys
 import types
@@ -115,6 +118,29 @@ def earlier(out: Output) -> list[str]:
         return []
     record = read_record(out.path)
     return list(record["files"]) if record is not None and record["command"] == out.command else []
+
+
+def save_npz(path: Path, **arrays) -> None:
+    """An .npz written whole or not at all (under a .part name, then renamed)."""
+    part = path.with_name(path.name + ".part")
+    with open(part, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(part, path)
+
+
+@contextlib.contextmanager
+def kept_on_interrupt(stage):
+    """Ctrl-C during a long run publishes the whole files written so far (the record lists them), so that
+    the same command goes on from them; any other failure publishes nothing."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        for part in stage.tmp.glob("*.part"):
+            part.unlink()
+        stage.publish()
+        print(f"stopped: the images done are kept in {stage.output.path}; the same command goes on from them",
+              file=sys.stderr)
+        raise
 
 
 def command_of(folder: Path) -> str | None:

@@ -6,7 +6,7 @@ Each run is a folder of one `.npz` per image (`extractor.py reference` or `ours`
   Caffe's and our res5 sum in other orders);
 - "tie": the runs part only where scores are exactly equal and the reference's order among them is
   numpy's unstable `argsort()[::-1]`: the proposal layer's sort of the RPN scores (the two orders sort
-  the same values, and our NMS in the reference's order gives the reference's proposals) or the
+  the same scores, and our NMS in the reference's order gives the reference's proposals) or the
   selection's sort of `max_conf` (the regions that differ all have one max_conf, printed);
 - "DIFFERS": anything else, with the first stage that differs (the input blob, the backbone's output, the
   RPN's outputs, the proposals' order before NMS, the proposals, max_conf, the selection).
@@ -74,21 +74,24 @@ def _same(a, b) -> bool | None:
 
 
 def proposal_tie(ref: dict, ours: dict) -> dict | None:
-    """Where the two runs' candidates of the RPN's NMS (boxes and scores, in the order NMS visits them) part; whether
-    they hold the same boxes with the same scores and differ only in the order of equal scores; and whether
-    our NMS visiting the reference's candidates in its order gives the reference's proposals."""
+    """Where the two runs' candidates of the RPN's NMS (boxes and scores, in the order NMS visits them) part;
+    whether they differ only in the order of equal scores (the same score at every position; the same boxes
+    for each score, except the score cut at the pre-NMS top-N, whose members the sort chose among equals);
+    and whether our NMS visiting the reference's candidates in its order gives the reference's proposals."""
     a, b = ref.get("candidates"), ours.get("candidates")
     if a is None or b is None or a.shape != b.shape or np.array_equal(a, b):
         return None
     at = int(np.flatnonzero((a != b).any(axis=1))[0])
 
-    def canonical(c):  # by score, then by box: equal if the two differ only in the order of equal scores
+    def canonical(c):  # by score, then by box
         return c[np.lexsort((c[:, 3], c[:, 2], c[:, 1], c[:, 0], c[:, 4]))]
 
-    reordered = bool(np.array_equal(canonical(a), canonical(b)))
+    cut = a[-1, 4]
+    reordered = bool(np.array_equal(a[:, 4], b[:, 4])
+                     and np.array_equal(canonical(a[a[:, 4] != cut]), canonical(b[b[:, 4] != cut])))
     return {"position": at, "score": float(a[at, 4]), "our_score": float(b[at, 4]),
             "candidates_with_that_score": int((a[:, 4] == a[at, 4]).sum()),
-            "same_candidates_ties_reordered": reordered,
+            "same_scores_ties_reordered": reordered,
             "our_nms_in_ref_order_gives_ref_rois": rerun_nms(a, ref["rois"]) if reordered else False}
 
 

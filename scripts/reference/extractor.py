@@ -186,7 +186,6 @@ def run_reference(a) -> int:
     import cv2
 
     from scripts.reference import caffe
-    from scripts.reference.compare import decode_row
 
     common.require_numpy1("under NEP 50 its `rois[:, 1:5] / im_scales[0]` is float64 and its boxes change")
     net_kind = net_of(a.weights)
@@ -205,24 +204,33 @@ def run_reference(a) -> int:
     with a.output.stage() as stage:
         _carry(a.output, stage, done)
         (stage.tmp / "info.json").write_text(json.dumps(info))
-        for path in a.image_paths:
-            if f"{path.stem}.npz" in done:
-                continue
-            watch.clear()
-            t0 = time.perf_counter()
-            row = detections(net, str(path), path.stem)
-            seconds = time.perf_counter() - t0
-            im = cv2.imread(str(path))
-            blobs, scales = test._get_blobs(im, None)
-            rois = net.blobs["rois"].data
-            np.savez(stage.tmp / f"{path.stem}.npz", seconds=seconds, scale=scales[0], size=np.array(im.shape[:2]),
-                     max_conf=watch.max_conf(rois.shape[0]), blob=blobs["data"][0].transpose(1, 2, 0), rois=rois[:, 1:5].copy(),
-                     candidates=watch.candidates[0], backbone=net.blobs[net.res4].data[0],
-                     rpn_cls_prob_reshape=net.blobs["rpn_cls_prob_reshape"].data[0],
-                     rpn_bbox_pred=net.blobs["rpn_bbox_pred"].data[0], **decode_row(row))
-            print(f"{path.name}: {seconds:.1f} s", flush=True)
+        with common.kept_on_interrupt(stage):
+            _reference_images(a, stage, done, detections, test, net, watch)
         stage.publish()
     return 0
+
+
+def _reference_images(a, stage, done, detections, test, net, watch) -> None:
+    import cv2
+
+    from scripts.reference.compare import decode_row
+
+    for path in a.image_paths:
+        if f"{path.stem}.npz" in done:
+            continue
+        watch.clear()
+        t0 = time.perf_counter()
+        row = detections(net, str(path), path.stem)
+        seconds = time.perf_counter() - t0
+        im = cv2.imread(str(path))
+        blobs, scales = test._get_blobs(im, None)
+        rois = net.blobs["rois"].data
+        common.save_npz(stage.tmp / f"{path.stem}.npz", seconds=seconds, scale=scales[0], size=np.array(im.shape[:2]),
+                        max_conf=watch.max_conf(rois.shape[0]), blob=blobs["data"][0].transpose(1, 2, 0),
+                        rois=rois[:, 1:5].copy(), candidates=watch.candidates[0], backbone=net.blobs[net.res4].data[0],
+                        rpn_cls_prob_reshape=net.blobs["rpn_cls_prob_reshape"].data[0],
+                        rpn_bbox_pred=net.blobs["rpn_bbox_pred"].data[0], **decode_row(row))
+        print(f"{path.name}: {seconds:.1f} s", flush=True)
 
 
 @torch.no_grad()
@@ -256,9 +264,7 @@ def _stages(detector, blob: np.ndarray, scale: float) -> dict:
 def run_ours(a) -> int:
     """Our regions as the job makes them (its decode task and detector actor, batches of --batch-size), and our
     stages' tensors for the diagnosis: per image an .npz."""
-    import pyarrow as pa
-
-    from xmodal.extract.pipeline import DetectorActor, DetectorSpec, decode_batch
+    from xmodal.extract.pipeline import DetectorActor, DetectorSpec
 
     net_kind = net_of(a.weights)
     torch.set_num_threads(a.threads or torch.get_num_threads())
@@ -272,27 +278,35 @@ def run_ours(a) -> int:
     with a.output.stage() as stage, torch.inference_mode():
         _carry(a.output, stage, done)
         (stage.tmp / "info.json").write_text(json.dumps(info))
-        for start in range(0, len(todo), a.batch_size):
-            group = todo[start:start + a.batch_size]
-            table = pa.table({"path": [str(p) for p in group], "img_id": [p.stem for p in group],
-                              "given": [b""] * len(group)})
-            t0 = time.perf_counter()
-            decoded = decode_batch(table, "opencv", spec.config().input)
-            found = actor(decoded)
-            seconds = (time.perf_counter() - t0) / len(group)
-            for i, row in enumerate(decoded.to_pylist()):
-                if row["reject"]:
-                    raise UserError(f"{group[i]}: the extraction rejects it ({row['reject']})")
-                k = int(found["num_boxes"][i])
-                blob = np.frombuffer(row["pixels"], np.float32).reshape(row["bh"], row["bw"], 3)
-                np.savez(stage.tmp / f"{group[i].stem}.npz", seconds=seconds, scale=row["scale"],
-                         size=np.array([row["h"], row["w"]]), **_stages(actor.detector, blob, row["scale"]),
-                         boxes=found["boxes"][i, :k], features=found["features"][i, :k], obj=found["obj_ids"][i, :k],
-                         attr=found["attr_ids"][i, :k], obj_conf=found["obj_conf"][i, :k],
-                         attr_conf=found["attr_conf"][i, :k])
-            print(f"{', '.join(p.name for p in group)}: {seconds:.1f} s an image", flush=True)
+        with common.kept_on_interrupt(stage):
+            for start in range(0, len(todo), a.batch_size):
+                _our_batch(todo[start:start + a.batch_size], spec, actor, stage)
         stage.publish()
     return 0
+
+
+def _our_batch(group: list[Path], spec, actor, stage) -> None:
+    """One batch through the job's decode task and detector actor; per image its regions and stages."""
+    import pyarrow as pa
+
+    from xmodal.extract.pipeline import decode_batch
+
+    table = pa.table({"path": [str(p) for p in group], "img_id": [p.stem for p in group], "given": [b""] * len(group)})
+    t0 = time.perf_counter()
+    decoded = decode_batch(table, "opencv", spec.config().input)
+    found = actor(decoded)
+    seconds = (time.perf_counter() - t0) / len(group)
+    for i, row in enumerate(decoded.to_pylist()):
+        if row["reject"]:
+            raise UserError(f"{group[i]}: the extraction rejects it ({row['reject']})")
+        k = int(found["num_boxes"][i])
+        blob = np.frombuffer(row["pixels"], np.float32).reshape(row["bh"], row["bw"], 3)
+        common.save_npz(stage.tmp / f"{group[i].stem}.npz", seconds=seconds, scale=row["scale"],
+                        size=np.array([row["h"], row["w"]]), **_stages(actor.detector, blob, row["scale"]),
+                        boxes=found["boxes"][i, :k], features=found["features"][i, :k], obj=found["obj_ids"][i, :k],
+                        attr=found["attr_ids"][i, :k], obj_conf=found["obj_conf"][i, :k],
+                        attr_conf=found["attr_conf"][i, :k])
+    print(f"{', '.join(p.name for p in group)}: {seconds:.1f} s an image", flush=True)
 
 
 # ============================================================================ the comparison and the kept file
