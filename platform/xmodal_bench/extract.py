@@ -8,7 +8,7 @@ Rows, each over the same N synthetic images of one size (COCO's typical 480 x 64
   RoI head over all their regions) vs one image at a time (the reference's way), each in fp32 (the
   exact mode: TF32 off), bf16 (backbone and heads under bfloat16 autocast) and, on a GPU, tf32:
   images/s of one detector (one actor), peak memory, the seconds per stage (prepare, backbone, rpn,
-  roi_pool, head, select, to_host) from `Detector.extract(stats=...)`, and the region slots per image
+  roi_pool, head, select, to_host) from `DetectOptions.stats`, and the region slots per image
   that res5 ran over;
 - host work per image: the operations the detector dispatches per image at the row's batch (counted
   on the meta device, where nothing computes), kernels and views, and host ms per image = operations
@@ -28,6 +28,7 @@ about 5 images/s per GPU, docs/extract.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import time
 from typing import Any
@@ -37,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from xmodal.base.console import say
 from xmodal.base.errors import UserError
-from xmodal.models.butd.detector import Detector, DetectorConfig, random_detector
+from xmodal.models.butd.detector import DetectOptions, Detector, DetectorConfig, random_detector
 from xmodal_bench import at_least, begin, cuda_arg, write_results
 
 CONFIGS = {"reference": DetectorConfig, "tiny": DetectorConfig.tiny}
@@ -134,7 +135,7 @@ def host_work(cfg: DetectorConfig, size: tuple[int, int], batch: int) -> dict[st
         det = Detector(cfg).eval()
     images = [torch.zeros(*size, 3, dtype=torch.uint8, device="meta") for _ in range(batch)]
     with Count() as count:  # autocast has no meta device: fp32, whose operations bf16 adds only casts to
-        det.detect(images, backbone_batch=batch)
+        det.detect(images, DetectOptions(backbone_batch=batch))
     a, b = torch.ones(64), torch.ones(64)
     t0 = time.perf_counter()
     for _ in range(5000):
@@ -156,12 +157,13 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
     for regions in ("batched", "per image"):
         for precision in precisions(device):
             step = batch if regions == "batched" else 1
+            options = DetectOptions(precision=precision, backbone_batch=step)
             if not flops_per_image:  # counted once: the work per image is the same in every row
                 counter = FlopCounterMode(display=False)
                 with counter:
-                    det.extract(images[:step], precision=precision, backbone_batch=step)
+                    det.extract(images[:step], options)
                 flops_per_image = counter.get_total_flops() / step
-            det.extract(images[:step], precision=precision, backbone_batch=step)  # warm-up: kernels, allocator
+            det.extract(images[:step], options)  # warm-up: kernels, allocator
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
@@ -169,8 +171,8 @@ def detector_rows(det, images: list[torch.Tensor], batch: int, device: torch.dev
             t0 = time.perf_counter()
             boxes = 0
             for i in range(0, len(images), step):
-                boxes += sum(r.boxes.shape[0] for r in det.extract(images[i:i + step], precision=precision,
-                                                                    backbone_batch=step, stats=stages))
+                boxes += sum(r.boxes.shape[0] for r in det.extract(images[i:i + step],
+                                                                    dataclasses.replace(options, stats=stages)))
             wall = time.perf_counter() - t0
             rois = stages.pop("regions")
             recomputed = stages.pop("recomputed", 0)  # images the window NMS could not certify: detected again
@@ -205,11 +207,11 @@ def precision_difference(det, images: list[torch.Tensor], batch: int, precision:
     diff2 = norm2 = 0.0
     for i in range(0, len(images), batch):
         part = images[i:i + batch]
-        full = det.extract(part, precision="fp32", backbone_batch=batch)
-        fast = det.extract(part, precision=precision, backbone_batch=batch)
+        exact = DetectOptions(precision="fp32", backbone_batch=batch)
+        quick = dataclasses.replace(exact, precision=precision)
+        full, fast = det.extract(part, exact), det.extract(part, quick)
         given = [r.boxes for r in full]
-        on_full = det.extract(part, given_boxes=given, precision=precision, backbone_batch=batch)
-        ref = det.extract(part, given_boxes=given, precision="fp32", backbone_batch=batch)
+        on_full, ref = det.extract(part, quick, given_boxes=given), det.extract(part, exact, given_boxes=given)
         for f, h, a, b in zip(full, fast, on_full, ref, strict=True):
             kept += sum(bool((h.boxes == box).all(1).any()) for box in f.boxes)
             total += f.boxes.shape[0]

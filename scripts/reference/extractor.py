@@ -243,7 +243,7 @@ def _stages(detector, blob: np.ndarray, scale: float) -> dict:
     cfg = detector.cfg
     x = torch.from_numpy(blob.copy()).permute(2, 0, 1)[None].contiguous()
     features = detector.backbone(x)
-    prob, deltas = detector.rpn(features)
+    prob, deltas = detector.rpn.predict(features)
     rois, _, kept, _ = proposal_layer(prob, deltas, tuple(x.shape[2:]), torch.tensor([scale], dtype=torch.float32),
                                       cfg.rpn, cfg.box_offset, "sequential")
     from xmodal.models.butd.anchors import generate_anchors, shifted_anchors

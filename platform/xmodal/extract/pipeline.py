@@ -149,6 +149,7 @@ class DetectorActor:
     def __call__(self, batch: pa.Table) -> dict[str, np.ndarray]:
         import torch
 
+        from xmodal.models.butd.config import DetectOptions
         from xmodal.models.butd.image import PreparedImage
 
         rows = batch.to_pylist()
@@ -181,7 +182,7 @@ class DetectorActor:
             return out
         with torch.inference_mode():
             # one copy of the batch to the host (and a second pass for an image the NMS could not certify)
-            found = self.detector.regions(images, given_boxes=given, precision=s.precision)
+            found = self.detector.regions(images, DetectOptions(precision=s.precision), given_boxes=given)
         m = found.boxes.shape[1]
         if m > k:
             raise RuntimeError(f"the detector gave {m} region slots per image, more than the run's {k}")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from xmodal.models.butd.backbone import FrozenBatchNorm
-from xmodal.models.butd.config import BackboneConfig, DetectorConfig, RoIHeadConfig, RPNConfig
+from xmodal.models.butd.config import BackboneConfig, DetectOptions, DetectorConfig, RoIHeadConfig, RPNConfig
 from xmodal.models.butd.detector import Detector, random_detector
 from xmodal.models.butd.image import PreparedImage, prepare_image, target_size
 
@@ -89,7 +89,7 @@ def test_rpn_softmax_pairs_background_then_foreground_channels(det):
         bias = torch.zeros(2 * a)
         bias[a + 3] = math.log(3.0)  # anchor 3: foreground odds 3:1
         rpn.objectness.bias.copy_(bias)
-        prob, deltas = rpn(torch.randn(1, TINY.backbone.stage_out(4), 4, 5))
+        prob, deltas = rpn.predict(torch.randn(1, TINY.backbone.stage_out(4), 4, 5))
     prob, deltas = prob[0], deltas[0]
     assert prob.shape == (2 * a, 4, 5) and deltas.shape == (4 * a, 4, 5)
     assert torch.allclose(prob[a + 3], torch.full((4, 5), 0.75))
@@ -105,7 +105,7 @@ def test_attribute_head_embeds_the_argmax_class_higher_index_on_ties():
         bias[[5, 9]] = 4.0  # a tie: Caffe's ArgMax takes the higher index
         head.cls_score.bias.copy_(bias)
         pooled = torch.randn(3, TINY.backbone.stage_out(4), 14, 14)
-        pool5, cls_prob, attr_prob = head(pooled)
+        pool5, cls_prob, attr_prob = head.predict(pooled)
         concat = torch.cat((pool5, head.cls_embedding.weight[9].expand(3, -1)), dim=1)
         expected = torch.softmax(head.attr_score(torch.relu(head.fc_attr(concat))), dim=1)
     assert torch.equal(attr_prob, expected)
@@ -132,7 +132,7 @@ def test_extract_gives_36_regions_in_original_pixels(det):
         assert (r.boxes[:, :2] >= 0).all() and (r.boxes[:, 2] <= r.img_w).all() and (r.boxes[:, 3] <= r.img_h).all()
         assert ((r.obj_ids >= 0) & (r.obj_ids < TINY.num_classes)).all()
         assert ((r.attr_ids >= 0) & (r.attr_ids < TINY.num_attributes)).all()
-    wide = det.extract(ims[:1], boxes_range=(10, 100))[0]
+    wide = random_detector(TINY.with_boxes((10, 100)), seed=0).extract(ims[:1])[0]  # the same weights
     assert 10 <= wide.boxes.shape[0] <= 100
 
 
@@ -156,7 +156,7 @@ def test_given_boxes_get_their_features_and_no_selection(det):
     assert torch.equal(forced.boxes, given) and forced.features.shape == (5, TINY.feature_dim)
     # the same boxes through the forced path (rois = boxes * scale) pool the same cells: same features
     assert torch.allclose(forced.features, full.features[:5], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="given_boxes has 2 entries for 1 images"):
+    with pytest.raises(ValueError, match="given boxes: 2 entries for 1 images"):
         det.extract([im], given_boxes=[given, given])
 
 
@@ -165,13 +165,13 @@ def test_bf16_regions_stay_close_to_fp32(det):
     ims = images((60, 80))
     boxes = [det.extract(ims)[0].boxes]
     fp32 = det.extract(ims, given_boxes=boxes)[0]
-    bf16 = det.extract(ims, given_boxes=boxes, precision="bf16")[0]
+    bf16 = det.extract(ims, DetectOptions(precision="bf16"), given_boxes=boxes)[0]
     rel = (bf16.features - fp32.features).norm() / fp32.features.norm()
     # bf16 over the backbone and the RoI head (8 bits of mantissa, about 0.4 % per value): measured 0.0037
     # on this tiny random network
     assert rel < 0.02, rel
     with pytest.raises(ValueError, match="precision 'fp16': expected one of fp32, tf32, bf16"):
-        det.extract(ims, precision="fp16")
+        DetectOptions(precision="fp16")
 
 
 def test_folded_batch_norm_equals_the_pair_up_to_float_rounding():
@@ -195,8 +195,9 @@ def test_the_pipeline_reads_nothing_back_before_its_one_copy():
     out = det.detect(ims)
     assert out.boxes.device.type == "meta" and out.boxes.shape == (3, 36, 4)
     given = [torch.zeros(5, 4, device="meta"), torch.zeros(2, 4, device="meta"), torch.zeros(7, 4, device="meta")]
-    assert det.detect(ims, given_boxes=given).features.shape == (3, 7, TINY.feature_dim)
-    wide = det.detect(ims, boxes_range=(10, 100))
+    assert det.detect_given_boxes(ims, given).features.shape == (3, 7, TINY.feature_dim)
+    with torch.device("meta"):
+        wide = Detector(TINY.with_boxes((10, 100))).eval().detect(ims)
     assert wide.obj_ids.shape == (3, 100)
 
 
@@ -217,8 +218,8 @@ WIDE = DetectorConfig(backbone=BackboneConfig(blocks=(1, 1, 1)), rpn=RPNConfig(p
 def test_images_of_one_size_batched_give_what_each_gives_alone():
     det = random_detector(WIDE, seed=2)
     ims = images((30, 40), (60, 80), (45, 60), (40, 30))  # three resize to 600 x 800, one to 800 x 600
-    together = det.extract(ims, backbone_batch=8)
-    alone = [det.extract([im], backbone_batch=1)[0] for im in ims]
+    together = det.extract(ims, DetectOptions(backbone_batch=8))
+    alone = [det.extract([im], DetectOptions(backbone_batch=1))[0] for im in ims]
     for a, b in zip(together, alone, strict=True):
         assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b, strict=True))
 
@@ -228,9 +229,17 @@ def test_an_image_the_window_nms_cannot_certify_is_detected_again_sequentially(d
     stats: dict[str, float] = {}
     hurried = Detector(TINY.replace_in("rpn", nms_iterations=1))  # one step certifies nothing real
     hurried.load_state_dict(det.state_dict())
-    got = hurried.eval().extract(ims, stats=stats)
+    got = hurried.eval().extract(ims, DetectOptions(stats=stats))
     assert stats["recomputed"] == 2
     assert not hurried.detect(ims).certified.any()
     want = det.extract(ims)
     for a, b in zip(got, want, strict=True):
         assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b, strict=True))
+
+
+def test_options_refuse_an_unknown_nms_and_an_empty_backbone_batch():
+    with pytest.raises(ValueError, match="nms 'fast': expected one of window, sequential"):
+        DetectOptions(nms="fast")
+    with pytest.raises(ValueError, match="backbone_batch 0: expected None or at least 1"):
+        DetectOptions(backbone_batch=0)
+    assert DetectOptions(stats={}) == DetectOptions()  # the stats sink is no option of the computation

@@ -13,7 +13,8 @@ from: `lib/fast_rcnn/config.py` (TEST.SCALES (600,), TEST.MAX_SIZE 1000, PIXEL_M
 TEST.NMS), `models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt` (the network, the proposal
 layer's `param_str`, ROIPooling 14 x 14 at 0.0625), `lib/rpn/generate_anchors.py` (ratios) and
 `get_detections_from_im` in airsplay/lxmert's `extract_coco_image.py` (CONF_THRESH 0.2, 36 boxes).
-A convention is changed where it lives: `cfg.replace_in("rpn", post_nms_top_n=100)`.
+A convention is changed where it lives: `cfg.replace_in("rpn", post_nms_top_n=100)`. `DetectOptions`
+says how one call runs (precision, backbone batch, NMS mode, stage timings), never which regions.
 
 Imports only the standard library.
 """
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
-PRECISIONS = ("fp32", "tf32", "bf16")  # `detector.Detector.detect`: fp32 exact (TF32 off), tf32, bf16 autocast
+PRECISIONS = ("fp32", "tf32", "bf16")  # `DetectOptions.precision`: fp32 exact (TF32 off), tf32, bf16 autocast
+NMS_MODES = ("window", "sequential")  # `DetectOptions.nms`: how the proposal NMS is computed (`proposals.proposal_layer`)
 OBJ36 = (36, 36)  # LXMERT's (min_boxes, max_boxes)
 BOTTOM_UP_DEFAULT = (10, 100)  # the reference's tools/generate_tsv.py
 
@@ -150,3 +152,36 @@ class DetectorConfig:
     @property
     def num_attributes(self) -> int:
         return self.roi_head.num_attributes
+
+
+@dataclass(frozen=True)
+class DetectOptions:
+    """How one `Detector.detect` call runs; what it computes is the config's (the boxes' range included:
+    `DetectorConfig.with_boxes`).
+
+    precision: one of PRECISIONS. "fp32" is the exact mode (TF32 off for convolutions and matmuls while
+      the call runs); "tf32" lets them use TF32 on GPUs that have it; "bf16" runs the backbone, the RPN
+      head and the RoI heads' layers under bfloat16 autocast. Box arithmetic, NMS and the selection are
+      float32 in every mode.
+    backbone_batch: at most this many images of one input size per backbone call; None: all of them on a
+      GPU and one on a CPU (where batching the backbone gains nothing, 0.88x measured, and oneDNN's kernel
+      for one image differs in the last bits from its kernel for several at small widths: one image at a
+      time keeps a CPU run's features independent of its batches).
+    nms: the proposal layer's NMS, one of NMS_MODES (`proposals.proposal_layer`).
+    stats: if given, seconds per stage are added to it (the device synchronised at each stage's end,
+      which costs time of its own): prepare, backbone, rpn, roi_pool, head, select (and to_host,
+      recomputed from `Detector.regions`); and "regions", the number of region slots the RoI heads ran over.
+    """
+
+    precision: str = "fp32"
+    backbone_batch: int | None = None
+    nms: str = "window"
+    stats: dict[str, float] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
+        if self.nms not in NMS_MODES:
+            raise ValueError(f"nms {self.nms!r}: expected one of {', '.join(NMS_MODES)}")
+        if self.backbone_batch is not None and self.backbone_batch < 1:
+            raise ValueError(f"backbone_batch {self.backbone_batch}: expected None or at least 1")

@@ -1,9 +1,13 @@
-"""The RPN's test-time proposal layer, over a batch of images of one input size, on any device.
+"""The proposal generator: the RPN head and the test-time proposal layer, over a batch of images, on any device.
 
-Follows peteanderson80/bottom-up-attention's `lib/rpn/proposal_layer.py` (`ProposalLayer.forward`,
-`_filter_boxes`) with the box arithmetic of `boxes` (`bbox_transform_inv`, `clip_boxes`, `cpu_nms`:
-the NMS that runs, because `experiments/cfgs/faster_rcnn_end2end_resnet.yml` sets
-`USE_GPU_NMS: False`). Arithmetic is float32, as in the reference's blobs.
+`RPN` is the prototxt's `rpn_conv/3x3`, `rpn_cls_score`, `rpn_bbox_pred` and `proposal` layers
+(`models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt`): per group of images of one input
+size, the head's object probabilities and box deltas of every anchor, then `proposal_layer`.
+
+`proposal_layer` follows peteanderson80/bottom-up-attention's `lib/rpn/proposal_layer.py`
+(`ProposalLayer.forward`, `_filter_boxes`) with the box arithmetic of `boxes` (`bbox_transform_inv`,
+`clip_boxes`, `cpu_nms`: the NMS that runs, because `experiments/cfgs/faster_rcnn_end2end_resnet.yml`
+sets `USE_GPU_NMS: False`). Arithmetic is float32, as in the reference's blobs.
 
 The reference drops boxes, sorts what is left and cuts; here every image keeps its full set of
 anchors with a mask, so that a batch keeps one shape and nothing is read back by the host: a box too
@@ -14,11 +18,51 @@ the first `pre_nms_top_n` survivors are the reference's, in its order.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn import functional as F
 
 from xmodal.models.butd.anchors import generate_anchors, shifted_anchors
 from xmodal.models.butd.boxes import big_enough, clip, decode, descending_order, greedy_nms, window_nms
-from xmodal.models.butd.config import RPNConfig
+from xmodal.models.butd.config import DetectorConfig, RPNConfig
+from xmodal.models.butd.structures import ImageBatch, Pass, Proposals
+
+
+class RPN(nn.Module):
+    """The proposal generator: the RPN head (`rpn_conv/3x3` + ReLU, `rpn_cls_score`: 2A channels, the
+    background logits of the A anchors then their foreground logits; `rpn_bbox_pred`: 4A) and the proposal layer."""
+
+    def __init__(self, cfg: DetectorConfig):
+        super().__init__()
+        self.cfg = cfg
+        a = cfg.rpn.num_anchors
+        self.conv = nn.Conv2d(cfg.backbone.stage_out(4), cfg.rpn.channels, 3, padding=1)
+        self.objectness = nn.Conv2d(cfg.rpn.channels, 2 * a, 1)
+        self.deltas = nn.Conv2d(cfg.rpn.channels, 4 * a, 1)
+
+    def forward(self, batch: ImageBatch, features: list[Tensor], run: Pass) -> Proposals:
+        """Each image's proposals from its group's feature map (one (G, C, H, W) per group of `batch`)."""
+        n, slots = len(batch.images), self.cfg.rpn.post_nms_top_n
+        rois = torch.zeros((n, slots, 4), dtype=torch.float32, device=run.device)  # input pixels
+        ok = torch.zeros((n, slots), dtype=torch.bool, device=run.device)
+        certified = torch.ones(n, dtype=torch.bool, device=run.device)
+        for group, f in zip(batch.groups, features, strict=True):
+            with run.autocast():
+                prob, deltas = self.predict(f)
+            index = torch.tensor(group, device=run.device)
+            rois[index], _, ok[index], certified[index] = proposal_layer(
+                prob.float(), deltas.float(), batch.input_size(group), batch.scales(group), self.cfg.rpn,
+                self.cfg.box_offset, run.options.nms)
+        run.clock.lap("rpn")
+        return Proposals(rois, ok, certified)
+
+    def predict(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        """The RPN head: (B, C, H, W) -> rpn_cls_prob (B, 2A, H, W), rpn_bbox_pred (B, 4A, H, W)."""
+        h = F.relu(self.conv(features))
+        score = self.objectness(h)  # (B, 2A, H, W)
+        n, two_a, height, width = score.shape
+        # `rpn_cls_score_reshape` (B, 2, A*H, W), softmax over the 2, `rpn_cls_prob_reshape` back to (B, 2A, H, W)
+        prob = torch.softmax(score.reshape(n, 2, two_a // 2 * height, width), dim=1).reshape(n, two_a, height, width)
+        return prob, self.deltas(h)
 
 
 def proposal_layer(rpn_cls_prob: Tensor, rpn_bbox_pred: Tensor, im_size: tuple[int, int], scales: Tensor,
