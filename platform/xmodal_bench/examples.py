@@ -40,6 +40,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", help="scratch folder (default: the temporary folder)")
 
 
+def checked(args: argparse.Namespace):
+    """Every input checked before anything is made: the counts and numbers, the output and scratch folders
+    (creatable and writable), the run (a finished fine-tuning run), its set and split. Returns the run
+    resolved, its kind and its set."""
+    from xmodal import tracking
+    from xmodal.base.outputs import check_writable_dir
+    from xmodal.examples.kinds import KINDS, resolve
+    from xmodal.examples.run import ExamplesError, check_count
+    from xmodal_bench import at_least
+
+    for n in args.examples:
+        check_count(n)
+    at_least(args, 1, "repeats", "threads")
+    check_writable_dir(args.out, "--out")
+    if args.work:
+        check_writable_dir(args.work, "--work")
+    r = resolve(tracking.resolve_tracking_uri(args.tracking_uri), args.run_id, "--run-id")
+    if r.kind != "finetune":
+        raise ExamplesError(f"--run-id: run {r.run_id!r} is {KINDS[r.kind].what}; this benchmark measures a "
+                            "fine-tuning run's pages against its evaluation: expected a fine-tuning run")
+    kind = KINDS[r.kind]
+    data = kind.open(r)
+    kind.check(r, data, args.split)
+    return r, kind, data
+
+
 def run(args: argparse.Namespace) -> int:
     import shutil
 
@@ -47,35 +73,22 @@ def run(args: argparse.Namespace) -> int:
 
     from xmodal import tracking
     from xmodal.data.finetune.stream import iter_eval_batches, local_reader
-    from xmodal.examples.build import write_pages
-    from xmodal.examples.collect import (
-        RunExamples,
-        check_count,
-        check_split,
-        choose_rows,
-        evaluate,
-        get_run,
-        open_set,
-        run_task,
-    )
+    from xmodal.examples.build import write_rendered
+    from xmodal.examples.kinds import run_task
+    from xmodal.examples.run import Shown
     from xmodal.export.source import from_run
     from xmodal.objectives.finetune import FinetuneObjective
-    from xmodal_bench import at_least, begin, write_results
+    from xmodal_bench import begin, write_results
 
-    for n in args.examples:
-        check_count(n)
+    r, kind, data = checked(args)
+    uri, task = r.uri, run_task(r.run)
     counts = list(dict.fromkeys(args.examples))
-    at_least(args, 1, "repeats", "threads")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    made_work = args.work is not None and not Path(args.work).exists()
     work, stamp, meta = begin(args, "examples")
     started = time.monotonic()
     try:
-        uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        r = get_run(uri, args.run_id, "--run-id")
-        task = run_task(r, "--run-id")
-        data = open_set(r, "--run-id")
-        check_split(data, args.split, args.run_id)
         source = from_run(uri, args.run_id, work / "model")
         cfg = source.config or {}
         batch = int(cfg.get("train", {}).get("batch_size", 32)) // int(cfg.get("scale", {}).get("num_workers", 1))
@@ -94,13 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
         def pages(n: int) -> tuple[float, float, float]:
             t, cpu = time.perf_counter(), time.process_time()
-            size = len(data.split(args.split))
             notes: list[str] = []
-            ex = evaluate(model, data, args.split, choose_rows(size, n), notes)
+            ex, size = kind.collect(model, data, args.split, n, notes, config=cfg)
             predicted = time.perf_counter()
             with tempfile.TemporaryDirectory(dir=work) as d:
-                write_pages(RunExamples(args.run_id, r.name, task, args.split, str(data.path), ex, size, notes),
-                            None, Path(d))
+                shown = Shown(args.run_id, r.name, "finetune", task, args.split, str(data.path), ex, size, notes)
+                write_rendered(kind.render(shown), Path(d))
                 drawn = time.perf_counter()
             return predicted - t, drawn - predicted, time.process_time() - cpu
 
@@ -118,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
                            "pages_cpu_s": statistics.median(c for _, _, c in parts)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if made_work:
+            shutil.rmtree(args.work, ignore_errors=True)
     total, total_cpu = eval_s * passes, eval_cpu * passes
     for v in by_count.values():
         v["pages_share"] = v["pages_s"] / total
@@ -128,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
            "eval_pass_s": eval_s, "passes": passes, "evaluation_s": total, "eval_pass_cpu_s": eval_cpu,
            "evaluation_cpu_s": total_cpu,
            "pages": [{"examples": n, **v} for n, v in by_count.items()],
-           "run_end_of_run_s": r.metrics.get("time/end_of_run_s")}
+           "run_end_of_run_s": r.run.metrics.get("time/end_of_run_s")}
     end = res["run_end_of_run_s"]
     text = "\n".join([
         f"| {task} {args.split} ({res['meta']['split_examples']} examples, batch {batch}, "

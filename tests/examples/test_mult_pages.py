@@ -1,9 +1,10 @@
 """MulT's example pages from a real tiny run (the shared local Ray, MLflow in SQLite): per clip the
-prediction against its label and the crossmodal attention over time, the attention equal to the
-model's own for that clip, the errors counted by label bin."""
+prediction against its label and the crossmodal attention over time, the attention equal to the model's
+own for that clip, the errors counted by label bin; a run against itself (the comparison of MulT runs)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -29,14 +30,16 @@ def test_mult_pages(stores, tmp_path, ray_local):
         f"data.store={stores['mult']}", "preset=tiny", "train.epochs=1", "train.batch_size=16",
         f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}", "mlflow.system_metrics=false"]))
     built = make_examples(uri, result.run_id, None, 6, out=tmp_path / "pages")
-    clips = built.mult
+    clips = built.a.examples
     assert built.a.split == "test" and len(clips) == 6
-    assert sorted(p.name for p in built.out.glob("example-*.html")) == [f"example-{i:04d}.html" for i in range(6)]
+    files = sorted(p.name for p in (built.out / "pictures").iterdir())
+    assert len(files) == 6 and all(re.fullmatch(r"\d{4}-(right|wrong)-label-(pos|neg)?\d\.png", f) for f in files), files
     model = from_run(uri, result.run_id, tmp_path / "dl").model
     directions = [f"{s}->{t}" for s, t in model.directions]
-    page = (built.out / "example-0000.html").read_text()
-    assert page.count("<figure>") == len(directions) * model.config.layers
-    assert f"label <b>{clips[0].label:+.3f}</b>" in page
+    index = (built.out / "index.html").read_text()
+    items = json.loads(re.search(r"id='xm-data'>(.*?)</script>", index).group(1))["items"]
+    assert [it["detail"].count("<figure>") for it in items] == [len(directions) * model.config.layers] * 6
+    assert f"label <b>{clips[0].label:+.3f}</b>" in items[0]["detail"]  # every layer's map of every direction
 
     # the attention of clip 0 is the model's own, on a batch built apart from the whole split
     split = open_store(stores["mult"]).split("test")
@@ -52,11 +55,13 @@ def test_mult_pages(stores, tmp_path, ray_local):
         want = np.stack([found[(i, (src, tgt))][0, :, :t, :s].numpy() for i in range(model.config.layers)])
         np.testing.assert_allclose(clips[0].attention[d], want, atol=1e-6)
 
-    index = (built.out / "index.html").read_text()
-    counts = [int(x) for x in re.findall(r"<tr><td>[+-]\d</td><td>(\d+)</td>", index)]
+    counts = [int(x) for x in re.findall(r"<tr><td>[+-]?\d</td><td class=n>(\d+)</td>", index)]
     assert sum(counts) == 6
     with pytest.raises(ExamplesError, match="--split train: run .* did not evaluate it"):
         make_examples(uri, result.run_id, "train", 3, out=tmp_path / "never")
-    with pytest.raises(ExamplesError, match="--compare"):
-        make_examples(uri, result.run_id, None, 3, compare_run=result.run_id, out=tmp_path / "never")
     assert not (tmp_path / "never").exists()
+    # two MulT runs side by side (here a run and itself): the 2x2 of the sign, the page in the run
+    both = make_examples(uri, result.run_id, None, 4, compare_run=result.run_id, out=tmp_path / "cmp")
+    c = both.comparison
+    assert (c.only_a, c.only_b, c.total) == (0, 0, 4) and "sign right by label bin" in (both.out / "index.html").read_text()
+    assert both.logged.endswith("/index.html?workflowType=machine_learning")

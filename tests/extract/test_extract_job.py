@@ -82,7 +82,7 @@ def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images,
     assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp_path / "imgs").resolve())
     assert image_sources(store) == {**{p.stem: str(p.resolve()) for p in images},
                                     "grey": str((tmp_path / "imgs" / "sub" / "grey.PNG").resolve())}
-    from xmodal.examples.collect import store_sources
+    from xmodal.examples.pictures import store_sources
 
     assert store_sources(store) == image_sources(store)  # what the example pages draw the pictures from
     lines = [x for x in stdout.splitlines() if x.strip()]
@@ -383,7 +383,7 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
     for k in a:
         assert np.array_equal(got[k], a[k]["features"])
     # where each image came from, carried into the LXMERT store: what its example pages draw
-    from xmodal.examples.collect import store_sources
+    from xmodal.examples.pictures import store_sources
 
     assert image_sources(lx) == image_sources(store) == {p.stem: str(p.resolve()) for p in images}
     assert store_sources(lx) == image_sources(store)

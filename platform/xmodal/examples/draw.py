@@ -1,11 +1,15 @@
 """The pictures of the example pages (Pillow): the image itself where the store says where it is, the
 scene of a synthetic image drawn from the store's own boxes, classes and colours, or a blank canvas of
-the image's size; then each box outlined and labelled with the detector's names.
+the image's size; then each box outlined and labelled with the detector's names; and MulT's attention maps.
+
+The picture is never recoloured: a box is an outline drawn inside its rectangle, its label a chip in a
+real font (Pillow's own FreeType font, LABEL_PX high) inside the box's top-left corner, shortened to fit
+the box and left out where it cannot fit; every pixel outside the boxes is the source's. The attention
+is drawn over the picture by the pages (outlines whose width carries the weight), not into it.
 
 A synthetic scene and a blank canvas are drawn in palette mode (flat colours, one byte a pixel: their PNG
-encodes five times faster than an RGB one, and most of a page's cost was that encoding); the labels use
-Pillow's bitmap font, crisp without anti-aliasing and ten times faster to draw than its FreeType font. A
-picture with more colours than a palette holds (over 120 boxes) and a real image are drawn in RGB.
+encodes five times faster than an RGB one, and most of a page's cost was that encoding). A picture with
+more colours than a palette holds (over 120 boxes) and a real image are drawn in RGB.
 
 A synthetic scene is drawn deterministically: each object a shape of its class (rectangle, ellipse,
 triangle or diamond: the class id modulo 4) filled with the colour its attribute names (a CSS colour
@@ -20,11 +24,12 @@ import colorsys
 import functools
 import io
 from collections.abc import Callable
-from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageColor, ImageDraw, ImageFont
 
-from xmodal.examples.collect import Box, Picture
+from xmodal.examples.pictures import Box, Picture
+from xmodal.examples.stats import row_entropy
 
 MAX_SIDE = 512  # a page's picture: the longer side, in pixels
 CANVAS = (236, 236, 236)
@@ -37,6 +42,11 @@ def box_colour(i: int) -> tuple[int, int, int]:
     """The outline colour of box i: well-separated hues."""
     r, g, b = colorsys.hsv_to_rgb((i * 0.618034) % 1.0, 0.85, 0.9)
     return int(r * 255), int(g * 255), int(b * 255)
+
+
+def hex_colour(i: int) -> str:
+    """box_colour(i) as a CSS colour."""
+    return "#" + "".join(f"{c:02x}" for c in box_colour(i))
 
 
 def attribute_colour(box: Box) -> tuple[int, int, int]:
@@ -119,31 +129,52 @@ def base(pic: Picture, mode: str = "P") -> Image.Image:
         return scene(pic, mode)
     img = canvas(size, mode)
     said = "picture not found" if pic.kind == "missing" else "no picture recorded"
-    ImageDraw.Draw(img).text((6, size[1] - 16), f"{said} ({pic.width}x{pic.height})", fill=inks(img)(BLANK_TEXT),
-                             font=font())
+    ImageDraw.Draw(img).text((6, max(0, size[1] - LABEL_PX - 6)), f"{said} ({pic.width}x{pic.height})",
+                             fill=inks(img)(BLANK_TEXT), font=font())
     return img
 
 
+LABEL_PX = 13  # the labels' font size in pixels of the picture (shown at 1:1 on the pages)
+OUTLINE_PX = 2  # a box's outline, drawn inside its rectangle
+
+
 @functools.cache
-def font() -> ImageFont.ImageFont:
-    return ImageFont.load_default_imagefont()
+def font(size: int = LABEL_PX) -> ImageFont.FreeTypeFont:
+    return ImageFont.load_default(size=size)
 
 
 PALETTE_BOXES = 120  # boxes a palette of 256 holds: two colours each (outline, object fill), the canvas's four
 
 
+def fitted(d: ImageDraw.ImageDraw, text: str, room: tuple[int, int]) -> tuple[str, tuple[int, int, int, int]] | None:
+    """`text` shortened (from its end) until its chip fits `room` (width, height), with the chip's box
+    relative to its origin; None when not even the box number fits."""
+    head = text.split(":")[0]
+    while True:
+        left, top, right, bottom = d.textbbox((0, 0), text, font=font())
+        if right + 4 <= room[0] and bottom + 2 <= room[1]:
+            return text, (0, 0, right + 4, bottom + 2)
+        if len(text) <= len(head):
+            return None
+        text = text[:-2].rstrip() + "…" if len(text) > len(head) + 2 else head
+
+
 def draw_boxes(img: Image.Image, boxes: list[Box]) -> Image.Image:
-    """Each box outlined in its colour (box_colour(i)) and labelled "i: attribute object"."""
+    """Each box outlined in its colour (box_colour(i)) inside its rectangle, and labelled "i: attribute
+    object" in a chip inside its top-left corner (shortened to the box, left out where it does not fit)."""
     d, ink = ImageDraw.Draw(img), inks(img)
     white = ink((255, 255, 255))
     for i, box in enumerate(boxes):
         x1, y1, x2, y2 = pixels(box, img.size)
         c = ink(box_colour(i))
-        d.rectangle((x1, y1, x2, y2), outline=c, width=2)
-        text = f"{i}: {box.label}"
-        left, top, right, bottom = d.textbbox((x1 + 3, y1 + 2), text, font=font())
-        d.rectangle((left - 2, top - 1, right + 2, bottom + 1), fill=c)
-        d.text((x1 + 3, y1 + 2), text, fill=white, font=font())
+        d.rectangle((x1, y1, x2, y2), outline=c, width=OUTLINE_PX)
+        inner = (x2 - x1 + 1 - 2 * OUTLINE_PX, y2 - y1 + 1 - 2 * OUTLINE_PX)
+        chip = fitted(d, f"{i}: {box.label}", inner)
+        if chip is not None:
+            text, (_, _, w, h) = chip
+            ox, oy = x1 + OUTLINE_PX, y1 + OUTLINE_PX
+            d.rectangle((ox, oy, ox + w - 1, oy + h - 1), fill=c)
+            d.text((ox + 2, oy), text, fill=white, font=font())
     return img
 
 
@@ -161,19 +192,44 @@ def data_uri(png: bytes) -> str:
 
 
 def picture(pic: Picture) -> Image.Image:
-    """The picture with its boxes: in palette mode where its colours fit one."""
+    """The picture with its boxes: in palette mode where its colours fit one. `base(pic)` is the same
+    picture without them."""
     mode = "P" if len(pic.boxes) <= PALETTE_BOXES else "RGB"
     return draw_boxes(base(pic, mode), pic.boxes)
 
 
-def save_png(img: Image.Image, path: Path) -> str:
-    """`img` as a PNG at `path`; returns the same PNG as a data: URI for the pages (encoded once)."""
-    png = png_bytes(img)
-    path.write_bytes(png)
-    return data_uri(png)
+def side_by_side(images: list[Image.Image], gap: int = 8) -> Image.Image:
+    """Pictures in a row on the canvas colour (an NLVR2 example's pair, as one file)."""
+    if len(images) == 1:
+        return images[0]
+    w = sum(i.width for i in images) + gap * (len(images) - 1)
+    out = Image.new("RGB", (w, max(i.height for i in images)), (255, 255, 255))
+    x = 0
+    for i in images:
+        out.paste(i.convert("RGB"), (x, 0))
+        x += i.width + gap
+    return out
 
 
-def picture_png(pic: Picture, path: Path) -> tuple[tuple[int, int], str]:
-    """The picture with its boxes, as a PNG at `path`; returns its size in pixels and its data: URI."""
-    img = picture(pic)
-    return img.size, save_png(img, path)
+# ----------------------------------------------------------------------------- MulT: attention over time
+
+MAP_SIDE = 360  # a heat map's longer side, in pixels
+STRIP_GAP, STRIP_PX = 4, 12  # the entropy strip beside a map
+
+
+def heat_map(m: np.ndarray) -> Image.Image:
+    """A (T, S) attention matrix (rows: the target's steps, each a distribution over the source's S steps)
+    on one absolute scale: white at 0 to dark blue at the map's largest weight (which the pages state),
+    never scaled per row, so a flat row stays pale. Beside it, a strip of each row's entropy over the
+    uniform row's (log S): white at 0 (one step takes everything), black at 1 (uniform)."""
+    t, s = m.shape
+    x = np.clip(m / (float(m.max()) or 1.0), 0, 1)
+    rgb = np.stack([255 * (1 - 0.9 * x), 255 * (1 - 0.75 * x), 255 - 90 * x], axis=-1).astype(np.uint8)
+    scale = max(1, MAP_SIDE // max(t, s))
+    h = row_entropy(m) / (np.log(s) if s > 1 else 1.0)
+    strip = np.repeat((255 * (1 - np.clip(h, 0, 1)))[:, None], 3, axis=1).astype(np.uint8)[:, None, :]
+    out = Image.new("RGB", (s * scale + STRIP_GAP + STRIP_PX, t * scale), (255, 255, 255))
+    out.paste(Image.fromarray(rgb).resize((s * scale, t * scale), Image.NEAREST), (0, 0))
+    out.paste(Image.fromarray(strip).resize((STRIP_PX, t * scale), Image.NEAREST), (s * scale + STRIP_GAP, 0))
+    return out
+

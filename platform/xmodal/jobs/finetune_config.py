@@ -107,7 +107,7 @@ class FinetuneExamplesConfig(Section):
     examples of `split` with the run's final model, each with its picture, boxes, answers and
     cross-attention. 0 = off."""
 
-    count: int = Field(16, ge=0, le=1000)
+    count: int = Field(16, ge=0, le=1000, strict=True)  # `true` is not 1, nor "16" 16
     split: str = "valid"  # a split the run evaluates: any of its set's but train
 
 
