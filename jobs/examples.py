@@ -1,7 +1,7 @@
 """Example pages of a finished run: see why a model fails (docs/tracking.md).
 
     python jobs/examples.py --run-id RUN [--split SPLIT] [--examples 48] [--compare RUN2] [--out DIR]
-        [--overwrite] [--tracking-uri URI]
+        [--overwrite] [--log] [--tracking-uri URI]
 
 A fine-tuning run (VQA, GQA, NLVR2), a pretraining run's QA head (on its store's minival) or a MulT run:
 its model (the weights it selected on validation) re-evaluates `--examples` examples of `--split`, a
@@ -16,7 +16,8 @@ pictures/NNNN-<right|wrong>-<type>.png, one per example.
 run gets right apart, the 2x2 table and McNemar's test on the console and the page, and the page logged
 into RUN2 (its examples/vs-<run>/ and a line of its description). OUT must be new, empty or this
 command's own earlier output (replaced); `--overwrite` writes beside other files there, removing none.
-Nothing is written on an error.
+`--log`: the pages into the run too (its examples/, MLflow's table of them, a line of its description), as
+a run's end logs them: for a MulT run, or a run that logged none. Nothing is written on an error.
 """
 
 import argparse
@@ -35,6 +36,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", help="output folder (default examples/<run name>; new, empty or this command's own)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into an --out that holds other files (they are kept)")
+    p.add_argument("--log", action="store_true",
+                   help="log the pages into the run too, as a run's end does (a MulT run, or a run without pages)")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     args = p.parse_args(argv)
     setup_console(False)
@@ -44,7 +47,8 @@ def main(argv: list[str]) -> int:
         from xmodal.examples import make_examples
 
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        built = make_examples(uri, args.run_id, args.split, args.examples, args.compare, args.out, args.overwrite)
+        built = make_examples(uri, args.run_id, args.split, args.examples, args.compare, args.out, args.overwrite,
+                              args.log)
         print(f"[xmodal] {built.line}")
         c = built.comparison
         if c is not None:
@@ -53,7 +57,7 @@ def main(argv: list[str]) -> int:
                   f"  McNemar's test ({c.test}, {c.only_a + c.only_b} disagreements): p = {c.p_value:.4g}")
         print(f"  pages       {built.out / 'index.html'}")
         if built.logged:
-            print(f"  in MLflow   {built.logged} (run B)")
+            print(f"  in MLflow   {built.logged} (run {'B' if c is not None else args.run_id})")
 
     return user_errors(go)
 

@@ -94,6 +94,7 @@ def test_an_attention_map_is_on_one_absolute_scale_and_a_flat_row_stays_flat():
     m = np.array([[0.25, 0.25, 0.25, 0.25], [0.97, 0.01, 0.01, 0.01]])
     img = np.array(heat_map(m))
     scale = img.shape[0] // 2
+    assert np.array(heat_map(m, scale=1)).shape == (2, 4 + 2, 3)  # the pages' map: a pixel a cell
     flat, peaked = img[scale // 2], img[scale + scale // 2]
     cells = [flat[c * scale + scale // 2] for c in range(4)]
     assert all((c == cells[0]).all() for c in cells)  # a uniform row: one colour

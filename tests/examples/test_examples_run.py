@@ -235,6 +235,9 @@ def test_bad_inputs_are_refused_with_one_line_and_nothing_written(run, tmp_path,
         (go + ["--out", "s3:/bucket/prefix"], "looks like a URI with a slash missing"),
         (go + ["--out", "a-file"], "is a file; expected a folder"),
         (go + ["--out", "a-file/pages"], "cannot be made"),
+        (go + ["--log"], f"--log: run '{run_id}' already has example pages (examples/index.html)"),
+        (["--run-id", b["pretrain"], "--tracking-uri", uri, "--log", "--compare", run_id], "expected one of --log or "
+                                                                                          "--compare"),
         (go + ["--out", "kept"], "already holds 'notes.txt', which jobs/examples.py did not write there; choose a "
                                  "new or empty folder or pass --overwrite"),
     ]

@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from xmodal import tracking
+from xmodal.base import run_tags
 from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
+from xmodal.examples.build import TABLE_FILE
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.runner import engine
 
@@ -29,7 +32,7 @@ def test_mult_pages(stores, tmp_path, ray_local):
     result = engine.run(MultJob(), load_config(MultTrainConfig, overrides=[
         f"data.store={stores['mult']}", "preset=tiny", "train.epochs=1", "train.batch_size=16",
         f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}", "mlflow.system_metrics=false"]))
-    built = make_examples(uri, result.run_id, None, 6, out=tmp_path / "pages")
+    built = make_examples(uri, result.run_id, None, 6, out=tmp_path / "pages", log=True)
     clips = built.a.examples
     assert built.a.split == "test" and len(clips) == 6
     files = sorted(p.name for p in (built.out / "pictures").iterdir())
@@ -57,6 +60,14 @@ def test_mult_pages(stores, tmp_path, ray_local):
 
     counts = [int(x) for x in re.findall(r"<tr><td>[+-]?\d</td><td class=n>(\d+)</td>", index)]
     assert sum(counts) == 6
+    # logged into the run as a run's end logs pages: MLflow's table with the maps as its image column
+    table = json.loads(tracking.download_artifacts(uri, result.run_id, TABLE_FILE, tmp_path / "t").read_text())
+    assert table["columns"][:2] == ["clip_id", "attention"] and len(table["data"]) == 6
+    assert all(row[1]["type"] == "image" for row in table["data"])
+    assert built.logged in tracking.get_run(uri, result.run_id).tags[run_tags.NOTE]
+    assert tracking.ui_command(uri, result.run_id).endswith(built.logged)
+    with pytest.raises(ExamplesError, match="--log: run .* already has example pages"):
+        make_examples(uri, result.run_id, None, 3, out=tmp_path / "never", log=True)
     with pytest.raises(ExamplesError, match="--split train: run .* did not evaluate it"):
         make_examples(uri, result.run_id, "train", 3, out=tmp_path / "never")
     assert not (tmp_path / "never").exists()

@@ -43,7 +43,7 @@ class Built:
     b: Shown | None
     line: str  # what the console says of the pages
     comparison: Comparison | None = None
-    logged: str | None = None  # the comparison's address in the MLflow UI (in run B)
+    logged: str | None = None  # the address in the MLflow UI of what was logged: the comparison (in run B), or --log's
 
 
 def write_rendered(rendered: Rendered, folder: Path) -> None:
@@ -75,13 +75,27 @@ def opened(r: Resolved, split: str):
     return data
 
 
+def check_loggable(a: Resolved, compare_run: str | None) -> None:
+    """`--log`: the pages go into a run that has none (MLflow keeps a run's artifacts: what is there would
+    stay beside them), and alone (a comparison goes into the second run anyway)."""
+    if compare_run is not None:
+        raise ExamplesError("--log: with --compare the comparison is logged into the second run; expected one of "
+                            "--log or --compare")
+    if a.run.tags.get(EXAMPLES_TAG):
+        raise ExamplesError(f"--log: run {a.run_id!r} already has example pages ({a.run.tags[EXAMPLES_TAG]}), which "
+                            "MLflow would keep beside new ones; expected a run without them (write these with --out)")
+
+
 def make_examples(uri: str, run_id: str, split: str | None = None, n: int = 48, compare_run: str | None = None,
-                  out: str | Path | None = None, overwrite: bool = False) -> Built:
+                  out: str | Path | None = None, overwrite: bool = False, log: bool = False) -> Built:
     """Pages of `n` examples of `split` of a finished run (and of `compare_run` on the same examples) into
-    `out` (default examples/<run name>[-vs-<other>]). Every check comes before anything is written."""
+    `out` (default examples/<run name>[-vs-<other>]); with `log`, into the run too (as its end logs them:
+    a MulT run's, or a run's that logged none). Every check comes before anything is written."""
     check_count(n)
     target = Output(out, "--out", COMMAND, overwrite=overwrite) if out is not None else None
     a = resolve(uri, run_id, "--run-id")
+    if log:
+        check_loggable(a, compare_run)
     b = resolve(uri, compare_run, "--compare") if compare_run is not None else None
     if b is not None and (b.kind, run_task(b.run)) != (a.kind, run_task(a.run)):
         raise ExamplesError(f"--compare: run {b.run_id!r} is a {run_task(b.run)} run and run {a.run_id!r} a "
@@ -104,6 +118,10 @@ def make_examples(uri: str, run_id: str, split: str | None = None, n: int = 48, 
         write_rendered(rendered, stage.tmp)
         folder = stage.publish()
     built = Built(folder, shown_a, shown_b, rendered.line)
+    if log:
+        with tempfile.TemporaryDirectory(prefix="xmodal-examples-") as tmp:
+            write_rendered(rendered, Path(tmp))
+            built.logged = log_pages(uri, a.run_id, Path(tmp), shown_a, rendered)
     if shown_b is not None:
         built.comparison = compare(shown_a.examples, shown_b.examples)
         built.logged = log_comparison(uri, shown_a, shown_b, built.comparison, rendered)
@@ -150,7 +168,8 @@ def log_pages(uri: str, run_id: str, folder: Path, shown: Shown, rendered: Rende
     if rendered.table is not None and TABLE_FILE not in tracking.list_artifacts(uri, run_id, ARTIFACT_DIR):
         tracking.log_table(uri, run_id, rendered.table, TABLE_FILE)
     url = tracking.artifact_url(uri, run_id, INDEX)
-    said = f"{len(shown.examples)} {shown.split} examples, {shown.right} right"
+    said = (f"{len(shown.examples)} {shown.split} clips, {shown.right} with the sign right" if shown.kind == "mult" else
+            f"{len(shown.examples)} {shown.split} examples, {shown.right} right")
     line = f"Example pages: [{INDEX}]({url}) ({said}; pictures, answers and attention; filters and sorting)"
     set_note_line(uri, run_id, f"[{INDEX}]", line, {EXAMPLES_TAG: INDEX, run_tags.EXAMPLES_SUMMARY: said})
     return url

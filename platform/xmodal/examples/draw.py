@@ -211,25 +211,37 @@ def side_by_side(images: list[Image.Image], gap: int = 8) -> Image.Image:
     return out
 
 
+def in_rows(images: list[Image.Image], per_row: int, gap: int = 8) -> Image.Image:
+    """Pictures `per_row` to a row (each row `side_by_side`), the rows one under another."""
+    rows = [side_by_side(images[i:i + per_row], gap) for i in range(0, len(images), per_row)]
+    if len(rows) == 1:
+        return rows[0]
+    out = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows) + gap * (len(rows) - 1)),
+                    (255, 255, 255))
+    y = 0
+    for r in rows:
+        out.paste(r.convert("RGB"), (0, y))
+        y += r.height + gap
+    return out
+
+
 # ----------------------------------------------------------------------------- MulT: attention over time
 
 MAP_SIDE = 360  # a heat map's longer side, in pixels
-STRIP_GAP, STRIP_PX = 4, 12  # the entropy strip beside a map
 
 
-def heat_map(m: np.ndarray) -> Image.Image:
+def heat_map(m: np.ndarray, scale: int | None = None) -> Image.Image:
     """A (T, S) attention matrix (rows: the target's steps, each a distribution over the source's S steps)
     on one absolute scale: white at 0 to dark blue at the map's largest weight (which the pages state),
-    never scaled per row, so a flat row stays pale. Beside it, a strip of each row's entropy over the
-    uniform row's (log S): white at 0 (one step takes everything), black at 1 (uniform)."""
+    never scaled per row, so a flat row stays pale. Beside it, after a white column, a column of each
+    row's entropy over the uniform row's (log S): white at 0 (one step takes everything), black at 1
+    (uniform). Each cell `scale` pixels square (default: the longer side MAP_SIDE); the pages draw it at
+    1 and let the browser enlarge it (a map's PNG is then a few hundred bytes, encoded in microseconds)."""
     t, s = m.shape
     x = np.clip(m / (float(m.max()) or 1.0), 0, 1)
-    rgb = np.stack([255 * (1 - 0.9 * x), 255 * (1 - 0.75 * x), 255 - 90 * x], axis=-1).astype(np.uint8)
-    scale = max(1, MAP_SIDE // max(t, s))
-    h = row_entropy(m) / (np.log(s) if s > 1 else 1.0)
-    strip = np.repeat((255 * (1 - np.clip(h, 0, 1)))[:, None], 3, axis=1).astype(np.uint8)[:, None, :]
-    out = Image.new("RGB", (s * scale + STRIP_GAP + STRIP_PX, t * scale), (255, 255, 255))
-    out.paste(Image.fromarray(rgb).resize((s * scale, t * scale), Image.NEAREST), (0, 0))
-    out.paste(Image.fromarray(strip).resize((STRIP_PX, t * scale), Image.NEAREST), (s * scale + STRIP_GAP, 0))
-    return out
-
+    rgb = np.stack([255 * (1 - 0.9 * x), 255 * (1 - 0.75 * x), 255 - 90 * x], axis=-1)
+    h = np.clip(row_entropy(m) / (np.log(s) if s > 1 else 1.0), 0, 1)
+    cells = np.concatenate([rgb, np.full((t, 1, 3), 255.0), np.repeat(255 * (1 - h)[:, None, None], 3, axis=2)], axis=1)
+    img = Image.fromarray(cells.astype(np.uint8))
+    scale = max(1, MAP_SIDE // max(t, s)) if scale is None else scale
+    return img if scale == 1 else img.resize((img.width * scale, img.height * scale), Image.NEAREST)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from PIL import Image
 
 from xmodal.base import run_tags
-from xmodal.examples.draw import data_uri, heat_map, png_bytes, side_by_side
+from xmodal.examples.draw import data_uri, heat_map, in_rows, png_bytes
 from xmodal.examples.run import ExamplesError, Resolved, Shown, choose_rows, open_recorded, rows_of
 from xmodal.examples.stats import by_pair, compare, row_entropy
 from xmodal.examples.viewer import (
@@ -34,6 +35,8 @@ from xmodal.examples.viewer import (
 )
 
 NAMES = {"l": "text", "a": "audio", "v": "vision"}
+SHOWN_SIDE = 240  # a map's longer side on the page, in CSS pixels
+THUMB_SIDE = 96  # a map's longer side in a clip's file (its card, MLflow's table): the last layer, each direction
 
 
 @dataclass
@@ -153,6 +156,11 @@ def collect_mult(model, store, split: str, rows: np.ndarray) -> list[MultExample
 # ----------------------------------------------------------------------------- the pages
 
 
+def thumb(m: np.ndarray) -> Image.Image:
+    """A map small enough for a card and MLflow's table: the longer side THUMB_SIDE pixels at most."""
+    return heat_map(m, scale=max(1, THUMB_SIDE // max(m.shape)))
+
+
 def bin_name(b: int) -> str:
     return f"{b:+d}" if b else "0"
 
@@ -171,9 +179,11 @@ def maps_block(e: MultExample, pics: dict[str, str], key: str) -> str:
         cells = []
         for layer in range(att.shape[0]):
             m = att[layer].mean(axis=0)
-            pics[f"{key}:{d}:{layer}"] = data_uri(png_bytes(heat_map(m)))
+            pics[f"{key}:{d}:{layer}"] = data_uri(png_bytes(heat_map(m, scale=1)))
             h = float(np.mean(row_entropy(m))) / math.log(s) if s > 1 else math.nan
-            cells.append(f"<figure><img data-pic='{esc(key)}:{d}:{layer}' alt='{d} layer {layer + 1}'><figcaption>"
+            k = max(1, SHOWN_SIDE // max(t, s))  # the browser enlarges the map, cells kept square
+            cells.append(f"<figure><img data-pic='{esc(key)}:{d}:{layer}' width={(s + 2) * k} height={t * k} "
+                         f"style='image-rendering:pixelated' alt='{d} layer {layer + 1}'><figcaption>"
                          f"layer {layer + 1}: largest weight {float(m.max()):.3f} (dark blue), rows' entropy "
                          f"{h:.2f} of uniform</figcaption></figure>")
         out.append(f"<h3>{NAMES[tgt]} attending to {NAMES[src]} ({src}&rarr;{tgt}): rows {NAMES[tgt]} steps "
@@ -225,8 +235,8 @@ def render_mult(a: Shown, b: Shown | None) -> Rendered:
     n = len(a.examples)
     for i, e in enumerate(a.examples):
         sides = [("A", a, e)] + ([("B", b, b.examples[i])] if b is not None else [])
-        images[stems[i]] = side_by_side([heat_map(x.attention[d][-1].mean(axis=0)) for d, x in
-                                         ((d, e) for d in e.attention)])
+        images[stems[i]] = in_rows([thumb(x.attention[d][-1].mean(axis=0)) for d, x in
+                                    ((d, e) for d in e.attention)], 3)
         files[f"pictures/{stems[i]}.png"] = png_bytes(images[stems[i]])
         pics[stems[i]] = data_uri(files[f"pictures/{stems[i]}.png"])
         sorts: dict = {}

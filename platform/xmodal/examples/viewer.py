@@ -44,7 +44,7 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .bar{position:relative;width:160px;height:11px;background:#eef}.bar i{position:absolute;left:0;top:0;bottom:0;background:#3563e9}
 .bar b{position:absolute;top:-2px;bottom:-2px;width:0;border-left:2px dashed #b3261e}
 .note{background:#fff6d6;padding:4px 8px;border-left:3px solid #e0b000}
-.legend{font-size:12px;color:#555}
+.legend{font-size:12px;color:#555}figure{margin:4px 10px 8px 0}figcaption{font-size:12px}
 .question{font-size:1.2em}
 """
 
