@@ -146,35 +146,51 @@ def font(size: int = LABEL_PX) -> ImageFont.FreeTypeFont:
 PALETTE_BOXES = 120  # boxes a palette of 256 holds: two colours each (outline, object fill), the canvas's four
 
 
-def fitted(d: ImageDraw.ImageDraw, text: str, room: tuple[int, int]) -> tuple[str, tuple[int, int, int, int]] | None:
-    """`text` shortened (from its end) until its chip fits `room` (width, height), with the chip's box
-    relative to its origin; None when not even the box number fits."""
-    head = text.split(":")[0]
-    while True:
-        left, top, right, bottom = d.textbbox((0, 0), text, font=font())
-        if right + 4 <= room[0] and bottom + 2 <= room[1]:
-            return text, (0, 0, right + 4, bottom + 2)
-        if len(text) <= len(head):
+Chips = dict[tuple[str, int], tuple[Image.Image, int, int] | None]  # (label, room's width) -> its chip
+
+
+def chip(text: str, width: int) -> tuple[Image.Image, int, int] | None:
+    """The label `text` rendered as a chip's mask no wider than `width`: the text whole, or its longest
+    beginning that fits with "…", found by measuring (rendered once); None when not even the box number
+    (the text before ":") fits."""
+    def need(t: str) -> float:
+        return font().getlength(t) + 4
+
+    if need(text) > width:
+        head = text.split(":")[0]
+        lo, hi = len(head), len(text) - 1  # the longest prefix text[:k] + "…" that fits, k >= len(head)
+        if need(head) > width:
             return None
-        text = text[:-2].rstrip() + "…" if len(text) > len(head) + 2 else head
+        while lo < hi:
+            k = (lo + hi + 1) // 2
+            lo, hi = (k, hi) if need(text[:k].rstrip() + "…") <= width else (lo, k - 1)
+        text = text[:lo].rstrip() + ("…" if lo > len(head) else "")
+    left, top, right, bottom = font().getbbox(text)
+    mask = Image.new("L", (right + 4, bottom + 2))
+    ImageDraw.Draw(mask).text((2, 0), text, fill=255, font=font())
+    return mask, right + 4, bottom + 2
 
 
-def draw_boxes(img: Image.Image, boxes: list[Box]) -> Image.Image:
+def draw_boxes(img: Image.Image, boxes: list[Box], chips: Chips | None = None) -> Image.Image:
     """Each box outlined in its colour (box_colour(i)) inside its rectangle, and labelled "i: attribute
-    object" in a chip inside its top-left corner (shortened to the box, left out where it does not fit)."""
+    object" in a chip inside its top-left corner (shortened to the box, left out where it does not fit).
+    `chips`: the labels already rendered by this set of pages (labels repeat across pictures)."""
     d, ink = ImageDraw.Draw(img), inks(img)
     white = ink((255, 255, 255))
+    chips = {} if chips is None else chips
     for i, box in enumerate(boxes):
         x1, y1, x2, y2 = pixels(box, img.size)
         c = ink(box_colour(i))
         d.rectangle((x1, y1, x2, y2), outline=c, width=OUTLINE_PX)
-        inner = (x2 - x1 + 1 - 2 * OUTLINE_PX, y2 - y1 + 1 - 2 * OUTLINE_PX)
-        chip = fitted(d, f"{i}: {box.label}", inner)
-        if chip is not None:
-            text, (_, _, w, h) = chip
+        room = (x2 - x1 + 1 - 2 * OUTLINE_PX, y2 - y1 + 1 - 2 * OUTLINE_PX)
+        key = (f"{i}: {box.label}", room[0])
+        if key not in chips:
+            chips[key] = chip(*key)
+        if chips[key] is not None and chips[key][2] <= room[1]:
+            mask, w, h = chips[key]
             ox, oy = x1 + OUTLINE_PX, y1 + OUTLINE_PX
             d.rectangle((ox, oy, ox + w - 1, oy + h - 1), fill=c)
-            d.text((ox + 2, oy), text, fill=white, font=font())
+            d.bitmap((ox, oy), mask, fill=white)
     return img
 
 
@@ -191,11 +207,11 @@ def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def picture(pic: Picture) -> Image.Image:
+def picture(pic: Picture, chips: Chips | None = None) -> Image.Image:
     """The picture with its boxes: in palette mode where its colours fit one. `base(pic)` is the same
     picture without them."""
     mode = "P" if len(pic.boxes) <= PALETTE_BOXES else "RGB"
-    return draw_boxes(base(pic, mode), pic.boxes)
+    return draw_boxes(base(pic, mode), pic.boxes, chips)
 
 
 def side_by_side(images: list[Image.Image], gap: int = 8) -> Image.Image:

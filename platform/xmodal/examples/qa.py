@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xmodal.examples.draw import data_uri, hex_colour, picture, pixels, png_bytes, side_by_side
+from xmodal.examples.draw import Chips, data_uri, hex_colour, picture, pixels, png_bytes, side_by_side
 from xmodal.examples.pictures import Picture
 from xmodal.examples.run import Shown
 from xmodal.examples.stats import answer_type, by, by_pair, compare, confusions, question_type, row_entropy
@@ -174,10 +174,11 @@ class Drawn:
 def draw_all(examples: list[Example], stems: list[str]) -> Drawn:
     """Every image drawn and encoded once; an NLVR2 pair is put side by side for its example's file."""
     uris, sizes, pngs, imgs = {}, {}, {}, {}
+    chips: Chips = {}
     for e in examples:
         for p in e.pictures:
             if p.img_id not in uris:
-                img = picture(p)
+                img = picture(p, chips)
                 png = png_bytes(img)
                 imgs[p.img_id], pngs[p.img_id], sizes[p.img_id], uris[p.img_id] = img, png, img.size, data_uri(png)
     files, images = {}, {}
@@ -402,6 +403,6 @@ def table_of(a: Shown, stems: list[str], drawn: Drawn) -> dict[str, list]:
         "loss": [None if math.isnan(e.loss) else round(e.loss, 6) for e in ex],
         "question_type": [question_type(e, a.task) for e in ex],
         "answer_type": [answer_type(e, a.task) for e in ex],
-        "picture": [drawn.images[s].convert("RGB") for s in stems],
+        "picture": [drawn.images[s] for s in stems],
         "file": [f"pictures/{s}.png" for s in stems],
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from xmodal.examples.run import Shown
@@ -175,7 +175,7 @@ def controls(v: Viewer) -> str:
 
 def page(v: Viewer) -> str:
     """The whole viewer as one HTML document."""
-    data = {"items": [asdict(it) for it in v.items], "facets": [asdict(f) for f in v.facets],
+    data = {"items": [vars(it) for it in v.items], "facets": [vars(f) for f in v.facets],
             "group": v.group, "groups": v.groups, "pics": v.pictures}
     docs = "".join(f"<script type='application/json' id='{esc(k)}'>{script_json(x)}</script>"
                    for k, x in v.documents.items())
