@@ -17,6 +17,7 @@ from xmodal.examples.draw import (
     picture,
     pixels,
     size_of,
+    text_colour,
 )
 from xmodal.examples.pictures import Box, Picture
 
@@ -37,10 +38,10 @@ def test_a_box_lands_on_the_pixels_of_its_coordinates():
     assert img.getpixel((x2 + 1, (y1 + y2) // 2)) == (236, 236, 236)
     # its label: a chip of the box's colour inside its top-left corner, the text at least LABEL_PX high
     chip = np.array(img)[y1 + OUTLINE_PX:y1 + OUTLINE_PX + LABEL_PX, x1 + OUTLINE_PX:x1 + 60]
-    white = (chip == 255).all(axis=-1)
-    rows = np.flatnonzero(white.any(axis=1))
+    ink = (chip == text_colour(outline)).all(axis=-1)  # black on a light chip, white on a dark one
+    rows = np.flatnonzero(ink.any(axis=1))
     assert rows.size and rows[-1] - rows[0] + 1 >= 9  # cap height of a 13 px font: the text is not a 6 px bitmap
-    assert (chip[~white] == outline).all(axis=-1).mean() > 0.6
+    assert (chip[~ink] == outline).all(axis=-1).mean() > 0.6
 
 
 def test_the_picture_is_never_recoloured_outside_its_box_outlines(tmp_path):

@@ -113,7 +113,7 @@ def test_the_attention_a_page_holds_is_the_models_own(run, tmp_path):
     item = index_data(built.out)["items"][0]
     side = item["data"]["sides"][0]
     shown = np.frombuffer(base64.b64decode(side["att"]), "<f4").reshape(side["shape"])
-    e = built.a.examples[0]
+    e = next(x for x in built.a.examples if x.id == item["id"])
     data = open_finetune(vqa.path)
     row = data.ids("valid").index(e.id)
     images, sp = data.images("valid"), data.split("valid")

@@ -41,8 +41,10 @@ def test_mult_pages(stores, tmp_path, ray_local):
     directions = [f"{s}->{t}" for s, t in model.directions]
     index = (built.out / "index.html").read_text()
     items = json.loads(re.search(r"id='xm-data'>(.*?)</script>", index).group(1))["items"]
+    # every layer's map of every direction, for every clip
     assert [it["detail"].count("<figure>") for it in items] == [len(directions) * model.config.layers] * 6
-    assert f"label <b>{clips[0].label:+.3f}</b>" in items[0]["detail"]  # every layer's map of every direction
+    first = next(it for it in items if it["id"] == clips[0].id)
+    assert f"label <b>{clips[0].label:+.3f}</b>" in first["detail"]
 
     # the attention of clip 0 is the model's own, on a batch built apart from the whole split
     split = open_store(stores["mult"]).split("test")

@@ -58,7 +58,7 @@ def test_the_attention_is_drawn_as_the_weights_are(browser, pages):
     page = browser.new_page()
     page.goto((pages / "one" / "index.html").as_uri())
     page.locator(".card[data-id='q0']").click()  # a uniform row
-    assert page.locator("#xm-detail h2").inner_text().startswith("Example 1 of 4")
+    assert page.locator("#xm-detail h2").inner_text().startswith("Example 3 of 4")  # listed after the wrong ones
     assert strokes(page) == pytest.approx([1 + OUTLINE_GAIN / N] * N, abs=0.01)  # all the same: uniform
     xs = page.locator("#xm-detail .xm-x").all_inner_texts()
     assert xs == ["1.00"] * N
@@ -90,6 +90,7 @@ def test_filters_sorts_and_deep_links(browser, pages):
 def test_two_runs_apart_and_their_pickers_together(browser, pages):
     page = browser.new_page()
     page.goto((pages / "two" / "index.html").as_uri())
+    assert [c.get_attribute("data-id") for c in page.locator(".card").all()] == ["q0", "q1", "q2", "q3"]
     heads = page.locator("#xm-list h2").all_inner_texts()
     assert heads == ["only A right (1)", "only B right (2)", "both right (1)"]
     assert page.locator("#xm-2x2").inner_text().split() == ["B", "right", "B", "wrong", "A", "right", "1", "1", "A",

@@ -44,6 +44,11 @@ def box_colour(i: int) -> tuple[int, int, int]:
     return int(r * 255), int(g * 255), int(b * 255)
 
 
+def text_colour(c: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Black on a light chip, white on a dark one (by the colour's luma)."""
+    return (0, 0, 0) if 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] > 150 else (255, 255, 255)
+
+
 def hex_colour(i: int) -> str:
     """box_colour(i) as a CSS colour."""
     return "#" + "".join(f"{c:02x}" for c in box_colour(i))
@@ -176,11 +181,11 @@ def draw_boxes(img: Image.Image, boxes: list[Box], chips: Chips | None = None) -
     object" in a chip inside its top-left corner (shortened to the box, left out where it does not fit).
     `chips`: the labels already rendered by this set of pages (labels repeat across pictures)."""
     d, ink = ImageDraw.Draw(img), inks(img)
-    white = ink((255, 255, 255))
     chips = {} if chips is None else chips
     for i, box in enumerate(boxes):
         x1, y1, x2, y2 = pixels(box, img.size)
         c = ink(box_colour(i))
+        text = ink(text_colour(box_colour(i)))
         d.rectangle((x1, y1, x2, y2), outline=c, width=OUTLINE_PX)
         room = (x2 - x1 + 1 - 2 * OUTLINE_PX, y2 - y1 + 1 - 2 * OUTLINE_PX)
         key = (f"{i}: {box.label}", room[0])
@@ -190,7 +195,7 @@ def draw_boxes(img: Image.Image, boxes: list[Box], chips: Chips | None = None) -
             mask, w, h = chips[key]
             ox, oy = x1 + OUTLINE_PX, y1 + OUTLINE_PX
             d.rectangle((ox, oy, ox + w - 1, oy + h - 1), fill=c)
-            d.bitmap((ox, oy), mask, fill=white)
+            d.bitmap((ox, oy), mask, fill=text)
     return img
 
 

@@ -28,6 +28,7 @@ from xmodal.examples.viewer import (
     Viewer,
     comparison_doc,
     esc,
+    in_sections,
     notes_html,
     page,
     table,
@@ -156,6 +157,17 @@ def collect_mult(model, store, split: str, rows: np.ndarray) -> list[MultExample
 # ----------------------------------------------------------------------------- the pages
 
 
+COMPARED = ("only A right", "only B right", "both wrong", "both right")
+
+
+def section(x: MultExample, y: MultExample | None) -> str:
+    """Where a clip is listed: by its sign right or wrong, or, for two runs, by which of them is right."""
+    if y is None:
+        return "right" if x.right else "wrong"
+    return {(True, False): COMPARED[0], (False, True): COMPARED[1], (False, False): COMPARED[2],
+            (True, True): COMPARED[3]}[(x.right, y.right)]
+
+
 def thumb(m: np.ndarray) -> Image.Image:
     """A map small enough for a card and MLflow's table: the longer side THUMB_SIDE pixels at most."""
     return heat_map(m, scale=max(1, THUMB_SIDE // max(m.shape)))
@@ -226,10 +238,9 @@ def summary_mult(a: Shown, b: Shown | None) -> str:
 def render_mult(a: Shown, b: Shown | None) -> Rendered:
     """A MulT run's pages (or two runs' on the same clips): a card per clip, its maps in the detail."""
     pics: dict[str, str] = {}
-    pairs = list(zip(a.examples, b.examples, strict=True)) if b is not None else []
-    groups = [{(True, False): "only A right", (False, True): "only B right", (False, False): "both wrong",
-               (True, True): "both right"}[(x.right, y.right)] for x, y in pairs] if b is not None else \
-        ["right" if e.right else "wrong" for e in a.examples]
+    order = list(COMPARED) if b is not None else ["wrong", "right"]
+    a, b = in_sections(a, b, section, order)
+    groups = [section(x, b.examples[i] if b is not None else None) for i, x in enumerate(a.examples)]
     stems = [stem_of(i, e, g) for i, (e, g) in enumerate(zip(a.examples, groups, strict=True))]
     files, images, items = {}, {}, []
     n = len(a.examples)
@@ -266,7 +277,7 @@ def render_mult(a: Shown, b: Shown | None) -> Rendered:
     v = Viewer(title=title, summary=summary_mult(a, b), items=items,
                facets=[Facet("verdict", "sign right or wrong" if b is None else "who is right"),
                        Facet("bin", "label bin")], measures=measures, group="verdict",
-               groups=["only A right", "only B right", "both wrong", "both right"] if b is not None else ["wrong", "right"],
+               groups=order,
                pictures=pics, documents=comparison_doc(a, b))
     line = (f"{n} {a.split} clips of run {a.run_name} ({a.right} with the sign right)" if b is None else
             f"{n} {a.split} clips: run A {a.run_name} {a.right} with the sign right, run B {b.run_name} {b.right}")

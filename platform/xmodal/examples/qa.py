@@ -31,6 +31,7 @@ from xmodal.examples.viewer import (
     Viewer,
     comparison_doc,
     esc,
+    in_sections,
     notes_html,
     page,
     slug,
@@ -302,9 +303,10 @@ class QaRender:
     name = ""
 
     def render(self, a: Shown, b: Shown | None = None) -> Rendered:
+        groups = COMPARED if b is not None else VERDICTS
+        a, b = in_sections(a, b, lambda x, y: compared(x, y) if y is not None else VERDICTS[x.right], groups)
         n = len(a.examples)
-        pairs = list(zip(a.examples, b.examples, strict=True)) if b is not None else []
-        group = [compared(x, y) for x, y in pairs] if b is not None else \
+        group = [compared(x, y) for x, y in zip(a.examples, b.examples, strict=True)] if b is not None else \
             ["right" if e.right else "wrong" for e in a.examples]
         stems = [f"{i + 1:04d}-{slug(g)}-{slug(question_type(e, a.task))}" for i, (g, e) in
                  enumerate(zip(group, a.examples, strict=True))]
@@ -329,7 +331,7 @@ class QaRender:
         v = Viewer(title=title(a, b), summary=summary(a, b, notes), items=items,
                    facets=[Facet("verdict", "right or wrong" if b is None else "who is right"), Facet("qtype", qkey),
                            Facet("atype", "answer type")],
-                   measures=measures, group="verdict", groups=COMPARED if b is not None else VERDICTS,
+                   measures=measures, group="verdict", groups=groups,
                    pictures=drawn.uris, hook=HOOK, documents=comparison_doc(a, b))
         files = {f"pictures/{s}.png": drawn.files[s] for s in stems}
         return Rendered(page(v), files, None if b is not None else table_of(a, stems, drawn), line(a, b))

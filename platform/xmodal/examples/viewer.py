@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xmodal.examples.run import Shown
@@ -35,9 +35,10 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .card img{max-width:100%;display:block;margin-bottom:3px}
 #xm-detail{border:2px solid #3563e9;border-radius:6px;padding:8px 12px;margin:.6em 0;background:#fbfcff}
 .nav button{margin-right:6px}
-.runs{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start}.run{flex:1;min-width:360px}
+.runs{display:flex;gap:1.5em;flex-wrap:wrap;align-items:flex-start}.run{flex:1;min-width:min(530px,100%)}
 .picrow{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}.xm-ent{margin:0 0 4px;max-width:420px}
-.pic{position:relative;display:inline-block;margin:4px 4px 0 0;line-height:0}.pic img{display:block}
+.pic{position:relative;display:inline-block;margin:4px 4px 0 0;line-height:0;max-width:100%}
+.pic img{display:block;max-width:100%;height:auto}
 .pic svg{position:absolute;left:0;top:0;width:100%;height:100%;pointer-events:none}
 .tok{margin:1px;padding:1px 6px;border:1px solid #bbb;background:#fff;cursor:pointer;font-size:13px}
 .tok.on{background:#ffd7cc;border-color:#d55}
@@ -147,6 +148,15 @@ class Viewer:
     pictures: dict[str, str] = field(default_factory=dict)
     hook: str = ""
     documents: dict[str, Any] = field(default_factory=dict)
+
+
+def in_sections(a: Shown, b: Shown | None, section, order: list[str]) -> tuple[Shown, Shown | None]:
+    """Both runs' examples in the order of their sections (`section(x, y)` of A's and B's example, in
+    `order`), each section in the chosen order: the list's order as listed, and the files' numbers."""
+    ys = b.examples if b is not None else [None] * len(a.examples)
+    at = sorted(range(len(a.examples)), key=lambda i: order.index(section(a.examples[i], ys[i])))
+    a = replace(a, examples=[a.examples[i] for i in at])
+    return a, (replace(b, examples=[b.examples[i] for i in at]) if b is not None else None)
 
 
 def script_json(value: Any) -> str:
