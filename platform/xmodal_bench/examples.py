@@ -143,19 +143,23 @@ def run(args: argparse.Namespace) -> int:
            "evaluation_cpu_s": total_cpu,
            "pages": [{"examples": n, **v} for n, v in by_count.items()],
            "run_end_of_run_s": r.run.metrics.get("time/end_of_run_s")}
-    end = res["run_end_of_run_s"]
-    text = "\n".join([
-        f"| {task} {args.split} ({res['meta']['split_examples']} examples, batch {batch}, "
-        f"{res['meta']['threads']} torch threads), median of {args.repeats} | seconds | of the evaluation | "
-        "CPU seconds | of its CPU |",
+    write_results(args.out, f"examples-{stamp}", res, table(res, args))
+    return 0
+
+
+def table(res: dict, args: argparse.Namespace) -> str:
+    """The results as a Markdown table: the evaluation, then a row per count of examples."""
+    m, end = res["meta"], res["run_end_of_run_s"]
+    return "\n".join([
+        f"| {m['task']} {args.split} ({m['split_examples']} examples, batch {m['batch']}, {m['threads']} torch "
+        f"threads), median of {args.repeats} | seconds | of the evaluation | CPU seconds | of its CPU |",
         "| --- | --- | --- | --- | --- |",
-        f"| one evaluation pass | {eval_s:.3f} | | {eval_cpu:.3f} | |",
-        f"| the run's evaluation: {passes} passes | {total:.3f} | 100 % | {total_cpu:.3f} | 100 % |",
-        *(f"| pages for {n} examples (predict {v['predict_s']:.3f}, draw {v['draw_s']:.3f}) | {v['pages_s']:.3f} | "
-          f"{100 * v['pages_share']:.1f} % | {v['pages_cpu_s']:.3f} | {100 * v['pages_cpu_share']:.1f} % |"
-          for n, v in by_count.items()),
+        f"| one evaluation pass | {res['eval_pass_s']:.3f} | | {res['eval_pass_cpu_s']:.3f} | |",
+        f"| the run's evaluation: {res['passes']} passes | {res['evaluation_s']:.3f} | 100 % | "
+        f"{res['evaluation_cpu_s']:.3f} | 100 % |",
+        *(f"| pages for {v['examples']} examples (predict {v['predict_s']:.3f}, draw {v['draw_s']:.3f}) | "
+          f"{v['pages_s']:.3f} | {100 * v['pages_share']:.1f} % | {v['pages_cpu_s']:.3f} | "
+          f"{100 * v['pages_cpu_share']:.1f} % |" for v in res["pages"]),
         f"| the run's own time/end_of_run_s (its pages and their logging) | "
         f"{f'{end:.3f}' if end is not None else '-'} | | | |",
     ])
-    write_results(args.out, f"examples-{stamp}", res, text)
-    return 0
