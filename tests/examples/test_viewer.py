@@ -66,6 +66,13 @@ def test_the_attention_is_drawn_as_the_weights_are(browser, pages):
     page.locator(".card[data-id='q1']").click()  # a peaked row: widths by the absolute weights
     assert strokes(page) == pytest.approx([1 + OUTLINE_GAIN * w for w in PEAKED], abs=0.01)
     assert page.locator("#xm-detail .xm-w").all_inner_texts()[0] == "0.7500"
+    # the outlines grow outward from each box's own: inside it, the object and its label stay uncovered
+    inner = page.locator("#xm-detail svg[data-side='A'] rect").evaluate_all(
+        "els => els.map(e => [+e.getAttribute('x') + e.getAttribute('stroke-width') / 2, "
+        "+e.getAttribute('y') + e.getAttribute('stroke-width') / 2])")
+    boxes = page.evaluate("() => JSON.parse(document.getElementById('xm-data').textContent).items"
+                          ".find(it => it.id === 'q1').data.sides[0].pics[0].rects")
+    assert [v for xy in inner for v in xy] == pytest.approx([v for x, y, _, _ in boxes for v in (x + 1, y + 1)])
     assert page.url.endswith("#example=q1")  # selecting sets the deep link; the document is the same
     page.close()
 

@@ -3,7 +3,8 @@ run's and a pretraining run's QA head's examples both are, built from the model'
 (`answer_example`), and their pages (`QaRender.render`, the fine-tuning and pretraining kinds' render).
 
 The attention is drawn honestly: over the picture (never into it), each box's outline is as wide as its
-absolute weight says (1 px + OUTLINE_GAIN px x weight, never scaled to the row's largest), the weights
+absolute weight says (1 px + OUTLINE_GAIN px x weight, never scaled to the row's largest), drawn outward
+from the box's own outline so it covers neither the object nor its label, the weights
 table beside the picture is open, each weight beside the uniform level 1/N (a dashed line in its bar,
 and the weight over it), and the row's entropy beside the uniform's (ln N).
 """
@@ -244,8 +245,8 @@ def detail(i: int, n: int, sides: list[tuple[str, Shown, Example]], drawn: Drawn
     head = (f"<h2>Example {i + 1} of {n}: <code>{esc(e.id)}</code> "
             + " · ".join(f"{lab + ': ' if len(sides) > 1 else ''}{verdict(x)}" for lab, _, x in sides) + "</h2>")
     pickers = ("<p>cross-attention of <select class='xm-layer'></select> <select class='xm-head'></select> from the "
-               "word <span class='xm-toks'></span></p><p class='legend'>Each box's outline over the picture is "
-               f"1 px + {OUTLINE_GAIN} px x its weight (the weights as the model computed them, not scaled to the "
+               "word <span class='xm-toks'></span></p><p class='legend'>Around each box, an outline 1 px + "
+               f"{OUTLINE_GAIN} px x its weight wide (the weights as the model computed them, not scaled to the "
                "row's largest); the picture itself is not changed.</p>")
     runs = "".join(
         f"<div class='run'>{f'<h3>run {lab}: {esc(r.run_name)} <small>({esc(r.run_id)})</small></h3>' if len(sides) > 1 else ''}"
@@ -281,10 +282,10 @@ function draw(){var l=S.layer<0||S.layer>=L?L-1:S.layer;S.tok=Math.min(S.tok,T-1
   tb.querySelectorAll('.tok').forEach(function(b){b.classList.toggle('on',+b.dataset.t===S.tok);});
   d.sides.forEach(function(s){s.pics.forEach(function(pc,p){var w=row(s,l,S.head,S.tok,p),n=pc.n,sel='[data-side="'+
     s.label+'"][data-p="'+p+'"]',ent=0;
-    root.querySelector('svg'+sel).innerHTML=pc.rects.map(function(r,b){return '<rect x="'+(r[0]+1)+'" y="'+(r[1]+1)+
-      '" width="'+Math.max(1,r[2]-1)+'" height="'+Math.max(1,r[3]-1)+'" fill="none" stroke="'+pc.colours[b]+
-      '" stroke-opacity="0.9" stroke-width="'+(1+"""+str(OUTLINE_GAIN)+"""*w[b]).toFixed(2)+'" data-w="'+w[b]+'"><title>box '+
-      b+': '+w[b].toFixed(4)+'</title></rect>';}).join('');
+    root.querySelector('svg'+sel).innerHTML=pc.rects.map(function(r,b){var sw=1+"""+str(OUTLINE_GAIN)+"""*w[b];
+      return '<rect x="'+(r[0]+1-sw/2)+'" y="'+(r[1]+1-sw/2)+'" width="'+(Math.max(0,r[2]-2)+sw)+'" height="'+
+      (Math.max(0,r[3]-2)+sw)+'" fill="none" stroke="'+pc.colours[b]+'" stroke-opacity="0.9" stroke-width="'+
+      sw.toFixed(2)+'" data-w="'+w[b]+'"><title>box '+b+': '+w[b].toFixed(4)+'</title></rect>';}).join('');
     w.forEach(function(x){if(x>0)ent-=x*Math.log(x);});
     root.querySelector('.xm-ent'+sel).textContent='this row: entropy '+ent.toFixed(3)+' nats; uniform over the '+n+
       ' boxes: 1/'+n+' = '+(1/n).toFixed(4)+' each, entropy ln '+n+' = '+Math.log(n).toFixed(3);

@@ -37,9 +37,9 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .nav button{margin-right:6px}
 .runs{display:flex;gap:1.5em;flex-wrap:wrap;align-items:flex-start}.run{flex:1;min-width:min(530px,100%)}
 .picrow{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}.xm-ent{margin:0 0 4px;max-width:420px}
-.pic{position:relative;display:inline-block;margin:4px 4px 0 0;line-height:0;max-width:100%}
+.pic{position:relative;display:inline-block;margin:10px;line-height:0;max-width:calc(100% - 20px)}
 .pic img{display:block;max-width:100%;height:auto}
-.pic svg{position:absolute;left:0;top:0;width:100%;height:100%;pointer-events:none}
+.pic svg{position:absolute;left:0;top:0;width:100%;height:100%;pointer-events:none;overflow:visible}
 .tok{margin:1px;padding:1px 6px;border:1px solid #bbb;background:#fff;cursor:pointer;font-size:13px}
 .tok.on{background:#ffd7cc;border-color:#d55}
 .bar{position:relative;width:160px;height:11px;background:#eef}.bar i{position:absolute;left:0;top:0;bottom:0;background:#3563e9}
