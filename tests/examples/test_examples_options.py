@@ -11,7 +11,7 @@ from xmodal.config.experiment import ConfigError, load_config
 from xmodal.examples.kinds import kind_of_task
 from xmodal.examples.pictures import Picture
 from xmodal.examples.qa import Example
-from xmodal.examples.run import ExamplesError, Shown, check_count, check_same_examples
+from xmodal.examples.run import ExamplesError, Shown, check_count, check_same_examples, choose_rows
 from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.jobs.pretrain_config import PretrainConfig
 
@@ -62,3 +62,9 @@ def test_every_task_has_one_kind():
     assert {t: kind_of_task(t) for t in ("vqa", "gqa", "nlvr2", "pretrain", "mult", "retrieval")} == {
         "vqa": "finetune", "gqa": "finetune", "nlvr2": "finetune", "pretrain": "pretrain", "mult": "mult",
         "retrieval": None}
+
+
+def test_a_larger_sample_holds_a_smaller_one():
+    small, large = choose_rows(600, 16), choose_rows(600, 48)
+    assert set(small) <= set(large) and len(set(large)) == 48 and list(large) == sorted(large)
+    assert list(choose_rows(5, 48)) == [0, 1, 2, 3, 4]  # a split smaller than the count: all of it
