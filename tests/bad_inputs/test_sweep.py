@@ -90,6 +90,11 @@ SWEEP = [
          "run evaluates"],
         files={"space.yaml": CHAIN + "  finetune.examples.split: {type: choice, values: [valid, minival]}\n"},
         setup=vqa_set, env=LOCAL),
+    Bad("chain-fine-tuning-batch-larger-than-the-set", ["space.yaml"],
+        ["finetune.train.batch_size 4096 is larger than a worker's share"],
+        files={"space.yaml": CHAIN.replace("store: vqa}, train: {max_steps: 2, batch_size: 8}",
+                                           "store: vqa}, train: {max_steps: 2, batch_size: 4096}")
+               + "  pretrain.optim.lr: {type: choice, values: [1e-3, 1e-2]}\n"}, setup=vqa_set, env=LOCAL),
     Bad("chain-set-missing", ["space.yaml"], ["finetune.data.store", "does not exist"],
         files={"space.yaml": CHAIN.replace("store: vqa", "store: no_such_set")
                + "  pretrain.optim.lr: {type: choice, values: [1e-3, 1e-2]}\n"}, setup=vqa_set, env=LOCAL),

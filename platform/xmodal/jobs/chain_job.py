@@ -9,6 +9,8 @@ the fine-tuning stage's (e.g. valid/accuracy): its run is the one that reports t
 
 from __future__ import annotations
 
+import re
+
 from xmodal.base import run_tags
 from xmodal.config.experiment import ConfigError
 from xmodal.config.paths import config_has
@@ -77,8 +79,8 @@ def _stage_check(check, stage: str, spec, cfg) -> CheckedRun:
         return check(spec, cfg)
     except ConfigError as e:
         text = str(e)
-        head = text.split(":", 1)[0].split(" = ", 1)[0]
-        if config_has(type(cfg), head):
+        key = re.match(r"[a-z_]\w*(?:\.\w+)*", text)  # a message that starts with a key names it
+        if key and config_has(type(cfg), key.group(0)):
             raise ConfigError(f"{stage}.{text}") from None
         raise
 
