@@ -280,15 +280,14 @@ def print_table(cs: list[Contender], args, device: torch.device) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import transformers
-
-    from xmodal.models.lxmert_hf import config_to_hf
-
     cuda_arg(args.device)
     at_least(args, 1, "steps", "batch", "rounds")
     at_least(args, 0, "warmup", "threads")
     at_least(args, 1e-9, "peak_tflops")
     json_out = _json_output(args)
+    import transformers  # seconds to import: after the checks
+
+    from xmodal.models.lxmert_hf import config_to_hf
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads and device.type == "cpu":
         torch.set_num_threads(args.threads)
