@@ -110,8 +110,9 @@ def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages | Checke
 
 def _seeded(cfg, seed: int):
     """One seed's run of a config with `seeds`: `{name}-seed{seed}`, its train.seed set."""
+    name = f"{cfg.mlflow.run_name}-seed{seed}"
     return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
-                                  "mlflow": cfg.mlflow.model_copy(update={"run_name": f"{cfg.mlflow.run_name}-seed{seed}"})})
+                                  "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
 
 
 def open_run(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str | None = None,
