@@ -1,5 +1,5 @@
-"""Bad input to a command line, run in this process: the command's `main(argv)` in a fresh, otherwise empty
-folder, with the user's files of the case in it, RAY_ADDRESS pointing where nothing listens (a command
+"""Bad input to a command line, run in this process as `python SCRIPT ARGS` runs it (its `__main__` block,
+its exit code), in a fresh, otherwise empty folder with the user's files of the case in it, RAY_ADDRESS pointing where nothing listens (a command
 that tries to join or start Ray fails loudly) and no MLflow or storage settings from the environment.
 
 A case passes when the command exits 2 with one `error:` line on stderr naming every piece the case
@@ -11,7 +11,7 @@ temporary folder is one of the case's own for the call, and must be empty after 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import runpy
 import sys
 import tempfile
 from collections.abc import Callable
@@ -38,19 +38,9 @@ def sets(*items: str) -> list[str]:
     return [a for item in items for a in ("--set", item)]
 
 
-_MAINS: dict[str, object] = {}
-
-
-def command_main(script: str):
-    """`main` of jobs/<script> (or of <script> from the repository's root where it names a folder: a
-    script of scripts/), imported once (the command lines are files, not a package)."""
-    if script not in _MAINS:
-        path = REPO / script if "/" in script else JOBS / script
-        spec = importlib.util.spec_from_file_location(f"xmodal_command_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _MAINS[script] = module.main
-    return _MAINS[script]
+def command_path(script: str) -> Path:
+    """jobs/<script>, or <script> from the repository's root where it names a folder (scripts/...)."""
+    return REPO / script if "/" in script else JOBS / script
 
 
 def folder_hash(root: Path) -> tuple[str, list[str]]:
@@ -99,12 +89,14 @@ def run_bad(script: str, case: Bad, tmp_path: Path, monkeypatch, capsys, given: 
     monkeypatch.setenv("TMPDIR", str(scratch))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.chdir(work)
-    monkeypatch.setattr(sys, "argv", [str(REPO / script if "/" in script else JOBS / script), *case.argv])
-    main = command_main(script)
+    path = command_path(script)
+    monkeypatch.setattr(sys, "argv", [str(path), *case.argv])
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python SCRIPT` puts the script's folder first
     capsys.readouterr()
-    try:
-        rc = main(list(case.argv))
-    except SystemExit as e:  # argparse's own errors
+    try:  # the script as `python SCRIPT ARGS` runs it: its `__main__` block, its exit code
+        runpy.run_path(str(path), run_name="__main__")
+        rc = 0
+    except SystemExit as e:
         rc = e.code
     out, err = capsys.readouterr()
     shown = f"$ {script} {' '.join(case.argv)}\n--- rc {rc}\n--- stdout\n{out}\n--- stderr\n{err}"

@@ -104,10 +104,11 @@ COMMANDS = [
             Bad("examples-into-the-users-folder", ["--run-id", "abc", "--out", "pages"], ["--out", NOT_WRITTEN_THERE],
                 files={"pages/index.html": "mine"}),
             ["xmodal/examples/build.py"], elsewhere="done in the examples branch"),
-    Command("scripts/reference_check.py", "photographs, weights files, per-image results, the comparison table",
+    Command("scripts/reference/extractor.py", "photographs, weights files, per-image results, the comparison "
+            "table (scripts/reference/common.py: output, Output and its stage)",
             Bad("reference-check-photos-into-the-users-folder", ["photos", "ph"], [NOT_WRITTEN_THERE],
                 files={"ph/mine.jpg": "mine"}),
-            ["../scripts/reference_check.py"], elsewhere="done in the reference-check branch"),
+            ["../scripts/reference/common.py"]),
     Command("scripts/check_cluster.py", "nothing: it reads a cluster config and prints one line",
             modules=["../scripts/check_cluster.py", "xmodal/runner/cluster_check.py"]),
     Command("scripts/rehearsal_cluster.py", "nothing a user names: network namespaces and their state folder under "
@@ -153,7 +154,17 @@ def test_the_commands_that_write_nothing_make_no_write_call():
             assert not (calls & WRITE_CALLS) and not opened, f"{module} ({c.script}) writes: {calls & WRITE_CALLS}"
 
 
+def _command_lines() -> set[str]:
+    """Every .py file of jobs/ and scripts/ at the top, and below them every one that runs as a script (its
+    `if __name__ == "__main__":`)."""
+    found = set()
+    for d in ("jobs", "scripts"):
+        for p in sorted((REPO / d).rglob("*.py")):
+            if p.parent == REPO / d or 'if __name__ == "__main__":' in p.read_text():
+                found.add(p.relative_to(REPO).as_posix())
+    return found
+
+
 def test_every_command_line_of_the_repository_is_listed():
-    listed = {c.script for c in COMMANDS}
-    found = {f"{d}/{p.name}" for d in ("jobs", "scripts") for p in sorted((REPO / d).glob("*.py"))}
+    listed, found = {c.script for c in COMMANDS}, _command_lines()
     assert found == listed, f"unlisted: {sorted(found - listed)}; listed but gone: {sorted(listed - found)}"
