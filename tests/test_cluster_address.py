@@ -42,7 +42,7 @@ def test_a_listening_address_passes_and_a_closed_port_is_one_error_within_second
     started = time.monotonic()
     with pytest.raises(UserError) as e:
         check_cluster_address()
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 45  # at once, not after Ray's own minute of retries: a hang guard
     msg = str(e.value)
     assert "\n" not in msg and f"127.0.0.1:{port}" in msg and f"ray status --address 127.0.0.1:{port}" in msg, msg
 

@@ -84,7 +84,7 @@ def test_a_start_that_hangs_is_killed_at_the_timeout_and_a_node_that_never_start
     (proc,) = start_nodes([fake(tmp_path, "slow", 1, how="hang")], timeout=2)
     try:
         assert proc.poll() is None and (tmp_path / "slow.count").read_text() == "2"
-        assert time.monotonic() - began < 30
+        assert time.monotonic() - began < 60  # two tries of 2 s, not a hang: a guard far above them
     finally:
         proc.kill()
         proc.wait()

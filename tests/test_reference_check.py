@@ -1,10 +1,10 @@
-"""scripts/reference_check.py's own parts, without the reference checkout: the prototxt reader, the stand-in
-Caffe layers' semantics, and its mapping of a detectron2 pickle onto Caffe's blobs, checked against the
-extractor's independent reading of the same file."""
+"""scripts/reference/'s own parts, without the reference checkout: the prototxt reader, the stand-in
+Caffe layers' semantics, the pruning of a net to the blocks its weights hold, and the mapping of a
+detectron2 pickle onto Caffe's blobs, checked against the extractor's independent reading of the same file."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +14,9 @@ from xmodal.models.butd.detector import DetectorConfig, random_detector
 from xmodal.models.butd.weights import load_state_dict, save_in_layout
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("reference_check", REPO / "scripts" / "reference_check.py")
-rc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rc)
+sys.path.insert(0, str(REPO))
+
+from scripts.reference import caffe as rc  # noqa: E402
 
 
 def test_prototxt_reader():
@@ -39,14 +39,14 @@ layer { name: 'proposal' type: 'Python' python_param { param_str: "'feat_stride'
 def test_layers_in_caffes_semantics():
     # ArgMax: Caffe's partial sort of (value, index) pairs gives the HIGHER index on a tie
     tied = np.array([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]], np.float32)
-    assert rc._run_layer("ArgMax", {"name": ["a"]}, [tied], []).ravel().tolist() == [2.0, 3.0]
+    assert rc.run_layer("ArgMax", {"name": ["a"]}, [tied], []).ravel().tolist() == [2.0, 3.0]
     # MAX pooling 3x3 stride 2 without padding: ceil((H - 3) / 2) + 1
     x = np.arange(2 * 8 * 8, dtype=np.float32).reshape(1, 2, 8, 8)
     pool = {"name": ["p"], "pooling_param": [{"kernel_size": [3], "stride": [2], "pool": ["MAX"]}]}
-    assert rc._run_layer("Pooling", pool, [x], []).shape == (1, 2, 4, 4)
+    assert rc.run_layer("Pooling", pool, [x], []).shape == (1, 2, 4, 4)
     # Reshape's 0 copies the dimension, -1 is inferred
     reshape = {"name": ["r"], "reshape_param": [{"shape": [{"dim": [0, 2, -1, 0]}]}]}
-    assert rc._run_layer("Reshape", reshape, [np.zeros((1, 24, 5, 7), np.float32)], []).shape == (1, 2, 60, 7)
+    assert rc.run_layer("Reshape", reshape, [np.zeros((1, 24, 5, 7), np.float32)], []).shape == (1, 2, 60, 7)
 
 
 def test_pickle_onto_caffe_blobs_agrees_with_the_extractors_reading(tmp_path):
@@ -82,3 +82,23 @@ def test_pickle_onto_caffe_blobs_agrees_with_the_extractors_reading(tmp_path):
     assert np.allclose(blobs["bbox_pred"][0], ours["head.bbox_pred.weight"], rtol=0, atol=1e-7)
     assert not blobs["bbox_pred"][0][:4].any()
     assert torch.equal(torch.from_numpy(blobs["rpn_cls_score"][0][:12]), torch.zeros(12, *blobs["rpn_cls_score"][0].shape[1:]))
+
+
+def test_a_net_keeps_the_blocks_its_weights_hold():
+    """The tiny net's weights hold one block a stage: the others' layers go, and what read a stage's last
+    block of the full net (res2c, res4b22) reads the last block that is there."""
+    def block(name, bottom):
+        return [{"name": [f"res{name}_branch2a"], "type": ["Convolution"], "bottom": [bottom], "top": [f"res{name}_branch2a"]},
+                {"name": [f"bn{name}_branch2a"], "type": ["BatchNorm"], "bottom": [f"res{name}_branch2a"], "top": [f"res{name}_branch2a"]},
+                {"name": [f"res{name}"], "type": ["Eltwise"], "bottom": [bottom, f"res{name}_branch2a"], "top": [f"res{name}"]},
+                {"name": [f"res{name}_relu"], "type": ["ReLU"], "bottom": [f"res{name}"], "top": [f"res{name}"]}]
+    layers = (block("2a", "pool1") + block("2b", "res2a") + block("2c", "res2b") + block("4a", "res2c")
+              + block("4b1", "res4a") + block("4b22", "res4b1")
+              + [{"name": ["rpn_conv/3x3"], "type": ["Convolution"], "bottom": ["res4b22"], "top": ["rpn"]}])
+    kept, renamed = rc.prune_blocks(layers, {"res2a_branch2a": [], "res4a_branch2a": []})
+    names = [layer["name"][0] for layer in kept]
+    assert names == ["res2a_branch2a", "bn2a_branch2a", "res2a", "res2a_relu", "res4a_branch2a", "bn4a_branch2a",
+                     "res4a", "res4a_relu", "rpn_conv/3x3"]
+    assert kept[4]["bottom"] == ["res2a"] and kept[-1]["bottom"] == ["res4a"]
+    assert renamed == {"res2c": "res2a", "res4b22": "res4a"}
+    assert rc.prune_blocks(layers, {f"res{b}_branch2a": [] for b in ("2a", "2b", "2c", "4a", "4b1", "4b22")})[0] == layers

@@ -45,17 +45,15 @@ def checked(args: argparse.Namespace):
     (creatable and writable), the run (a finished fine-tuning run), its set and split. Returns the run
     resolved, its kind and its set."""
     from xmodal import tracking
-    from xmodal.base.outputs import check_writable_dir
     from xmodal.examples.kinds import KINDS, resolve
     from xmodal.examples.run import ExamplesError, check_count
-    from xmodal_bench import at_least
+    from xmodal_bench import at_least, folder_arg
 
     for n in args.examples:
         check_count(n)
     at_least(args, 1, "repeats", "threads")
-    check_writable_dir(args.out, "--out")
-    if args.work:
-        check_writable_dir(args.work, "--work")
+    folder_arg("--out", args.out)
+    folder_arg("--work", args.work)  # (the scratch under it is made by `begin`, after these checks)
     r = resolve(tracking.resolve_tracking_uri(args.tracking_uri), args.run_id, "--run-id")
     if r.kind != "finetune":
         raise ExamplesError(f"--run-id: run {r.run_id!r} is {KINDS[r.kind].what}; this benchmark measures a "
@@ -67,8 +65,6 @@ def checked(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import shutil
-
     import torch
 
     from xmodal import tracking
@@ -85,53 +81,47 @@ def run(args: argparse.Namespace) -> int:
     counts = list(dict.fromkeys(args.examples))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    made_work = args.work is not None and not Path(args.work).exists()
-    work, stamp, meta = begin(args, "examples")
+    work, stamp, meta = begin(args, "examples")  # the scratch: removed when the command ends
     started = time.monotonic()
-    try:
-        source = from_run(uri, args.run_id, work / "model")
-        cfg = source.config or {}
-        batch = int(cfg.get("train", {}).get("batch_size", 32)) // int(cfg.get("scale", {}).get("num_workers", 1))
-        model = source.model
-        objective = FinetuneObjective(model, task).eval()
-        logged = len(tracking.metric_history(uri, args.run_id, f"{args.split}/accuracy"))
-        robust = len(cfg.get("robust", {}).get("conditions", [])) if args.split == "valid" else 0
-        passes = logged + 1 + robust
+    source = from_run(uri, args.run_id, work / "model")
+    cfg = source.config or {}
+    batch = int(cfg.get("train", {}).get("batch_size", 32)) // int(cfg.get("scale", {}).get("num_workers", 1))
+    model = source.model
+    objective = FinetuneObjective(model, task).eval()
+    logged = len(tracking.metric_history(uri, args.run_id, f"{args.split}/accuracy"))
+    robust = len(cfg.get("robust", {}).get("conditions", [])) if args.split == "valid" else 0
+    passes = logged + 1 + robust
 
-        def one_pass() -> tuple[float, float]:
-            t, cpu = time.perf_counter(), time.process_time()
-            with torch.no_grad():
-                for b in iter_eval_batches(data, args.split, batch, reader=local_reader()):
-                    objective(b, with_predictions=True)
-            return time.perf_counter() - t, time.process_time() - cpu
+    def one_pass() -> tuple[float, float]:
+        t, cpu = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            for b in iter_eval_batches(data, args.split, batch, reader=local_reader()):
+                objective(b, with_predictions=True)
+        return time.perf_counter() - t, time.process_time() - cpu
 
-        def pages(n: int) -> tuple[float, float, float]:
-            t, cpu = time.perf_counter(), time.process_time()
-            notes: list[str] = []
-            ex, size = kind.collect(model, data, args.split, n, notes, config=cfg)
-            predicted = time.perf_counter()
-            with tempfile.TemporaryDirectory(dir=work) as d:
-                shown = Shown(args.run_id, r.name, "finetune", task, args.split, str(data.path), ex, size, notes)
-                write_rendered(kind.render(shown), Path(d))
-                drawn = time.perf_counter()
-            return predicted - t, drawn - predicted, time.process_time() - cpu
+    def pages(n: int) -> tuple[float, float, float]:
+        t, cpu = time.perf_counter(), time.process_time()
+        notes: list[str] = []
+        ex, size = kind.collect(model, data, args.split, n, notes, config=cfg)
+        predicted = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=work) as d:
+            shown = Shown(args.run_id, r.name, "finetune", task, args.split, str(data.path), ex, size, notes)
+            write_rendered(kind.render(shown), Path(d))
+            drawn = time.perf_counter()
+        return predicted - t, drawn - predicted, time.process_time() - cpu
 
-        one_pass(), [pages(n) for n in counts]  # warm: the first reads fill the page cache, the tokenizer, the index
-        # interleaved, so that every figure sees the same load of a shared machine
-        timed = [(one_pass(), [pages(n) for n in counts]) for _ in range(args.repeats)]
-        eval_s = statistics.median(t[0][0] for t in timed)
-        eval_cpu = statistics.median(t[0][1] for t in timed)
-        by_count = {}
-        for k, n in enumerate(counts):
-            parts = [t[1][k] for t in timed]
-            by_count[n] = {"pages_s": statistics.median(p + d for p, d, _ in parts),
-                           "predict_s": statistics.median(p for p, _, _ in parts),
-                           "draw_s": statistics.median(d for _, d, _ in parts),
-                           "pages_cpu_s": statistics.median(c for _, _, c in parts)}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        if made_work:
-            shutil.rmtree(args.work, ignore_errors=True)
+    one_pass(), [pages(n) for n in counts]  # warm: the first reads fill the page cache, the tokenizer, the index
+    # interleaved, so that every figure sees the same load of a shared machine
+    timed = [(one_pass(), [pages(n) for n in counts]) for _ in range(args.repeats)]
+    eval_s = statistics.median(t[0][0] for t in timed)
+    eval_cpu = statistics.median(t[0][1] for t in timed)
+    by_count = {}
+    for k, n in enumerate(counts):
+        parts = [t[1][k] for t in timed]
+        by_count[n] = {"pages_s": statistics.median(p + d for p, d, _ in parts),
+                       "predict_s": statistics.median(p for p, _, _ in parts),
+                       "draw_s": statistics.median(d for _, d, _ in parts),
+                       "pages_cpu_s": statistics.median(c for _, _, c in parts)}
     total, total_cpu = eval_s * passes, eval_cpu * passes
     for v in by_count.values():
         v["pages_share"] = v["pages_s"] / total

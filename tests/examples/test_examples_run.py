@@ -288,7 +288,7 @@ def test_the_pages_cost_benchmark(run, tmp_path):
         assert p["pages_cpu_share"] == pytest.approx(p["pages_cpu_s"] / res["evaluation_cpu_s"])
     table = next((tmp_path / "out").glob("examples-*.md")).read_text()
     assert "| pages for 2 examples" in table and "| pages for 4 examples" in table
-    assert not (tmp_path / "work").exists()  # the scratch folder it made, and the --work folder it made for it
+    assert not (tmp_path / "work").exists()  # the scratch, and the --work folder made for it, removed
 
 
 def test_a_pretraining_run_logs_its_qa_head_s_pages(tiny_store, tmp_path, ray_local):

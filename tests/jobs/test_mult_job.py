@@ -72,10 +72,10 @@ def seeded(mult_store, tmp_path_factory, ray_local):
 
 @pytest.mark.slow
 def test_each_seeds_run_is_checked_and_prepared_once(seeded):
-    # before the parent run opens, every seed's run is checked under its own name; each then runs with
-    # that result: no second check, no second opening of its data
+    # the job's one check checks, before the parent run opens, every seed's run under its own name; each
+    # then runs with that result: no second check, no second opening of its data
     *_, calls = seeded
-    assert calls == {"check": ["seeded-seed1", "seeded-seed2"], "prepare": ["seeded-seed1", "seeded-seed2"]}
+    assert calls == {"check": ["seeded", "seeded-seed1", "seeded-seed2"], "prepare": ["seeded-seed1", "seeded-seed2"]}
 
 
 @pytest.mark.slow

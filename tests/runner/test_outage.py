@@ -104,7 +104,7 @@ def test_a_short_outage_wait_gives_up_in_about_that_time_naming_the_setting(tmp_
         t0 = time.monotonic()
         with pytest.raises(UserError) as e:
             engine.open_run(PretrainJob(), checked, "test")
-        assert time.monotonic() - t0 < tracking.WAIT_S / 10
+        assert time.monotonic() - t0 < tracking.WAIT_S / 2  # 2 s asked for, not the default 300: a hang guard
     finally:
         tracking.set_outage_wait(server.uri, tracking.WAIT_S)
     assert str(e.value).startswith(f"MLflow at {server.uri}: opening experiment 'xmodal-pretrain' failed for 2 s, "

@@ -119,7 +119,7 @@ def test_server_that_never_returns_spools_and_replay_completes_the_run(server, t
     log.log({"final/acc": 0.5}, 7, force=True)
     t0 = time.monotonic()
     assert log.close() == spool
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # bounded by the 1 s outage wait, not the default 300 s: a hang guard
     line = capfd.readouterr().out.strip()
     assert line == (f"[xmodal] MLflow at {server.uri} unreachable: 8 metric values not logged, saved to {spool}; "
                     f"replay them with python jobs/replay_tracking.py {spool}")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from xmodal.base.commands import add_verbose, setup_console, user_errors
 
@@ -18,6 +19,10 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
     "register": ("mlflow.registered_model", "register the run's final model in the MLflow Model Registry under this name"),
     "seed": ("train.seed", "random seed"),
 }
+
+
+# The flags whose value is text whatever it looks like (quoted into their --set override).
+TEXT_FLAGS = ("store", "storage_path", "experiment", "run_name", "register", "init_run_id", "init_path")
 
 
 def end_of_run_pages(plan, folder, data) -> bool:
@@ -48,8 +53,10 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
         p.add_argument("--" + flag.replace("_", "-"), help=f"{help_text} (= --set {key}=...)")
     args = p.parse_args(argv)
     setup_console(args.verbose)
-    overrides = [f"{key}={template.format(getattr(args, flag))}" for flag, (key, template, _) in flags.items()
-                 if getattr(args, flag) is not None]
+    # A flag's value is read as YAML like a --set value (--num-workers 2 is the integer 2), except a flag
+    # of text (a name, a path, a run id), taken as written: --run-name 2024 is the name '2024'.
+    overrides = [f"{key}={json.dumps(value) if flag in TEXT_FLAGS else template.format(value)}"
+                 for flag, (key, template, _) in flags.items() if (value := getattr(args, flag)) is not None]
 
     def go() -> None:
         cfg = load_config(spec.config_class, args.config, overrides + args.set)

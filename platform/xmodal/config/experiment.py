@@ -31,7 +31,9 @@ from xmodal.config.paths import (
     deep_merge,
     dotted_keys,
     field_names,
+    fits,
     keys_beside,
+    mistyped_values,
     set_dotted,
     type_at,
 )
@@ -181,9 +183,12 @@ class JobConfig(Section):
     @classmethod
     def _defaults_and_preset(cls, data: Any) -> Any:
         data = _job_defaults(cls, data)
-        if cls.PRESETS is None:
-            return data
-        return _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
+        if cls.PRESETS is not None:
+            data = _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
+        problems = type_problems(cls, data)
+        if problems:  # before pydantic, which would convert them
+            raise ValueError("\n  ".join(problems))
+        return data
 
     @model_validator(mode="after")
     def _finite(self) -> JobConfig:
@@ -193,6 +198,39 @@ class JobConfig(Section):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{'.'.join(map(str, loc))} = {value}: expected {finite_bounds(type(self), loc)}")
         return self
+
+
+_SCALAR_NAMES = {bool: "true or false", int: "an integer", float: "a finite number"}
+
+
+def type_problems(model: type, data: Any) -> list[str]:
+    """One line per value of the raw config `data` whose type a bool, int or float field of `model` does not
+    take as it is (`config.paths.mistyped_values`): `true` is not 1, "3" is not 3, 1.0 is not an integer.
+    A float field takes an integer (lr: 1 is 1.0)."""
+    out = []
+    for loc, value, typ, meta in mistyped_values(model, data):
+        want = (describe_bounds(meta, _SCALAR_NAMES[typ]) if typ is not bool else None) or _SCALAR_NAMES[typ]
+        shown = short_repr(value)
+        out.append(f"{'.'.join(map(str, loc))}{f' = {shown}' if shown else ''}: expected {want}, got "
+                   f"{_what_it_is(value, typ)}")
+    return out
+
+
+def _what_it_is(value: Any, typ: type) -> str:
+    """What a mistyped value is, with the fix where it is only written the wrong way."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, float):
+        return "a number with a fraction" + (f" (write {int(value)})" if value.is_integer() else "")
+    if isinstance(value, int):
+        return "a number"
+    if isinstance(value, str):
+        try:
+            unquoted = load_yaml(value)
+        except yaml.YAMLError:
+            unquoted = None
+        return "text" + (" (in quotes: write it without them)" if fits(typ, unquoted) else "")
+    return f"a {type(value).__name__}"
 
 
 def finite_bounds(model: type, loc: tuple) -> str:
@@ -324,6 +362,8 @@ def error_line(e: dict, model: type) -> str:
     elif kind == "too_short":
         n = (e.get("ctx") or {}).get("min_length", 1)
         msg = f"at least {n} item{'s' if n != 1 else ''}"
+    elif kind == "string_type" and isinstance(e.get("input"), (bool, int, float)):
+        msg = f"text (quote it: '{e['input']}')"
     where = key or "<top level>"
     return f"{where} = {got}: expected {msg}" if got is not None else f"{where}: expected {msg}"
 
@@ -411,6 +451,13 @@ class StrictLoader(yaml.SafeLoader):
                         None, None, f"duplicate key {key!r} (first given at line {seen.line + 1}, column "
                                     f"{seen.column + 1}); give each key once", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's floats with an exponent and no point or no exponent sign (`1e-3`, `2.5E4`): YAML 1.1, which
+# PyYAML follows, reads them as text, and a strict float field would refuse `lr: 1e-3`.
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def load_yaml(text: str, loader: type[StrictLoader] = StrictLoader) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from xmodal.base.bounds import PosInt, Seed
 from xmodal.config.experiment import (
@@ -107,8 +107,16 @@ class FinetuneExamplesConfig(Section):
     examples of `split` with the run's final model, each with its picture, boxes, answers and
     cross-attention. 0 = off."""
 
-    count: int = Field(16, ge=0, le=1000, strict=True)  # `true` is not 1, nor "16" 16
-    split: str = "valid"  # a split the run evaluates: any of its set's but train
+    count: int = Field(16, ge=0, le=1000)
+    split: str = Field("valid", min_length=1)  # a split the run evaluates: any of its set's but train
+
+    @field_validator("split")
+    @classmethod
+    def _evaluated(cls, split: str) -> str:
+        # known without the set (which may be the embedded one, not built yet): train is never evaluated
+        if split == "train":
+            raise ValueError("'train' is not a split the run evaluates; expected one of its set's others (e.g. valid)")
+        return split
 
 
 class FinetuneConfig(JobConfig):

@@ -151,11 +151,12 @@ class FinetuneJob(JobSpec):
             if split != "valid" and has_labels(w.data.split(split)):  # a test split may come unlabelled
                 final.update(split_metrics(w.cfg.task, w.data, split, p))
             if folder is not None:
-                (folder / "predictions").mkdir(exist_ok=True)
                 write_predictions(w.cfg.task, w.data, split, p, folder / "predictions")
         if folder is not None:
+            from xmodal.jobs.predictions import write_atomic
+
             selected = {"best": w.selection.score, **w.selection.valid, **final}
-            (folder / "predictions" / "selected.json").write_text(json.dumps(selected, indent=2))
+            write_atomic(folder / "predictions" / "selected.json", json.dumps(selected, indent=2))
         return {**final, **robust_metrics(w, "valid")}
 
 

@@ -33,7 +33,7 @@ class PretrainExamplesConfig(Section):
     docs/tracking.md): `count` questions of the store's minival split with the run's final model, each
     with its picture, boxes, answers and cross-attention. 0 = off."""
 
-    count: int = Field(16, ge=0, le=1000, strict=True)  # `true` is not 1, nor "16" 16
+    count: int = Field(16, ge=0, le=1000)
 
 
 class TaskSchedule(Section):

@@ -38,6 +38,9 @@ def resolve_tracking_uri(uri: str | None) -> str:
     elif "://" not in uri:
         raise UserError(f"mlflow.tracking_uri {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another "
                          "MLflow URI scheme")
+    elif uri.startswith("sqlite:") and not uri.startswith("sqlite:///"):  # `sqlite://`: a database in memory
+        raise UserError(f"mlflow.tracking_uri {uri!r}: a SQLite URI is sqlite:///RELATIVE/PATH or "
+                        "sqlite:////ABSOLUTE/PATH")
     return uri
 
 

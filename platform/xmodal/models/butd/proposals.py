@@ -58,6 +58,8 @@ def proposal_layer(rpn_cls_prob: Tensor, rpn_bbox_pred: Tensor, im_size: tuple[i
     if cfg.pre_nms_top_n > 0:
         order = order[:, :cfg.pre_nms_top_n]
     props, scores, ok = props.gather(1, order[..., None].expand(-1, -1, 4)), scores.gather(1, order), ok.gather(1, order)
+    # `cpu_nms` sorts what it is given once more by numpy's argsort, which moves only equal scores, in an
+    # order no fixed rule reproduces (docs/extract.md, "Ties"): NMS visits the candidates in this order.
 
     if nms == "window":
         keep, kept, certified = window_nms(props, ok, cfg.nms_thresh, cfg.post_nms_top_n, offset,

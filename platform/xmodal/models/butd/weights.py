@@ -516,7 +516,7 @@ def load_detector(path: str | Path, layout: str = "auto", cfg: Any = None) -> to
 
 def save_in_layout(state_dict: Mapping[str, Tensor], layout: str, path: str | Path) -> None:
     """Write our canonical state dict as `layout`'s project writes it: its names, orders and container
-    (scripts/reference_check.py writes its random detector with it for the reference's own code to read;
+    (scripts/reference/extractor.py writes its random detector with it for the reference's own code to read;
     the tests make weights files of known detectors).
 
     detectron2: a pickle of {'model': {name: float32 ndarray}, '__author__': 'xmodal'}; milvlg and
