@@ -13,10 +13,10 @@ from refdata import RefCorpus, read_images
 
 from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.common import StoreError
+from xmodal.data.lxmert.feature_writer import ingest_features
 from xmodal.data.lxmert.features import (
     FeatureStore,
     image_sources,
-    ingest_features,
     open_features,
     open_image_store,
 )
