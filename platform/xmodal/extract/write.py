@@ -1,23 +1,15 @@
-"""The detector's output written down, and the work folder that holds it until the run is published.
+"""The detector's output written where it is made: Ray Data's write tasks turn each bundle of detected
+images into one shard of the output (`write_batch`, through the store's `ShardSink`) and send the driver
+only what it commits: the shard's name, its image ids and rows, and the rejected images.
 
 A batch of regions (`Regions`: numpy arrays, padded to the run's `num_objects` slots, with each image's
 `num_boxes`) becomes either store rows (`store_table`: the image columns of `rows.image_schema`, float16
 features, boxes normalised by the image size, exactly as `tsv.parse_tsv_line` + `pack_images` make
-them from a TSV line, and each image's `source`) or reference TSV lines (`tsv_lines`: float32 features and pixel boxes, base64,
-the fields `tsv.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py` writes them).
-
-The work folder, `.OUT.extract` beside OUT (hidden, same file system, so publishing is a rename):
-
-    extract.json                 the options that decide the features (a rerun with others is refused
-                                 while the folder holds finished images)
-    images/part-NNNNN.parquet    store format: finished shards (become the store's shards as they are)
-    chunks/part-NNNNN.tsv        tsv format: finished chunks of lines (concatenated into OUT)
-    rejects.jsonl                this run's rejected images: {"path", "img_id", "reason"} a line
-
-A chunk is written under a temporary name and renamed when whole, so after an interrupt or a crash the
-folder holds finished chunks only (a leftover temporary file is removed at the next start); the images
-in them are what a rerun skips. Rejected images are tried again by a rerun. The folder is made when the
-run's first results arrive, and removed again when the run ends without a finished chunk.
+them from a TSV line, and each image's `source`) or reference TSV lines (`lines_table`: float32 features
+and pixel boxes, base64, the fields `tsv.TSV_FIELDS` in order, as LXMERT's `extract_coco_image.py`
+writes them; the TSV file is their concatenation at the end). A shard's rows are sorted by img_id, so a
+retried task writes the same shard under the same name. Its footer keeps each image's input identity
+(`INPUTS`: img_id, path, size, modification time), what a resume checks the images against.
 """
 
 from __future__ import annotations
@@ -25,39 +17,25 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from xmodal.data.common import options_diff, options_json
-from xmodal.data.lxmert.features import SHARD_DIR
-from xmodal.data.lxmert.rows import SOURCE, image_columns, image_schema, write_shard
+from xmodal.data.lxmert.feature_writer import LINES, ShardSink
+from xmodal.data.lxmert.rows import SOURCE, image_columns, image_schema
 from xmodal.extract.images import ExtractError
 
-STATE_FILE = "extract.json"
-TSV_DIR = "chunks"
 REJECTS_FILE = "rejects.jsonl"
-TMP_PREFIX = ".tmp-"
+INPUTS = "inputs"  # a shard's kept footer data: [[img_id, path, size, mtime_ns], ...] in row order
+# A reject's kind: a file that is not a usable image (counted against --max-rejected), or a given box
+# outside its image (an error in --boxes-from: the run fails).
+IMAGE, BOXES = "image", "boxes"
 
 Regions = Mapping[str, np.ndarray]  # img_id, img_h, img_w, num_boxes, features, boxes, obj_ids, obj_conf, ...
 REGION_FIELDS = ("img_id", "img_h", "img_w", "num_boxes", "features", "boxes", "obj_ids", "obj_conf", "attr_ids",
                  "attr_conf")
-
-
-def take(batches: Iterable[tuple[Regions, np.ndarray]], sources: Mapping[str, str] | None = None
-         ) -> dict[str, np.ndarray]:
-    """The rows `idx` of each batch, concatenated (one array per field); with `sources` (img_id -> where
-    the image came from), a `source` field too."""
-    parts = list(batches)
-    out = {f: np.concatenate([np.asarray(b[f])[idx] for b, idx in parts]) for f in REGION_FIELDS}
-    if sources is not None:
-        out["source"] = np.array([sources[str(i)] for i in out["img_id"]], dtype=object)
-    return out
 
 
 def _valid(r: Regions) -> np.ndarray:
@@ -108,119 +86,60 @@ def tsv_lines(r: Regions) -> list[str]:
     return lines
 
 
-class WorkDir:
-    """The resumable work folder of one extraction (module docstring). `find` only looks: the folder is
-    made (or an earlier one discarded) by `start`, once the run's first results arrive, so that a run
-    failing before that (Ray unreachable, a bad box, every image unreadable) leaves nothing; `discard_if_empty`
-    removes a folder that ended up holding no finished chunk."""
 
-    def __init__(self, path: Path, fmt: str, wanted: dict[str, Any] | None = None, keep: bool = False):
-        self.path = path
-        self.fmt = fmt
-        self.chunk_dir = path / (SHARD_DIR if fmt == "store" else TSV_DIR)
-        self.suffix = ".parquet" if fmt == "store" else ".tsv"
-        self.wanted = wanted
-        self.keep = keep  # an earlier run's folder with these options: its chunks are resumed
-        self.started = False
 
-    @staticmethod
-    def beside(out: Path) -> Path:
-        return out.parent / f".{out.name}.extract"
+def lines_table(r: Regions) -> pa.Table:
+    """A TSV output's shard: each image's id and its reference TSV line."""
+    return pa.Table.from_pydict({"img_id": [str(x) for x in r["img_id"]], "line": tsv_lines(r)}, schema=LINES)
 
-    @classmethod
-    def find(cls, out: Path, fmt: str, fingerprint: dict[str, Any], restart: bool) -> WorkDir:
-        """The work folder for `out`, nothing changed on disk: an earlier run's is kept when its options
-        match, refused when they differ and it holds finished images (unless `restart`: it is then
-        discarded when this run starts); one holding no finished image is simply replaced."""
-        path = cls.beside(out)
-        wanted = options_json(fingerprint)
-        keep = False
-        if path.exists():
-            try:
-                recorded = json.loads((path / STATE_FILE).read_text())
-            except (OSError, ValueError):
-                recorded = None
-            held = cls(path, fmt).chunks()
-            if isinstance(recorded, dict) and recorded != wanted and held and not restart:
-                diff = "; ".join(options_diff(recorded, wanted))
-                raise ExtractError(f"{path}: an unfinished extraction to {out} with other options is kept here "
-                                   f"({len(cls(path, fmt).done())} images done; {diff}); rerun it with its options "
-                                   "to finish it, or pass --restart to discard it and start over")
-            keep = recorded == wanted and not restart
-        return cls(path, fmt, wanted, keep)
 
-    def start(self) -> None:
-        """Make the folder (once): an earlier one that is not kept is discarded first. Leftover temporary
-        files of a killed run are removed; the rejects list starts empty (rejects are tried again)."""
-        if self.started:
+# The record a write task returns to the driver, one row per shard (a bundle of rejects only: shard "").
+RECORD = pa.schema([("shard", pa.string()), ("ids", pa.list_(pa.string())), ("sha256", pa.string()),
+                    ("seconds", pa.float64()), ("bytes", pa.int64()), ("rejects", pa.string()),
+                    ("error", pa.string())])
+
+
+@dataclass(frozen=True)
+class ShardWrite:
+    """How the write tasks write (pickled to each): where (`sink`), which output (`fmt`: store or tsv),
+    and, for tests, `fault`: a marker file; the first write task that finds it missing makes it and dies
+    after writing its shard, before returning (a write task lost: Ray runs it again)."""
+
+    sink: ShardSink
+    fmt: str = "store"
+    fault: str | None = None
+
+
+def _lose_the_task_once(marker: str | None) -> None:
+    if marker is not None:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
             return
-        path = self.path
-        if path.exists() and not self.keep:
-            shutil.rmtree(path)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.parent / f"{TMP_PREFIX}{path.name}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            (tmp / STATE_FILE).write_text(json.dumps(self.wanted, indent=2) + "\n")
-            os.rename(tmp, path)
-        self.chunk_dir.mkdir(exist_ok=True)
-        for p in self.chunk_dir.iterdir():
-            if p.name.startswith(TMP_PREFIX):
-                p.unlink()
-        (path / REJECTS_FILE).write_text("")
-        self.started = True
+        os.close(fd)
+        os._exit(1)  # noqa: SLF001 - the process dies as a lost node's would: no result, no cleanup
 
-    def discard_if_empty(self) -> bool:
-        """Remove the folder when it holds no finished chunk (nothing to resume); whether it did."""
-        if self.path.exists() and not self.chunks():
-            shutil.rmtree(self.path, ignore_errors=True)
-            return True
-        return False
 
-    def chunks(self) -> list[Path]:
-        if not self.chunk_dir.is_dir():
-            return []
-        return sorted(p for p in self.chunk_dir.iterdir() if p.name.endswith(self.suffix)
-                      and not p.name.startswith(TMP_PREFIX))
-
-    def done(self) -> dict[str, str]:
-        """img_id -> the chunk holding it, over the finished chunks (none in a folder this run replaces). An
-        image in two chunks (or twice in one) is refused: publishing them would put it in OUT twice."""
-        out: dict[str, str] = {}
-        if self.wanted is not None and not self.keep and not self.started:
-            return out
-        for p in self.chunks():
-            if self.fmt == "store":
-                ids = pq.read_table(p, columns=["img_id"]).column("img_id").to_pylist()
-            else:
-                with open(p, encoding="utf-8") as f:
-                    ids = [line.split("\t", 1)[0] for line in f if line.strip()]
-            for i in ids:
-                if i in out:
-                    raise ExtractError(f"{self.path}: img_id {i!r} is in {out[i]} and in {p.name}: the unfinished "
-                                       "extraction kept here holds an image twice; pass --restart to discard it and "
-                                       "start over")
-                out[i] = p.name
-        return out
-
-    def _next(self) -> Path:
-        have = self.chunks()
-        k = int(have[-1].name.removeprefix("part-").split(".")[0]) + 1 if have else 0
-        return self.chunk_dir / f"part-{k:05d}{self.suffix}"
-
-    def write(self, r: Regions, row_group_images: int) -> Path:
-        """One finished chunk of regions, whole or not at all."""
-        final = self._next()
-        tmp = final.with_name(TMP_PREFIX + final.name)
-        if self.fmt == "store":
-            write_shard(store_table(r), tmp, row_group_images)
-        else:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.writelines(tsv_lines(r))
-        os.rename(tmp, final)
-        return final
-
-    def reject(self, path: str, img_id: str, reason: str) -> None:
-        with open(self.path / REJECTS_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"path": path, "img_id": img_id, "reason": reason}) + "\n")
+def write_batch(batch: dict[str, np.ndarray], write: ShardWrite) -> pa.Table:
+    """One bundle of the detector's output (its images and rejects) -> one shard of its images, written
+    by `write.sink`; returns the record the driver commits (names, ids, rows, rejects; no features)."""
+    reject = np.asarray(batch["reject"], dtype=object)
+    rejects = [[str(batch["path"][i]), str(batch["img_id"][i]), str(reject[i]), str(batch["reject_kind"][i])]
+               for i in np.nonzero(reject != "")[0]]
+    ok = np.nonzero(reject == "")[0]
+    ok = ok[np.argsort(np.asarray(batch["img_id"], dtype=object)[ok].astype(str), kind="stable")]
+    record = {"shard": "", "ids": [], "sha256": "", "seconds": 0.0, "bytes": 0, "rejects": json.dumps(rejects),
+              "error": ""}
+    if len(ok):
+        rows = {f: np.asarray(batch[f])[ok] for f in (*REGION_FIELDS, "source")}
+        try:
+            table = store_table(rows) if write.fmt == "store" else lines_table(rows)
+        except ExtractError as e:
+            record["error"] = str(e)
+            return pa.Table.from_pylist([record], schema=RECORD)
+        inputs = [[str(batch["img_id"][i]), str(batch["path"][i]), int(batch["size"][i]), int(batch["mtime"][i])]
+                  for i in ok]
+        info = write.sink.write(table, {INPUTS: inputs})
+        _lose_the_task_once(write.fault)
+        record.update(shard=info.name, ids=list(info.ids), sha256=info.sha256, seconds=info.seconds, bytes=info.bytes)
+    return pa.Table.from_pylist([record], schema=RECORD)
