@@ -20,7 +20,8 @@ Rows, each over the same N synthetic images of one size (COCO's typical 480 x 64
   and preparing the network's input with OpenCV (`pipeline.prepare_blob`: means, `cv2.resize`);
 - the job (`extract_job.job_row`): `jobs/extract.py`'s whole path over `--job-images` images, Ray Data,
   the write tasks and the commit: `driver per image: X ms CPU, Y bytes received` as the driver measures
-  itself, and each write task's MB/s and images/s.
+  itself; one write task's MB/s and images/s on a shard of 256 images of the detector's output shape
+  (`extract_job.write_row`).
 
 The detector's weights are RANDOM: speed does not depend on their values, except the selection
 (its NMS over 1,600 classes keeps more or fewer boxes per class), so its stage is indicative only.
@@ -292,10 +293,9 @@ def markdown(res: dict[str, Any]) -> str:
         d = res["decode"]
         lines += ["", f"Decode + prepare (cv2.imdecode of {d['jpeg_kib']:.0f} KiB JPEGs, means, resize), one core: "
                   f"{d['images_s_per_core']:.1f} images/s"]
-    if res.get("job"):
-        from xmodal_bench.extract_job import markdown as job_markdown
+    from xmodal_bench.extract_job import markdown as job_markdown
 
-        lines += job_markdown(res["job"])
+    lines += job_markdown(res.get("job"), res.get("write"))
     lines += ["", f"Target on one H200: >= {TARGET_IMAGES_S:.0f} images/s at 36 boxes."]
     return "\n".join(lines)
 
@@ -334,9 +334,10 @@ def run(args: argparse.Namespace) -> int:
                            "decode": decode_row(synthetic_images(32, size, seed=1))}
     jobs = args.job_images if args.job_images is not None else (1024 if cuda else 64)
     try:
-        if jobs:
-            from xmodal_bench.extract_job import job_row
+        from xmodal_bench.extract_job import job_row, write_row
 
+        res["write"] = write_row(det.cfg.feature_dim, work)
+        if jobs:
             res["job"] = job_row(args.config, synthetic_images(jobs, size, seed=2), work, batch, cuda)
     finally:
         shutil.rmtree(work, ignore_errors=True)

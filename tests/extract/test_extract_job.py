@@ -264,13 +264,21 @@ def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path, stop):
     assert not (tmp_path / ".store.extract").exists()
 
 
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory, ray_local):
+    """One extraction shared by the tests of what is built over a store: four images, 10 to 100 boxes."""
+    tmp = tmp_path_factory.mktemp("extracted")
+    paths = _images(tmp / "imgs")
+    assert main([str(tmp / "imgs"), str(tmp / "store"), *TINY, "--boxes", "10-100"]) == 0
+    return tmp / "store", paths
+
+
 @pytest.mark.slow
-def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, capsys):
+def test_ingest_takes_an_extracted_store_as_tsv(extracted, tmp_path, capsys):
     from xmodal.cli.ingest import main as ingest_main
     from xmodal.data.lxmert.store import open_store
 
-    store = tmp_path / "extracted"
-    assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0
+    store, images = extracted
     a = _rows(open_features(store))
     # features --tsv STORE: the same rows
     assert ingest_main(["features", str(tmp_path / "copy"), "--tsv", str(store), "--num-objects", "100",
@@ -405,3 +413,46 @@ def test_a_write_task_lost_after_writing_leaves_one_shard(ray_local, tmp_path, c
     ids = [i for f in store.image_files() for i in store.read_table(f).column("img_id").to_pylist()]
     assert sorted(ids) == sorted(p.stem for p in paths)  # each image once
     assert len(list((out / "images").iterdir())) == len(store.image_files()) == 2 and summary.written == 4
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_images_to_a_fine_tuning_run_and_its_pages(extracted, tmp_path):
+    """The README's path from a folder of images: extract (above), ingest questions over the store (the
+    tokenizer from an LXMERT store of the same dims, as a pretraining store gives it), fine-tune, and the
+    run's example pages drawn on the pictures themselves."""
+    from PIL import Image
+
+    from xmodal import tracking
+    from xmodal.cli.ingest import main as ingest_main
+    from xmodal.cli.jobs import end_of_run_pages
+    from xmodal.config.experiment import load_config
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.data.options import SyntheticLxmertOptions
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.finetune_job import FinetuneJob
+    from xmodal.runner import engine
+
+    store, images = extracted
+    m = open_features(store).manifest
+    vocab = build_synthetic_store(tmp_path / "pretraining", SyntheticLxmertOptions(
+        num_images=32, num_objects=m.num_objects, feat_dim=m.feat_dim, num_object_labels=40, num_attr_labels=8,
+        num_answers=20))
+    questions = [{"question_id": f"{p.stem}-{k}", "img_id": p.stem, "sent": sent, "label": {answer: 1.0}}
+                 for p in images for k, (sent, answer) in enumerate((("what colour is it", "red"),
+                                                                     ("how many boxes are there", "two")))]
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    assert ingest_main(["vqa", str(tmp_path / "vqa"), "--store", str(vocab.path), "--store", str(store),
+                        "--train", str(tmp_path / "q.json"), "--valid", str(tmp_path / "q.json")]) == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = engine.run(FinetuneJob(), load_config(FinetuneConfig, overrides=[
+        f"data.store={tmp_path / 'vqa'}", "init.source=scratch", "preset=tiny", f"mlflow.tracking_uri={uri}",
+        f"scale.storage_path={tmp_path / 'runs'}", "train.epochs=1", "train.batch_size=4",
+        "mlflow.system_metrics=false", "examples.count=4", "robust.conditions=[]"]), after_run=end_of_run_pages)
+    run = tracking.get_run(uri, result.run_id)
+    assert run.status == "FINISHED" and "best_valid/accuracy" in run.metrics
+    pages = tracking.download_artifacts(uri, result.run_id, "examples", tmp_path / "pages")
+    assert (pages / "index.html").is_file() and len(list(pages.glob("example-*.html"))) == 4
+    pictures = sorted((pages / "img").iterdir())
+    # drawn on the photographs (RGB), not on the blank canvas a store without its images' sources gets
+    assert pictures and all(Image.open(p).mode == "RGB" for p in pictures)
