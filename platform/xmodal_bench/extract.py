@@ -1,7 +1,8 @@
 """Region-feature extraction throughput: the bottom-up-attention detector (`xmodal.models.butd`).
 
     python jobs/benchmark.py extract [--device cpu|cuda] [--config reference|tiny] [--images N]
-                                     [--batch K] [--size HxW] [--threads T] [--out DIR]
+                                     [--batch K] [--size HxW] [--input-size SHORT:MAX] [--threads T]
+                                     [--job-images N] [--out DIR]
 
 Rows, each over the same N synthetic images of one size (COCO's typical 480 x 640 by default):
 - batched (K images per `Detector.detect` call: one backbone call for images of one input size, the
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", type=int, default=None, help="images per row (default: 64 cuda, 2 cpu)")
     p.add_argument("--batch", type=int, default=None, help="images per extract call (default: 8 cuda, 2 cpu)")
     p.add_argument("--size", default="480x640", help="image height x width")
+    p.add_argument("--input-size", default=None, metavar="SHORT:MAX",
+                   help="the detector's input, as jobs/extract.py --input-size (default 600:1000, the reference's; "
+                        "a small one makes a quick run on a CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU: torch.set_num_threads (0 = torch's default)")
     p.add_argument("--job-images", type=int, default=None,
                    help="images of the job's row: jobs/extract.py's whole path, Ray Data, write tasks, commit "
@@ -310,6 +314,9 @@ def run(args: argparse.Namespace) -> int:
     if args.config not in CONFIGS:
         raise UserError(f"--config {args.config!r}: unknown; expected one of {', '.join(CONFIGS)}")
     size = _size(args.size)
+    from xmodal.extract.plan import parse_input_size
+
+    short, longest = parse_input_size(args.input_size)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     n = args.images or (64 if cuda else 2)
@@ -320,11 +327,11 @@ def run(args: argparse.Namespace) -> int:
     name = torch.cuda.get_device_name(device) if cuda else (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
     meta.update(device=device.type, device_name=name, torch=torch.__version__, config=args.config, size=size,
-                weights="random")
+                input_size=[short, longest], weights="random")
     say(f"{TAG} extraction benchmark on {name}: {args.config} detector, {n} images of {size[0]}x{size[1]}, "
         f"batch {batch}")
     t0 = time.perf_counter()
-    det = random_detector(CONFIGS[args.config](), seed=0).to(device)
+    det = random_detector(CONFIGS[args.config]().replace_in("input", scale=short, max_size=longest), seed=0).to(device)
     images = synthetic_images(n, size)
     peaks = {"fp32": matmul_tflops(device, torch.float32), "bf16": matmul_tflops(device, torch.bfloat16)}
     say(f"  {TAG} matmul rate here: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 {1000 * peaks['bf16']:,.0f} GFLOP/s")
@@ -336,9 +343,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         from xmodal_bench.extract_job import job_row, write_row
 
-        res["write"] = write_row(det.cfg.feature_dim, work)
+        res["write"] = write_row(DetectorConfig().feature_dim, work)  # the reference's shape: a real shard's size
         if jobs:
-            res["job"] = job_row(args.config, synthetic_images(jobs, size, seed=2), work, batch, cuda)
+            res["job"] = job_row(args.config, synthetic_images(jobs, size, seed=2), work, batch, cuda,
+                                 f"{short}:{longest}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res["meta"]["wall_s"] = time.perf_counter() - t0

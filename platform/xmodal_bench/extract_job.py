@@ -2,9 +2,9 @@
 detector config and image size, random weights), through Ray Data's decode tasks, the detector actors,
 the write tasks and the driver's commit; what the detector costs is measured by the rows before it.
 
-The job runs the network at the images' own size (`--input-size`) on two given boxes an image
-(`--boxes-from`: its top-left and bottom-right quarters), so that the network's share stays small and
-the row measures the path around it. Reported, from the job's own summary (`extract.publish.Summary`):
+The job runs the network at the benchmark's `--input-size` on two given boxes an image (`--boxes-from`:
+its top-left and bottom-right quarters), so that the network's share stays small and the row measures
+the path around it. Reported, from the job's own summary (`extract.publish.Summary`):
 - the driver per image: its process's CPU time over the pipeline (Ray Data's executor included: it runs
   in the driver) and the bytes of the records it received, over the whole run, divided by the images;
   printed as `driver per image: X ms CPU, Y bytes received`; and that CPU time per second of the run
@@ -29,7 +29,7 @@ from xmodal.base.console import say
 TAG = "[random weights]"
 
 
-def job_row(config: str, images: list, work: Path, batch: int, gpus: bool) -> dict[str, Any]:
+def job_row(config: str, images: list, work: Path, batch: int, gpus: bool, input_size: str) -> dict[str, Any]:
     """Extract `images` ((H, W, 3) uint8 tensors) with the job; the driver's and the write tasks' figures."""
     import cv2
 
@@ -44,15 +44,14 @@ def job_row(config: str, images: list, work: Path, batch: int, gpus: bool) -> di
         cv2.imwrite(str(folder / f"img{i:06d}.jpg"), im.numpy(), [cv2.IMWRITE_JPEG_QUALITY, 90])
         boxes[f"img{i:06d}"] = [[0, 0, w / 2, h / 2], [w / 2, h / 2, w - 1, h - 1]]
     (work / "boxes.json").write_text(json.dumps(boxes))
-    h, w = images[0].shape[:2]
     s = extract(ExtractOptions(str(folder), str(work / "store"), random_weights=True, tiny=config == "tiny",
-                               boxes_from=str(work / "boxes.json"), input_size=f"{max(32, min(h, w))}:{max(h, w, 32)}",
+                               boxes_from=str(work / "boxes.json"), input_size=input_size,
                                batch_size=batch, progress=False, gpus_per_actor=0.5 if gpus else None))
     n = s.extracted
     row = {"images": n, "images_s": n / s.seconds, "seconds": s.seconds, "shards": s.write_shards,
            "driver_cpu_ms_per_image": 1000 * s.driver_cpu_s / n, "driver_bytes_per_image": s.driver_bytes / n,
            "driver_cpu_per_s": s.driver_cpu_s / s.seconds}
-    say(f"  {TAG} the job over {n} images (given boxes, the images' own size): {row['images_s']:.2f} images/s end "
+    say(f"  {TAG} the job over {n} images (given boxes, input {input_size}): {row['images_s']:.2f} images/s end "
         f"to end in {s.seconds:.1f} s, {s.write_shards} shard(s)")
     say(f"driver per image: {row['driver_cpu_ms_per_image']:.3f} ms CPU, {row['driver_bytes_per_image']:.0f} bytes "
         "received")
@@ -99,7 +98,7 @@ def write_row(feat_dim: int, work: Path, images: int = 256, objects: int = 36) -
 def markdown(job: dict[str, Any] | None, write: dict[str, Any] | None) -> list[str]:
     out = []
     if job:
-        out += ["", f"The job over {job['images']} images (given boxes, the images' own size): {job['images_s']:.2f} "
+        out += ["", f"The job over {job['images']} images (given boxes): {job['images_s']:.2f} "
                 f"images/s end to end; driver per image: {job['driver_cpu_ms_per_image']:.3f} ms CPU, "
                 f"{job['driver_bytes_per_image']:.0f} bytes received; the driver's CPU "
                 f"{1000 * job['driver_cpu_per_s']:.0f} ms a second of the run."]

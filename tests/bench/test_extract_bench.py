@@ -23,8 +23,8 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
-    run = bench("--config", "tiny", "--images", "2", "--batch", "2", "--size", "48x64", "--job-images", "8",
-                "--out", str(tmp_path))
+    run = bench("--config", "tiny", "--images", "2", "--batch", "2", "--size", "48x64", "--input-size", "48:64",
+                "--job-images", "8", "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     printed = [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(("|", "Stage", "wrote"))]
     # every line of its own says RANDOM weights (the table's header line too)
@@ -69,6 +69,7 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
     (("--config", "huge"), "--config 'huge': unknown; expected one of reference, tiny"),
     (("--size", "48by64"), "--size '48by64': expected HEIGHTxWIDTH"),
     (("--images", "0"), "--images 0: expected a number >= 1"),
+    (("--input-size", "600x1000"), "--input-size '600x1000': expected SHORT:MAX"),
 ])
 def test_bad_flags_are_one_error_line(args, message):
     run = bench(*args)
