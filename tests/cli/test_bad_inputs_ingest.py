@@ -37,7 +37,7 @@ SENTENCES = json.dumps([{"img_id": "COCO_1", "sentf": {"mscoco": ["a cat on a ma
 
 def _real_feature_store() -> dict[str, bytes]:
     """The files of a feature-only store of the two images of TSV, as `ingest.py features` writes it."""
-    from xmodal.data.lxmert.features import ingest_features
+    from xmodal.data.lxmert.feature_writer import ingest_features
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "f.tsv").write_text(TSV)
@@ -55,7 +55,7 @@ def _lxmert_store() -> dict[str, bytes]:
 
 STORE = _real_feature_store()
 LXMERT = _lxmert_store()
-SHARD = "images/part-00000.parquet"
+(SHARD,) = [k for k in STORE if k.startswith("images/") and k.endswith(".parquet")]  # named by its content
 
 
 def feature_store(**columns) -> dict[str, str | bytes]:
@@ -76,7 +76,7 @@ def mult_pickle(data) -> bytes:
 
 INGEST = [
     Bad("lxmert-store-source-numbers", ["lxmert", "out", "--tsv", "st", "--json", "s.json", "--no-progress"],
-        ["st: part-00000.parquet: column 'source' holds int64; expected text"],
+        [f"st: {SHARD.removeprefix('images/')}: column 'source' holds int64; expected text"],
         files={**feature_store(source=pa.array([5, 6], pa.int64())), "s.json": SENTENCES}),
     Bad("features-store-source-numbers", ["features", "out", "--tsv", "st", "--no-progress"],
         ["column 'source' holds int64"], files=feature_store(source=pa.array([5, 6], pa.int64()))),
@@ -133,8 +133,10 @@ INGEST = [
     Bad("mult-unknown-dataset", ["mult", "out", "--pickle", "p.pkl", "--format", "mmsa", "--dataset", "imdb"],
         ["--dataset", "'imdb'"], files={"p.pkl": mult_pickle({})}),
     Bad("no-source", [], ["required"]),
-    Bad("features-out-a-uri", ["features", "s3://bucket/store", "--tsv", "f.tsv"], ["s3://bucket/store", "upload"],
-        files={"f.tsv": TSV}),
+    # a feature-only store is written to S3 directly (data/lxmert/feature_writer.py); a bucket it cannot reach
+    # is named before any TSV is read
+    Bad("features-out-an-unreachable-bucket", ["features", "s3://bucket/store", "--tsv", "f.tsv"],
+        ["s3://bucket/store", "cannot be written", "credentials"], files={"f.tsv": TSV}),
 ]
 
 
