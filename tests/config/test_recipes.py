@@ -79,6 +79,9 @@ def test_a_partial_mapping_and_a_chain_stage_take_their_recipe():
                                                            "finetune.optim.lr=1e-5"])
     assert chain.pretrain.optim.name == "bertadam" and chain.pretrain.train.batch_size == 256
     assert chain.finetune.task == "nlvr2" and chain.finetune.nlvr2_output == "softmax" and chain.finetune.optim.lr == 1e-5
+    raw = PretrainFinetuneConfig.model_validate({"finetune": {"recipe": "lxmert-gqa", "train": {"epochs": 1}}})
+    assert (raw.finetune.task, raw.finetune.optim.lr, raw.finetune.train.epochs) == ("gqa", 1e-5, 1)
+    assert raw.pretrain.optim.name == "adamw"  # the other stage keeps its defaults
 
 
 @pytest.mark.parametrize(("job", "overrides_", "named"), [

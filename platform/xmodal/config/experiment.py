@@ -193,7 +193,24 @@ def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
     # model_construct: the defaults without this validation again (it would recurse); a recipe's values
     # between them and the data (the user's keys win)
     defaults = cls.model_construct().model_dump(mode="python", exclude={"model", "preset"})
-    return deep_merge(deep_merge(defaults, recipe_tree(data.get("recipe"), getattr(cls, "RECIPES", {}))), data)
+    return deep_merge(deep_merge(defaults, _recipe_layer(cls, data)), data)
+
+
+def _stages(cls: type[BaseModel]) -> Iterable[tuple[str, type[JobConfig]]]:
+    """The fields of a job's config that are job configs of their own (a chain's stages)."""
+    for field, info in cls.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, JobConfig):
+            yield field, info.annotation
+
+
+def _recipe_layer(cls: type[BaseModel], data: dict) -> dict:
+    """The values of the recipes a raw config names, its own and its stages', as a nested dict."""
+    out = recipe_tree(data.get("recipe"), getattr(cls, "RECIPES", {}))
+    for field, stage in _stages(cls):
+        layer = _recipe_layer(stage, data[field]) if isinstance(data.get(field), dict) else {}
+        if layer:
+            out = {**out, field: deep_merge(out.get(field, {}), layer)}
+    return out
 
 
 def with_recipes(cls: type[BaseModel], data: dict, given: dict) -> dict:
@@ -206,10 +223,9 @@ def with_recipes(cls: type[BaseModel], data: dict, given: dict) -> dict:
         for key, value in recipes[name].values().items():
             if key not in mine:
                 data = set_dotted(data, key, value)
-    for field, info in cls.model_fields.items():
-        sub = info.annotation
-        if isinstance(sub, type) and issubclass(sub, JobConfig) and isinstance(given.get(field), dict):
-            data = {**data, field: with_recipes(sub, data.get(field, {}), given[field])}
+    for field, stage in _stages(cls):
+        if isinstance(given.get(field), dict):
+            data = {**data, field: with_recipes(stage, data.get(field, {}), given[field])}
     return data
 
 
