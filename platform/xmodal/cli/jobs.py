@@ -18,11 +18,20 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
     "run_name": ("mlflow.run_name", "MLflow and Ray Train run name; rerun with it to resume"),
     "register": ("mlflow.registered_model", "register the run's final model in the MLflow Model Registry under this name"),
     "seed": ("train.seed", "random seed"),
+    "recipe": ("recipe", "train as a paper's reference code does (its values and their files: below)"),
 }
 
 
 # The flags whose value is text whatever it looks like (quoted into their --set override).
 TEXT_FLAGS = ("store", "storage_path", "experiment", "run_name", "register", "init_run_id", "init_path")
+
+
+def recipes_help(job: str) -> str:
+    """`--help`'s list of the job's recipes, each value with the file it comes from."""
+    from xmodal.config.recipes import describe
+
+    return ("Recipes (--recipe NAME): the training of a paper's code; the model stays the preset's. A key set "
+            "beside a recipe wins, and the run's banner and MLflow params say so.\n\n" + describe(job))
 
 
 def end_of_run_pages(plan, folder, data) -> bool:
@@ -43,7 +52,8 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
     from xmodal.runner.engine import run_job
 
     spec = job_spec(job)
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=recipes_help(job))
     p.add_argument("--config", help=f"YAML config file (sections: {sections})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
     add_verbose(p)

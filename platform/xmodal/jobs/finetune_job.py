@@ -116,6 +116,7 @@ class FinetuneJob(JobSpec):
 
     # ------------------------------------------------ model
     def build_objective(self, cfg: FinetuneConfig, data):
+        from xmodal.models.lxmert import no_grad_row0
         from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
         from xmodal.objectives.finetune import FinetuneObjective
 
@@ -123,6 +124,8 @@ class FinetuneJob(JobSpec):
             model = LxmertForNlvr2(cfg.model, output=cfg.nlvr2_output)
         else:
             model = LxmertForQuestionAnswering(cfg.model, data.num_answers)
+        if cfg.optim.embedding_row0 == "no_grad":
+            no_grad_row0(model)
         return FinetuneObjective(model, cfg.task, qa_loss=cfg.qa_loss)
 
     # ------------------------------------------------ worker

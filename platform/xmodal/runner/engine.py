@@ -30,6 +30,7 @@ import yaml
 from xmodal import tracking
 from xmodal.base import console, errors, run_tags
 from xmodal.base.scores import SELECTED_PREFIX
+from xmodal.config import recipes
 from xmodal.config.experiment import ConfigError, flatten
 from xmodal.core import checkpoint as ckpt
 from xmodal.runner import recovery, timeline
@@ -124,7 +125,9 @@ def open_run(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str
     all_tags = {run_tags.TASK: spec.name, run_tags.STORE: plan.data, run_tags.CONFIG_SOURCE: source,
                 run_tags.TOTAL_STEPS: str(plan.total_steps), **record.reproducibility_tags(cfg, plan.data),
                 **prepared.tags, **(tags or {})}
-    run_id = record.open_run(plan.tracking_uri, cfg.mlflow.experiment, plan.run_name, flatten(cfg), all_tags,
+    flat = flatten(cfg)
+    run_id = record.open_run(plan.tracking_uri, cfg.mlflow.experiment, plan.run_name,
+                             {**flat, **recipes.recipe_params(cfg, flat)}, all_tags,
                              parent_run_id, where=functools.partial(record.resume_note, plan.storage, plan.run_name))
     plan = dataclasses.replace(plan, run_id=run_id)
     try:
@@ -278,7 +281,8 @@ def run(spec: JobSpec | StagedJob, cfg=None, source: str = "defaults", parent_ru
             parameters=checked.parameters, steps=p.total_steps, epochs=len(p.epoch_steps),
             batch_size=cfg.train.batch_size, workers=cfg.scale.num_workers,
             gpus_per_worker=cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
-            experiment=cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
+            experiment=cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage,
+            recipe=recipes.banner_lines(cfg, flatten(cfg))))
     except BaseException as e:  # train_and_finish ends the run from here on
         if trial is None or trial.marks_end:
             end_failed(p, e)

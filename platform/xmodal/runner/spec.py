@@ -187,7 +187,6 @@ class JobSpec:
     name: ClassVar[str]  # the job's key: sweeps' `job:`, MLflow's `task` tag
     config_class: ClassVar[type]  # its pydantic config (xmodal.config.experiment)
     run_name: ClassVar[str]  # a run's default name (a timestamp follows): format fields of `cfg`
-    optimizer: ClassVar[str] = "adamw"  # or "adam" (the MulT reference)
     # Model selection on a validation split: the best weights travel in every checkpoint and
     # `held_out` evaluates them at the end.
     selects_on_validation: ClassVar[bool] = False
