@@ -1,17 +1,23 @@
-"""Example pages of a fine-tuning run (or a pretraining run's QA head): see why a model fails (docs/tracking.md).
+"""Example pages of a finished run: see why a model fails (docs/tracking.md).
 
-    python jobs/examples.py --run-id RUN [--split valid] [--examples 48] [--compare RUN2] [--out DIR]
-        [--tracking-uri URI]
+    python jobs/examples.py --run-id RUN [--split SPLIT] [--examples 48] [--compare RUN2] [--out DIR]
+        [--overwrite] [--log] [--tracking-uri URI]
 
-The run's model (the weights it selected on validation) re-evaluates `--examples` examples of `--split`
-of its own fine-tuning set; OUT (default examples/<run name>) gets index.html (accuracy by question and
-answer type, the most frequent confusions, the examples wrong and right), one page per example (the
-picture with its boxes named by the detector's vocabularies, the question, the gold answers, the top 5
-predictions, the cross-attention of each word over the boxes per layer and head) and the pictures as
-PNG files. A MulT run (sentiment): per clip the prediction against the label and each crossmodal
-transformer's attention over time as heat maps, per layer; the index counts errors by label bin.
-`--compare RUN2`: the same examples for a second run of the same task, side by side,
-disagreements first, with McNemar's test. OUT must be new or empty; nothing is written on an error.
+A fine-tuning run (VQA, GQA, NLVR2), a pretraining run's QA head (on its store's minival) or a MulT run:
+its model (the weights it selected on validation) re-evaluates `--examples` examples of `--split`, a
+fixed-seed sample so every run of the same set shows the same ones. OUT (default examples/<run name>)
+gets index.html, the whole viewer: the summary (accuracy by question and answer type, confusions; MulT:
+errors by label bin), the examples filtered by type and right or wrong, sorted by confidence, loss or
+attention entropy, and the one selected drawn in place (the picture with its boxes, the answers, the
+cross-attention of each word over the boxes per layer and head; MulT: attention over time); beside it
+pictures/NNNN-<right|wrong>-<type>.png, one per example.
+
+`--compare RUN2`: the same examples for a second run of the same task, side by side: those only one
+run gets right apart, the 2x2 table and McNemar's test on the console and the page, and the page logged
+into RUN2 (its examples/vs-<run>/ and a line of its description). OUT must be new, empty or this
+command's own earlier output (replaced); `--overwrite` writes beside other files there, removing none.
+`--log`: the pages into the run too (its examples/, MLflow's table of them, a line of its description), as
+a run's end logs them: for a MulT run, or a run that logged none. Nothing is written on an error.
 """
 
 import argparse
@@ -22,12 +28,16 @@ from xmodal.base.commands import setup_console, user_errors
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run-id", required=True, help="MLflow run id of a finished fine-tuning (or pretraining) run")
-    p.add_argument("--split", help="a split the run evaluated (default valid; a pretraining run's QA head: minival; "
-                   "a MulT run: test)")
-    p.add_argument("--examples", type=int, default=48, help="how many examples (default 48)")
+    p.add_argument("--run-id", required=True, help="MLflow run id of a finished fine-tuning, pretraining or MulT run")
+    p.add_argument("--split", help="a split the run evaluated (default: fine-tuning valid; pretraining minival; "
+                   "MulT test)")
+    p.add_argument("--examples", type=int, default=48, help="how many examples, 1 to 1000 (default 48)")
     p.add_argument("--compare", metavar="RUN2", help="a second run of the same task: the same examples side by side")
-    p.add_argument("--out", help="output folder (default examples/<run name>; new or empty)")
+    p.add_argument("--out", help="output folder (default examples/<run name>; new, empty or this command's own)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an --out that holds other files (they are kept)")
+    p.add_argument("--log", action="store_true",
+                   help="log the pages into the run too, as a run's end does (a MulT run, or a run without pages)")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     args = p.parse_args(argv)
     setup_console(False)
@@ -37,12 +47,17 @@ def main(argv: list[str]) -> int:
         from xmodal.examples import make_examples
 
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        built = make_examples(uri, args.run_id, args.split, args.examples, args.compare, args.out)
-        shown = built.mult if built.mult is not None else built.a.examples
-        right = sum(e.right for e in shown)
-        what = "clips" if built.mult is not None else "examples"
-        print(f"[xmodal] {len(shown)} {built.a.split} {what} of run {built.a.run_name} ({right} right): "
-              f"{built.out / 'index.html'}")
+        built = make_examples(uri, args.run_id, args.split, args.examples, args.compare, args.out, args.overwrite,
+                              args.log)
+        print(f"[xmodal] {built.line}")
+        c = built.comparison
+        if c is not None:
+            print(f"                 B right  B wrong\n  A right  {c.both_right:>9} {c.only_a:>8}\n"
+                  f"  A wrong  {c.only_b:>9} {c.both_wrong:>8}\n"
+                  f"  McNemar's test ({c.test}, {c.only_a + c.only_b} disagreements): p = {c.p_value:.4g}")
+        print(f"  pages       {built.out / 'index.html'}")
+        if built.logged:
+            print(f"  in MLflow   {built.logged} (run {'B' if c is not None else args.run_id})")
 
     return user_errors(go)
 

@@ -6,8 +6,9 @@
 One row per configuration (runs that differ only in their seed are grouped: mean ± std, 95 % t
 interval), each tested against the baseline row (paired t-test over the seeds where both ran the same
 seeds, else Welch's; Holm-adjusted over the rows), with the runs' cost beside the scores, a plot of
-score against cost (Pareto front) and, for a sweep, its parameters' fANOVA importance. The files go to --out (default reports/NAME) and are
-logged to the sweep's parent run.
+score against cost (Pareto front) and, for a sweep, its parameters' fANOVA importance. The files go to --out
+(default reports/NAME: a new or empty folder, or this command's own earlier report, which is replaced) and
+are logged to the sweep's parent run.
 """
 
 import argparse
@@ -29,24 +30,33 @@ def main(argv: list[str]) -> int:
                         "first try_first)")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     p.add_argument("--no-log", action="store_true", help="do not log the files to the parent run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an --out that holds other files (they stay; an earlier report's files are replaced)")
     args = p.parse_args(argv)
 
+    for flag in ("experiment", "parent_run", "metric", "out"):
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)!r}: expected a non-empty value")
     baseline = None
     if args.baseline:
         bad = [b for b in args.baseline if "=" not in b]
         if bad:
             p.error(f"--baseline {bad[0]!r}: expected KEY=VALUE (an ablation parameter and its value)")
-        baseline = {k: parse_value(v) for k, v in (b.split("=", 1) for b in args.baseline)}
+        pairs = [b.split("=", 1) for b in args.baseline]
+        twice = [k for i, (k, _) in enumerate(pairs) if k in [q for q, _ in pairs[:i]]]
+        if twice:
+            p.error(f"--baseline: {twice[0]!r} is given twice; the baseline is one configuration, one value a key")
+        baseline = {k: parse_value(v) for k, v in pairs}
 
     def go() -> None:
         from xmodal import tracking
-        from xmodal.base.outputs import check_writable_dir
+        from xmodal.report.build import report_output
 
-        if args.out:  # before MLflow is opened: the default folder is checked once the sweep's name is known
-            check_writable_dir(args.out, "--out")
+        # before MLflow is opened: the default folder is checked once the sweep's name is known
+        out = report_output(args.out, args.overwrite) if args.out is not None else None
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=args.out,
-                          metric=args.metric, log=not args.no_log, baseline=baseline)
+        rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=out,
+                          metric=args.metric, log=not args.no_log, baseline=baseline, overwrite=args.overwrite)
         print(rep.markdown)
         print(f"[xmodal] report written to {rep.out_dir}")
 

@@ -2,7 +2,7 @@
 pretrained and from scratch) in-process, once per seed and thread count, exactly as
 tests/jobs/test_learning.py runs it.
 
-    python scripts/learning_spread.py [--seeds 0,1,2,3,4] [--threads 1,2] [--out spread.jsonl]
+    python scripts/learning_spread.py [--seeds 0,1,2,3,4] [--threads 1,2] [--out spread.jsonl [--overwrite]]
 
 One JSON line per run: seed, threads, wall seconds, minival metrics, priors, fine-tuned accuracies.
 
@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from xmodal.base.commands import user_errors
+from xmodal.base.errors import UserError
+from xmodal.base.outputs import Output
 from xmodal.config.experiment import load_config
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.priors import pretraining_priors
@@ -67,11 +71,17 @@ ABLATION = {  # search_spaces/lxmert_tasks.yaml's options
 }
 
 
-def ablation_run(space_file: str, subset: str, seed: int, tmp: Path) -> dict:
-    from xmodal.config.experiment import apply_overrides, load_yaml
+def ablation_base(space_file: str) -> dict:
+    """The chain's base config of a pretrain_finetune space (checked as a sweep checks it)."""
+    from xmodal.sweep.space import base_config, load_space
 
-    space = load_yaml(Path(space_file).read_text())
-    chain = apply_overrides(space["base"].get("config", {}), space["base"].get("set", []))
+    space = load_space(space_file)
+    if space.job != "pretrain_finetune":
+        raise UserError(f"--ablation {space_file}: a space of job {space.job!r}; expected a pretrain_finetune space")
+    return base_config(space, space_file)
+
+
+def ablation_run(chain: dict, subset: str, seed: int, tmp: Path) -> dict:
     pcfg = load_config(PretrainConfig, base=chain.get("pretrain", {}), overrides=ABLATION[subset] + [f"train.seed={seed}"])
     fcfg = load_config(FinetuneConfig, base=chain.get("finetune", {}), overrides=[f"train.seed={seed}"])
     tmp.mkdir(parents=True)
@@ -85,35 +95,55 @@ def ablation_run(space_file: str, subset: str, seed: int, tmp: Path) -> dict:
     return {"subset": subset, "seed": seed, "pretrain_minival": metrics, "valid/accuracy": down["valid/accuracy"]}
 
 
-def main() -> None:
+def _numbers(flag: str, text: str, low: int) -> list[int]:
+    """A comma-separated list of integers >= low, or UserError naming the flag."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not values or min(values) < low:
+        raise UserError(f"{flag} {text!r}: expected integers >= {low}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--no-finetune", action="store_true")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--out", default=None, help="also write the JSON lines to this file (a new file), at the end")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out FILE")
     p.add_argument("--ablation", default=None, help="a pretrain_finetune space file (lxmert_tasks.yaml)")
     p.add_argument("--subsets", default=",".join(ABLATION), help="with --ablation: which subsets")
-    a = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        if a.ablation:
-            torch.set_num_threads(int(a.threads.split(",")[0]))
-            for seed in (int(x) for x in a.seeds.split(",")):
-                for subset in a.subsets.split(","):
-                    row = ablation_run(a.ablation, subset, seed, Path(tmp) / f"{subset}-{seed}")
-                    _emit(row, a.out)
-            return
-        for threads in (int(x) for x in a.threads.split(",")):
-            for seed in (int(x) for x in a.seeds.split(",")):
-                _emit(one_run(seed, threads, Path(tmp) / f"{seed}-{threads}", not a.no_finetune), a.out)
+    a = p.parse_args(argv)
 
+    def go() -> None:
+        seeds, threads = _numbers("--seeds", a.seeds, 0), _numbers("--threads", a.threads, 1)
+        subsets = [x for x in a.subsets.split(",") if x]
+        unknown = [x for x in subsets if x not in ABLATION]
+        if unknown or not subsets:
+            raise UserError(f"--subsets {a.subsets!r}: expected some of {', '.join(ABLATION)}")
+        out = Output(a.out, "--out", "learning_spread", file=True, overwrite=a.overwrite) if a.out else None
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            if a.ablation:
+                torch.set_num_threads(threads[0])
+                chain = ablation_base(a.ablation)
+                runs = [(lambda s=s, sub=sub: ablation_run(chain, sub, s, Path(tmp) / f"{sub}-{s}"))
+                        for s in seeds for sub in subsets]
+            else:
+                runs = [(lambda s=s, t=t: one_run(s, t, Path(tmp) / f"{s}-{t}", not a.no_finetune))
+                        for t in threads for s in seeds]
+            for run in runs:
+                rows.append(json.dumps(run()))
+                print(rows[-1], flush=True)
+        if out is not None:
+            with out.stage() as stage:
+                stage.tmp.write_text("".join(line + "\n" for line in rows))
+                stage.publish()
 
-def _emit(row: dict, out: str | None) -> None:
-    line = json.dumps(row)
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
+    return user_errors(go)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,6 +19,7 @@ from typing import Any
 from xmodal.base.commands import dispatch
 from xmodal.base.console import say
 from xmodal.base.errors import UserError
+from xmodal.base.outputs import Output, Scratch, check_writable_dir
 
 # name -> (module implementing it, one-line help); imported only when chosen, so `lxmert` needs no
 # pyarrow and `data` no transformers.
@@ -47,34 +48,41 @@ def at_least(args: argparse.Namespace, minimum: float, *names: str) -> None:
 
 
 def folder_arg(flag: str, path: str | None) -> None:
-    """An output or work folder: new or an existing folder, never a file (nor under one)."""
+    """A folder the benchmark writes its results into (checked before anything is measured): local, and
+    writable (new, or an existing folder, never a file nor under one). What it holds stays: each result
+    is a new file there (`write_results`)."""
     if path is None:
         return
-    p = Path(path).expanduser().resolve()
-    for q in (p, *p.parents):
-        if q.exists():
-            if not q.is_dir():
-                raise UserError(f"{flag} {path}: {q} is a file; expected a folder")
-            return
+    if "://" in path:
+        raise UserError(f"{flag}: {path!r} is a URI; benchmarks write their results to a local folder")
+    check_writable_dir(path, flag)
+
+
+# The scratch folders of this command (`begin`), removed when it ends, however it ends (`main`).
+_SCRATCH: list[Scratch] = []
+
+
+def scratch(under: str | None, flag: str, name: str, keep: bool = False) -> Path:
+    """A new scratch folder under `under` (the benchmark's --work, else the temporary folder), removed
+    with the folders made for it when the command ends, failed or not (unless `keep`)."""
+    s = Scratch(under, flag, f"xmodal-bench-{name}-", keep=keep)
+    _SCRATCH.append(s)
+    return s.path
 
 
 def begin(args: argparse.Namespace, name: str, **meta: Any) -> tuple[Path, str, dict[str, Any]]:
     """What the benchmarks with `--out` and `--work` share before measuring: both flags checked, a
-    fresh work folder (under --work, else the temp folder; the caller removes it), the results'
-    timestamp for file names, and their `meta` (date, machine, Python, commit, command, `meta`)."""
+    fresh work folder (`scratch`: under --work, else the temp folder; removed when the command ends), the
+    results' timestamp for file names, and their `meta` (date, machine, Python, commit, command, `meta`)."""
     import datetime as dt
     import os
     import platform
     import sys
-    import tempfile
 
     from xmodal.tracking import git_commit
 
     folder_arg("--out", args.out)
-    folder_arg("--work", args.work)
-    if args.work:
-        Path(args.work).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"xmodal-bench-{name}-", dir=args.work))
+    work = scratch(args.work, "--work", name)
     now = dt.datetime.now(dt.timezone.utc)
     return work, now.strftime("%Y%m%dT%H%M%SZ"), {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
@@ -96,19 +104,31 @@ def cuda_arg(device: str | None) -> None:
 
 
 def write_results(out: str, name: str, res: dict, text: str) -> None:
-    """A benchmark's results as `out/name.json` (written whole or not at all) and its Markdown table
-    `text` as `out/name.md`, then the table and where both went on the console."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / name
-    tmp = stem.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    tmp.replace(stem.with_suffix(".json"))
-    stem.with_suffix(".md").write_text(text + "\n")
+    """A benchmark's results as `out/name.json` and its Markdown table `text` as `out/name.md`, each a new
+    file (xmodal.base.outputs: staged, published whole, never over an existing file; the folder's other
+    files stay), then the table and where both went on the console."""
+    stem = Path(out) / name
+    files = {stem.with_suffix(".json"): json.dumps(res, indent=1, default=str), stem.with_suffix(".md"): text + "\n"}
+    outputs = [Output(path, "--out", "benchmark", file=True, overwrite=None) for path in files]
+    stages = []
+    try:
+        for output, body in zip(outputs, files.values(), strict=True):
+            stages.append(output.stage())
+            stages[-1].tmp.write_text(body)
+        for stage in stages:
+            stage.publish()
+    finally:
+        for stage in stages:
+            if not stage.published:
+                stage.discard()
     say("")
     say(text)
     say(f"wrote {stem}.json and {stem}.md ({res['meta']['wall_s']:.0f} s)")
 
 
 def main(argv: list[str]) -> int:
-    return dispatch("benchmark.py", __doc__.split("\n\n")[0], BENCHMARKS, argv)
+    try:
+        return dispatch("benchmark.py", __doc__.split("\n\n")[0], BENCHMARKS, argv)
+    finally:
+        while _SCRATCH:
+            _SCRATCH.pop().remove()

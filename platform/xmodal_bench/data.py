@@ -28,10 +28,8 @@ import dataclasses
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", action="store_true", help="also measure through Ray Data (starts a local Ray)")
     parser.add_argument("--mix-units", type=int, default=None,
                         help="units mixed into each block (default: the readers' default, 16; 0 = unmixed)")
-    parser.add_argument("--workdir", help="where to build the store and TSV (default: a temporary directory)")
-    parser.add_argument("--keep", action="store_true", help="keep the workdir")
+    parser.add_argument("--workdir", help="where to build the store and TSV: a new folder is made in it (default: in "
+                        "the temporary folder), removed at the end")
+    parser.add_argument("--keep", action="store_true", help="keep the folder the store and TSV were built in")
 
 
 def _one_core() -> str:
@@ -314,70 +313,66 @@ def startup(what: str, path: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal_bench import at_least, folder_arg
+    from xmodal_bench import at_least, scratch
 
     at_least(args, 2, "num_images")  # mismatched sentences come from other images
     at_least(args, 1, "batch", "feat_dim", "num_objects", "sentences_per_image", "batches", "baseline_batches",
              "rounds")
     at_least(args, 0, "mix_units")
-    folder_arg("--workdir", args.workdir)
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="xmodal-bench-data-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        opts = SyntheticLxmertOptions(num_images=args.num_images, num_objects=args.num_objects, feat_dim=args.feat_dim,
-                                      sentences_per_image=args.sentences_per_image, minival_fraction=0.0,
-                                      images_per_shard=256)
-        t = time.perf_counter()
-        store = build_synthetic_store(work / "store", opts, overwrite=True)
-        build_s = time.perf_counter() - t
-        tsv = work / "features.tsv"
-        write_reference_tsv(store, tsv)
-        m = store.manifest
-        say(f"store: {m.images('train')} images x {m.num_objects} x {m.feat_dim} float16, "
-            f"{m.sentences('train')} sentences, built in {build_s:.1f} s; TSV {tsv.stat().st_size / 2**20:.0f} MiB")
+    work = scratch(args.workdir, "--workdir", "data", keep=args.keep)
+    if args.keep:
+        say(f"building in {work} (kept: --keep)")
+    opts = SyntheticLxmertOptions(num_images=args.num_images, num_objects=args.num_objects, feat_dim=args.feat_dim,
+                                  sentences_per_image=args.sentences_per_image, minival_fraction=0.0,
+                                  images_per_shard=256)
+    t = time.perf_counter()
+    store = build_synthetic_store(work / "store", opts)
+    build_s = time.perf_counter() - t
+    tsv = work / "features.tsv"
+    write_reference_tsv(store, tsv)
+    m = store.manifest
+    say(f"store: {m.images('train')} images x {m.num_objects} x {m.feat_dim} float16, "
+        f"{m.sentences('train')} sentences, built in {build_s:.1f} s; TSV {tsv.stat().st_size / 2**20:.0f} MiB")
 
-        s_open, s_tsv = startup("store", store.path), startup("tsv", tsv)
-        if args.ray:  # before pinning: Ray's processes would inherit the one-core affinity
-            from xmodal.runner.ray_cluster import start_local
+    s_open, s_tsv = startup("store", store.path), startup("tsv", tsv)
+    if args.ray:  # before pinning: Ray's processes would inherit the one-core affinity
+        from xmodal.runner.ray_cluster import start_local
 
-            start_local(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
-        pinned = _one_core()
-        ours_it, base_it = our_batches(store, args.batch, args.mix_units), baseline_batches(store, tsv, args.batch)
-        first = next(ours_it)  # warm-up (first read, first plan)
-        next(base_it)
-        ours, base = [], []
-        for _ in range(args.rounds):  # interleaved rounds: a noisy neighbour hits both alike
-            ours.append(timed(ours_it, max(1, args.batches // args.rounds), args.batch))
-            base.append(timed(base_it, max(1, args.baseline_batches // args.rounds), args.batch))
-        ray_r = None
-        if args.ray:
-            it = ray_batches(store, args.batch)
-            try:
-                next(it)
-                ray_r = [timed(it, max(1, args.batches // args.rounds), args.batch) for _ in range(args.rounds)]
-            finally:
-                it.close()  # stop the prefetch thread and the Ray iterator before Ray goes
-                import ray
+        start_local(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    pinned = _one_core()
+    ours_it, base_it = our_batches(store, args.batch, args.mix_units), baseline_batches(store, tsv, args.batch)
+    first = next(ours_it)  # warm-up (first read, first plan)
+    next(base_it)
+    ours, base = [], []
+    for _ in range(args.rounds):  # interleaved rounds: a noisy neighbour hits both alike
+        ours.append(timed(ours_it, max(1, args.batches // args.rounds), args.batch))
+        base.append(timed(base_it, max(1, args.baseline_batches // args.rounds), args.batch))
+    ray_r = None
+    if args.ray:
+        it = ray_batches(store, args.batch)
+        try:
+            next(it)
+            ray_r = [timed(it, max(1, args.batches // args.rounds), args.batch) for _ in range(args.rounds)]
+        finally:
+            it.close()  # stop the prefetch thread and the Ray iterator before Ray goes
+            import ray
 
-                ray.shutdown()
+            ray.shutdown()
 
-        def fmt(r: list[float]) -> str:
-            return f"best {max(r):8,.0f}  median {float(np.median(r)):8,.0f} samples/s"
+    def fmt(r: list[float]) -> str:
+        return f"best {max(r):8,.0f}  median {float(np.median(r)):8,.0f} samples/s"
 
-        say(f"\none worker, one CPU core ({pinned}), batch {args.batch}, {args.rounds} interleaved rounds:")
-        say(f"  ours (pyarrow + vectorised numpy -> LxmertBatch)    {fmt(ours)}")
-        if ray_r is not None:
-            say(f"  ours through Ray Data (read tasks on other cores)  {fmt(ray_r)}")
-        say(f"  reference-style loader (Python/sample + collate)   {fmt(base)}")
-        say(f"  ratio ours / baseline: best {max(ours) / max(base):.1f}x, median "
-            f"{np.median(ours) / np.median(base):.1f}x   (targets: >= 5,000 samples/s, >= 3x)")
-        say(f"  batch: visual_feats {tuple(first.visual_feats.shape)} {first.visual_feats.dtype}, "
-            f"input_ids {tuple(first.input_ids.shape)}")
-        say(f"  {negative_mix(work, args.mix_units)}")
-        say(f"\nstart-up for {m.images('train')} images:")
-        say(f"  open the store           {s_open['seconds']:8.3f} s   peak +{s_open['peak_bytes'] / 2**20:8.1f} MiB")
-        say(f"  decode the TSV (ref.)    {s_tsv['seconds']:8.3f} s   peak +{s_tsv['peak_bytes'] / 2**20:8.1f} MiB")
-        return 0
-    finally:
-        if not args.keep and not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+    say(f"\none worker, one CPU core ({pinned}), batch {args.batch}, {args.rounds} interleaved rounds:")
+    say(f"  ours (pyarrow + vectorised numpy -> LxmertBatch)    {fmt(ours)}")
+    if ray_r is not None:
+        say(f"  ours through Ray Data (read tasks on other cores)  {fmt(ray_r)}")
+    say(f"  reference-style loader (Python/sample + collate)   {fmt(base)}")
+    say(f"  ratio ours / baseline: best {max(ours) / max(base):.1f}x, median "
+        f"{np.median(ours) / np.median(base):.1f}x   (targets: >= 5,000 samples/s, >= 3x)")
+    say(f"  batch: visual_feats {tuple(first.visual_feats.shape)} {first.visual_feats.dtype}, "
+        f"input_ids {tuple(first.input_ids.shape)}")
+    say(f"  {negative_mix(work, args.mix_units)}")
+    say(f"\nstart-up for {m.images('train')} images:")
+    say(f"  open the store           {s_open['seconds']:8.3f} s   peak +{s_open['peak_bytes'] / 2**20:8.1f} MiB")
+    say(f"  decode the TSV (ref.)    {s_tsv['seconds']:8.3f} s   peak +{s_tsv['peak_bytes'] / 2**20:8.1f} MiB")
+    return 0

@@ -40,84 +40,88 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", help="scratch folder (default: the temporary folder)")
 
 
-def run(args: argparse.Namespace) -> int:
-    import shutil
+def checked(args: argparse.Namespace):
+    """Every input checked before anything is made: the counts and numbers, the output and scratch folders
+    (creatable and writable), the run (a finished fine-tuning run), its set and split. Returns the run
+    resolved, its kind and its set."""
+    from xmodal import tracking
+    from xmodal.examples.kinds import KINDS, resolve
+    from xmodal.examples.run import ExamplesError, check_count
+    from xmodal_bench import at_least, folder_arg
 
+    for n in args.examples:
+        check_count(n)
+    at_least(args, 1, "repeats", "threads")
+    folder_arg("--out", args.out)
+    folder_arg("--work", args.work)  # (the scratch under it is made by `begin`, after these checks)
+    r = resolve(tracking.resolve_tracking_uri(args.tracking_uri), args.run_id, "--run-id")
+    if r.kind != "finetune":
+        raise ExamplesError(f"--run-id: run {r.run_id!r} is {KINDS[r.kind].what}; this benchmark measures a "
+                            "fine-tuning run's pages against its evaluation: expected a fine-tuning run")
+    kind = KINDS[r.kind]
+    data = kind.open(r)
+    kind.check(r, data, args.split)
+    return r, kind, data
+
+
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from xmodal import tracking
     from xmodal.data.finetune.stream import iter_eval_batches, local_reader
-    from xmodal.examples.build import write_pages
-    from xmodal.examples.collect import (
-        RunExamples,
-        check_count,
-        check_split,
-        choose_rows,
-        evaluate,
-        get_run,
-        open_set,
-        run_task,
-    )
+    from xmodal.examples.build import write_rendered
+    from xmodal.examples.kinds import run_task
+    from xmodal.examples.run import Shown
     from xmodal.export.source import from_run
     from xmodal.objectives.finetune import FinetuneObjective
-    from xmodal_bench import at_least, begin, write_results
+    from xmodal_bench import begin, write_results
 
-    for n in args.examples:
-        check_count(n)
+    r, kind, data = checked(args)
+    uri, task = r.uri, run_task(r.run)
     counts = list(dict.fromkeys(args.examples))
-    at_least(args, 1, "repeats", "threads")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    work, stamp, meta = begin(args, "examples")
+    work, stamp, meta = begin(args, "examples")  # the scratch: removed when the command ends
     started = time.monotonic()
-    try:
-        uri = tracking.resolve_tracking_uri(args.tracking_uri)
-        r = get_run(uri, args.run_id, "--run-id")
-        task = run_task(r, "--run-id")
-        data = open_set(r, "--run-id")
-        check_split(data, args.split, args.run_id)
-        source = from_run(uri, args.run_id, work / "model")
-        cfg = source.config or {}
-        batch = int(cfg.get("train", {}).get("batch_size", 32)) // int(cfg.get("scale", {}).get("num_workers", 1))
-        model = source.model
-        objective = FinetuneObjective(model, task).eval()
-        logged = len(tracking.metric_history(uri, args.run_id, f"{args.split}/accuracy"))
-        robust = len(cfg.get("robust", {}).get("conditions", [])) if args.split == "valid" else 0
-        passes = logged + 1 + robust
+    source = from_run(uri, args.run_id, work / "model")
+    cfg = source.config or {}
+    batch = int(cfg.get("train", {}).get("batch_size", 32)) // int(cfg.get("scale", {}).get("num_workers", 1))
+    model = source.model
+    objective = FinetuneObjective(model, task).eval()
+    logged = len(tracking.metric_history(uri, args.run_id, f"{args.split}/accuracy"))
+    robust = len(cfg.get("robust", {}).get("conditions", [])) if args.split == "valid" else 0
+    passes = logged + 1 + robust
 
-        def one_pass() -> tuple[float, float]:
-            t, cpu = time.perf_counter(), time.process_time()
-            with torch.no_grad():
-                for b in iter_eval_batches(data, args.split, batch, reader=local_reader()):
-                    objective(b, with_predictions=True)
-            return time.perf_counter() - t, time.process_time() - cpu
+    def one_pass() -> tuple[float, float]:
+        t, cpu = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            for b in iter_eval_batches(data, args.split, batch, reader=local_reader()):
+                objective(b, with_predictions=True)
+        return time.perf_counter() - t, time.process_time() - cpu
 
-        def pages(n: int) -> tuple[float, float, float]:
-            t, cpu = time.perf_counter(), time.process_time()
-            size = len(data.split(args.split))
-            notes: list[str] = []
-            ex = evaluate(model, data, args.split, choose_rows(size, n), notes)
-            predicted = time.perf_counter()
-            with tempfile.TemporaryDirectory(dir=work) as d:
-                write_pages(RunExamples(args.run_id, r.name, task, args.split, str(data.path), ex, size, notes),
-                            None, Path(d))
-                drawn = time.perf_counter()
-            return predicted - t, drawn - predicted, time.process_time() - cpu
+    def pages(n: int) -> tuple[float, float, float]:
+        t, cpu = time.perf_counter(), time.process_time()
+        notes: list[str] = []
+        ex, size = kind.collect(model, data, args.split, n, notes, config=cfg)
+        predicted = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=work) as d:
+            shown = Shown(args.run_id, r.name, "finetune", task, args.split, str(data.path), ex, size, notes)
+            write_rendered(kind.render(shown), Path(d))
+            drawn = time.perf_counter()
+        return predicted - t, drawn - predicted, time.process_time() - cpu
 
-        one_pass(), [pages(n) for n in counts]  # warm: the first reads fill the page cache, the tokenizer, the index
-        # interleaved, so that every figure sees the same load of a shared machine
-        timed = [(one_pass(), [pages(n) for n in counts]) for _ in range(args.repeats)]
-        eval_s = statistics.median(t[0][0] for t in timed)
-        eval_cpu = statistics.median(t[0][1] for t in timed)
-        by_count = {}
-        for k, n in enumerate(counts):
-            parts = [t[1][k] for t in timed]
-            by_count[n] = {"pages_s": statistics.median(p + d for p, d, _ in parts),
-                           "predict_s": statistics.median(p for p, _, _ in parts),
-                           "draw_s": statistics.median(d for _, d, _ in parts),
-                           "pages_cpu_s": statistics.median(c for _, _, c in parts)}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    one_pass(), [pages(n) for n in counts]  # warm: the first reads fill the page cache, the tokenizer, the index
+    # interleaved, so that every figure sees the same load of a shared machine
+    timed = [(one_pass(), [pages(n) for n in counts]) for _ in range(args.repeats)]
+    eval_s = statistics.median(t[0][0] for t in timed)
+    eval_cpu = statistics.median(t[0][1] for t in timed)
+    by_count = {}
+    for k, n in enumerate(counts):
+        parts = [t[1][k] for t in timed]
+        by_count[n] = {"pages_s": statistics.median(p + d for p, d, _ in parts),
+                       "predict_s": statistics.median(p for p, _, _ in parts),
+                       "draw_s": statistics.median(d for _, d, _ in parts),
+                       "pages_cpu_s": statistics.median(c for _, _, c in parts)}
     total, total_cpu = eval_s * passes, eval_cpu * passes
     for v in by_count.values():
         v["pages_share"] = v["pages_s"] / total
@@ -128,20 +132,24 @@ def run(args: argparse.Namespace) -> int:
            "eval_pass_s": eval_s, "passes": passes, "evaluation_s": total, "eval_pass_cpu_s": eval_cpu,
            "evaluation_cpu_s": total_cpu,
            "pages": [{"examples": n, **v} for n, v in by_count.items()],
-           "run_end_of_run_s": r.metrics.get("time/end_of_run_s")}
-    end = res["run_end_of_run_s"]
-    text = "\n".join([
-        f"| {task} {args.split} ({res['meta']['split_examples']} examples, batch {batch}, "
-        f"{res['meta']['threads']} torch threads), median of {args.repeats} | seconds | of the evaluation | "
-        "CPU seconds | of its CPU |",
+           "run_end_of_run_s": r.run.metrics.get("time/end_of_run_s")}
+    write_results(args.out, f"examples-{stamp}", res, table(res, args))
+    return 0
+
+
+def table(res: dict, args: argparse.Namespace) -> str:
+    """The results as a Markdown table: the evaluation, then a row per count of examples."""
+    m, end = res["meta"], res["run_end_of_run_s"]
+    return "\n".join([
+        f"| {m['task']} {args.split} ({m['split_examples']} examples, batch {m['batch']}, {m['threads']} torch "
+        f"threads), median of {args.repeats} | seconds | of the evaluation | CPU seconds | of its CPU |",
         "| --- | --- | --- | --- | --- |",
-        f"| one evaluation pass | {eval_s:.3f} | | {eval_cpu:.3f} | |",
-        f"| the run's evaluation: {passes} passes | {total:.3f} | 100 % | {total_cpu:.3f} | 100 % |",
-        *(f"| pages for {n} examples (predict {v['predict_s']:.3f}, draw {v['draw_s']:.3f}) | {v['pages_s']:.3f} | "
-          f"{100 * v['pages_share']:.1f} % | {v['pages_cpu_s']:.3f} | {100 * v['pages_cpu_share']:.1f} % |"
-          for n, v in by_count.items()),
+        f"| one evaluation pass | {res['eval_pass_s']:.3f} | | {res['eval_pass_cpu_s']:.3f} | |",
+        f"| the run's evaluation: {res['passes']} passes | {res['evaluation_s']:.3f} | 100 % | "
+        f"{res['evaluation_cpu_s']:.3f} | 100 % |",
+        *(f"| pages for {v['examples']} examples (predict {v['predict_s']:.3f}, draw {v['draw_s']:.3f}) | "
+          f"{v['pages_s']:.3f} | {100 * v['pages_share']:.1f} % | {v['pages_cpu_s']:.3f} | "
+          f"{100 * v['pages_cpu_share']:.1f} % |" for v in res["pages"]),
         f"| the run's own time/end_of_run_s (its pages and their logging) | "
         f"{f'{end:.3f}' if end is not None else '-'} | | | |",
     ])
-    write_results(args.out, f"examples-{stamp}", res, text)
-    return 0

@@ -1,7 +1,8 @@
 """Region-feature extraction throughput: the bottom-up-attention detector (`xmodal.models.butd`).
 
     python jobs/benchmark.py extract [--device cpu|cuda] [--config reference|tiny] [--images N]
-                                     [--batch K] [--size HxW] [--threads T] [--out DIR]
+                                     [--batch K] [--size HxW] [--input-size SHORT:MAX] [--threads T]
+                                     [--job-images N] [--out DIR]
 
 Rows, each over the same N synthetic images of one size (COCO's typical 480 x 640 by default):
 - batched (K images per `Detector.detect` call: one backbone call for images of one input size, the
@@ -17,7 +18,11 @@ Rows, each over the same N synthetic images of one size (COCO's typical 480 x 64
   batch: convolutions and matmuls) times images/s, as a fraction of this machine's own matmul rate
   (a square matmul timed in the same run, in the row's precision);
 - decode: images/s of one CPU core reading JPEG bytes as the job's decode tasks do (`cv2.imdecode`)
-  and preparing the network's input with OpenCV (`pipeline.prepare_blob`: means, `cv2.resize`).
+  and preparing the network's input with OpenCV (`pipeline.prepare_blob`: means, `cv2.resize`);
+- the job (`extract_job.job_row`): `jobs/extract.py`'s whole path over `--job-images` images, Ray Data,
+  the write tasks and the commit: `driver per image: X ms CPU, Y bytes received` as the driver measures
+  itself; one write task's MB/s and images/s on a shard of 256 images of the detector's output shape
+  (`extract_job.write_row`).
 
 The detector's weights are RANDOM: speed does not depend on their values, except the selection
 (its NMS over 1,600 classes keeps more or fewer boxes per class), so its stage is indicative only.
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import resource
+import shutil
 import time
 from typing import Any
 
@@ -53,7 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", type=int, default=None, help="images per row (default: 64 cuda, 2 cpu)")
     p.add_argument("--batch", type=int, default=None, help="images per extract call (default: 8 cuda, 2 cpu)")
     p.add_argument("--size", default="480x640", help="image height x width")
+    p.add_argument("--input-size", default=None, metavar="SHORT:MAX",
+                   help="the detector's input, as jobs/extract.py --input-size (default 600:1000, the reference's; "
+                        "a small one makes a quick run on a CPU)")
     p.add_argument("--threads", type=int, default=0, help="CPU: torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--job-images", type=int, default=None,
+                   help="images of the job's row: jobs/extract.py's whole path, Ray Data, write tasks, commit "
+                        "(default: 1024 cuda, 64 cpu; 0: no job row)")
     p.add_argument("--out", default=None, help="folder for extract-<timestamp>.json and .md (default: print only)")
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
 
@@ -287,6 +299,9 @@ def markdown(res: dict[str, Any]) -> str:
         d = res["decode"]
         lines += ["", f"Decode + prepare (cv2.imdecode of {d['jpeg_kib']:.0f} KiB JPEGs, means, resize), one core: "
                   f"{d['images_s_per_core']:.1f} images/s"]
+    from xmodal_bench.extract_job import markdown as job_markdown
+
+    lines += job_markdown(res.get("job"), res.get("write"))
     lines += ["", f"Target on one H200: >= {TARGET_IMAGES_S:.0f} images/s at 36 boxes."]
     return "\n".join(lines)
 
@@ -297,10 +312,13 @@ def run(args: argparse.Namespace) -> int:
 
     cuda_arg(args.device)
     at_least(args, 1, "images", "batch")
-    at_least(args, 0, "threads")
+    at_least(args, 0, "threads", "job_images")
     if args.config not in CONFIGS:
         raise UserError(f"--config {args.config!r}: unknown; expected one of {', '.join(CONFIGS)}")
     size = _size(args.size)
+    from xmodal.extract.plan import parse_input_size
+
+    short, longest = parse_input_size(args.input_size)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     n = args.images or (64 if cuda else 2)
@@ -308,15 +326,14 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     work, stamp, meta = begin(args, "extract")
-    os.rmdir(work)  # nothing is written but the results
     name = torch.cuda.get_device_name(device) if cuda else (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
     meta.update(device=device.type, device_name=name, torch=torch.__version__, config=args.config, size=size,
-                weights="random")
+                input_size=[short, longest], weights="random")
     say(f"{TAG} extraction benchmark on {name}: {args.config} detector, {n} images of {size[0]}x{size[1]}, "
         f"batch {batch}")
     t0 = time.perf_counter()
-    det = random_detector(CONFIGS[args.config](), seed=0).to(device)
+    det = random_detector(CONFIGS[args.config]().replace_in("input", scale=short, max_size=longest), seed=0).to(device)
     images = synthetic_images(n, size)
     peaks = {"fp32": matmul_tflops(device, torch.float32), "bf16": matmul_tflops(device, torch.bfloat16)}
     say(f"  {TAG} matmul rate here: fp32 {1000 * peaks['fp32']:,.0f} GFLOP/s, bf16 {1000 * peaks['bf16']:,.0f} GFLOP/s")
@@ -324,6 +341,16 @@ def run(args: argparse.Namespace) -> int:
                            "detector": detector_rows(det, images, batch, device, peaks),
                            "precision": [precision_difference(det, images, batch, p) for p in precisions(device)[1:]],
                            "decode": decode_row(synthetic_images(32, size, seed=1))}
+    jobs = args.job_images if args.job_images is not None else (1024 if cuda else 64)
+    try:
+        from xmodal_bench.extract_job import job_row, write_row
+
+        res["write"] = write_row(DetectorConfig().feature_dim, work)  # the reference's shape: a real shard's size
+        if jobs:
+            res["job"] = job_row(args.config, synthetic_images(jobs, size, seed=2), work, batch, cuda,
+                                 f"{short}:{longest}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     res["meta"]["wall_s"] = time.perf_counter() - t0
     text = markdown(res)
     if args.out:

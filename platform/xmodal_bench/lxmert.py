@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from xmodal.base.console import say
-from xmodal.base.outputs import check_writable_file
+from xmodal.base.outputs import Output
 from xmodal.core.batches import LxmertBatch
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-flops", dest="flops", action="store_false", help="skip the FLOP count")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="FILE",
-                   help="also write every figure and each timed step's time (CPU) to FILE")
+                   help="also write every figure and each timed step's time (CPU) to FILE (a new file)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json FILE")
 
 
 @dataclass
@@ -279,15 +280,14 @@ def print_table(cs: list[Contender], args, device: torch.device) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import transformers
-
-    from xmodal.models.lxmert_hf import config_to_hf
-
     cuda_arg(args.device)
     at_least(args, 1, "steps", "batch", "rounds")
     at_least(args, 0, "warmup", "threads")
     at_least(args, 1e-9, "peak_tflops")
-    json_path = None if args.json is None else check_writable_file(args.json, "--json")
+    json_out = _json_output(args)
+    import transformers  # seconds to import: after the checks
+
+    from xmodal.models.lxmert_hf import config_to_hf
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads and device.type == "cpu":
         torch.set_num_threads(args.threads)
@@ -354,12 +354,19 @@ def run(args: argparse.Namespace) -> int:
     print_table(cs, args, device)
     if device.type == "cuda" and args.flops:
         say(f"MFU = counted FLOPs (forward + backward, FlopCounterMode) x steps/s / {args.peak_tflops:g} TFLOP/s")
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_path.with_name(json_path.name + ".tmp")  # the file whole or not at all
-        tmp.write_text(json.dumps({"settings": vars(args),
-                                   "device": device.type, "batch": args.batch,
-                                   "models": [c.figures(args.batch) for c in cs]}, indent=1, default=str))
-        tmp.replace(json_path)
-        say(f"wrote {json_path}")
+    if json_out is not None:
+        _write_json(json_out, {"settings": vars(args), "device": device.type, "batch": args.batch,
+                               "models": [c.figures(args.batch) for c in cs]})
     return 0
+
+
+def _json_output(args: argparse.Namespace) -> Output | None:
+    """--json FILE under the output policy (a new file, unless --overwrite), checked before anything runs."""
+    return None if args.json is None else Output(args.json, "--json", "benchmark lxmert", file=True,
+                                                 overwrite=args.overwrite)
+
+
+def _write_json(out: Output, figures: dict) -> None:
+    with out.stage() as stage:  # the file whole or not at all
+        stage.tmp.write_text(json.dumps(figures, indent=1, default=str))
+        say(f"wrote {stage.publish()}")

@@ -40,7 +40,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -506,7 +505,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal_bench import at_least, folder_arg, write_results
+    from xmodal_bench import at_least, folder_arg, scratch, write_results
 
     try:
         sizes = [int(x) for x in (args.images or ("100,1000" if args.quick else "2000,20000")).split(",") if x]
@@ -516,13 +515,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--images {args.images!r}: expected counts of at least 20")
     at_least(args, 1, "batch", "mult_steps")
     folder_arg("--out", args.out)  # before the run, not after it
-    folder_arg("--work", args.work)
     batch = args.batch or (32 if args.quick else 256)
     steps = args.mult_steps or (3 if args.quick else 30)
-    base = Path(args.work) if args.work else None
-    if base is not None:
-        base.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="xmodal-scale-", dir=base))
+    work = scratch(args.work, "--work", "scale", keep=args.keep)
     now = dt.datetime.now(dt.timezone.utc)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, " \
               f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM"
@@ -533,14 +528,9 @@ def run(args: argparse.Namespace) -> int:
     say(f"benchmark scale on {machine}: LXMERT {', '.join(f'{n:,}' for n in sizes)} images; MulT "
         f"{'quick' if args.quick else args.mult_size}; work in {work}")
     t0 = time.perf_counter()
-    try:
-        rows = [measure_lxmert(work, n, args.quick, batch, args.keep) for n in sizes]
-        if args.mult_size != "none":
-            rows.append(measure_mult(work, args.mult_size, args.quick, batch if args.quick else 24, steps,
-                                     args.keep))
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    rows = [measure_lxmert(work, n, args.quick, batch, args.keep) for n in sizes]
+    if args.mult_size != "none":
+        rows.append(measure_mult(work, args.mult_size, args.quick, batch if args.quick else 24, steps, args.keep))
     res["rows"] = rows
     lx = sorted((r for r in rows if r["kind"] == "lxmert"), key=lambda r: r["items"])
     if len(lx) >= 2:

@@ -8,6 +8,8 @@
                   runs it (`python scripts/reference/extractor.py --help`)
     photos.py     the photographs the extractor's check runs on
     compare.py    the extractor's comparison: slot by slot, the first differing stage, proven ties
+    recipes.py    the references' own training loops (LXMERT's VQA and pretraining, MulT's) against our
+                  jobs' step for step (`python scripts/reference/recipes.py --help`)
 
 Each check is a command line: `python scripts/reference/NAME.py ...`, from any folder.
 """

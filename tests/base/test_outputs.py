@@ -11,6 +11,7 @@ from xmodal.base.errors import UserError
 from xmodal.base.outputs import (
     RECORD,
     Output,
+    Scratch,
     check_output_location,
     check_uri,
     check_writable_dir,
@@ -159,6 +160,8 @@ def test_an_output_file_must_not_exist_unless_overwrite(tmp_path):
 
 
 @pytest.mark.parametrize(("where", "file", "said"), [
+    ("", False, "--out: '' is empty; expected a folder name"),
+    ("", True, "--out: '' is empty; expected a file name"),
     ("s3://bucket/prefix", False, "'s3://bucket/prefix' is a URI; examples writes a local folder only"),
     ("s3:/bucket/prefix", False, "looks like a URI with a slash missing"),
     ("FILE", False, "is a file; expected a folder"),
@@ -179,3 +182,21 @@ def test_a_command_without_overwrite_does_not_offer_it(tmp_path):
     with pytest.raises(UserError) as e:
         Output(tmp_path / "f", "--out", "weights", file=True, overwrite=None)
     assert "--overwrite" not in str(e.value)
+
+
+def test_a_scratch_folder_is_removed_with_the_folders_made_for_it_however_the_command_ends(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "mine.txt").write_text("keep me")
+    for under in (tmp_path / "w", tmp_path / "new" / "deeper"):
+        with pytest.raises(RuntimeError), Scratch(under, "--work", "xmodal-test-") as work:
+            assert work.parent == under and work.is_dir() and work.name.startswith("xmodal-test-")
+            (work / "store").mkdir()
+            (work / "store" / "part.parquet").write_text("rows")
+            raise RuntimeError("the benchmark failed")
+    assert _tree(tmp_path) == {"w/mine.txt": b"keep me"} and sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+    kept = Scratch(tmp_path / "k", "--work", "xmodal-test-", keep=True)
+    kept.remove()
+    assert kept.path.is_dir()  # --keep: the user asked to look at it
+    for bad, said in (("s3://bucket/w", "is a URI"), ("", "is empty"), (str(tmp_path / "w" / "mine.txt"), "is a file")):
+        with pytest.raises(UserError, match=re.escape(said)):
+            Scratch(bad, "--work", "xmodal-test-")

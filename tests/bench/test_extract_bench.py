@@ -23,11 +23,13 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
-    run = bench("--config", "tiny", "--images", "2", "--batch", "2", "--size", "48x64", "--out", str(tmp_path))
+    run = bench("--config", "tiny", "--images", "2", "--batch", "2", "--size", "48x64", "--input-size", "48:64",
+                "--job-images", "8", "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     printed = [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(("|", "Stage", "wrote"))]
     # every line of its own says RANDOM weights (the table's header line too)
-    assert printed and all("random weights" in line for line in printed if not line.startswith(("Decode", "Target"))), printed
+    assert printed and all("random weights" in line.lower() for line in printed
+                           if not line.startswith(("Decode", "Target", "driver per image", "The job over", "One write task"))), printed
     (js,) = tmp_path.glob("extract-*.json")
     res = json.loads(js.read_text())
     assert res["meta"]["weights"] == "random" and res["meta"]["config"] == "tiny"
@@ -51,12 +53,23 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
     assert b["precision"] == "bf16" and 0 < b["features_rel_l2"] < 0.03, b
     assert all(0 <= b[k] <= 1 for k in ("boxes_kept", "obj_ids_same", "attr_ids_same")), b
     assert js.with_suffix(".md").read_text().startswith("Feature extraction [random weights]")
+    # the job's own path: what its driver cost, measured by itself, on a line of its own; the write tasks
+    job, write = res["job"], res["write"]
+    assert job["images"] == 8 and job["shards"] >= 1 and write["images"] == 256
+    for row, key in [*((job, k) for k in ("images_s", "driver_cpu_ms_per_image", "driver_bytes_per_image",
+                                          "driver_cpu_per_s")), *((write, k) for k in ("mb_s", "images_s", "shard_mib"))]:
+        assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+    assert job["driver_bytes_per_image"] < 1024  # names and ids, no features
+    line = (f"driver per image: {job['driver_cpu_ms_per_image']:.3f} ms CPU, {job['driver_bytes_per_image']:.0f} bytes "
+            "received")
+    assert line in run.stdout.splitlines(), run.stdout[-3000:]
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--config", "huge"), "--config 'huge': unknown; expected one of reference, tiny"),
     (("--size", "48by64"), "--size '48by64': expected HEIGHTxWIDTH"),
     (("--images", "0"), "--images 0: expected a number >= 1"),
+    (("--input-size", "600x1000"), "--input-size '600x1000': expected SHORT:MAX"),
 ])
 def test_bad_flags_are_one_error_line(args, message):
     run = bench(*args)

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config, load_yaml
@@ -20,7 +22,7 @@ def test_preset_plus_model_overrides(tmp_path):
 @pytest.mark.parametrize("override, expected", [
     ("model.hiden=3", ["model.hiden: unknown key", "hidden_size"]),
     ("trian.epochs=3", ["trian: unknown key", "train"]),
-    ("train.epochs=many", ["train.epochs", "valid integer", "'many'"]),
+    ("train.epochs=many", ["train.epochs", "an integer >= 1, got text", "'many'"]),
     ("train.precision=fp8", ["train.precision", "'fp32'", "'bf16'", "'fp8'"]),
     ("preset=huge", ["preset", "'small'", "'paper'", "'huge'"]),
     ("tasks.feat_loss=l3", ["tasks.feat_loss", "'l2'", "'smooth_l1'"]),
@@ -285,13 +287,15 @@ def test_every_float_option_rejects_inf_and_nan(job):
 
 
 @pytest.mark.parametrize("cls, override, expected", [
-    (PretrainConfig, "optim.lr=inf", "optim.lr = inf: expected a finite number > 0"),
+    (PretrainConfig, "optim.lr=inf", "optim.lr = 'inf': expected a finite number > 0, got text"),
     (PretrainConfig, "optim.lr=nan", "optim.lr = 'nan': expected a finite number > 0"),
     (PretrainConfig, "optim.betas=[.nan, 0.9]", "optim.betas.0 = nan: expected a finite number in [0, 1)"),
     (PretrainConfig, "scale.resources_per_worker={accel: .inf}",
      "scale.resources_per_worker.accel = inf: expected a finite number >= 0"),
-    ("chain", "pretrain.model.initializer_range=inf", "pretrain.model.initializer_range = inf: expected a finite "
-                                                      "number > 0"),
+    ("chain", "pretrain.model.initializer_range=inf", "pretrain.model.initializer_range = 'inf': expected a finite "
+                                                      "number > 0, got text"),
+    ("chain", "pretrain.model.initializer_range=.inf", "pretrain.model.initializer_range = inf: expected a finite "
+                                                       "number > 0"),
 ])
 def test_non_finite_values_name_the_key_and_what_is_allowed(cls, override, expected):
     from xmodal.jobs.chain_config import PretrainFinetuneConfig
@@ -425,3 +429,64 @@ def test_storage_path_from_the_environment_or_the_default_is_checked_too(tmp_pat
         storage_path(None)
     monkeypatch.chdir(tmp_path)
     assert storage_path(None) == str(tmp_path.resolve() / "runs") and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- strict types: values taken as YAML typed them
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.compile=1", "train.compile = 1: expected true or false, got a number"),
+    ("tasks.qa=0", "tasks.qa = 0: expected true or false, got a number"),
+    ("tasks.qa='true'", "tasks.qa = 'true': expected true or false, got text (in quotes: write it without them)"),
+    ("train.epochs=3.0", "train.epochs = 3.0: expected an integer >= 1, got a number with a fraction (write 3)"),
+    ("train.epochs=2.5", "train.epochs = 2.5: expected an integer >= 1, got a number with a fraction"),
+    ("train.epochs='3'", "train.epochs = '3': expected an integer >= 1, got text (in quotes: write it without them)"),
+    ("train.epochs=true", "train.epochs = True: expected an integer >= 1, got true or false"),
+    ("train.epochs=[3]", "train.epochs = [3]: expected an integer >= 1, got a list"),
+    ("optim.lr=true", "optim.lr = True: expected a finite number > 0, got true or false"),
+    ("optim.lr='1e-3'", "optim.lr = '1e-3': expected a finite number > 0, got text (in quotes: write it without them)"),
+    ("optim.betas=[0.9, false]", "optim.betas.1 = False: expected a finite number in [0, 1), got true or false"),
+    ("model.hidden_size=128.0", "model.hidden_size = 128.0: expected an integer >= 1, got a number with a fraction"),
+    ("data.synthetic.num_images=1e3", "data.synthetic.num_images = 1000.0: expected an integer >= 2"),
+    ("train.fail_at_step=[1, 2.5]", "train.fail_at_step.1 = 2.5: expected an integer >= 1"),
+    ("scale.resources_per_worker={accel: yes}", "scale.resources_per_worker.accel = True: expected a finite number >= 0"),
+    ("mlflow.system_metrics=1", "mlflow.system_metrics = 1: expected true or false"),
+    ("mlflow.run_name=123", "mlflow.run_name = 123: expected text (quote it: '123')"),
+])
+def test_values_are_taken_as_yaml_typed_them_never_converted(override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(PretrainConfig, overrides=[override])
+    assert f"\n  {expected}" in str(e.value), str(e.value)
+
+
+def test_every_wrong_type_is_named_at_once_and_in_a_file_too(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epochs: 2.0\n  compile: 0\noptim:\n  lr: 5e-5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(PretrainConfig, f)
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"invalid config ({f}):" and lines[1].startswith("  train.epochs = 2.0") \
+        and lines[2].startswith("  train.compile = 0") and len(lines) == 3
+
+
+def test_numbers_are_read_as_a_researcher_writes_them():
+    # YAML 1.2's floats (PyYAML's YAML 1.1 reads 1e-3 as text), and an integer where a float is meant
+    cfg = load_config(PretrainConfig, overrides=["optim.lr=1e-3", "optim.weight_decay=0", "optim.betas=[0.9, 1E-1]",
+                                                 "scale.gpus_per_worker=0", "optim.eps=2.5e-8", "train.epochs=3"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.optim.eps, cfg.train.epochs) == \
+        (1e-3, 0.0, (0.9, 0.1), 2.5e-8, 3)
+    assert isinstance(cfg.optim.weight_decay, float) and isinstance(cfg.train.epochs, int)
+
+
+def test_every_job_and_the_chain_are_strict():
+    from xmodal.jobs.chain_config import PretrainFinetuneConfig
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.mult_config import MultTrainConfig
+
+    for cls, override, expected in ((FinetuneConfig, "examples.count=true", "examples.count = True"),
+                                    (MultTrainConfig, "seeds=[1, 2.0]", "seeds.1 = 2.0"),
+                                    (MultTrainConfig, "model.layers=4.0", "model.layers = 4.0"),
+                                    (PretrainFinetuneConfig, "finetune.train.compile=1", "finetune.train.compile = 1"),
+                                    (PretrainFinetuneConfig, "pretrain.tasks.mlm=0", "pretrain.tasks.mlm = 0")):
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            load_config(cls, overrides=[override])

@@ -13,7 +13,7 @@ from xmodal.base.errors import UserError
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.runtime import prepare
 from xmodal.runner import recovery
-from xmodal.runner.engine import checkpoint_write_error
+from xmodal.runner.recovery import checkpoint_write_error
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

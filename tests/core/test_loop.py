@@ -129,8 +129,9 @@ def test_prepare_reads_plain_settings_objects():
     from types import SimpleNamespace
 
     train = SimpleNamespace(compile=False, precision="auto")
-    optim = SimpleNamespace(lr=0.5, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8, warmup_ratio=0.0, grad_clip=2.0)
-    state = prepare(torch.nn.Linear(3, 1), torch.device("cpu"), train, optim, total_steps=4, optimizer="adam")
+    optim = SimpleNamespace(name="adam", schedule="linear", decay_on="all", lr=0.5, weight_decay=0.0,
+                            betas=(0.9, 0.99), eps=1e-8, warmup_ratio=0.0, grad_clip=2.0, plateau=None)
+    state = prepare(torch.nn.Linear(3, 1), torch.device("cpu"), train, optim, total_steps=4)
     assert isinstance(state.optimizer, torch.optim.Adam) and state.optimizer.param_groups[0]["betas"] == (0.9, 0.99)
     assert state.grad_clip == 2.0
     assert not hasattr(state.model, "_xmodal_autocast")  # "auto" on a CPU is fp32: no autocast

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from xmodal.base.outputs import discard_partial, missing_parents, publish_dir, temp_dir_beside
+from xmodal.base.outputs import discard_partial, missing_parents, publish_dir, read_record, temp_dir_beside
 from xmodal.data.atomic import StagedDir, check_target
 from xmodal.data.common import MANIFEST_FILE, StoreError
 
@@ -66,3 +66,21 @@ def test_a_staged_directory_is_published_or_removed_with_the_folders_it_made(tmp
         (staged.tmp / MANIFEST_FILE).write_text('{"kind": "mult"}')
         staged.publish()
     assert sorted(target.parent.iterdir()) == [target]
+
+
+def test_overwrite_never_replaces_a_store_holding_files_it_did_not_write(tmp_path: Path):
+    """A store records its files when published (the output policy's record): `--overwrite` replaces it
+    whole, but not while it holds a file of someone else's, which would go with it."""
+    target = tmp_path / "store"
+    for _ in range(2):  # the second time replaces the first store, with --overwrite
+        with StagedDir(target, True, "mult") as staged:
+            (staged.tmp / MANIFEST_FILE).write_text('{"kind": "mult", "schema_version": 1}')
+            (staged.tmp / "train").mkdir()
+            (staged.tmp / "train" / "part-0.parquet").write_text("rows")
+            staged.publish()
+    assert read_record(target) == {"command": "store mult", "files": [MANIFEST_FILE, "train/part-0.parquet"]}
+    (target / "train" / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match=r"store: holds 'train/notes.txt', which is not part of the store; refusing "
+                                         "to replace it even with --overwrite: move it out first"):
+        check_target(target, True, "mult")
+    assert (target / "train" / "notes.txt").read_text() == "mine"

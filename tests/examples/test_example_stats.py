@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from xmodal.examples.collect import Example
+from xmodal.examples.qa import Example
 from xmodal.examples.stats import answer_type, by, compare, confusions, mcnemar, question_type
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from xmodal.data.finetune.sets import open_finetune
-from xmodal.examples.build import write_pages
-from xmodal.examples.collect import RunExamples, choose_rows, evaluate
+from xmodal.examples.build import write_rendered
+from xmodal.examples.finetune import FinetuneKind, evaluate
+from xmodal.examples.run import Shown, choose_rows
 from xmodal.models.lxmert import PRESETS, recording_cross_attention
 from xmodal.models.lxmert_finetune import LxmertForNlvr2
 
@@ -48,10 +50,18 @@ def test_nlvr2_examples_show_both_pictures_with_their_own_attention(stores, tmp_
     want = torch.stack(found)[:, :, :, :t].numpy()  # (L, 2, H, T, N)
     np.testing.assert_allclose(e.attention, want, atol=1e-6)
 
-    a = RunExamples("r", "run", "nlvr2", "valid", str(data.path), examples, len(sp), [])
-    write_pages(a, None, tmp_path)
-    page = (tmp_path / "example-0000.html").read_text()
-    assert page.count("<div class='pic'>") == 2 and "picture 1 boxes" in page
-    shown = json.loads(re.search(r"id='att-A'>(.*?)</script>", page).group(1))
-    assert shown["pics"] == [p.img_id for p in examples[0].pictures]
-    assert "accuracy by sentence length" in (tmp_path / "index.html").read_text()
+    a = Shown("r", "run", "finetune", "nlvr2", "valid", str(data.path), examples, len(sp), [])
+    rendered = FinetuneKind().render(a)
+    write_rendered(rendered, tmp_path)
+    index = (tmp_path / "index.html").read_text()
+    data_doc = json.loads(re.search(r"<script type='application/json' id='xm-data'>(.*?)</script>", index).group(1))
+    first = data_doc["items"][0]
+    assert first["detail"].count("<div class='pic'>") == 2 and "picture 2 (" in first["detail"]
+    assert [len(s["pics"]) for s in first["data"]["sides"]] == [2]
+    weights = np.frombuffer(base64.b64decode(first["data"]["sides"][0]["att"]), "<f4")
+    same = next(e for e in examples if e.id == first["id"])
+    np.testing.assert_array_equal(weights.reshape(first["data"]["sides"][0]["shape"]), same.attention)
+    assert "by sentence length" in index
+    # one file per example, its two pictures side by side, named by its verdict and statement length
+    files = sorted(p.name for p in (tmp_path / "pictures").iterdir())
+    assert len(files) == 6 and all(re.fullmatch(r"\d{4}-(right|wrong)-\d+-\d*-?words\.png", f) for f in files), files

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 from PIL import Image
 
-from xmodal.examples.collect import picture_of, say_pictures, store_sources
-from xmodal.examples.draw import picture_png, pixels
+from xmodal.examples.draw import picture, pixels
+from xmodal.examples.pictures import picture_of, say_pictures, store_sources
 
 VOCAB = {"objects": ["dog,puppy", "frisbee"], "attributes": ["brown", "red"]}
 
@@ -33,9 +33,8 @@ def test_the_recorded_image_is_drawn_under_its_named_boxes(tmp_path):
     pic = picture_of("a", row(), extracted_store(), {"a": str(tmp_path / "a.jpg")}, missing)
     assert (pic.kind, pic.width, pic.height, missing) == ("file", 300, 200, [])
     assert [b.label for b in pic.boxes] == ["brown dog", "frisbee"]  # first synonym; no attribute: the object
-    size, _ = picture_png(pic, tmp_path / "a.png")
-    img = Image.open(tmp_path / "a.png").convert("RGB")
-    x1, y1, x2, y2 = pixels(pic.boxes[0], size)
+    img = picture(pic).convert("RGB")
+    x1, y1, x2, y2 = pixels(pic.boxes[0], img.size)
     r, g, b = img.getpixel(((x1 + x2) // 2, (y1 + y2) // 2))
     assert g > 150 and r < 60  # the photograph's pixels, inside the box
 
@@ -51,8 +50,7 @@ def test_a_moved_image_is_one_warning_and_a_blank_canvas(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 1 and gone in lines[0] and "2 image file(s)" in lines[0]
     assert any("blank canvas" in n and gone in n for n in notes)
-    size, _ = picture_png(pics[0], tmp_path / "b.png")
-    assert size == (512, round(427 * 512 / 640))  # the image's own aspect
+    assert picture(pics[0]).size == (512, round(427 * 512 / 640))  # the image's own aspect
 
 
 def test_a_store_without_pictures_or_names(tmp_path):

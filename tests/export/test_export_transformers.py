@@ -161,25 +161,26 @@ def test_a_mult_model_is_refused_for_transformers(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_existing_output_is_kept_unless_forced(tmp_path):
+def test_an_existing_output_is_kept_and_overwrite_writes_beside_it(tmp_path):
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
     src = from_model(randomised(LxmertForPretraining(TINY)), "pretrain")
-    with pytest.raises(UserError, match="--out: .* exists and is not empty; .*--force"):
+    with pytest.raises(UserError, match="--out: .* already holds 'mine.txt', which export did not write there; "
+                                        ".*--overwrite"):
         export(src, "transformers", out)
     assert [p.name for p in out.iterdir()] == ["mine.txt"] and len(list(tmp_path.iterdir())) == 1
     with pytest.raises(UserError, match="--to 'onnx': expected one of transformers, reference, mult-reference"):
         export(src, "onnx", tmp_path / "other")
-    with pytest.raises(UserError, match="--out: .* the folder it goes in, does not exist"):
-        export(src, "transformers", tmp_path / "missing" / "hf")
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="--out: .*/file' is a file; expected a folder"):
         export(src, "transformers", tmp_path / "file")
     (tmp_path / "file").unlink()
-    export(src, "transformers", out, force=True)
-    assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
-    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # the old folder moved aside and removed
+    export(src, "transformers", out, overwrite=True)
+    assert (out / "mine.txt").read_text() == "keep me" and (out / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # nothing left beside it
+    export(src, "transformers", tmp_path / "missing" / "hf")  # the folders above it are made
+    assert (tmp_path / "missing" / "hf" / "model.safetensors").is_file()
 
 
 def test_without_transformers_installed_the_target_is_refused(tmp_path, monkeypatch):

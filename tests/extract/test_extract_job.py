@@ -18,7 +18,8 @@ import pytest
 cv2 = pytest.importorskip("cv2")
 
 from xmodal.cli.extract import main  # noqa: E402
-from xmodal.data.lxmert.features import image_sources, ingest_features, open_features  # noqa: E402
+from xmodal.data.lxmert.feature_writer import ingest_features  # noqa: E402
+from xmodal.data.lxmert.features import image_sources, open_features  # noqa: E402
 from xmodal.models.butd.detector import DetectorConfig, random_detector  # noqa: E402
 from xmodal.models.butd.weights import save_in_layout  # noqa: E402
 
@@ -82,7 +83,7 @@ def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images,
     assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp_path / "imgs").resolve())
     assert image_sources(store) == {**{p.stem: str(p.resolve()) for p in images},
                                     "grey": str((tmp_path / "imgs" / "sub" / "grey.PNG").resolve())}
-    from xmodal.examples.collect import store_sources
+    from xmodal.examples.pictures import store_sources
 
     assert store_sources(store) == image_sources(store)  # what the example pages draw the pictures from
     lines = [x for x in stdout.splitlines() if x.strip()]
@@ -124,33 +125,6 @@ def test_a_run_that_writes_nothing_leaves_no_work_folder(ray_local, tmp_path, ca
         assert rc == 2 and "every image was rejected (2; each listed above" in err, err
         assert "rejected " in stdout and "empty file" in stdout
         assert not (tmp_path / ".store.extract").exists() and not (tmp_path / "store").exists()
-
-
-@pytest.mark.slow
-def test_rerun_skips_done_images(ray_local, tmp_path, images, capsys):
-    out = tmp_path / "store"
-    lst = tmp_path / "list.txt"
-    lst.write_text("".join(f"imgs/{p.name}\n" for p in images[:2]))
-    rc, _, err = _run(lst, out, *TINY, capsys=capsys)
-    assert rc == 0, err
-    first = _rows(open_features(out))
-    # an interrupted run leaves its finished chunks in the hidden work folder: make one by hand
-    work = tmp_path / ".store2.extract"
-    rc, _, err = _run(lst, tmp_path / "store2", *TINY, "--boxes", "36", "--max-rejected", "0", capsys=capsys)
-    assert rc == 0
-    lst.write_text("".join(f"imgs/{p.name}\n" for p in images))
-    os.rename(tmp_path / "store2", work)
-    state = {"format": "store", "weights_sha256": None, "layout": None, "random_weights": {"tiny": True, "seed": 0},
-             "boxes": [36, 36], "boxes_from_sha256": None, "num_objects": 36, "precision": "fp32"}
-    (work / "extract.json").write_text(json.dumps(state))
-    (work / "manifest.json").unlink()
-    rc, stdout, err = _run(lst, tmp_path / "store2", *TINY, capsys=capsys)
-    assert rc == 0, err
-    assert "extracted 2 images" in stdout and "skipped 2 already done" in stdout
-    rows = _rows(open_features(tmp_path / "store2"))
-    assert len(rows) == 4
-    for k, r in first.items():  # the same features as the first run's
-        assert np.array_equal(rows[k]["features"], r["features"])
 
 
 @pytest.mark.slow
@@ -197,61 +171,6 @@ def test_boxes_from(ray_local, tmp_path, images, capsys):
     rc, _, err = _run(tmp_path / "imgs", tmp_path / "store2", *TINY, "--boxes-from", f, capsys=capsys)
     assert rc == 2 and str(f) in err and repr(images[2].stem) in err and "box 0 = [0.0, 0.0, 57.0, 10.0]" in err
     assert not (tmp_path / "store2").exists()
-
-
-def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, str]]:
-    imgs = tmp_path / "imgs"
-    (tmp_path / "weights.bin").write_bytes(b"not weights")
-    # the tiny net's weights without --tiny: refused in the driver, naming a key and both shapes
-    save_in_layout(random_detector(DetectorConfig.tiny()).state_dict(), "detectron2", tmp_path / "tiny.pkl")
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "taken").mkdir()
-    (tmp_path / "taken" / "x").write_text("mine")
-    (tmp_path / "outside.json").write_text(json.dumps({"COCO_val2014_000000000000": [[0, 0, 56, 40]],
-                                                       "COCO_val2014_000000000001": [[0, 0, 5, 5], [0, 0, 57, 10]]}))
-    (tmp_path / "dup").mkdir()
-    for n in ("a.jpg", "a.png"):
-        cv2.imwrite(str(tmp_path / "dup" / n), np.zeros((8, 8, 3), np.uint8))
-    return {
-        "no weights": ([imgs, tmp_path / "o"], "faster_rcnn_from_caffe_attr.pkl"),
-        "missing weights": ([imgs, tmp_path / "o", "--weights", tmp_path / "nope.pkl"], "does not exist"),
-        "no images": ([tmp_path / "nothing", tmp_path / "o", *TINY], "IMAGES"),
-        "empty folder": ([tmp_path / "empty", tmp_path / "o", *TINY], "holds no image"),
-        "duplicate ids": ([tmp_path / "dup", tmp_path / "o", *TINY], "given to two images"),
-        "out not a store": ([imgs, tmp_path / "taken", *TINY], "not a store"),
-        "bad boxes": ([imgs, tmp_path / "o", *TINY, "--boxes", "50-10"], "--boxes"),
-        "bad max-rejected": ([imgs, tmp_path / "o", *TINY, "--max-rejected", "-1"], "--max-rejected"),
-        "not weights": ([imgs, tmp_path / "o", "--weights", tmp_path / "weights.bin"], "weights.bin"),
-        "weights of another size": ([imgs, tmp_path / "o", "--weights", tmp_path / "tiny.pkl"],
-                                    "tiny.pkl: missing key for our 'backbone.res2.1.conv1.weight'"),
-        "boxes and boxes-from": ([imgs, tmp_path / "o", *TINY, "--boxes", "36", "--boxes-from", tmp_path / "b.json"],
-                                 "give one"),
-        "missing boxes file": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "b.json"], "does not exist"),
-        "input size not SHORT:MAX": ([imgs, tmp_path / "o", *TINY, "--input-size", "600x1000"],
-                                     "--input-size '600x1000': expected SHORT:MAX, whole pixels with 32 <= SHORT <= MAX"),
-        "input size short above max": ([imgs, tmp_path / "o", *TINY, "--input-size", "800:600"],
-                                       "--input-size '800:600': expected SHORT:MAX"),
-        # read from the image's header before Ray starts (the image is 56 wide)
-        "box outside its image": ([imgs, tmp_path / "o", *TINY, "--boxes-from", tmp_path / "outside.json"],
-                                  f"outside.json: img_id 'COCO_val2014_000000000001' ({imgs / 'COCO_val2014_000000000001.jpg'}): "
-                                  "box 1 = [0.0, 0.0, 57.0, 10.0] is not inside the 56x48 image"),
-    }
-
-
-def test_bad_inputs_one_line_nothing_written(tmp_path, capsys):
-    import ray
-
-    _images(tmp_path / "imgs", 2)
-    ray_before = ray.is_initialized()  # (another test of this process may have started one)
-    for name, (argv, msg) in _bad_cases(tmp_path).items():
-        before = sorted(p.name for p in tmp_path.iterdir())
-        rc, out, err = _run(*argv, capsys=capsys)
-        assert ray_before or not ray.is_initialized(), name  # refused before Ray
-        assert rc == 2, name
-        assert err.startswith("error: ") and err.count("\n") == 1 and msg in err, (name, err)
-        assert sorted(p.name for p in tmp_path.iterdir()) == before, name
-        if "--random-weights" in map(str, argv):
-            assert "RANDOM WEIGHTS" in err, name
 
 
 def test_no_weights_names_the_three_public_files(tmp_path, capsys):
@@ -338,18 +257,28 @@ def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path, stop):
     assert done >= 1
     rc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert rc.returncode == 0, rc.stderr
-    assert f"skipped {done} already done" in rc.stdout
+    # the rerun keeps every shard that was written, also those whose record had not reached the driver yet
+    skipped = int(rc.stdout.split("skipped ")[1].split()[0])
+    assert done <= skipped < 12 and f"resuming {tmp_path / '.store.extract'}: {skipped} of 12" in rc.stdout
     assert open_features(out).manifest.images == 12
     assert not (tmp_path / ".store.extract").exists()
 
 
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory, ray_local):
+    """One extraction shared by the tests of what is built over a store: four images, 10 to 100 boxes."""
+    tmp = tmp_path_factory.mktemp("extracted")
+    paths = _images(tmp / "imgs")
+    assert main([str(tmp / "imgs"), str(tmp / "store"), *TINY, "--boxes", "10-100"]) == 0
+    return tmp / "store", paths
+
+
 @pytest.mark.slow
-def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, capsys):
+def test_ingest_takes_an_extracted_store_as_tsv(extracted, tmp_path, capsys):
     from xmodal.cli.ingest import main as ingest_main
     from xmodal.data.lxmert.store import open_store
 
-    store = tmp_path / "extracted"
-    assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0
+    store, images = extracted
     a = _rows(open_features(store))
     # features --tsv STORE: the same rows
     assert ingest_main(["features", str(tmp_path / "copy"), "--tsv", str(store), "--num-objects", "100",
@@ -383,7 +312,7 @@ def test_ingest_takes_an_extracted_store_as_tsv(ray_local, tmp_path, images, cap
     for k in a:
         assert np.array_equal(got[k], a[k]["features"])
     # where each image came from, carried into the LXMERT store: what its example pages draw
-    from xmodal.examples.collect import store_sources
+    from xmodal.examples.pictures import store_sources
 
     assert image_sources(lx) == image_sources(store) == {p.stem: str(p.resolve()) for p in images}
     assert store_sources(lx) == image_sources(store)
@@ -432,9 +361,10 @@ def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, image
 
 
 @pytest.mark.slow
-def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_path, images, capsys):
+def test_images_and_store_on_s3_give_the_store_of_local_ones(ray_local, s3, tmp_path, images, capsys):
     """IMAGES as `s3://bucket/prefix` (the tests' moto server): listed recursively, read by the decode
-    tasks where they are, the same rows as the local folder; a prefix holding nothing is one error."""
+    tasks where they are; OUT as `s3://bucket/prefix`: the shards written there by the write tasks, the
+    manifest last; the same rows as a local folder's local store; a prefix holding nothing is one error."""
     import uuid
 
     from xmodal_testing import S3_BUCKET
@@ -444,16 +374,22 @@ def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_pa
     (tmp_path / "imgs" / "notes.txt").write_text("not an image: not listed")
     uri = s3.upload(tmp_path / "imgs", f"photos-{uuid.uuid4().hex[:8]}")
     assert _run(tmp_path / "imgs", tmp_path / "local", *TINY, capsys=capsys)[0] == 0
-    rc, out, err = _run(uri, tmp_path / "remote", *TINY, capsys=capsys)
+    remote = f"s3://{S3_BUCKET}/stores/{uuid.uuid4().hex[:8]}"
+    rc, out, err = _run(uri, remote, *TINY, "--images-per-shard", "2", capsys=capsys)
     assert rc == 0, err
-    a, b = _rows(open_features(tmp_path / "local")), _rows(open_features(tmp_path / "remote"))
+    assert f"wrote {remote}: 5 images" in out and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+    a, b = _rows(open_features(tmp_path / "local")), _rows(open_features(remote))
     assert set(a) == set(b) == {p.stem for p in images} | {"extra"}
     for k in a:
         for c in a[k]:
             if c != "source":
                 assert np.array_equal(a[k][c], b[k][c]), (k, c)
     assert b["extra"]["source"] == f"{uri}/deeper/extra.png" and a["extra"]["source"] == "deeper/extra.png"
-    assert image_sources(tmp_path / "remote") == {k: f"{uri}/{r['source']}" for k, r in a.items()}
+    assert image_sources(remote) == {k: f"{uri}/{r['source']}" for k, r in a.items()}
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix=remote.split("/", 3)[3])["Contents"]
+            if not o["Key"].endswith("/")]  # (the empty folder markers pyarrow keeps are no objects of the store)
+    shards = {f"{remote.split('/', 3)[3]}/{f}" for f in open_features(remote).image_files()}
+    assert sorted(keys) == sorted({*shards, f"{remote.split('/', 3)[3]}/manifest.json"}) and len(shards) == 3
     empty = f"s3://{S3_BUCKET}/nothing-{uuid.uuid4().hex[:8]}"
     rc, _, err = _run(empty, tmp_path / "o", *TINY, capsys=capsys)
     assert rc == 2 and err.count("\n") == 1 and empty in err, err
@@ -461,33 +397,62 @@ def test_an_s3_prefix_gives_the_store_its_local_copy_gives(ray_local, s3, tmp_pa
 
 
 @pytest.mark.slow
-def test_ctrl_c_just_after_a_chunk_is_written_keeps_each_image_once(ray_local, tmp_path, monkeypatch, capsys):
-    """Ctrl-C can land anywhere in the driver, also between a chunk's rename into place and the driver's
-    note that it is written: the chunk must not be written a second time on the way out (the rerun
-    publishes every chunk, so its images would be in the store twice)."""
-    from xmodal.extract import chunks
-
-    paths = _images(tmp_path / "imgs", 6)
+def test_a_write_task_lost_after_writing_leaves_one_shard(ray_local, tmp_path, capsys):
+    """A write task that dies after its shard is written and before it returns (its node lost, its process
+    killed) is run again by Ray and writes the same shard again: one shard a batch, each image once."""
+    paths = _images(tmp_path / "imgs", 4)
     out = tmp_path / "store"
-    real = chunks.WorkDir.write
-    calls = []
+    marker = tmp_path / "lost-once"
+    from xmodal.extract.job import extract
+    from xmodal.extract.plan import ExtractOptions
 
-    def write_then_interrupted(self, r, row_group_images):
-        written = real(self, r, row_group_images)
-        calls.append(written)
-        if len(calls) == 2:  # the second chunk is in place when the interrupt comes
-            raise KeyboardInterrupt
-        return written
-
-    monkeypatch.setattr(chunks.WorkDir, "write", write_then_interrupted)
-    rc, _, err = _run(tmp_path / "imgs", out, *TINY, "--images-per-shard", "2", capsys=capsys)
-    assert rc == 130, err
-    kept = int(err.split("stopped extracting: ")[1].split()[0])
-    assert kept == 4 and len(calls) == 2, (kept, calls)  # the interrupted chunk was not written again
-    monkeypatch.setattr(chunks.WorkDir, "write", real)
-    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, "--images-per-shard", "2", capsys=capsys)
-    assert rc == 0, err
-    assert "skipped 4 already done" in stdout
+    summary = extract(ExtractOptions(str(tmp_path / "imgs"), str(out), random_weights=True, tiny=True, progress=False,
+                                     batch_size=2, images_per_shard=2, write_fault=str(marker)))
+    assert marker.exists()  # a write task died after writing
     store = open_features(out)
     ids = [i for f in store.image_files() for i in store.read_table(f).column("img_id").to_pylist()]
     assert sorted(ids) == sorted(p.stem for p in paths)  # each image once
+    assert len(list((out / "images").iterdir())) == len(store.image_files()) == 2 and summary.written == 4
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_images_to_a_fine_tuning_run_and_its_pages(extracted, tmp_path):
+    """The README's path from a folder of images: extract (above), ingest questions over the store (the
+    tokenizer from an LXMERT store of the same dims, as a pretraining store gives it), fine-tune, and the
+    run's example pages drawn on the pictures themselves."""
+    from PIL import Image
+
+    from xmodal import tracking
+    from xmodal.cli.ingest import main as ingest_main
+    from xmodal.cli.jobs import end_of_run_pages
+    from xmodal.config.experiment import load_config
+    from xmodal.data.lxmert.synthetic import build_synthetic_store
+    from xmodal.data.options import SyntheticLxmertOptions
+    from xmodal.jobs.finetune_config import FinetuneConfig
+    from xmodal.jobs.finetune_job import FinetuneJob
+    from xmodal.runner import engine
+
+    store, images = extracted
+    m = open_features(store).manifest
+    vocab = build_synthetic_store(tmp_path / "pretraining", SyntheticLxmertOptions(
+        num_images=32, num_objects=m.num_objects, feat_dim=m.feat_dim, num_object_labels=40, num_attr_labels=8,
+        num_answers=20))
+    questions = [{"question_id": f"{p.stem}-{k}", "img_id": p.stem, "sent": sent, "label": {answer: 1.0}}
+                 for p in images for k, (sent, answer) in enumerate((("what colour is it", "red"),
+                                                                     ("how many boxes are there", "two")))]
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    assert ingest_main(["vqa", str(tmp_path / "vqa"), "--store", str(vocab.path), "--store", str(store),
+                        "--train", str(tmp_path / "q.json"), "--valid", str(tmp_path / "q.json")]) == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = engine.run(FinetuneJob(), load_config(FinetuneConfig, overrides=[
+        f"data.store={tmp_path / 'vqa'}", "init.source=scratch", "preset=tiny", f"mlflow.tracking_uri={uri}",
+        f"scale.storage_path={tmp_path / 'runs'}", "train.epochs=1", "train.batch_size=4",
+        "mlflow.system_metrics=false", "examples.count=4", "robust.conditions=[]"]), after_run=end_of_run_pages)
+    run = tracking.get_run(uri, result.run_id)
+    assert run.status == "FINISHED" and "best_valid/accuracy" in run.metrics
+    pages = tracking.download_artifacts(uri, result.run_id, "examples", tmp_path / "pages")
+    assert (pages / "index.html").is_file() and len(list(pages.glob("example-*.html"))) == 4
+    pictures = sorted((pages / "img").iterdir())
+    # drawn on the photographs (RGB), not on the blank canvas a store without its images' sources gets
+    assert pictures and all(Image.open(p).mode == "RGB" for p in pictures)

@@ -44,9 +44,12 @@ def test_run_tags_name_the_f1_protocol(mult_store):
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 
-# Two workers, an evaluation and checkpoint every 5 steps, a log step every step: the seeds' runs, and
-# the worker-fault case (which adds a fault at step 7).
-RUN = ["preset=tiny", "train.epochs=2", "train.batch_size=16", "train.eval_every=5", "train.log_every=1",
+# Two workers, an evaluation and checkpoint every 5 steps and at each epoch's end (12 steps), a log step
+# every step: the seeds' runs, and the worker-fault case (which adds a fault at step 27). The MulT
+# reference's recipe (Adam, its plateau), the plateau made to drop at epoch 2's end: no patience, and a
+# better loss only at half the best.
+RUN = ["recipe=mult-reference", "preset=tiny", "train.epochs=3", "train.batch_size=16", "train.eval_every=5",
+       "train.log_every=1", "train.best_metric=valid/mae", "optim.plateau.patience=0", "optim.plateau.threshold=0.5",
        "scale.num_workers=2", "scale.max_failures=2", "mlflow.system_metrics=false", "f1_protocol=reference"]
 
 
@@ -72,10 +75,10 @@ def seeded(mult_store, tmp_path_factory, ray_local):
 
 @pytest.mark.slow
 def test_each_seeds_run_is_checked_and_prepared_once(seeded):
-    # before the parent run opens, every seed's run is checked under its own name; each then runs with
-    # that result: no second check, no second opening of its data
+    # the job's one check checks, before the parent run opens, every seed's run under its own name; each
+    # then runs with that result: no second check, no second opening of its data
     *_, calls = seeded
-    assert calls == {"check": ["seeded-seed1", "seeded-seed2"], "prepare": ["seeded-seed1", "seeded-seed2"]}
+    assert calls == {"check": ["seeded", "seeded-seed1", "seeded-seed2"], "prepare": ["seeded-seed1", "seeded-seed2"]}
 
 
 @pytest.mark.slow
@@ -108,20 +111,35 @@ def test_seeds_select_on_validation_and_report_mean_and_std(seeded):
 
 
 @pytest.mark.slow
-def test_a_worker_fault_resumes_exactly(mult_store, seeded, ray_local):
-    """MulT on 2 workers: a worker dies at step 7 and the run resumes from its step-5 checkpoint; the
-    seed-1 run of `seeded` (same seed and config, no fault) logged the same per-step losses, validation
-    and test metrics."""
+def test_the_run_records_its_recipe_and_what_it_overrides(seeded):
+    uri, parent_id, *_ = seeded
+    params = tracking.child_runs(uri, parent_id)[0].params
+    assert params["recipe"] == "mult-reference"
+    assert (params["optim.name"], params["optim.schedule"], params["optim.lr"], params["optim.grad_clip"]) == \
+        ("adam", "plateau", "0.001", "0.8")
+    overridden = params["recipe_overrides"]
+    assert "train.epochs=3 (recipe: 40)" in overridden and "optim.plateau.patience=0 (recipe: 20)" in overridden
+    assert "optim.lr" not in overridden
+
+
+@pytest.mark.slow
+def test_a_worker_fault_after_a_plateau_drop_resumes_exactly(mult_store, seeded, ray_local):
+    """MulT on 2 workers under the plateau: the rate drops at epoch 2's end (step 24), a worker dies at
+    step 27 and the run resumes from its step-25 checkpoint; the seed-1 run of `seeded` (same seed and
+    config, no fault) logged the same rates, per-step losses, validation and test metrics (the plateau's
+    state travels in the checkpoint: its second decision, at step 36, is the same)."""
     from xmodal.jobs.mult_job import MultJob
 
     uri, parent_id, tmp, _ = seeded
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
-        *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=7"])
+        *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=27"])
     faulty = engine.run(MultJob(), cfg).run_id
     (clean,) = [r.run_id for r in tracking.child_runs(uri, parent_id) if r.params["train.seed"] == "1"]
-    assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [5]
-    for key in ("train/loss", "valid/mae", "valid/acc2", "test/mae", "test/acc2", "best_valid/mae"):
+    assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [25]
+    lr = dict(tracking.metric_history(uri, clean, "train/lr"))
+    assert lr[24] == pytest.approx(1e-3) and lr[25] == pytest.approx(1e-4)  # the drop before the fault
+    for key in ("train/lr", "train/loss", "valid/mae", "valid/acc2", "test/mae", "test/acc2", "best_valid/mae"):
         f, c = (dict(tracking.metric_history(uri, r, key)) for r in (faulty, clean))
         assert f.keys() == c.keys() and f, key
         worst = max(abs(f[s] - c[s]) for s in c)

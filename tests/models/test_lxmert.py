@@ -95,3 +95,29 @@ def test_pooler_and_token_type_options():
     with_type = LxmertForPretraining(c.replace(token_type_embedding=True))
     assert with_type.encoder.word_embedding.token_type.weight.shape == (2, c.hidden_size)
     assert n_params(with_type) == n_params(LxmertForPretraining(c)) + 2 * c.hidden_size
+
+
+def test_row0_no_grad_as_the_reference_padding_idx(tiny):
+    """`no_grad_row0`: the same forward, and the position and token-type tables' row 0 get a zero gradient
+    (the reference's nn.Embedding(padding_idx=0)); every other row gets its own, the unused ones zero."""
+    import copy
+
+    from xmodal.models.lxmert import no_grad_row0
+
+    c = preset("tiny").replace(token_type_embedding=True)
+    torch.manual_seed(0)
+    default = LxmertForPretraining(c)
+    reference = no_grad_row0(copy.deepcopy(default))
+    ids, am, feats, boxes, vm = inputs(c)
+    grads = []
+    for model in (default, reference):
+        out = model.encoder(ids, am, feats, boxes, vm)
+        (out.lang.square().sum() + out.pooled.sum()).backward()
+        emb = model.encoder.word_embedding
+        grads.append((out.lang.detach(), emb.position.weight.grad, emb.token_type.weight.grad))
+    (lang_a, pos_a, type_a), (lang_b, pos_b, type_b) = grads
+    torch.testing.assert_close(lang_a, lang_b, rtol=0, atol=1e-6)
+    assert pos_a[0].abs().sum() > 0 and type_a[0].abs().sum() > 0  # trained by default
+    assert pos_b[0].abs().sum() == 0 and type_b[0].abs().sum() == 0  # not under the reference's padding_idx
+    torch.testing.assert_close(pos_b[1:], pos_a[1:], rtol=1e-5, atol=1e-6)
+    assert type_b.shape == type_a.shape and type_b[1].abs().sum() == 0  # a zero gradient, not None: decay applies

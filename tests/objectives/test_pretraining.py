@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -246,3 +247,24 @@ def test_tiny_model_overfits_one_batch_on_all_tasks():
     for t in TASKS:
         before, after = first[f"loss/{t}"].item(), last[f"loss/{t}"].item()
         assert after <= 0.1 * before, f"{t}: {before:.3f} -> {after:.3f}"
+
+
+def test_the_reference_feature_loss_divides_by_every_object():
+    """feat_loss_mean=all: the masked objects' losses over the number of real objects, as the reference's
+    `(loss * feat_mask).mean()`; the default divides by the masked objects."""
+    batch = make_batch(4, seed=3, seq_len=10, num_objects=9, mask_prob=0.3)
+    model = make_model()
+    masked = pretraining_losses(model, batch, PretrainTasks(feat_loss="smooth_l1"))["loss/obj_feat"]
+    every = pretraining_losses(model, batch, PretrainTasks(feat_loss="smooth_l1", feat_loss_mean="all"))["loss/obj_feat"]
+    chosen = (batch.obj_masked & batch.visual_mask).sum()
+    torch.testing.assert_close(every, masked * chosen / batch.visual_mask.sum())
+    assert PretrainTasks.reference().feat_loss_mean == "all"
+
+
+def test_losses_keep_float64():
+    """A float64 model's losses stay float64 (the reference checks, scripts/reference/recipes.py)."""
+    batch = make_batch(2, seed=1, seq_len=8, num_objects=5)
+    batch = dataclasses.replace(batch, **{f.name: getattr(batch, f.name).double() for f in dataclasses.fields(batch)
+                                          if getattr(batch, f.name).is_floating_point()})
+    out = pretraining_losses(make_model().double(), batch, PretrainTasks.reference())
+    assert {v.dtype for k, v in out.items() if k.startswith("loss")} == {torch.float64}

@@ -245,7 +245,7 @@ def test_bad_base_config_and_overrides(tmp_path):
         plan(tmp_path, GOOD + "base: {config: {train: {epoch: 3}}}\n")
     with pytest.raises(SpaceError, match="base.file: config file .*missing.yaml' does not exist"):
         plan(tmp_path, GOOD + "base: {file: missing.yaml}\n")
-    with pytest.raises(SpaceError, match="train.epochs = 'many': expected a valid integer"):
+    with pytest.raises(SpaceError, match="train.epochs = 'many': expected an integer >= 1, got text"):
         plan(tmp_path, GOOD, sets=["train.epochs=many"])
 
 

@@ -373,9 +373,9 @@ def _robust_rows(final: dict[str, Any], keys: list[str]) -> list[str]:
 
 def banner(*, job: str, run_name: str, data: str, train_examples: int, preset: str | None, parameters: int,
            steps: int, epochs: int, batch_size: int, workers: int, gpus_per_worker: float, tracking_uri: str,
-           experiment: str, run_id: str, storage: str) -> str:
+           experiment: str, run_id: str, storage: str, recipe: list[str] | None = None) -> str:
     """What a run is about to do, shown before Ray Train starts (`storage`: the storage path, of which
-    the run's folder is `run_name`)."""
+    the run's folder is `run_name`; `recipe`: the lines of its recipe, `config.recipes.banner_lines`)."""
     devices = f"{gpus_per_worker:g} GPU each" if gpus_per_worker else "CPU"
     model = (f"preset {preset}, " if preset else "") + f"{parameters / 1e6:.2f} M parameters"
     lines = [
@@ -384,6 +384,7 @@ def banner(*, job: str, run_name: str, data: str, train_examples: int, preset: s
         f"  model     {model}",
         f"  training  {steps:,} steps ({epochs} epoch{'s' if epochs != 1 else ''}, batch "
         f"{batch_size}) on {workers} worker{'s' if workers != 1 else ''}, {devices}",
+        *(f"  {'recipe' if i == 0 else '':<9} {line}" for i, line in enumerate(recipe or [])),
         f"  MLflow    {tracking_uri} (experiment {experiment!r}, run {run_id})",
         f"  storage   {storage}/{run_name}",
     ]

@@ -70,7 +70,7 @@ def check_uri(uri: str, option: str) -> str:
     return uri
 
 
-def _refuse_half_uri(text: str, option: str) -> None:
+def refuse_half_uri(text: str, option: str) -> None:
     """`s3:/bucket/x` would be written under a local folder named `s3:` (unless one exists)."""
     half = _HALF_URI.match(text)
     if half and not os.path.exists(text.split("/", 1)[0]):
@@ -93,7 +93,7 @@ def check_writable_dir(path: str | Path, option: str) -> Path:
     written to. The test writes a temporary folder there and removes it (as root, permission bits do
     not say what /proc or a read-only mount will refuse). Nothing is left behind."""
     text = str(path)
-    _refuse_half_uri(text, option)
+    refuse_half_uri(text, option)
     p = Path(text).expanduser().absolute()
     if p.exists() and not p.is_dir():
         raise UserError(f"{option}: {text!r} is a file; expected a folder (or a path where one can be made)")
@@ -115,7 +115,7 @@ def check_writable_file(path: str | Path, option: str) -> Path:
     """A local file that a job will write (its folder made if missing): not an existing folder, and a
     folder above it that can be made and written (`check_writable_dir`). Returns it made absolute."""
     text = str(path)
-    _refuse_half_uri(text, option)
+    refuse_half_uri(text, option)
     p = Path(text).expanduser().absolute()
     if p.is_dir():
         raise UserError(f"{option}: {text!r} is a folder; expected a file name")
@@ -223,6 +223,14 @@ def read_record(folder: Path) -> dict | None:
     return record
 
 
+def write_record(folder: Path, command: str) -> list[str]:
+    """Leave in `folder` (being staged) the record of what `command` wrote there: every file under it.
+    Returns those files."""
+    files = _files_under(folder)
+    (folder / RECORD).write_text(json.dumps({"command": command, "files": files}, indent=1) + "\n")
+    return files
+
+
 def foreign_entries(folder: Path, command: str) -> list[str]:
     """The files in `folder` that `command` did not write there by its record: all of them where it left
     no record (or another command's), none where the folder holds only its own earlier output."""
@@ -241,6 +249,8 @@ class Output:
     def __init__(self, path: str | Path, option: str, command: str, *, file: bool = False,
                  overwrite: bool | None = False):
         text = str(path)
+        if not text.strip():  # an empty value would be the working folder itself
+            raise UserError(f"{option}: {text!r} is empty; expected a {'file' if file else 'folder'} name")
         if "://" in text:
             raise UserError(f"{option}: {text!r} is a URI; {command} writes a local {'file' if file else 'folder'} "
                             "only: write it here, then copy it (e.g. with `aws s3 cp`)")
@@ -317,8 +327,7 @@ class Stage:
             if out.file:
                 os.replace(self.tmp, path)
             else:
-                files = _files_under(self.tmp)
-                (self.tmp / RECORD).write_text(json.dumps({"command": out.command, "files": files}, indent=1) + "\n")
+                files = write_record(self.tmp, out.command)
                 if path.is_dir() and foreign_entries(path, out.command):
                     self._merge(files)
                 else:
@@ -341,3 +350,36 @@ class Stage:
             (path / f).parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.tmp / f, path / f)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Scratch:
+    """A command's working folder (a benchmark's `--work`, a scratch store): a new folder under `under`
+    (checked as an output place; None: the system's temporary folder) that the command removes whole
+    when it ends, however it ends (`with Scratch(...) as work:`, or `remove()`), together with the
+    folders above it that were made for it. Nothing that was there before is touched; `keep=True` leaves
+    it for the user to look at."""
+
+    def __init__(self, under: str | Path | None, option: str, prefix: str, keep: bool = False):
+        if under is not None and ("://" in str(under) or not str(under).strip()):
+            raise UserError(f"{option}: {str(under)!r} is {'a URI' if str(under).strip() else 'empty'}; expected a "
+                            "local folder to work in")
+        base = check_writable_dir(under, option) if under is not None else Path(tempfile.gettempdir())
+        self.keep = keep
+        self.made = missing_parents(base / "x")
+        base.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        except BaseException:
+            discard_partial(None, self.made)
+            raise
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove the folder (unless kept) and the folders made for it, each only while empty."""
+        if not self.keep:
+            discard_partial(self.path, self.made)

@@ -40,6 +40,7 @@ MODEL_CLASS = "xmodal.class"  # the model's module.qualname
 
 # example pages (xmodal.examples)
 EXAMPLES = "xmodal.examples"  # the artifact path of a run's example pages' index (examples/index.html)
+EXAMPLES_SUMMARY = "xmodal.examples.summary"  # what they show: "16 valid examples, 9 right" (the end summary's line)
 
 # sweeps
 KIND = "xmodal.kind"  # "sweep" on the parent run, "trial" on each child

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from xmodal.base.commands import add_verbose, setup_console, user_errors
-from xmodal.extract.job import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
+from xmodal.extract.plan import DEFAULT_MAX_REJECTED, PUBLIC_WEIGHTS, ExtractOptions
 from xmodal.extract.resources import DEFAULT_GPU_SHARE
 from xmodal.models.butd.config import PRECISIONS
 from xmodal.models.butd.weights import LAYOUTS

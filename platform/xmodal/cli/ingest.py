@@ -98,7 +98,7 @@ def _features_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _features(args: argparse.Namespace) -> None:
-    from xmodal.data.lxmert.features import ingest_features
+    from xmodal.data.lxmert.feature_writer import ingest_features
 
     say(str(ingest_features(args.out, args.tsv, num_objects=args.num_objects, feat_dim=args.feat_dim,
                             num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from xmodal.base.commands import add_verbose, setup_console, user_errors
 
@@ -17,7 +18,20 @@ JOB_FLAGS: dict[str, tuple[str, str]] = {
     "run_name": ("mlflow.run_name", "MLflow and Ray Train run name; rerun with it to resume"),
     "register": ("mlflow.registered_model", "register the run's final model in the MLflow Model Registry under this name"),
     "seed": ("train.seed", "random seed"),
+    "recipe": ("recipe", "train as a paper's reference code does (its values and their files: below)"),
 }
+
+
+# The flags whose value is text whatever it looks like (quoted into their --set override).
+TEXT_FLAGS = ("store", "storage_path", "experiment", "run_name", "register", "init_run_id", "init_path")
+
+
+def recipes_help(job: str) -> str:
+    """`--help`'s list of the job's recipes, each value with the file it comes from."""
+    from xmodal.config.recipes import describe
+
+    return ("Recipes (--recipe NAME): the training of a paper's code; the model stays the preset's. A key set "
+            "beside a recipe wins, and the run's banner and MLflow params say so.\n\n" + describe(job))
 
 
 def end_of_run_pages(plan, folder, data) -> bool:
@@ -38,7 +52,8 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
     from xmodal.runner.engine import run_job
 
     spec = job_spec(job)
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=recipes_help(job))
     p.add_argument("--config", help=f"YAML config file (sections: {sections})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
     add_verbose(p)
@@ -48,8 +63,10 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
         p.add_argument("--" + flag.replace("_", "-"), help=f"{help_text} (= --set {key}=...)")
     args = p.parse_args(argv)
     setup_console(args.verbose)
-    overrides = [f"{key}={template.format(getattr(args, flag))}" for flag, (key, template, _) in flags.items()
-                 if getattr(args, flag) is not None]
+    # A flag's value is read as YAML like a --set value (--num-workers 2 is the integer 2), except a flag
+    # of text (a name, a path, a run id), taken as written: --run-name 2024 is the name '2024'.
+    overrides = [f"{key}={json.dumps(value) if flag in TEXT_FLAGS else template.format(value)}"
+                 for flag, (key, template, _) in flags.items() if (value := getattr(args, flag)) is not None]
 
     def go() -> None:
         cfg = load_config(spec.config_class, args.config, overrides + args.set)

@@ -31,10 +31,13 @@ from xmodal.config.paths import (
     deep_merge,
     dotted_keys,
     field_names,
+    fits,
     keys_beside,
+    mistyped_values,
     set_dotted,
     type_at,
 )
+from xmodal.config.recipes import Recipe, recipe_tree
 
 # A registered model's name: MLflow forbids "/" and ":", and "@" would cut `models:/NAME@alias`.
 MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -48,13 +51,49 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class PlateauConfig(Section):
+    """`optim.schedule=plateau`: the rate times `factor` once `metric` (a validation metric of the job,
+    evaluated at the end of every epoch) has not improved for `patience` epochs (torch's
+    ReduceLROnPlateau, relative `threshold`, as the MulT reference steps it once per epoch)."""
+
+    metric: str = Field("valid/loss", min_length=1)
+    mode: Literal["min", "max"] = "min"
+    patience: int = Field(20, ge=0)  # the MulT reference's --when
+    factor: float = Field(0.1, gt=0, lt=1)
+    threshold: float = Field(1e-4, ge=0)
+
+
+# optim.name -> the schedules it has (`core/optim.py`): BertAdam's are inside it, at step / t_total.
+OPTIM_SCHEDULES: dict[str, tuple[str, ...]] = {
+    "adamw": ("linear", "constant", "plateau"),
+    "adam": ("linear", "constant", "plateau"),
+    "bertadam": ("linear", "constant", "cosine"),
+}
+
+
 class OptimConfig(Section):
+    # adamw: torch's AdamW; adam: torch's Adam (the MulT reference); bertadam: the LXMERT reference's
+    # BertAdam (no bias correction, its schedule inside it). See core/optim.py.
+    name: Literal["adamw", "adam", "bertadam"] = "adamw"
+    schedule: Literal["linear", "constant", "cosine", "plateau"] = "linear"  # OPTIM_SCHEDULES[name]
+    # matrices: no decay on biases and LayerNorm weights (BERT convention); all: every parameter (the
+    # LXMERT reference passes model.parameters() to BertAdam).
+    decay_on: Literal["all", "matrices"] = "matrices"
     lr: float = Field(1e-4, gt=0)  # the paper; the embedded default raises it (PretrainConfig.optim)
     weight_decay: float = Field(0.01, ge=0)
     betas: tuple[Dropout, Dropout] = (0.9, 0.999)  # each in [0, 1)
     eps: float = Field(1e-6, gt=0)
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)  # not with plateau (its rate starts at the peak)
     grad_clip: float = Field(1.0, ge=0)  # 0 = off
+    plateau: PlateauConfig = Field(default_factory=PlateauConfig)
+
+    @model_validator(mode="after")
+    def _schedule(self) -> OptimConfig:
+        allowed = OPTIM_SCHEDULES[self.name]
+        if self.schedule not in allowed:
+            raise ValueError(f"schedule = {self.schedule!r}: optim.name={self.name!r} has no such schedule; expected "
+                             f"one of {', '.join(allowed)} (or another optim.name)")
+        return self
 
 
 class TrainConfig(Section):
@@ -153,8 +192,43 @@ def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
     size 256. The model section is overrides on top of its preset instead (`_resolve_preset`)."""
     if not isinstance(data, dict):
         return data
-    # model_construct: the defaults without this validation again (it would recurse)
-    return deep_merge(cls.model_construct().model_dump(mode="python", exclude={"model", "preset"}), data)
+    # model_construct: the defaults without this validation again (it would recurse); a recipe's values
+    # between them and the data (the user's keys win)
+    defaults = cls.model_construct().model_dump(mode="python", exclude={"model", "preset"})
+    return deep_merge(deep_merge(defaults, _recipe_layer(cls, data)), data)
+
+
+def _stages(cls: type[BaseModel]) -> Iterable[tuple[str, type[JobConfig]]]:
+    """The fields of a job's config that are job configs of their own (a chain's stages)."""
+    for field, info in cls.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, JobConfig):
+            yield field, info.annotation
+
+
+def _recipe_layer(cls: type[BaseModel], data: dict) -> dict:
+    """The values of the recipes a raw config names, its own and its stages', as a nested dict."""
+    out = recipe_tree(data.get("recipe"), getattr(cls, "RECIPES", {}))
+    for field, stage in _stages(cls):
+        layer = _recipe_layer(stage, data[field]) if isinstance(data.get(field), dict) else {}
+        if layer:
+            out = {**out, field: deep_merge(out.get(field, {}), layer)}
+    return out
+
+
+def with_recipes(cls: type[BaseModel], data: dict, given: dict) -> dict:
+    """`data` (a job's defaults merged with what the user gave, `given`) with the values of the recipe it
+    names wherever the user gave no value, down through the stages of a chain."""
+    recipes = getattr(cls, "RECIPES", {})
+    name = given.get("recipe")
+    if recipes and name in recipes:
+        mine = dotted_keys(given)
+        for key, value in recipes[name].values().items():
+            if key not in mine:
+                data = set_dotted(data, key, value)
+    for field, stage in _stages(cls):
+        if isinstance(given.get(field), dict):
+            data = {**data, field: with_recipes(stage, data.get(field, {}), given[field])}
+    return data
 
 
 def _resolve_preset(data: Any, presets: dict[str, Any], default: str) -> Any:
@@ -176,14 +250,26 @@ class JobConfig(Section):
 
     PRESETS: ClassVar[dict[str, Any] | None] = None
     USES: ClassVar[tuple[Use, ...]] = ()  # options read only under a condition (`unused_options`)
+    RECIPES: ClassVar[dict[str, Recipe]] = {}  # the job's recipes (config/recipes.py), its `recipe` field's choices
+
+    @field_validator("recipe", check_fields=False)
+    @classmethod
+    def _known_recipe(cls, name: str | None) -> str | None:
+        if name is not None and name not in cls.RECIPES:
+            raise ValueError(f"{name!r} is not a recipe of this job; valid: {', '.join(cls.RECIPES)} (each with its "
+                             "values: --help)")
+        return name
 
     @model_validator(mode="before")
     @classmethod
     def _defaults_and_preset(cls, data: Any) -> Any:
         data = _job_defaults(cls, data)
-        if cls.PRESETS is None:
-            return data
-        return _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
+        if cls.PRESETS is not None:
+            data = _resolve_preset(data, cls.PRESETS, cls.model_fields["preset"].default)
+        problems = type_problems(cls, data)
+        if problems:  # before pydantic, which would convert them
+            raise ValueError("\n  ".join(problems))
+        return data
 
     @model_validator(mode="after")
     def _finite(self) -> JobConfig:
@@ -193,6 +279,39 @@ class JobConfig(Section):
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{'.'.join(map(str, loc))} = {value}: expected {finite_bounds(type(self), loc)}")
         return self
+
+
+_SCALAR_NAMES = {bool: "true or false", int: "an integer", float: "a finite number"}
+
+
+def type_problems(model: type, data: Any) -> list[str]:
+    """One line per value of the raw config `data` whose type a bool, int or float field of `model` does not
+    take as it is (`config.paths.mistyped_values`): `true` is not 1, "3" is not 3, 1.0 is not an integer.
+    A float field takes an integer (lr: 1 is 1.0)."""
+    out = []
+    for loc, value, typ, meta in mistyped_values(model, data):
+        want = (describe_bounds(meta, _SCALAR_NAMES[typ]) if typ is not bool else None) or _SCALAR_NAMES[typ]
+        shown = short_repr(value)
+        out.append(f"{'.'.join(map(str, loc))}{f' = {shown}' if shown else ''}: expected {want}, got "
+                   f"{_what_it_is(value, typ)}")
+    return out
+
+
+def _what_it_is(value: Any, typ: type) -> str:
+    """What a mistyped value is, with the fix where it is only written the wrong way."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, float):
+        return "a number with a fraction" + (f" (write {int(value)})" if value.is_integer() else "")
+    if isinstance(value, int):
+        return "a number"
+    if isinstance(value, str):
+        try:
+            unquoted = load_yaml(value)
+        except yaml.YAMLError:
+            unquoted = None
+        return "text" + (" (in quotes: write it without them)" if fits(typ, unquoted) else "")
+    return f"a {type(value).__name__}"
 
 
 def finite_bounds(model: type, loc: tuple) -> str:
@@ -206,6 +325,13 @@ def check_batch(train: TrainConfig, scale: ScaleConfig) -> None:
     if train.batch_size % per_step:
         raise ValueError(f"train.batch_size = {train.batch_size}: expected a multiple of scale.num_workers x "
                          f"train.grad_accum = {scale.num_workers} x {train.grad_accum} = {per_step}")
+
+
+def check_plateau(optim: OptimConfig, valid: list[str], where: str) -> None:
+    """The plateau watches a metric the job evaluates (`valid`, measured `where`)."""
+    if optim.schedule == "plateau" and optim.plateau.metric not in valid:
+        raise ValueError(f"optim.plateau.metric: {optim.plateau.metric!r} is not measured {where}; valid: "
+                         f"{', '.join(valid)}")
 
 
 class RobustSection(Section):
@@ -237,6 +363,10 @@ EMBEDDED_USE = Use("data.synthetic", lambda c: c.data.store is None, "to build t
                   "(data.store unset)", lambda c: f"data.store={c.data.store!r} is read instead")
 FAULT_SEED_USE = Use("train.fault_seed", lambda c: c.train.random_faults > 0,
                      "to draw train.random_faults's steps", lambda c: "train.random_faults=0")
+PLATEAU_USE = Use("optim.plateau", lambda c: c.optim.schedule == "plateau", "by the plateau schedule "
+                  "(optim.schedule=plateau)", lambda c: f"optim.schedule={c.optim.schedule!r}")
+WARMUP_USE = Use("optim.warmup_ratio", lambda c: c.optim.schedule != "plateau", "by the linear, constant and "
+                 "cosine schedules", lambda c: "optim.schedule='plateau' (its rate starts at the peak)")
 CROSS_USE = Use("model.shared_cross_attention", lambda c: c.model.x_layers > 0, "by the cross-modality layers "
                 "(model.x_layers > 0)", lambda c: "model.x_layers=0")
 
@@ -324,6 +454,8 @@ def error_line(e: dict, model: type) -> str:
     elif kind == "too_short":
         n = (e.get("ctx") or {}).get("min_length", 1)
         msg = f"at least {n} item{'s' if n != 1 else ''}"
+    elif kind == "string_type" and isinstance(e.get("input"), (bool, int, float)):
+        msg = f"text (quote it: '{e['input']}')"
     where = key or "<top level>"
     return f"{where} = {got}: expected {msg}" if got is not None else f"{where}: expected {msg}"
 
@@ -413,6 +545,13 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's floats with an exponent and no point or no exponent sign (`1e-3`, `2.5E4`): YAML 1.1, which
+# PyYAML follows, reads them as text, and a strict float field would refuse `lr: 1e-3`.
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def load_yaml(text: str, loader: type[StrictLoader] = StrictLoader) -> Any:
     """YAML a user wrote -> Python data; duplicate keys are errors (`StrictLoader`)."""
     return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
@@ -445,6 +584,7 @@ def load_config(model: type[Section], path: str | Path | None = None, overrides:
         data = apply_overrides(data, overrides)
         given = apply_overrides(given, overrides)
         source += " + --set " + " ".join(overrides)
+    data = with_recipes(model, data, given)
     try:
         cfg = model.model_validate(data)
     except ValidationError as e:

@@ -165,6 +165,52 @@ def dotted_keys(data: dict, prefix: str = "") -> set[str]:
     return out
 
 
+# The scalar types a config field is strict on: a value of another Python type is refused, never converted
+# (`true` is not 1, "3" is not 3, 1.0 is not an integer); an integer is taken for a float field (1 for 1.0).
+STRICT_SCALARS = (bool, int, float)
+
+
+def fits(typ: type, value: Any) -> bool:
+    """Whether `value`, as YAML or JSON gave it, is a `typ` (one of STRICT_SCALARS) without conversion."""
+    if typ is bool:
+        return isinstance(value, bool)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def mistyped_values(model: type, data: Any, loc: tuple = ()) -> Iterator[tuple[tuple, Any, type, list[Any]]]:
+    """(location, value, the field's type, its metadata) of each value in the raw config `data` that a
+    bool, int or float field holds with another Python type (STRICT_SCALARS), down through sections,
+    lists, tuples and mappings. None and unions of several types are left to validation."""
+    fields = section_fields(model)
+    if fields is None or not isinstance(data, dict):
+        return
+    for name, value in data.items():
+        if name in fields:
+            yield from _mistyped(*_unwrap(*fields[name]), value, (*loc, name))
+
+
+def _mistyped(typ: Any, meta: list[Any], value: Any, loc: tuple) -> Iterator[tuple[tuple, Any, type, list[Any]]]:
+    if value is None:
+        return
+    if typ in STRICT_SCALARS:
+        if not fits(typ, value):
+            yield loc, value, typ, meta
+        return
+    if section_fields(typ) is not None:
+        yield from mistyped_values(typ, value, loc)
+        return
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+        fixed = origin is tuple and args[-1] is not Ellipsis
+        for i, item in enumerate(value[:len(args)] if fixed else value):
+            yield from _mistyped(*_unwrap(args[i] if fixed else args[0], []), item, (*loc, i))
+    elif origin is dict and isinstance(value, dict) and len(args) == 2:
+        for key, item in value.items():
+            yield from _mistyped(*_unwrap(args[1], []), item, (*loc, key))
+
+
 def config_values(node: Any, loc: tuple = ()) -> Iterator[tuple[tuple, Any]]:
     """(location, value) of every value in a validated config, down through sections (pydantic models,
     dataclasses), lists, tuples and mappings; a location is what `walk` follows."""

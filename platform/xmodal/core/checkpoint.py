@@ -1,4 +1,4 @@
-"""Checkpoints: model, optimizer, scheduler, step, data position and RNG state. Imports only torch.
+"""Checkpoints: model, optimizer, schedules, step, data position and RNG state. Imports only torch.
 
 Files are written with `torch.save` and read with `torch.load(weights_only=True)`:
 a checkpoint cannot execute code when loaded. `seal` records every file's size and sha256 in the
@@ -46,6 +46,7 @@ def save(directory: str | Path, state: TrainState, meta: dict[str, Any]) -> Path
     torch.save({
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
+        "plateau": state.plateau.state_dict() if state.plateau is not None else None,
         "step": state.step,
         "rng": rng,
     }, d / STATE_FILE)
@@ -185,6 +186,8 @@ def restore(directory: str | Path, state: TrainState, verified: bool = False) ->
     state.optimizer.load_state_dict(blob["optimizer"])
     if state.scheduler is not None and blob["scheduler"] is not None:
         state.scheduler.load_state_dict(blob["scheduler"])
+    if state.plateau is not None and blob.get("plateau") is not None:
+        state.plateau.load_state_dict(blob["plateau"])  # its best, bad epochs and rates: the same drops after
     state.step = int(blob["step"])
     rng = blob["rng"]
     torch.set_rng_state(rng["torch"])

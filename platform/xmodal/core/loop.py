@@ -68,6 +68,22 @@ def fit(
     hooks.at_end(state, epoch, pos)
 
 
+def ends_epoch(epoch_steps: Sequence[int], epoch: int, pos: int) -> bool:
+    """Whether the step that left the loop at (epoch, pos) was the epoch's last."""
+    return epoch < len(epoch_steps) and pos == epoch_steps[epoch]
+
+
+def epoch_ended(state: TrainState, metrics: dict[str, float], metric: str) -> None:
+    """The plateau schedule's step, once per epoch, with the validation `metric` of the epoch's end
+    (the MulT reference's `scheduler.step(val_loss)`); nothing without one."""
+    if state.plateau is None:
+        return
+    if metric not in metrics:
+        raise RuntimeError(f"the plateau schedule watches {metric!r}, which the evaluation did not report "
+                           f"(it reported {', '.join(sorted(metrics))})")
+    state.plateau.step(metrics[metric])
+
+
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The torch seed of one optimizer step on one worker: every worker draws its own dropout masks
     (the same initial weights come from the run seed alone), and a resumed run draws the masks the

@@ -1,5 +1,5 @@
 """The one place where a model is put on its device, given its precision, compiled, wrapped for
-data parallelism, and given its optimizer and schedule. Imports only torch.
+data parallelism, and given its optimizer and schedule (core/optim.py). Imports only torch.
 
 `prepare` reads a few attributes of the job's `train` and `optim` settings; any object with them
 will do (the jobs pass their pydantic `TrainConfig` / `OptimConfig`, which this module does not
@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from xmodal.core.step import TrainState, adamw, linear_warmup_decay
+from xmodal.core.optim import build_optimizer, plateau, warmup_constant_lambda
+from xmodal.core.step import TrainState, linear_warmup_decay
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
@@ -74,8 +75,33 @@ class TrainSettings(Protocol):
     def precision(self) -> str: ...  # "auto" | "fp32" | "bf16" (resolve_precision)
 
 
+class PlateauSettings(Protocol):
+    """What `prepare` reads of `optim.plateau` (`xmodal.config.experiment.PlateauConfig` has it)."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def factor(self) -> float: ...
+
+    @property
+    def patience(self) -> int: ...
+
+    @property
+    def threshold(self) -> float: ...
+
+
 class OptimSettings(Protocol):
     """What `prepare` reads of the job's optimizer settings (`xmodal.config.experiment.OptimConfig` has it)."""
+
+    @property
+    def name(self) -> str: ...  # "adamw" | "adam" | "bertadam" (core/optim.py)
+
+    @property
+    def schedule(self) -> str: ...  # "linear" | "constant" | "cosine" | "plateau"
+
+    @property
+    def decay_on(self) -> str: ...  # "all" | "matrices"
 
     @property
     def lr(self) -> float: ...
@@ -95,21 +121,32 @@ class OptimSettings(Protocol):
     @property
     def grad_clip(self) -> float: ...  # 0 = off
 
+    @property
+    def plateau(self) -> PlateauSettings: ...
+
+
+def schedules(opt: torch.optim.Optimizer, optim: OptimSettings, total_steps: int):
+    """(per-step scheduler, plateau) of `optim.schedule`: BertAdam's schedule is inside it (neither)."""
+    if optim.name == "bertadam":
+        return None, None
+    if optim.schedule == "plateau":
+        p = optim.plateau
+        return None, plateau(opt, mode=p.mode, factor=p.factor, patience=p.patience, threshold=p.threshold)
+    if optim.schedule == "constant":
+        return warmup_constant_lambda(opt, total_steps, optim.warmup_ratio), None
+    if optim.schedule == "linear":
+        return linear_warmup_decay(opt, total_steps, optim.warmup_ratio), None
+    raise ValueError(f"schedule {optim.schedule!r} for {optim.name}; expected linear, constant or plateau")
+
 
 def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, optim: OptimSettings,
-            total_steps: int, find_unused_parameters: bool = False,
-            optimizer: str = "adamw") -> TrainState:
+            total_steps: int, find_unused_parameters: bool = False) -> TrainState:
     objective = apply_precision(objective.to(device), resolve_precision(train.precision, device))
     # The optimizer holds the plain module's parameters; DDP and compile wrap the same tensors.
-    if optimizer == "adamw":
-        opt = adamw(objective, optim.lr, optim.weight_decay, optim.betas, optim.eps)
-    else:  # Adam without decoupled weight decay (the MulT reference)
-        params = [p for p in objective.parameters() if p.requires_grad]
-        # Fused, as AdamW (step.adamw): the for-loop Adam reads every parameter's step count back to
-        # the host (`.item()`) at every step.
-        opt = torch.optim.Adam(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                               weight_decay=optim.weight_decay, fused=device.type in ("cuda", "cpu"))
-    scheduler = linear_warmup_decay(opt, total_steps, optim.warmup_ratio)
+    opt = build_optimizer(optim.name, objective, lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas,
+                          eps=optim.eps, decay_on=optim.decay_on, warmup=optim.warmup_ratio,
+                          total_steps=total_steps, schedule=optim.schedule)
+    scheduler, on_plateau = schedules(opt, optim, total_steps)
     model: nn.Module = objective
     if train.compile:
         model = compile_module(model)
@@ -117,4 +154,4 @@ def prepare(objective: nn.Module, device: torch.device, train: TrainSettings, op
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=find_unused_parameters)
-    return TrainState(model=model, optimizer=opt, scheduler=scheduler, grad_clip=optim.grad_clip)
+    return TrainState(model=model, optimizer=opt, scheduler=scheduler, grad_clip=optim.grad_clip, plateau=on_plateau)

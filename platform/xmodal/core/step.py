@@ -22,9 +22,12 @@ class TrainState:
     # `runtime.apply_precision`); forward(batch) -> {"loss", ...}.
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: Any | None = None
+    scheduler: Any | None = None  # stepped after every optimizer step
     grad_clip: float = 0.0
     step: int = 0
+    # A ReduceLROnPlateau (`optim.schedule=plateau`): not stepped here, but once per epoch by the runner,
+    # with the validation metric it watches (runner/hooks.py: `epoch_ended`).
+    plateau: Any | None = None
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float):
@@ -42,16 +45,11 @@ def linear_warmup_decay(optimizer: torch.optim.Optimizer, total_steps: int, warm
 def adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.999), eps: float = 1e-6,
           fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW without weight decay on biases and LayerNorm weights (BERT convention)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    from xmodal.core.optim import param_groups
+
     if fused is None:
-        # One fused kernel per group instead of ~10 ops per parameter; torch >= 2.4 has it on CPU too
-        # (on the 2-core CPU it saves ~1.5 ms of a 13 ms tiny-LXMERT step).
         fused = next(model.parameters()).device.type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+    return torch.optim.AdamW(param_groups(model, weight_decay, "matrices"), lr=lr, betas=betas, eps=eps, fused=fused)
 
 
 def train_step(state: TrainState, micro_batches: Sequence[Any], **forward_kwargs) -> dict[str, Tensor]:
@@ -71,8 +69,8 @@ def train_step(state: TrainState, micro_batches: Sequence[Any], **forward_kwargs
             loss = out["loss"] / n
             loss.backward()
         for k, v in out.items():
-            if k == "loss" or k.startswith("loss/"):
-                sums[k] = sums.get(k, 0) + v.detach().float() / n
+            if k == "loss" or k.startswith("loss/"):  # float32 at least (a float64 run keeps its own)
+                sums[k] = sums.get(k, 0) + (v.detach() if v.dtype == torch.float64 else v.detach().float()) / n
     if state.grad_clip > 0:
         sums["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), state.grad_clip).detach()
     state.optimizer.step()

@@ -2,7 +2,8 @@
 
 A store is built in a hidden temporary directory beside the target and renamed into place; an existing
 directory is replaced only with `overwrite`, only when it is a store or set of the same kind, and never
-when it is not a store. A failed write removes only what it created (an empty output folder the user
+when it is not a store or holds files that the store's record (the output policy's, written at publish)
+does not list. A failed write removes only what it created (an empty output folder the user
 made stays). `StagedDir` is that sequence for a writer; `check_target` is also called on its own, before
 a long read, so that a target that will be refused fails first. Imports the standard library only (and
 the data layer's `common`).
@@ -13,11 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from xmodal.base.outputs import (
+    RECORD,
     check_writable_dir,
     discard_partial,
+    foreign_entries,
     missing_parents,
     publish_dir,
     temp_dir_beside,
+    write_record,
 )
 from xmodal.data.common import KINDS, MANIFEST_FILE, StoreError, is_uri, kind_at, kind_name
 
@@ -39,7 +43,8 @@ def check_target(path: Path, overwrite: bool, kind: str) -> None:
     """May a `kind` store or set be written at `path`? Nothing there, or an empty directory: yes (the
     empty directory, e.g. made by the user, is left alone here and replaced only by `publish_dir`, so a
     failed write keeps it). An existing directory: only with `overwrite`, and only if it is a store or
-    set of the same kind; never a directory that is not a store at all. Raises StoreError naming the path."""
+    set of the same kind; never a directory that is not a store at all, nor one that holds files the store's
+record (written at publish) does not list. Raises StoreError naming the path."""
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return
     writing = KINDS[kind]
@@ -59,6 +64,16 @@ def check_target(path: Path, overwrite: bool, kind: str) -> None:
                          "replaces only a store or set of the same kind; choose another path")
     if not overwrite:
         raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
+    foreign = foreign_entries(path, record_command(kind)) if (path / RECORD).is_file() else []
+    if foreign:  # a store written with its record: anything else in the folder is someone's, and stays
+        raise StoreError(f"{path}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
+                         f"which is not part of the store; refusing to replace it even with --overwrite: move "
+                         f"{'it' if len(foreign) == 1 else 'them'} out first")
+
+
+def record_command(kind: str) -> str:
+    """The command a store of `kind` names in its output record (xmodal.base.outputs.RECORD)."""
+    return f"store {kind}"
 
 
 class StagedDir:
@@ -84,6 +99,7 @@ class StagedDir:
             self.discard()
 
     def publish(self) -> None:
+        write_record(self.tmp, record_command(self.kind))
         publish_dir(self.tmp, self.path, lambda: check_target(self.path, self.overwrite, self.kind))
 
     def discard(self) -> None:

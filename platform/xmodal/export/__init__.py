@@ -14,10 +14,10 @@ Targets (`TARGETS`):
   `models/mult_reference.py`) with its `hyp_params` in `hyp_params.json`.
 
 What a target cannot hold is refused before anything is written (an `ExportError` naming the model
-option or variant and the target). `--out` is checked first (`xmodal.base.outputs.check_writable_dir`: a
-place that cannot be written is one error, not a traceback half-way). The output is written into a
-temporary folder beside `--out` and renamed into place at the end (`data/atomic.py: publish_dir`); an
-existing non-empty `--out` is replaced only with `force`. Every output has `xmodal_export.json`: the
+option or variant and the target). `--out` is checked first, under the output policy
+(`xmodal.base.outputs.Output`: a new or empty local folder, or this command's own earlier export, which is
+replaced; with `--overwrite` a folder holding other files, which stay), written into a stage beside it
+and published whole at the end. Every output has `xmodal_export.json`: the
 source, which weights (selected on validation, and on which metric, or the last), the files and the
 notes (what was adapted, e.g. a zero token-type table).
 """
@@ -35,7 +35,7 @@ import torch
 
 from xmodal.base.console import say
 from xmodal.base.errors import UserError
-from xmodal.base.outputs import check_writable_dir
+from xmodal.base.outputs import Output
 from xmodal.export.source import Source, from_checkpoint, from_logged_model, from_run
 
 PROVENANCE_FILE = "xmodal_export.json"
@@ -232,47 +232,33 @@ TARGETS: dict[str, Callable[[Source], Plan]] = {
 # ------------------------------------------------------------------------------- writing
 
 
-def check_output(out: Path | str, force: bool) -> Path:
-    """`--out` must be a local folder, writable (`check_writable_dir`: not under a file, not in a place
-    that refuses new files) and free: absent, an empty folder, or (with `force`) a folder to replace.
-    Returns it made absolute."""
-    if "://" in str(out):
-        raise ExportError(f"--out: {str(out)!r} is a URI; expected a local folder (an export is written here, "
-                          "then copied where it is needed)")
-    out = check_writable_dir(out, "--out")
-    if not out.parent.is_dir():
-        raise ExportError(f"--out: {str(out.parent)!r}, the folder it goes in, does not exist")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"--out: {str(out)!r} exists and is not empty; choose another folder, or pass --force to "
-                          "replace it")
-    return out
-
-
-def export(source: Source, to: str, out: str | Path, force: bool = False) -> ExportResult:
-    """Write `source`'s model for target `to` as the folder `out` (see the module's docstring)."""
-    from xmodal.base.outputs import publish_dir
-
+def export(source: Source, to: str, out: str | Path | Output, overwrite: bool = False) -> ExportResult:
+    """Write `source`'s model for target `to` as the folder `out` (see the module's docstring): checked by
+    the output policy first (`Output`), written into a stage beside it, published whole."""
     if to not in TARGETS:
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
-    out = check_output(out, force)
+    output = out if isinstance(out, Output) else export_output(out, overwrite)
     plan = TARGETS[to](source)  # every refusal happens here, before a file is written
     plan.notes = [*source.notes, *plan.notes]
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        files = plan.write(tmp)
-        (tmp / PROVENANCE_FILE).write_text(json.dumps({
+    with output.stage() as stage:
+        files = plan.write(stage.tmp)
+        (stage.tmp / PROVENANCE_FILE).write_text(json.dumps({
             "target": to, "what": plan.what, "kind": source.kind, "source": source.origin, "run_id": source.run_id,
             "weights": source.weights, "selected_on": source.selected_on, "files": files, "notes": plan.notes},
             indent=2) + "\n")
-        publish_dir(tmp, out, lambda: check_output(out, force))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ExportResult(out, [*files, PROVENANCE_FILE], plan.notes, plan.what)
+        stage.publish()
+    return ExportResult(output.path, [*files, PROVENANCE_FILE], plan.notes, plan.what)
+
+
+def export_output(out: str | Path, overwrite: bool) -> Output:
+    """`--out` under the output policy: a new or empty local folder, or this command's own earlier export
+    (replaced); with `overwrite`, a folder holding other files, which stay."""
+    return Output(out, "--out", "export", overwrite=overwrite)
 
 
 def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str | None = None,
-               logged_model: str | None = None, tracking_uri: str | None = None, force: bool = False) -> ExportResult:
+               logged_model: str | None = None, tracking_uri: str | None = None, overwrite: bool = False
+               ) -> ExportResult:
     """The command line's work: read the one source named, export it, say what was written."""
     from xmodal import tracking
 
@@ -283,7 +269,9 @@ def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str 
                           + (f" (got {', '.join(named)})" if named else ""))
     if to not in TARGETS:  # before a run is downloaded
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
-    check_output(out, force)
+    if logged_model is not None and not logged_model.startswith(("models:/", "runs:/")):
+        raise ExportError(f"--logged-model {logged_model!r}: expected models:/MODEL_ID or runs:/RUN_ID/final_model")
+    output = export_output(out, overwrite)
     with tempfile.TemporaryDirectory(prefix="xmodal-export-") as work:
         if checkpoint is not None:
             source = from_checkpoint(checkpoint)
@@ -292,7 +280,7 @@ def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str 
             tracking.check_existing_store(uri)  # reading never creates a database
             source = (from_run(uri, run_id, Path(work)) if run_id is not None
                       else from_logged_model(uri, logged_model, Path(work)))
-        result = export(source, to, out, force)
+        result = export(source, to, output)
     say(f"[xmodal] exported the {source.kind} model of {source.origin} ({source.describe_weights()}) to "
         f"{result.out}: {result.what}")
     say(f"[xmodal]   files: {', '.join(result.files)}")

@@ -111,7 +111,9 @@ def from_checkpoint(path: str | Path, key: str = "--checkpoint", run_id: str | N
     try:
         state, which = final_weights(folder)
     except Exception as e:  # torch's own errors for a foreign or truncated file
-        raise SourceError(f"{key}: the weights in {where} cannot be read ({type(e).__name__}: {e})") from None
+        first = (str(e).strip().splitlines() or [""])[0][:160]  # torch's own text runs over many lines
+        raise SourceError(f"{key}: the weights in {where} cannot be read ({type(e).__name__}: {first}); expected "
+                          "the model.pt a run's checkpoint holds") from None
     model = bare_model(kind, cfg, state, f"{key}: {where}")
     return Source(kind, model, f"checkpoint {folder}", which, run_id=meta.get("run_id"),
                   vocab=vocab_of(meta.get("store")), config=raw,

@@ -108,3 +108,17 @@ def check_inside(file: str, given: dict[str, np.ndarray], refs: list[ImageRef]) 
             bad = outside(given[r.img_id], size.h, size.w)
             if bad and (size.certain or outside(given[r.img_id], size.w, size.h)):
                 raise ExtractError(f"--boxes-from {file}: img_id {r.img_id!r} ({r.path}): {bad}")
+
+
+def regions_asked(boxes: str | None, boxes_from: str | None, refs: list[ImageRef]
+                  ) -> tuple[tuple[int, int], dict[str, np.ndarray] | None]:
+    """`--boxes` and `--boxes-from` -> (the boxes range, the given boxes by img_id or None), each given box
+    checked inside its image by the image's header."""
+    if boxes is not None and boxes_from is not None:
+        raise ExtractError("--boxes and --boxes-from: give one (--boxes-from takes the boxes from the file)")
+    boxes_range = parse_boxes(boxes or "36")
+    if boxes_from is None:
+        return boxes_range, None
+    given = read_boxes_file(boxes_from, [r.img_id for r in refs])
+    check_inside(str(boxes_from), given, refs)
+    return boxes_range, given

@@ -1,18 +1,21 @@
-"""The Ray Data graph of an extraction: read and decode in CPU tasks, detect in an actor pool.
+"""The Ray Data graph of an extraction: read and decode in CPU tasks, detect in an actor pool, write
+the shards in write tasks; the driver gets each shard's name, ids and rows.
 
     from_items(images to do) -> map_batches(decode_batch)            tasks: bytes (local or URI), OpenCV's
                                                                      decode and the reference's input blob
                              -> map_batches(DetectorActor)           actors: the detector, a share of a GPU
                                                                      each when the cluster has GPUs
-                             -> iter_batches on the driver           the job writes chunks as they come
+                             -> map_batches(write.write_batch)       tasks: `--images-per-shard` images a
+                                                                     shard, written to the output's place
+                             -> iter_batches on the driver           one small record a shard
 
 A decoded image travels as the network's input blob, made where it is decoded exactly as the reference's
 `_get_image_blob` makes it with OpenCV (`prepare_blob`: float32 (h, w, 3) bytes and the scale), or, for a
 detector configured to resize on its device ("generic"), as its raw BGR bytes; a rejected one travels
 with its reason and no pixels, through the actors (which pass it on) to the driver, which lists it. An
 actor runs `Detector.detect` over its whole batch on its device and copies the regions back once; its
-output is padded to the run's `num_objects` slots (`chunks.Regions`). The only module of the package that
-imports Ray Data.
+output is padded to the run's `num_objects` slots (`write.Regions`), and carries each image's path, source,
+size and modification time on to the write tasks. The only module of the package that imports Ray Data.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,49 +30,11 @@ import pyarrow as pa
 import ray.data
 
 from xmodal.base import console
+from xmodal.extract.spec import DetectorSpec
+from xmodal.extract.write import BOXES, IMAGE, ShardWrite, write_batch
 
-# A reject's kind: a file that is not a usable image (counted against --max-rejected), or a given box
-# outside its image (an error in --boxes-from: the run fails).
-IMAGE, BOXES = "image", "boxes"
-
-
-@dataclass(frozen=True)
-class DetectorSpec:
-    """How an actor builds its detector (pickled to every actor)."""
-
-    weights: str | None  # the weights file; None: random weights (tests and benchmarks)
-    weights_sha256: str | None = None  # the file the driver checked: an actor whose copy differs refuses it
-    layout: str = "auto"
-    tiny: bool = False
-    seed: int = 0
-    boxes_range: tuple[int, int] = (36, 36)
-    given: bool = False  # boxes come with the images (--boxes-from)
-    precision: str = "fp32"  # `detector.PRECISIONS`: fp32 (exact), tf32, bf16
-    num_objects: int = 36
-    input_size: tuple[int, int] = (600, 1000)  # InputConfig's scale and max_size: --input-size
-    threads: int | None = None  # a CPU actor's torch threads (`resources.cpu_threads`); None: as Ray set them
-
-    def config(self):
-        from xmodal.models.butd.config import DetectorConfig
-
-        cfg = (DetectorConfig.tiny() if self.tiny else DetectorConfig()).with_boxes(self.boxes_range)
-        return cfg.replace_in("input", scale=self.input_size[0], max_size=self.input_size[1])
-
-    def build(self):
-        from xmodal.models.butd.detector import random_detector
-
-        cfg = self.config()
-        if self.weights is None:
-            return random_detector(cfg, seed=self.seed)
-        from xmodal.core.checkpoint import sha256_of
-        from xmodal.models.butd.weights import WeightsError, load_detector
-
-        # On a cluster each node reads its own copy of the path: one that differs from the file the
-        # driver checked (another version, a file replaced mid-run) would give other features silently.
-        if self.weights_sha256 is not None and (found := sha256_of(Path(self.weights))) != self.weights_sha256:
-            raise WeightsError(f"{self.weights}: sha256 {found} on this node, not the {self.weights_sha256} the "
-                               "driver checked; give every node the same weights file")
-        return load_detector(self.weights, layout=self.layout, cfg=cfg)
+CARRIED = ("path", "source", "size", "mtime")  # what the actors pass on to the write tasks, image by image
+WRITE_CPUS = 0.25  # a write task's CPU reservation: it encodes and sends a shard, mostly waiting on I/O
 
 
 def prepare_blob(image_bgr: np.ndarray, cfg) -> tuple[np.ndarray, float]:
@@ -170,7 +133,8 @@ class DetectorActor:
         width, k = self.detector.cfg.feature_dim, s.num_objects
         out: dict[str, Any] = {
             "img_id": np.array([r["img_id"] for r in rows], dtype=object),
-            "path": np.array([r["path"] for r in rows], dtype=object),
+            **{c: np.array([r[c] for r in rows], dtype=np.int64 if c in ("size", "mtime") else object)
+               for c in CARRIED},
             "reject": np.array([r["reject"] for r in rows], dtype=object),
             "reject_kind": np.array([r["reject_kind"] for r in rows], dtype=object),
             "img_h": np.zeros(n, np.int32), "img_w": np.zeros(n, np.int32), "num_boxes": np.zeros(n, np.int32),
@@ -196,20 +160,22 @@ class DetectorActor:
         return out
 
 
-def run(items: Sequence[dict[str, Any]], spec: DetectorSpec, *, batch_size: int, actors: int,
-        gpus_per_actor: float, decode_tasks: int) -> Iterator[dict[str, np.ndarray]]:
-    """The regions of `items` ({"path", "img_id", "given": float32 bytes or b""}), batch by batch, in the
-    order they finish. gpus_per_actor: 0 on CPU; a fraction puts several actors on one GPU."""
+def run(items: Sequence[dict[str, Any]], spec: DetectorSpec, write: ShardWrite, *, batch_size: int, actors: int,
+        gpus_per_actor: float, decode_tasks: int, images_per_shard: int) -> Iterator[pa.Table]:
+    """Extract `items` ({"path", "img_id", "given": float32 bytes or b"", and the `CARRIED` fields}) and
+    write them as shards of `images_per_shard` images; yields the write tasks' records (`write.RECORD`)
+    as they finish. gpus_per_actor: 0 on CPU; a fraction puts several actors on one GPU."""
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = console.verbose()
     console.quiet_ray_data(logging.getLogger("ray.data"))
     blocks = max(1, min(len(items), (len(items) + batch_size - 1) // batch_size))
     ds = ray.data.from_items(list(items), override_num_blocks=blocks)
-    input_cfg = spec.config().input
-    ds = ds.map_batches(decode_batch, fn_kwargs={"resize": input_cfg.resize, "input_cfg": input_cfg},
+    ds = ds.map_batches(decode_batch, fn_kwargs={"resize": spec.cfg.input.resize, "input_cfg": spec.cfg.input},
                         batch_size=batch_size, batch_format="pyarrow", num_cpus=1,
                         compute=ray.data.TaskPoolStrategy(size=max(1, decode_tasks)))
     ds = ds.map_batches(DetectorActor, fn_constructor_kwargs={"spec": spec}, batch_size=batch_size,
                         batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=max(1, actors)), num_cpus=1,
                         num_gpus=gpus_per_actor)
-    return ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=1)
+    ds = ds.map_batches(write_batch, fn_kwargs={"write": write}, batch_size=images_per_shard, batch_format="numpy",
+                        num_cpus=WRITE_CPUS, compute=ray.data.TaskPoolStrategy(size=max(1, actors)))
+    return ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1)

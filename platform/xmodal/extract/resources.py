@@ -176,3 +176,54 @@ def cluster_view(probe_gpu: bool = True) -> Cluster:
     return Cluster(cpus=int(total.get("CPU", 0)), gpus=tuple(g for g in nodes if g > 0) or (0.0,),
                    memory=int(total.get("memory", 0)), gpu_memory=gpu_memory,
                    node_cpus=tuple(int(n["Resources"].get("CPU", 0)) for n in alive))
+
+
+PROBE_TIMEOUT_S = 120.0
+
+
+def probe_nodes(out: str, folder: str, record: str) -> None:
+    """Before any work: every alive node but the driver's, where write tasks may run, sees the driver's
+    `record` (a file it just wrote at the output's root) and can write into `folder`, by one small task
+    each, pinned there. A local OUT that is not on a file system every host shares (or that a host may
+    not write), or an `s3://` OUT a host has no credentials for, fails here naming the host."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+    if not nodes:
+        return
+    task = ray.remote(num_cpus=0, max_retries=0)(_probe)
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+        folder, record) for n in nodes]
+    for n, ref in zip(nodes, refs, strict=True):
+        try:
+            why = ray.get(ref, timeout=PROBE_TIMEOUT_S)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError) as e:
+            why = f"did not answer a probe task ({type(e).__name__})"
+        if why:
+            raise ExtractError(f"OUT {out}: the worker host {n['NodeManagerAddress']} {why}; the shards are written "
+                               "by tasks on every host, so OUT must be on a file system every host shares and may "
+                               "write (or an s3:// prefix every host has credentials for)")
+
+
+def _probe(folder: str, record: str) -> str:
+    """Why this node cannot write the output's shards ("" when it can)."""
+    import uuid
+
+    import pyarrow as pa
+
+    from xmodal.data.common import Location
+
+    try:
+        Location(record).read_bytes()
+    except OSError as e:
+        return f"does not see the file the driver wrote at {record} ({type(e).__name__}: {e})"
+    probe = Location(folder) / f".probe-{uuid.uuid4().hex[:8]}"
+    try:
+        with probe.fs.open_output_stream(probe.fs_path) as f:
+            f.write(b"probe")
+        probe.fs.delete_file(probe.fs_path)
+    except (OSError, pa.ArrowException) as e:
+        return f"cannot write into {folder} ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})"
+    return ""

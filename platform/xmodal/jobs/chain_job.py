@@ -9,7 +9,11 @@ the fine-tuning stage's (e.g. valid/accuracy): its run is the one that reports t
 
 from __future__ import annotations
 
+import re
+
 from xmodal.base import run_tags
+from xmodal.config.experiment import ConfigError
+from xmodal.config.paths import config_has
 from xmodal.jobs.chain_config import PretrainFinetuneConfig
 from xmodal.jobs.finetune_config import FinetuneInit
 from xmodal.jobs.finetune_init import Init
@@ -17,7 +21,7 @@ from xmodal.jobs.finetune_job import FinetuneJob, started_from
 from xmodal.jobs.pretrain_job import PretrainJob
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.runner.hooks import say
-from xmodal.runner.spec import CheckedStages, RunResult, StagedJob, Trial
+from xmodal.runner.spec import CheckedRun, CheckedStages, RunResult, StagedJob, Trial
 
 
 def stages(cfg: PretrainFinetuneConfig, name: str):
@@ -41,13 +45,15 @@ class ChainJob(StagedJob):
     def check_stages(self, cfg: PretrainFinetuneConfig, check) -> CheckedStages:
         """Both stages, once, before either starts: the fine-tuning stage as it will run, on the
         pretraining stage's architecture (its weights do not exist yet: `run_stages` resolves them)."""
-        pre, fine = stages(cfg, cfg.mlflow.run_name or "chain")
-        first = check(PretrainJob(), pre)
+        pre, fine = stages(cfg, cfg.mlflow.run_name)
+        first = _stage_check(check, "pretrain", PretrainJob(), pre)
         fine = fine.model_copy(update={"init": FinetuneInit(source="scratch")})  # `started_from` sets it
-        return CheckedStages([first, check(_OnArchitecture(first.prepared.cfg.model), fine)])
+        return CheckedStages(cfg, [first, _stage_check(check, "finetune", _OnArchitecture(first.prepared.cfg.model),
+                                                       fine)])
 
-    def run_stages(self, cfg: PretrainFinetuneConfig, checked: CheckedStages, run, source: str,
-                   parent_run_id: str | None, tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
+    def run_stages(self, checked: CheckedStages, run, source: str, parent_run_id: str | None,
+                   tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
+        cfg = checked.cfg
         name = cfg.mlflow.run_name
         pre, fine = stages(cfg, name)
         # The pretraining stage is a child of the same parent, but not a trial: reports count trials only.
@@ -64,6 +70,19 @@ class ChainJob(StagedJob):
         fine_tags = {run_tags.CHAIN_STAGE: "finetune", run_tags.PRETRAIN_RUN_ID: first.run_id, **(tags or {})}
         return run(FinetuneJob(), fine, source, parent_run_id, fine_tags, trial,
                    checked=started_from(checked.stages[1], init))
+
+
+def _stage_check(check, stage: str, spec, cfg) -> CheckedRun:
+    """A stage's check, its errors naming the chain's keys: `examples.split: ...` of the fine-tuning stage
+    is the chain's `finetune.examples.split`."""
+    try:
+        return check(spec, cfg)
+    except ConfigError as e:
+        text = str(e)
+        key = re.match(r"[a-z_]\w*(?:\.\w+)*", text)  # a message that starts with a key names it
+        if key and config_has(type(cfg), key.group(0)):
+            raise ConfigError(f"{stage}.{text}") from None
+        raise
 
 
 class _OnArchitecture(FinetuneJob):

@@ -5,27 +5,30 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from xmodal.base.bounds import PosInt, Seed
 from xmodal.config.experiment import (
     CROSS_USE,
     EMBEDDED_USE,
     FAULT_SEED_USE,
+    PLATEAU_USE,
+    WARMUP_USE,
     JobConfig,
     MlflowConfig,
-    OptimConfig,
     RobustSection,
     ScaleConfig,
     Section,
     TrainConfig,
     Use,
     check_batch,
+    check_plateau,
     store_field,
 )
+from xmodal.config.recipes import recipes_for
 from xmodal.core.robustness import FINETUNE_CONDITIONS, FinetuneCondition
 from xmodal.data.options import SyntheticLxmertOptions
-from xmodal.jobs.pretrain_config import embedded_lxmert_store
+from xmodal.jobs.pretrain_config import LxmertOptimConfig, embedded_lxmert_store
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
@@ -108,7 +111,15 @@ class FinetuneExamplesConfig(Section):
     cross-attention. 0 = off."""
 
     count: int = Field(16, ge=0, le=1000)
-    split: str = "valid"  # a split the run evaluates: any of its set's but train
+    split: str = Field("valid", min_length=1)  # a split the run evaluates: any of its set's but train
+
+    @field_validator("split")
+    @classmethod
+    def _evaluated(cls, split: str) -> str:
+        # known without the set (which may be the embedded one, not built yet): train is never evaluated
+        if split == "train":
+            raise ValueError("'train' is not a split the run evaluates; expected one of its set's others (e.g. valid)")
+        return split
 
 
 class FinetuneConfig(JobConfig):
@@ -116,6 +127,8 @@ class FinetuneConfig(JobConfig):
     from-scratch run; initialised from pretrained weights, the architecture is the checkpoint's."""
 
     task: Literal["vqa", "gqa", "nlvr2"] = "vqa"
+    RECIPES = recipes_for("finetune")
+    recipe: str | None = None  # config/recipes.py: lxmert-vqa, lxmert-gqa, lxmert-nlvr2, lxmert-nlvr2-paper
     PRESETS = LXMERT_PRESETS
     preset: Literal["small", "paper", "tiny"] = "small"
     model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
@@ -129,7 +142,7 @@ class FinetuneConfig(JobConfig):
     data: FinetuneDataConfig = Field(default_factory=FinetuneDataConfig)
     # Paper: lr 1e-5 or 5e-5, batch 32, 4 epochs. The embedded default: the paper's 5e-5, one epoch of
     # the synthetic set's 5,400 questions (168 steps).
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_ratio=0.1))
+    optim: LxmertOptimConfig = Field(default_factory=lambda: LxmertOptimConfig(lr=5e-5, warmup_ratio=0.1))
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
         epochs=1, batch_size=32, eval_every=50, log_every=10, best_metric="valid/accuracy"))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
@@ -161,7 +174,7 @@ class FinetuneConfig(JobConfig):
         Use("model", lambda c: c.init.source in ("scratch", "latest"), _SCRATCH,
             lambda c: f"init.source={c.init.source} takes the architecture from its weights",
             "drop it, or fine-tune from scratch (--init scratch)"),
-        CROSS_USE, FAULT_SEED_USE,
+        CROSS_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
     )
 
     @model_validator(mode="after")
@@ -171,4 +184,5 @@ class FinetuneConfig(JobConfig):
         if self.train.best_metric not in valid:
             raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured on {self.task}; "
                              f"valid: {', '.join(valid)}")
+        check_plateau(self.optim, valid, f"on {self.task}")
         return self

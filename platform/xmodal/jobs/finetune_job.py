@@ -116,6 +116,7 @@ class FinetuneJob(JobSpec):
 
     # ------------------------------------------------ model
     def build_objective(self, cfg: FinetuneConfig, data):
+        from xmodal.models.lxmert import no_grad_row0
         from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
         from xmodal.objectives.finetune import FinetuneObjective
 
@@ -123,6 +124,8 @@ class FinetuneJob(JobSpec):
             model = LxmertForNlvr2(cfg.model, output=cfg.nlvr2_output)
         else:
             model = LxmertForQuestionAnswering(cfg.model, data.num_answers)
+        if cfg.optim.embedding_row0 == "no_grad":
+            no_grad_row0(model)
         return FinetuneObjective(model, cfg.task, qa_loss=cfg.qa_loss)
 
     # ------------------------------------------------ worker
@@ -151,11 +154,12 @@ class FinetuneJob(JobSpec):
             if split != "valid" and has_labels(w.data.split(split)):  # a test split may come unlabelled
                 final.update(split_metrics(w.cfg.task, w.data, split, p))
             if folder is not None:
-                (folder / "predictions").mkdir(exist_ok=True)
                 write_predictions(w.cfg.task, w.data, split, p, folder / "predictions")
         if folder is not None:
+            from xmodal.jobs.predictions import write_atomic
+
             selected = {"best": w.selection.score, **w.selection.valid, **final}
-            (folder / "predictions" / "selected.json").write_text(json.dumps(selected, indent=2))
+            write_atomic(folder / "predictions" / "selected.json", json.dumps(selected, indent=2))
         return {**final, **robust_metrics(w, "valid")}
 
 

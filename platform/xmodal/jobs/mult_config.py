@@ -11,6 +11,8 @@ from xmodal.base.bounds import Seed
 from xmodal.config.experiment import (
     EMBEDDED_USE,
     FAULT_SEED_USE,
+    PLATEAU_USE,
+    WARMUP_USE,
     JobConfig,
     MlflowConfig,
     OptimConfig,
@@ -20,8 +22,10 @@ from xmodal.config.experiment import (
     TrainConfig,
     Use,
     check_batch,
+    check_plateau,
     store_field,
 )
+from xmodal.config.recipes import recipes_for
 from xmodal.core.robustness import MULT_CONDITIONS, MultCondition
 from xmodal.data.options import SyntheticMultOptions
 from xmodal.models.mult_config import PRESETS as MULT_PRESETS
@@ -57,6 +61,9 @@ class MultTrainConfig(JobConfig):
     `preset=reference` (or `paper_mosei`, ...) and `optim.lr=1e-3` (the reference's rate)."""
 
     PRESETS = MULT_PRESETS
+    RECIPES = recipes_for("mult")
+    # config/recipes.py: mult-reference, mult-mosei-paper, mult-mosi-paper, mult-iemocap-paper
+    recipe: str | None = None
     preset: Literal["small", "reference", "paper_mosei", "paper_mosi", "paper_iemocap", "tiny"] = "small"
     model: MultConfig = Field(default_factory=lambda: MULT_PRESETS["small"])
     regression_loss: Literal["l1", "l2", "smooth_l1"] = "l1"
@@ -68,7 +75,7 @@ class MultTrainConfig(JobConfig):
     robust: MultRobustConfig = Field(default_factory=MultRobustConfig)
     data: MultDataConfig = Field(default_factory=MultDataConfig)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(
-        lr=3e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))
+        name="adam", lr=3e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
         epochs=12, batch_size=24, eval_every=50, log_every=10, best_metric="valid/mae", best_mode="min"))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
@@ -83,7 +90,7 @@ class MultTrainConfig(JobConfig):
             lambda c: f"robust.conditions={list(c.robust.conditions)}"),
         Use("robust.seed", lambda c: _has_noise(c.robust.conditions), "by the noise_* conditions "
             "(in robust.conditions; zero_* draws nothing)", lambda c: f"robust.conditions={list(c.robust.conditions)}"),
-        EMBEDDED_USE, FAULT_SEED_USE,
+        EMBEDDED_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
     )
 
     @model_validator(mode="after")
@@ -98,8 +105,9 @@ class MultTrainConfig(JobConfig):
         # The embedded store is a sentiment set; a named store's task is checked again once it is opened.
         tasks = ["sentiment"] if self.data.store is None else list(MULT_METRICS)
         valid = mult_valid_metrics(*tasks)
+        what = "on the embedded (sentiment) store" if self.data.store is None else "on a sentiment or emotions store"
         if self.train.best_metric not in valid:
-            what = "on the embedded (sentiment) store" if self.data.store is None else "on a sentiment or emotions store"
             raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured {what}; "
                              f"valid: {', '.join(valid)}")
+        check_plateau(self.optim, valid, what)
         return self

@@ -4,7 +4,7 @@ Workers read their own row groups of the train split through Ray Data (the same 
 reproducible, exact resume), evaluate on the validation split every `eval_every` steps, keep the
 best model by `train.best_metric`, and at the end evaluate the TEST split once, with that selected
 model, and then once per `robust.conditions` with the inputs perturbed (`robust/<condition>/<metric>`,
-xmodal.core.robustness). Optimiser: Adam, as the reference code. With `seeds`, the engine runs
+xmodal.core.robustness). Optimiser: `optim.name` (Adam by default, as the reference code). With `seeds`, the engine runs
 one run per seed under a parent run with every metric's mean and std.
 """
 
@@ -37,7 +37,6 @@ class MultJob(JobSpec):
     name = "mult"
     config_class = MultTrainConfig
     run_name = "mult-{cfg.model.variant}"
-    optimizer = "adam"
     selects_on_validation = True
 
     # ------------------------------------------------ data
@@ -101,6 +100,12 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
     model = dataclasses.replace(cfg.model, l_dim=dims["text"], a_dim=dims["audio"], v_dim=dims["vision"],
                                 output_dim=out).validate()
     valid = mult_valid_metrics(store.task)
+    if cfg.optim.schedule == "plateau" and not store.manifest.rows.get("valid"):
+        raise ConfigError(f"optim.schedule: the plateau watches {cfg.optim.plateau.metric} at every epoch's end, but "
+                          f"the store {store.path} has no valid split (it has {', '.join(store.manifest.rows)})")
+    if cfg.optim.schedule == "plateau" and cfg.optim.plateau.metric not in valid:
+        raise ConfigError(f"optim.plateau.metric: {cfg.optim.plateau.metric!r} is not measured on a {store.task} "
+                          f"store; valid: {', '.join(valid)}")
     if cfg.train.best_metric not in valid:
         raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not measured on a {store.task} store; "
                           f"valid: {', '.join(valid)}")

@@ -1,6 +1,6 @@
 """Prediction files in the shapes the benchmarks' evaluation servers take (as the reference
-airsplay/lxmert writes them). Standard library only; every file is written atomically
-(a temporary file in the same folder, then `os.replace`), so a reader never sees half a file.
+airsplay/lxmert writes them). Standard library only; every file is written through the output policy
+(`xmodal.base.outputs`: staged beside its place and published whole), so a reader never sees half a file.
 
 - VQA: a JSON list of {"answer": str, "question_id": int} (reference `VQAEvaluator.dump_result`;
   the VQA server wants integer ids, so pass them as ints).
@@ -16,27 +16,22 @@ from __future__ import annotations
 import json
 import operator
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from xmodal.base.outputs import Output
+
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` to `path` through a temporary file in the same folder and `os.replace`."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+    """Write `text` as the file `path` (replacing the run's earlier one): staged beside it, synced, published
+    whole."""
+    with Output(path, "predictions file", "finetune", file=True, overwrite=True).stage() as stage:
+        with open(stage.tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+        return stage.publish()
 
 
 def _same_length(what: str, a: Sequence[Any], b: Sequence[Any]) -> None:

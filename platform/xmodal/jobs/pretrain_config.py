@@ -12,20 +12,35 @@ from xmodal.config.experiment import (
     CROSS_USE,
     EMBEDDED_USE,
     FAULT_SEED_USE,
+    PLATEAU_USE,
+    WARMUP_USE,
     JobConfig,
     MlflowConfig,
     OptimConfig,
+    PlateauConfig,
     ScaleConfig,
     Section,
     TrainConfig,
     Use,
     check_batch,
+    check_plateau,
     store_field,
 )
+from xmodal.config.recipes import recipes_for
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
 from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert import LxmertConfig
 from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metrics
+
+
+class LxmertOptimConfig(OptimConfig):
+    """The optimizer section of the LXMERT jobs: the shared one, and what their embeddings' row 0 does."""
+
+    # train: row 0 of the position and token-type embeddings (the [CLS] position; token type 0, every token
+    # of a single-sentence task) trains like any row. no_grad: as the reference's nn.Embedding(...,
+    # padding_idx=0), the lookups pass row 0 no gradient (weight decay still moves it, as under BertAdam).
+    # The word embedding's row 0 is [PAD], which gets no lookup gradient either way.
+    embedding_row0: Literal["train", "no_grad"] = "train"
 
 
 class PretrainExamplesConfig(Section):
@@ -68,6 +83,8 @@ class PretrainConfig(JobConfig):
     """LXMERT pretraining: `jobs/pretrain.py`."""
 
     PRESETS = LXMERT_PRESETS
+    RECIPES = recipes_for("pretrain")
+    recipe: str | None = None  # config/recipes.py: lxmert-pretrain, lxmert-pretrain-paper
     preset: Literal["small", "paper", "tiny"] = "small"
     model: LxmertConfig = Field(default_factory=lambda: LXMERT_PRESETS["small"])
     tasks: PretrainTasks = Field(default_factory=PretrainTasks)
@@ -76,7 +93,8 @@ class PretrainConfig(JobConfig):
     data: LxmertDataConfig = Field(default_factory=LxmertDataConfig)
     examples: PretrainExamplesConfig = Field(default_factory=PretrainExamplesConfig)
     # The small preset on the embedded store learns fastest at 2e-3; paper runs use 1e-4.
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3))
+    optim: LxmertOptimConfig = Field(default_factory=lambda: LxmertOptimConfig(
+        lr=2e-3, plateau=PlateauConfig(metric="eval/loss")))
     # The embedded default: about 3 minutes on a 2-core CPU. Paper runs set epochs=20, batch_size=256.
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(epochs=8, batch_size=64, eval_every=500))
     scale: ScaleConfig = Field(default_factory=ScaleConfig)
@@ -98,7 +116,9 @@ class PretrainConfig(JobConfig):
             lambda c: "tasks.qa=false"),
         Use("data.masking.qa_target", lambda c: c.tasks.qa, "by the QA task (tasks.qa=true)",
             lambda c: "tasks.qa=false"),
-        EMBEDDED_USE, CROSS_USE, FAULT_SEED_USE,
+        Use("tasks.feat_loss_mean", lambda c: c.tasks.obj_feat, "by the feature-regression task "
+            "(tasks.obj_feat=true)", lambda c: "tasks.obj_feat=false"),
+        EMBEDDED_USE, CROSS_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
     )
 
     @model_validator(mode="after")
@@ -122,4 +142,8 @@ class PretrainConfig(JobConfig):
         if self.train.best_metric not in valid:
             raise ValueError(f"train.best_metric: {self.train.best_metric!r} is not measured with these tasks; "
                              f"valid: {', '.join(valid)}")
+        check_plateau(self.optim, valid, "on minival with these tasks")
+        if self.optim.schedule == "plateau" and self.data.store is None and self.data.synthetic.minival_fraction == 0:
+            raise ValueError("optim.schedule = 'plateau': it watches optim.plateau.metric on minival at every epoch's "
+                             "end, but data.synthetic.minival_fraction = 0 builds no minival")
         return self

@@ -20,7 +20,7 @@ from xmodal.base import run_tags
 from xmodal.config.experiment import ConfigError
 from xmodal.core.loop import evaluate_sums, ratios
 from xmodal.jobs.pretrain_config import PretrainConfig
-from xmodal.models.lxmert import LxmertForPretraining
+from xmodal.models.lxmert import LxmertForPretraining, no_grad_row0
 from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
 from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 
@@ -41,6 +41,9 @@ class PretrainJob(JobSpec):
             inputs, cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
             open_store, "python jobs/ingest.py lxmert|synthetic {path}")
         cfg = with_store_dims(cfg, store)
+        if cfg.optim.schedule == "plateau" and not store.manifest.sentences("minival"):
+            raise ConfigError(f"optim.schedule: the plateau watches {cfg.optim.plateau.metric} on minival at every "
+                              f"epoch's end, but the store {store.path} has no minival sentences")
         builder = batch_builder(cfg, store)  # checks the masking options against the store's vocabulary
         return PreparedJob(
             cfg, store, str(store.path), train_examples=store.manifest.sentences("train"), units=store.units("train"),
@@ -57,7 +60,10 @@ class PretrainJob(JobSpec):
 
     # ------------------------------------------------ model
     def build_objective(self, cfg: PretrainConfig, store) -> PretrainingObjective:
-        return PretrainingObjective(LxmertForPretraining(cfg.model), cfg.tasks)
+        model = LxmertForPretraining(cfg.model)
+        if cfg.optim.embedding_row0 == "no_grad":
+            no_grad_row0(model)
+        return PretrainingObjective(model, cfg.tasks)
 
     def step_kwargs(self, cfg: PretrainConfig) -> Callable[[int], dict[str, Any]]:
         return task_schedule(cfg)

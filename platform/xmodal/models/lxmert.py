@@ -104,10 +104,14 @@ class LxmertOutput(NamedTuple):
 
 
 class WordEmbedding(nn.Module):
-    """LayerNorm(WordEmbed(w) + IdxEmbed(i) [+ TypeEmbed(0)]) (paper §2.1)."""
+    """LayerNorm(WordEmbed(w) + IdxEmbed(i) [+ TypeEmbed(0)]) (paper §2.1). With `row0_grad` off
+    (`no_grad_row0`), row 0 of the position and token-type embeddings gets no gradient from here, as
+    the reference's nn.Embedding(..., padding_idx=0) lookups give it none (the same values: only the
+    backward differs)."""
 
     def __init__(self, c: LxmertConfig):
         super().__init__()
+        self.row0_grad = True
         self.word = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=0)
         self.position = nn.Embedding(c.max_positions, c.hidden_size)
         self.token_type = nn.Embedding(2, c.hidden_size) if c.token_type_embedding else None
@@ -115,10 +119,32 @@ class WordEmbedding(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        x = self.word(input_ids) + self.position.weight[: input_ids.shape[1]]  # (B, T, D)
-        if self.token_type is not None:
-            x = x + self.token_type.weight[0]
+        t = input_ids.shape[1]
+        if self.row0_grad:
+            positions = self.position.weight[:t]  # (T, D)
+            type0 = self.token_type.weight[0] if self.token_type is not None else None
+        else:  # the reference's lookups, whose padding_idx=0 passes row 0 no gradient (the others get theirs)
+            positions = self.position(torch.arange(t, device=input_ids.device))
+            zero = torch.zeros((), dtype=torch.long, device=input_ids.device)
+            type0 = self.token_type(zero) if self.token_type is not None else None
+        x = self.word(input_ids) + positions  # (B, T, D)
+        if type0 is not None:
+            x = x + type0
         return self.dropout(self.norm(x))
+
+
+def no_grad_row0(model: nn.Module) -> nn.Module:
+    """Every word embedding of `model` passes row 0 of its position and token-type tables no gradient, as
+    the reference's nn.Embedding(..., padding_idx=0) lookups do (its word table's row 0, [PAD], gets none
+    in either case). The weights are untouched; rows the batch does not use still get a (zero) gradient,
+    so a decay that the optimizer applies to them applies as in the reference."""
+    for m in model.modules():
+        if isinstance(m, WordEmbedding):
+            m.row0_grad = False
+            m.position.padding_idx = 0
+            if m.token_type is not None:
+                m.token_type.padding_idx = 0
+    return model
 
 
 class ObjectEmbedding(nn.Module):

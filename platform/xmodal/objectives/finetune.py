@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from xmodal.core.batches import Nlvr2Batch, VqaBatch
 from xmodal.models.lxmert import LxmertEncoder
 from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.objectives import loss_precision
 
 Task = Literal["vqa", "gqa", "nlvr2"]
 TASKS: tuple[str, ...] = ("vqa", "gqa", "nlvr2")
@@ -136,19 +137,19 @@ class FinetuneObjective(nn.Module):
 
     def forward(self, batch: VqaBatch | Nlvr2Batch, with_metrics: bool = False,
                 with_predictions: bool = False) -> dict[str, Tensor]:
-        logits = self.logits(batch).float()  # losses in fp32 under autocast
+        logits = loss_precision(self.logits(batch))  # losses in fp32 under autocast
         res: dict[str, Tensor] = {}
         if self.task == "nlvr2":
             labels = batch.labels
             if logits.shape[-1] == 1:
-                loss = F.binary_cross_entropy_with_logits(logits[:, 0], labels.float())
+                loss = F.binary_cross_entropy_with_logits(logits[:, 0], labels.to(logits.dtype))
             else:
                 loss = F.cross_entropy(logits, labels)
             if with_metrics:
                 res["accuracy/correct"] = (self._nlvr2_pred(logits.detach()) == labels).sum()
                 res["accuracy/count"] = labels.new_tensor(labels.numel())
         else:
-            targets = batch.targets.float()  # (B, A)
+            targets = loss_precision(batch.targets)  # (B, A)
             num_answers = logits.shape[-1]
             if self.qa_loss == "bce":
                 loss = F.binary_cross_entropy_with_logits(logits, targets)

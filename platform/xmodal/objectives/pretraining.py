@@ -26,6 +26,7 @@ from torch import Tensor
 from xmodal.base.bounds import PosFloat
 from xmodal.core.batches import LxmertBatch
 from xmodal.models.lxmert import LxmertForPretraining
+from xmodal.objectives import loss_precision
 
 TASKS: tuple[str, ...] = ("mlm", "obj_feat", "obj_label", "matching", "qa")
 IGNORE = -100
@@ -42,6 +43,9 @@ class PretrainTasks:
     qa: bool = True
     # Paper: L2; reference: SmoothL1 averaged over the feature dims.
     feat_loss: Literal["l2", "smooth_l1"] = "l2"
+    # The masked objects' feature losses divided by the number of masked objects ("masked") or of all
+    # real objects ("all": the reference's `(loss * feat_mask).mean()`, which its 1 / 0.15 scales back).
+    feat_loss_mean: Literal["masked", "all"] = "masked"
     # Paper: masked objects; reference: all objects, weighted by detector confidence.
     label_objects: Literal["masked", "all"] = "masked"
     label_confidence_weighted: bool = False
@@ -53,7 +57,7 @@ class PretrainTasks:
 
     @classmethod
     def reference(cls) -> PretrainTasks:
-        return cls(feat_loss="smooth_l1", label_objects="all", label_confidence_weighted=True,
+        return cls(feat_loss="smooth_l1", feat_loss_mean="all", label_objects="all", label_confidence_weighted=True,
                    visual_loss_scale=1 / 0.15)
 
     def replace(self, **changes) -> PretrainTasks:
@@ -112,7 +116,7 @@ def pretraining_losses(
 
     if "mlm" in run:
         sel = batch.mlm_labels != IGNORE  # (B, T)
-        logits = model.mlm_head(out.lang).float()  # (B, T, V): every word, the loss keeps the masked ones
+        logits = loss_precision(model.mlm_head(out.lang))  # (B, T, V): every word, the loss keeps the masked ones
         target = batch.mlm_labels.clamp(min=0)
         ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(sel)
         res["loss/mlm"] = _masked_mean(ce, sel)
@@ -124,7 +128,7 @@ def pretraining_losses(
         _object_losses(model, out.visn, batch, tasks, run, with_metrics, res)
 
     if "matching" in run:
-        logits = model.match_head(out.pooled).float()  # (B, 2)
+        logits = loss_precision(model.match_head(out.pooled))  # (B, 2)
         res["loss/matching"] = F.cross_entropy(logits, batch.is_matched)
         if with_metrics:
             res["match_acc/correct"] = (logits.argmax(-1) == batch.is_matched).sum()
@@ -133,7 +137,7 @@ def pretraining_losses(
     if "qa" in run:
         # Only matched pairs carry a QA target (paper §3.1.3).
         sel = (batch.qa_labels != IGNORE) & (batch.is_matched == 1)  # (B,)
-        logits = model.qa_head(out.pooled).float()  # (B, A)
+        logits = loss_precision(model.qa_head(out.pooled))  # (B, A)
         target = batch.qa_labels.clamp(min=0)
         res["loss/qa"] = _masked_mean(F.cross_entropy(logits, target, reduction="none"), sel)
         if with_metrics:
@@ -153,13 +157,17 @@ def _object_losses(model: LxmertForPretraining, visn: Tensor, batch: LxmertBatch
     h = model.object_heads.transform(visn)  # (B, N, D); the losses keep `need`
 
     if "obj_feat" in run:
-        pred = model.object_heads.feat(h).float()  # (B, N, F)
-        target = batch.feat_targets.float()
+        pred = loss_precision(model.object_heads.feat(h))  # (B, N, F)
+        target = batch.feat_targets.to(pred.dtype)
         if tasks.feat_loss == "l2":
             per_obj = F.mse_loss(pred, target, reduction="none").mean(-1)
         else:
             per_obj = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
-        res["loss/obj_feat"] = tasks.visual_loss_scale * _masked_mean(per_obj, masked)
+        if tasks.feat_loss_mean == "masked":
+            feat = _masked_mean(per_obj, masked)
+        else:
+            feat = (per_obj * masked.to(per_obj.dtype)).sum() / batch.visual_mask.sum().clamp(min=1)
+        res["loss/obj_feat"] = tasks.visual_loss_scale * feat
         if with_metrics:
             mse = F.mse_loss(pred, target, reduction="none").mean(-1)
             res["feat_mse/correct"] = (mse * masked).sum().detach()
@@ -172,10 +180,10 @@ def _object_losses(model: LxmertForPretraining, visn: Tensor, batch: LxmertBatch
             ("attr", model.object_heads.attr, batch.attr_labels, batch.attr_conf),
         ):
             keep = need & (labels != IGNORE)  # (B, N)
-            logits = head(h).float()  # (B, N, L)
+            logits = loss_precision(head(h))  # (B, N, L)
             target = labels.clamp(min=0)
             ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view_as(keep)
-            weight = conf.float() if tasks.label_confidence_weighted else None
+            weight = conf if tasks.label_confidence_weighted else None
             total = total + _masked_mean(ce, keep, weight)
             if with_metrics:
                 res[f"{name}_acc/correct"] = _hits(logits, target, keep)

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from xmodal.core.batches import MultBatch
 from xmodal.models.mult import Mult
+from xmodal.objectives import loss_precision
 
 EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")
 Task = Literal["sentiment", "emotions"]
@@ -190,10 +191,10 @@ class MultObjective(torch.nn.Module):
 
     def forward(self, batch: MultBatch, with_metrics: bool = False) -> dict[str, Tensor]:
         lengths = batch.lengths() if self.use_lengths else None
-        out = self.model(batch.text, batch.audio, batch.vision, lengths=lengths).output.float()  # (B, O)
+        out = loss_precision(self.model(batch.text, batch.audio, batch.vision, lengths=lengths).output)  # (B, O)
         res: dict[str, Tensor] = {}
         if self.task == "sentiment":
-            y = batch.labels.float().reshape(out.shape)
+            y = batch.labels.to(out.dtype).reshape(out.shape)
             name = self.regression_loss
             if name == "l1":
                 loss = F.l1_loss(out, y)

@@ -1,7 +1,9 @@
 """A report built: the runs collected, the rows' statistics, the text rendered in memory, every file
-written once to a folder and the folder logged to the sweep's parent run(s) (artifact folder
-`report`, or `report_experiment` for an experiment report). `make_report` returns all of it as a
-`Report`: its callers print the Markdown or put it on the parent run without reading a file back.
+written once into a stage of the output folder and published whole (xmodal.base.outputs: a new or empty
+folder, or this command's own earlier report, which is replaced; with `overwrite` a folder holding other
+files, which stay), then its files logged to the sweep's parent run(s) (artifact folder `report`, or
+`report_experiment` for an experiment report). `make_report` returns all of it as a `Report`: its
+callers print the Markdown or put it on the parent run without reading a file back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from xmodal import tracking
 from xmodal.base import run_tags as T
-from xmodal.base.outputs import check_writable_dir
+from xmodal.base.outputs import Output
 from xmodal.report.collect import check_metric, collect_runs, sweep_metric, sweep_mode
 from xmodal.report.plots import (
     plot_importance,
@@ -35,12 +37,17 @@ class Report:
     files: tuple[Path, ...]  # every file written to out_dir, table.md first (all of them are logged)
 
 
+def report_output(out_dir: str | Path, overwrite: bool = False) -> Output:
+    """Where a report goes, under the output policy (checked before anything is read or written)."""
+    return Output(out_dir, "--out", "report", overwrite=overwrite)
+
+
 def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
-                out_dir: str | Path | None = None, metric: str | None = None, log: bool = True,
-                baseline: dict[str, Any] | None = None) -> Report:
+                out_dir: str | Path | Output | None = None, metric: str | None = None, log: bool = True,
+                baseline: dict[str, Any] | None = None, overwrite: bool = False) -> Report:
     """Write table.md, table.csv, importance.csv (where a sweep has importances) and the plots to
-    `out_dir`; log them to the parent run(s) unless not `log`. `baseline`: the configuration rows are
-    tested against (default: the sweep's)."""
+    `out_dir` (default reports/NAME); log them to the parent run(s) unless not `log`. `baseline`: the
+    configuration rows are tested against (default: the sweep's)."""
     uri = tracking.resolve_tracking_uri(uri)
     trials, parents = collect_runs(uri, experiment, parent_run_id)
     if parent_run_id is not None:
@@ -51,25 +58,28 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
         check_metric(metric, trials)
     metric = metric or sweep_metric(parents)
     mode = sweep_mode(parents)
-    out = Path(out_dir or Path("reports") / slug(title.split(" ", 1)[1])).resolve()
-    check_writable_dir(out, "--out")  # before anything is written (jobs/report.py checked a given one already)
+    output = out_dir if isinstance(out_dir, Output) else report_output(
+        out_dir or Path("reports") / slug(title.split(" ", 1)[1]), overwrite)  # before anything is written
     table = build_table(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)
     markdown = to_markdown(table)
     texts = {"table.md": markdown, "table.csv": to_csv(table), "importance.csv": importance_csv(table)}
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    for name, text in texts.items():
-        if text is not None:
-            # newline="": the CSV writer ends its lines with \r\n itself
-            (out / name).write_text(text, newline="")
-            files.append(out / name)
-    files += plot_metric_vs_params(table, out)
-    files += [p for p in (plot_learning_curves(table, uri, out), plot_score_vs_cost(table, out),
-                          plot_importance(table, out)) if p is not None]
+    with output.stage() as stage:
+        written = []
+        for name, text in texts.items():
+            if text is not None:
+                # newline="": the CSV writer ends its lines with \r\n itself
+                (stage.tmp / name).write_text(text, newline="")
+                written.append(stage.tmp / name)
+        written += plot_metric_vs_params(table, stage.tmp)
+        written += [p for p in (plot_learning_curves(table, uri, stage.tmp), plot_score_vs_cost(table, stage.tmp),
+                                plot_importance(table, stage.tmp)) if p is not None]
+        out = stage.publish()
+    files = tuple(out / p.name for p in written)
     if log:
         where = "report" if parent_run_id is not None else "report_experiment"
         used = {t.parent_run_id for row in table.rows for t in row.runs}
         for pid in table.parents:
             if pid in used:
-                tracking.log_artifacts(uri, pid, out, where)
-    return Report(table=table, markdown=markdown, out_dir=out, files=tuple(files))
+                for f in files:  # the report's own files: not what else the folder holds
+                    tracking.log_artifact(uri, pid, f, where)
+    return Report(table=table, markdown=markdown, out_dir=out, files=files)

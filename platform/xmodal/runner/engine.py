@@ -21,7 +21,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,18 @@ import yaml
 from xmodal import tracking
 from xmodal.base import console, errors, run_tags
 from xmodal.base.scores import SELECTED_PREFIX
+from xmodal.config import recipes
 from xmodal.config.experiment import ConfigError, flatten
 from xmodal.core import checkpoint as ckpt
 from xmodal.runner import recovery, timeline
 from xmodal.runner import run_record as record
 from xmodal.runner.faults import check_fault_storage, fault_schedule
+from xmodal.runner.inprocess import in_trial_process
 from xmodal.runner.interrupt import GracefulStop
 from xmodal.runner.ray_cluster import check_cluster, connect, init_download_dir, storage_path
 from xmodal.runner.spec import (
     CheckedRun,
+    CheckedSeeds,
     CheckedStages,
     JobSpec,
     PrepareContext,
@@ -58,19 +60,23 @@ from xmodal.runner.spec import (
 AfterRun = Callable[[RunPlan, Path, Any], bool]
 
 
-def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages:
+def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages | CheckedSeeds:
     """Every check a worker would make, in the driver, before Ray or MLflow start: the config's own
     bounds (pydantic, at load), the faults, the job's data and starting weights (`prepare`), the
-    cluster's address, the steps, and the model built on the meta device. A staged job: every stage,
-    before the first starts. Each check and `prepare` happens once per run: `run` takes the result as
-    it is. Raises UserError."""
+    cluster's address, the steps, and the model built on the meta device. The run is named here, once
+    (`named`); a staged job checks every stage, a config with `seeds` every seed's run, before the first
+    starts. Each check and `prepare` happens once per run: `run` takes the result as it is. Raises
+    UserError."""
+    generated = not cfg.mlflow.run_name
+    cfg = named(spec, cfg)
     if isinstance(spec, StagedJob):
-        return spec.check_stages(cfg, check)
+        return dataclasses.replace(spec.check_stages(cfg, check), generated_name=generated)
+    if getattr(cfg, "seeds", None):
+        return CheckedSeeds(cfg, {seed: check(spec, _seeded(cfg, seed)) for seed in cfg.seeds}, generated)
     micro = split_batch(cfg)
     uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
     tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)  # every wait of the driver on the store
     storage = storage_path(cfg.scale.storage_path)
-    cfg = named(spec, cfg)
     name = cfg.mlflow.run_name
     check_fault_storage(cfg.train, storage)
     if cfg.train.max_steps:  # the run has at most max_steps steps: faults beyond them fail before any data
@@ -100,7 +106,14 @@ def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages:
                        fault_dir=str(Path(storage) / name / ".faults") if faults else None,
                        baselines=prepared.baselines, metric_order=prepared.metric_order,
                        builder=prepared.builder, verbose=console.verbose())
-        return CheckedRun(plan, prepared, parameters)
+        return CheckedRun(plan, prepared, parameters, generated)
+
+
+def _seeded(cfg, seed: int):
+    """One seed's run of a config with `seeds`: `{name}-seed{seed}`, its train.seed set."""
+    name = f"{cfg.mlflow.run_name}-seed{seed}"
+    return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
+                                  "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})
 
 
 def open_run(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str | None = None,
@@ -112,7 +125,9 @@ def open_run(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str
     all_tags = {run_tags.TASK: spec.name, run_tags.STORE: plan.data, run_tags.CONFIG_SOURCE: source,
                 run_tags.TOTAL_STEPS: str(plan.total_steps), **record.reproducibility_tags(cfg, plan.data),
                 **prepared.tags, **(tags or {})}
-    run_id = record.open_run(plan.tracking_uri, cfg.mlflow.experiment, plan.run_name, flatten(cfg), all_tags,
+    flat = flatten(cfg)
+    run_id = record.open_run(plan.tracking_uri, cfg.mlflow.experiment, plan.run_name,
+                             {**flat, **recipes.recipe_params(cfg, flat)}, all_tags,
                              parent_run_id, where=functools.partial(record.resume_note, plan.storage, plan.run_name))
     plan = dataclasses.replace(plan, run_id=run_id)
     try:
@@ -163,34 +178,6 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
                 num_to_keep=train.keep_best, checkpoint_score_attribute=train.best_metric,
                 checkpoint_score_order=train.best_mode)),
     )
-
-
-@dataclass
-class InProcessResult:
-    """What `fit()` of a Ray Train run returns, for a run whose worker ran in this process."""
-
-    metrics: dict[str, Any]  # the last report's
-    checkpoint: Any  # the last checkpoint (ray.train.Checkpoint), None when there is none
-
-
-def in_trial_process(spec: JobSpec, plan: RunPlan, data, trial: Trial) -> InProcessResult:
-    """A one-worker sweep trial's worker in the trial's own process, without Ray Train: the same
-    worker, hooks, checkpoints on storage and resume point, its reports to Tune (`trial.report`), its
-    units read straight from the files (`data`, opened by `check`). What a Ray Train run adds for one
-    worker (controller, placement group, worker actor, Ray Data) costs a tiny trial more than its
-    training (docs/performance.md, "Sweep overhead"). A worker's failure is the trial's: Tune retries it."""
-    from xmodal.runner.session import TrialSession
-    from xmodal.runner.worker import run_worker
-
-    cfg = plan.config
-    session = TrialSession(plan.storage, plan.run_name, trial.report, cfg.train.keep_best, cfg.train.best_metric,
-                           cfg.train.best_mode, cfg.scale.gpus_per_worker)
-    run_worker(spec, plan, session, data=data)
-    checkpoint = session.checkpoint()
-    if checkpoint is None:  # a rerun of a finished run trains nothing: its last checkpoint on storage
-        found = recovery.resume_point(*session.folder(), loud=False)
-        checkpoint = found.checkpoint() if found is not None else None
-    return InProcessResult(session.metrics, checkpoint)
 
 
 def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = None,
@@ -244,7 +231,7 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
     except BaseException as e:
         if trial is None or trial.marks_end:
             end_failed(plan, e)
-        write_error = checkpoint_write_error(e)
+        write_error = recovery.checkpoint_write_error(e)
         if write_error is not None:
             raise ckpt.CheckpointStorageError(write_error.advice()) from None
         raise
@@ -269,50 +256,33 @@ def _stopped(plan: RunPlan, stop: errors.RunInterrupted) -> errors.RunInterrupte
     return stop
 
 
-def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | None:
-    """The CheckpointWriteError a worker raised, wherever it sits in what `fit()` raised: Ray Train's
-    WorkerGroupError holds each worker's exception (`worker_failures`), a ControllerError its cause."""
-    seen: set[int] = set()
-    todo: list[Any] = [error]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ckpt.CheckpointWriteError):
-            return e
-        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None),
-                 *(getattr(e, "worker_failures", None) or {}).values()]
-    return None
-
-
-def run(spec: JobSpec | StagedJob, cfg, source: str = "defaults", parent_run_id: str | None = None,
+def run(spec: JobSpec | StagedJob, cfg=None, source: str = "defaults", parent_run_id: str | None = None,
         tags: dict[str, str] | None = None, trial: Trial | None = None, after_run: AfterRun | None = None,
-        checked: CheckedRun | CheckedStages | None = None) -> RunResult:
-    """check -> open the MLflow run -> Ray Train -> finish, for one run of any job. A staged job: its
-    name fixed once, every stage checked, then the stages run in order (each a run of its own, with its
-    checked result). `checked`: the result of `check(spec, cfg)` made already (a multi-seed run's seeds,
-    a chain's stages), taken as it is. `after_run`: what the command line adds at the end of each run
-    (`AfterRun`)."""
-    if isinstance(spec, StagedJob):
-        cfg = named(spec, cfg)
-        stages = checked if checked is not None else check(spec, cfg)
-        return spec.run_stages(cfg, stages, functools.partial(run, after_run=after_run), source, parent_run_id,
+        checked: CheckedRun | CheckedStages | CheckedSeeds | None = None) -> RunResult:
+    """check -> open the MLflow run -> Ray Train -> finish, for one run of any job. `checked`: the result
+    of `check(spec, cfg)` made already (a chain's stages), taken as it is; from here on the run reads
+    that one config. A staged job runs its stages in order, a config with seeds its seeds' runs (each a
+    run of its own, with its checked result). `after_run`: what the command line adds at the end of each
+    run (`AfterRun`)."""
+    checked = checked if checked is not None else check(spec, cfg)
+    if isinstance(checked, CheckedStages):
+        return spec.run_stages(checked, functools.partial(run, after_run=after_run), source, parent_run_id,
                                tags, trial)
+    if isinstance(checked, CheckedSeeds):
+        return _run_seeds(spec, checked, source, after_run)
     marks: dict[str, float] = {}
     timeline.mark(marks, "run_start")
-    if checked is None:
-        checked = check(spec, cfg)
     p = open_run(spec, checked, source, parent_run_id, tags)
-    checked_cfg = checked.prepared.cfg  # the run name set; `cfg.mlflow.run_name` below is the one given
+    cfg = checked.prepared.cfg
     try:
         console.CONSOLE.show(console.banner(
             job=spec.name, run_name=p.run_name, data=p.data,
-            train_examples=checked.prepared.train_examples, preset=getattr(checked_cfg, "preset", None),
+            train_examples=checked.prepared.train_examples, preset=getattr(cfg, "preset", None),
             parameters=checked.parameters, steps=p.total_steps, epochs=len(p.epoch_steps),
-            batch_size=checked_cfg.train.batch_size, workers=checked_cfg.scale.num_workers,
-            gpus_per_worker=checked_cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
-            experiment=checked_cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage))
+            batch_size=cfg.train.batch_size, workers=cfg.scale.num_workers,
+            gpus_per_worker=cfg.scale.gpus_per_worker, tracking_uri=p.tracking_uri,
+            experiment=cfg.mlflow.experiment, run_id=p.run_id, storage=p.storage,
+            recipe=recipes.banner_lines(cfg, flatten(cfg))))
     except BaseException as e:  # train_and_finish ends the run from here on
         if trial is None or trial.marks_end:
             end_failed(p, e)
@@ -320,7 +290,7 @@ def run(spec: JobSpec | StagedJob, cfg, source: str = "defaults", parent_run_id:
     try:
         return train_and_finish(spec, p, checked.prepared.data, trial, marks, after_run)
     except errors.RunInterrupted as e:
-        if cfg.mlflow.run_name is None:  # a generated name: the same command would start a new run
+        if checked.generated_name:  # the same command would start a new run
             e.hint = f" with --run-name {p.run_name}"
         raise
 
@@ -376,26 +346,26 @@ def _after(plan: RunPlan, folder: Path, data, after_run: AfterRun, out: tracking
 
 
 def run_job(spec: JobSpec, cfg, source: str = "defaults", after_run: AfterRun | None = None) -> RunResult:
-    """What a job's command line runs: one run (the spec's `run`), or with `seeds` in the config one
-    run per seed under a parent run holding every metric's mean and std over the seeds."""
-    seeds = getattr(cfg, "seeds", None)
-    if not seeds:
-        return _run_and_sum_up(spec, cfg, source, after_run=after_run)
-    base = named(spec, cfg).mlflow.run_name
-    seeded = {seed: _seeded(cfg, seed, f"{base}-seed{seed}") for seed in seeds}
-    # every seed's run is checked (once) before the first starts; each runs with its checked result
-    checked = {seed: check(spec, seeded[seed]) for seed in seeds}
-    uri = tracking.resolve_tracking_uri(cfg.mlflow.tracking_uri)
-    tracking.set_outage_wait(uri, cfg.mlflow.outage_wait_s)
+    """What a job's command line runs: the config checked once (`check`), then its run with the end
+    summary, or with `seeds` one run per seed under a parent run holding every metric's mean and std."""
+    checked = check(spec, cfg)
+    if isinstance(checked, CheckedSeeds):
+        return _run_seeds(spec, checked, source, after_run)
+    return _run_and_sum_up(spec, checked, source, after_run=after_run)
+
+
+def _run_seeds(spec: JobSpec, checked: CheckedSeeds, source: str, after_run: AfterRun | None) -> RunResult:
+    """Every seed's checked run in turn, children of one parent run named as the config's run."""
+    cfg, seeds = checked.cfg, list(checked.seeds)
+    uri, base = checked.seeds[seeds[0]].plan.tracking_uri, cfg.mlflow.run_name
     parent = record.open_run(uri, cfg.mlflow.experiment, base, flatten(cfg),
                              {run_tags.TASK: spec.name, run_tags.SEEDS: ",".join(map(str, seeds))})
     try:
-        finals = [_run_and_sum_up(spec, seeded[seed], source, parent, after_run, checked[seed]).run_id
-                  for seed in seeds]
+        finals = [_run_and_sum_up(spec, checked.seeds[seed], source, parent, after_run).run_id for seed in seeds]
         summary = record.finish_seeds_parent(uri, parent, finals, seeds)
     except KeyboardInterrupt as e:  # the seed's run says where it stopped; a rerun resumes it
         tracking.set_terminated(uri, parent, "KILLED")
-        if isinstance(e, errors.RunInterrupted) and cfg.mlflow.run_name is None:
+        if isinstance(e, errors.RunInterrupted) and checked.generated_name:
             e.hint = f" with --run-name {base}"  # the seeds' runs are named after it
         raise
     except BaseException:  # a seed's run failed (it ended FAILED itself): so does the parent
@@ -404,10 +374,10 @@ def run_job(spec: JobSpec, cfg, source: str = "defaults", after_run: AfterRun | 
     return RunResult(parent, base, uri, summary)
 
 
-def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None = None,
-                    after_run: AfterRun | None = None, checked: CheckedRun | None = None) -> RunResult:
+def _run_and_sum_up(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str | None = None,
+                    after_run: AfterRun | None = None) -> RunResult:
     started = time.monotonic()
-    out = run(spec, cfg, source, parent_run_id=parent_run_id, after_run=after_run, checked=checked)
+    out = run(spec, source=source, parent_run_id=parent_run_id, after_run=after_run, checked=checked)
     c = console.CONSOLE
     shown = {k: v for k, v in out.metrics.items() if not k.startswith(SELECTED_PREFIX)}  # the best column has it
     c.show(console.end_summary(
@@ -415,8 +385,3 @@ def _run_and_sum_up(spec: JobSpec, cfg, source: str, parent_run_id: str | None =
         baselines=out.baselines, order=c.order, checkpoint=out.checkpoint.path if out.checkpoint is not None else None,
         run_id=out.run_id, view=tracking.ui_command(out.tracking_uri, out.run_id)))
     return out
-
-
-def _seeded(cfg, seed: int, name: str):
-    return cfg.model_copy(update={"seeds": None, "train": cfg.train.model_copy(update={"seed": seed}),
-                                  "mlflow": cfg.mlflow.model_copy(update={"run_name": name})})

@@ -23,7 +23,8 @@ from xmodal.base.scores import better, selected_key
 from xmodal.config.experiment import TrainConfig
 from xmodal.core import checkpoint as ckpt
 from xmodal.core.cost import CostMeter
-from xmodal.core.loop import Throughput, all_reduce_sums
+from xmodal.core.loop import Throughput, all_reduce_sums, ends_epoch, epoch_ended
+from xmodal.core.optim import current_lr
 from xmodal.core.step import TrainState
 from xmodal.runner import timeline
 from xmodal.runner.faults import Injector
@@ -141,14 +142,16 @@ class RunHooks:
             metrics = {f"train/{k}": v / n for k, v in sums.items()}
             self.window, self.window_steps = {}, 0
             rate, eta = self.meter.read(state.step)
-            metrics.update({"train/lr": state.scheduler.get_last_lr()[0], "train/samples_per_s": rate,
+            metrics.update({"train/lr": current_lr(state.optimizer, state.scheduler), "train/samples_per_s": rate,
                             "train/epoch": epoch})
             if self.rank == 0:
                 emit("progress", step=state.step, epoch=epoch, loss=metrics.get("train/loss", float("nan")),
                      rate=rate, eta=eta)
                 self.logger.log(metrics, state.step)
-        if state.step % t.eval_every == 0:
-            self._eval_and_checkpoint(state, epoch, pos, finished=False)
+        # The plateau schedule needs the validation metric at every epoch's end, whatever train.eval_every.
+        epoch_end = state.plateau is not None and ends_epoch(self.plan.epoch_steps, epoch, pos)
+        if state.step % t.eval_every == 0 or epoch_end:
+            self._eval_and_checkpoint(state, epoch, pos, finished=False, epoch_end=epoch_end)
         if stopping:
             self._stop_here(state, epoch, pos)
         if self.cost is not None:
@@ -202,8 +205,10 @@ class RunHooks:
             self.closed = True
             self.logger.close()
 
-    def _eval_and_checkpoint(self, state, epoch, pos, finished, rerun_eval=True) -> None:
+    def _eval_and_checkpoint(self, state, epoch, pos, finished, rerun_eval=True, epoch_end=False) -> None:
         metrics = self.evaluate() if rerun_eval else dict(self.last_metrics)
+        if epoch_end:  # before the checkpoint, which then holds the plateau's new state
+            epoch_ended(state, metrics, self.plan.config.optim.plateau.metric)
         self.last_eval_step, self.last_metrics, self.checkpointed_step = state.step, metrics, state.step
         score = metrics.get(self.train.best_metric)
         new_best = score is not None and better(score, self.best, self.train.best_mode)

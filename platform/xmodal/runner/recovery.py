@@ -96,3 +96,20 @@ def _meta_step(fs, folder: str) -> int:
             return int(json.loads(f.read())["step"])
     except Exception:  # any unreadable meta (missing, truncated, not JSON): verification says why
         return -1
+
+
+def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | None:
+    """The CheckpointWriteError a worker raised, wherever it sits in what `fit()` raised: Ray Train's
+    WorkerGroupError holds each worker's exception (`worker_failures`), a ControllerError its cause."""
+    seen: set[int] = set()
+    todo: list[Any] = [error]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ckpt.CheckpointWriteError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None),
+                 *(getattr(e, "worker_failures", None) or {}).values()]
+    return None

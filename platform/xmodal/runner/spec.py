@@ -27,8 +27,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from xmodal.base.outputs import refuse_half_uri
 from xmodal.config.experiment import ConfigError
-from xmodal.data.common import epoch_samples, locate
+from xmodal.data.common import StoreError, epoch_samples, locate
 from xmodal.runner.hooks import ValidationSelection
 
 
@@ -102,19 +103,32 @@ class CheckedRun:
     plan: RunPlan
     prepared: PreparedJob
     parameters: int  # the model's, counted on the meta device
+    generated_name: bool = False  # the run's name was made by `named` (a rerun must be given it to resume)
 
 
 @dataclass
 class CheckedStages:
     """A staged job's stages, each checked (`StagedJob.check_stages`) before the first starts, in the
-    order they run."""
+    order they run, with the job's own config (its run named)."""
 
+    cfg: Any
     stages: list[CheckedRun]
+    generated_name: bool = False
 
     @property
     def plan(self) -> RunPlan:
         """The first stage's plan (its data is what the job reads first)."""
         return self.stages[0].plan
+
+
+@dataclass
+class CheckedSeeds:
+    """A run of several seeds (`seeds` in the config): every seed's run checked before the first starts
+    (`{name}-seed{seed}`), and the parent run's config (its run named) that holds their summary."""
+
+    cfg: Any
+    seeds: dict[int, CheckedRun]
+    generated_name: bool = False
 
 
 @dataclass
@@ -173,7 +187,6 @@ class JobSpec:
     name: ClassVar[str]  # the job's key: sweeps' `job:`, MLflow's `task` tag
     config_class: ClassVar[type]  # its pydantic config (xmodal.config.experiment)
     run_name: ClassVar[str]  # a run's default name (a timestamp follows): format fields of `cfg`
-    optimizer: ClassVar[str] = "adamw"  # or "adam" (the MulT reference)
     # Model selection on a validation split: the best weights travel in every checkpoint and
     # `held_out` evaluates them at the end.
     selects_on_validation: ClassVar[bool] = False
@@ -226,10 +239,11 @@ class StagedJob:
     run_name: ClassVar[str]
 
     def check_stages(self, cfg, check: Callable[[JobSpec, Any], CheckedRun]) -> CheckedStages:
-        """`check` (the engine's) on every stage's spec and config, once: their results, in order."""
+        """`check` (the engine's) on every stage's spec and config (`cfg`: the job's, its run named), once:
+        their results, in order, with `cfg`."""
         raise NotImplementedError
 
-    def run_stages(self, cfg, checked: CheckedStages, run: Callable[..., RunResult], source: str,
+    def run_stages(self, checked: CheckedStages, run: Callable[..., RunResult], source: str,
                    parent_run_id: str | None, tags: dict[str, str] | None, trial: Trial | None) -> RunResult:
         """The stages run in order through `run` (the engine's), each with its checked result
         (`run(..., checked=)`); returns the last stage's result."""
@@ -265,13 +279,17 @@ def open_configured(inputs: PrepareContext, configured: str | None, embedded: Ca
     if configured is None:
         inputs.before_build()
         return embedded()
+    refuse_half_uri(configured, "data.store")  # `s3:/bucket/x` is no local folder named `s3:`
     path = locate(configured)
     if not path.exists():
         build = (f"`{build_hint.format(path=path.name)}` and upload it to {path}" if path.remote
                  else f"`{build_hint.format(path=path)}`")
         raise ConfigError(f"data.store: {str(path)!r} does not exist; build it with {build} "
                           "or leave data.store unset for the embedded synthetic data")
-    return open_data(path)
+    try:
+        return open_data(path)
+    except StoreError as e:  # the store's own message names the file; the key says where it was given
+        raise ConfigError(f"data.store: {e}") from None
 
 
 def split_batch(cfg) -> int:

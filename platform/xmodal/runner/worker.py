@@ -44,8 +44,7 @@ def make_worker(spec: JobSpec, cfg, data, start: dict[str, Any], device: torch.d
         loaded = spec.load_start(objective, cfg, data, start)
         if loaded and rank == 0:
             say(f"[xmodal] {spec.name}: {loaded}")
-    state = prepare(objective, device, cfg.train, cfg.optim, total_steps, optimizer=spec.optimizer,
-                    **(train_options or {}))
+    state = prepare(objective, device, cfg.train, cfg.optim, total_steps, **(train_options or {}))
     model = ckpt.unwrap(state.model)
     selection = (ValidationSelection(model, cfg.train.best_metric, cfg.train.best_mode)
                  if spec.selects_on_validation else None)

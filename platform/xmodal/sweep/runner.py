@@ -51,6 +51,7 @@ from xmodal.sweep.space import (
     AshaSpec,
     DefineByRun,
     SearchSpace,
+    probe_points,
     set_dotted,
     validate_config,
     with_assignments,
@@ -71,16 +72,38 @@ log = logging.getLogger(__name__)
 def _check_base(plan: SweepPlan) -> tuple[dict[str, Any], Any]:
     """Every check of the job on the base config, once in the driver, before Ray starts; the data
     is built or opened here and trials get its absolute path: trials run in their own working
-    directories, and concurrent trials must not build the same store. Returns (the base, its config)."""
+    directories, and concurrent trials must not build the same store. Then the configurations the
+    trials will run (`_check_trials`). Returns (the base, its config)."""
     spec = job_spec(plan.space.job)
     cfg = validate_config(spec.config_class, plan.base, str(plan.space_path))
     try:
         checked = engine.check(spec, cfg)
+        base = plan.base
+        if config_has(spec.config_class, "data.store"):
+            base = set_dotted(plan.base, "data.store", checked.plan.data)
+        _check_trials(plan, spec, base)
     except ConfigError as e:
         raise ConfigError(f"{plan.space_path}: {e}") from None
-    if config_has(spec.config_class, "data.store"):
-        return set_dotted(plan.base, "data.store", checked.plan.data), cfg
-    return plan.base, cfg
+    return base, cfg
+
+
+def _check_trials(plan: SweepPlan, spec, base: dict[str, Any]) -> None:
+    """Each configuration the space is checked at (`space.probe_points`: every choice, both ends of each
+    range, try_first, the baseline) checked as its trial's run will check it (`engine.check`: the data,
+    the model, the steps), once each: a value that only the data or the model refuses (a fine-tuning
+    split the set does not have, a batch larger than the data) fails here, before the first trial,
+    not in every trial that draws it, after its pretraining stage."""
+    seen = {json.dumps(base, sort_keys=True, default=str)}
+    for what, point, _ in probe_points(plan.space):
+        raw = with_assignments(base, plan.space.assignments(point))
+        key = json.dumps(raw, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            engine.check(spec, validate_config(spec.config_class, raw, what))
+        except ConfigError as e:
+            raise ConfigError(f"{what}: {e}") from None
 
 
 def in_process_trials(space: SearchSpace, cfg) -> bool:
@@ -529,11 +552,16 @@ def _stopped(plan: SweepPlan, parent_run_id: str, how: str) -> SweepInterrupted:
 
 
 def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
+    from xmodal.base.outputs import Scratch
     from xmodal.report import make_report
 
-    out = Path(plan.path) / "report" if "://" not in plan.root else Path(tempfile.mkdtemp()) / "report"
+    remote = "://" in plan.root  # the report is made in a scratch folder and lives in MLflow only
     try:
-        rep = make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=out)
+        if remote:
+            with Scratch(None, "report", "xmodal-report-") as scratch:
+                rep = make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=scratch / "report")
+        else:
+            rep = make_report(plan.tracking_uri, parent_run_id=parent_run_id, out_dir=Path(plan.path) / "report")
         # the run page renders its description as Markdown: the table there, the files in `report`
         note = f"{_description(plan.space)}\n\n{rep.markdown}\n\nPlots and table.csv: artifacts, folder `report`."
         if len(note) > NOTE_LIMIT:
@@ -542,5 +570,8 @@ def _report(plan: SweepPlan, parent_run_id: str) -> str | None:
     except Exception as e:  # the sweep's results are in MLflow either way
         log.warning(f"report failed: {e}; rerun `python jobs/report.py --parent-run {parent_run_id}`")
         return None
-    log.info(f"report: {out}")
-    return str(out)
+    if remote:
+        log.info("report: in the parent run's artifacts, folder `report`")
+        return None
+    log.info(f"report: {rep.out_dir}")
+    return str(rep.out_dir)

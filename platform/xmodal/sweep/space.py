@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from xmodal.config.experiment import (
     ConfigError,
-    StrictLoader,
     apply_overrides,
     check_used,
     format_validation_error,
@@ -46,7 +45,9 @@ class SpaceError(ConfigError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a space's numbers and switches are taken as YAML wrote them, never converted (`low: 1.0` is not
+    # an integer, `log: 1` not true), as in the job configs (xmodal.config.experiment.type_problems)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # ---------------------------------------------------------------- parameters
@@ -291,20 +292,10 @@ class DefineByRun:
 # ---------------------------------------------------------------- loading
 
 
-class _Loader(StrictLoader):
-    """YAML 1.1 reads `1e-9` as a string; a search space means the number. Duplicate keys are errors."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
 def _read_mapping(p: Path, prefix: str, what: str = "", kind: str = "config file") -> dict:
     text = read_user_file(p, kind, prefix, SpaceError)
     try:
-        data = load_yaml(text, _Loader)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise SpaceError(f"{prefix}{p}: not valid YAML: {yaml_problem(e)}") from None
     if data is None:
@@ -522,19 +513,8 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
                                                                  else "")
         return None
 
-    for name, p in space.parameters.items():
-        needs = _condition_values(space, name)
-        for v in p.probes():
-            allowed = p.describe() if isinstance(p, ChoiceParam) else None
-            msg = check({**needs, name: v}, f"parameter {name!r} = {v!r}", allowed)
-            if msg:
-                problems.append(msg)
-    for i, point in enumerate(space.try_first):
-        msg = check(dict(point), f"try_first[{i}] {point}", None)
-        if msg:
-            problems.append(msg)
-    if space.baseline is not None:
-        msg = check(dict(space.baseline), f"baseline {space.baseline}", None)
+    for what, point, allowed in probe_points(space):
+        msg = check(point, what, allowed)
         if msg:
             problems.append(msg)
     if not problems:
@@ -548,6 +528,22 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
     if problems:
         raise SpaceError(f"invalid search space ({source}):\n" + "\n".join(f"  {x}" for x in problems))
     return base_cfg
+
+
+def probe_points(space: SearchSpace) -> list[tuple[str, dict[str, Any], str | None]]:
+    """The configurations a space is checked at before any trial, as (what, the parameters' values, what
+    a choice allows): each value of a choice and both ends of each range, with the values its conditions
+    need; then try_first's and the baseline."""
+    out = []
+    for name, p in space.parameters.items():
+        needs = _condition_values(space, name)
+        for v in p.probes():
+            out.append((f"parameter {name!r} = {v!r}", {**needs, name: v},
+                        p.describe() if isinstance(p, ChoiceParam) else None))
+    out += [(f"try_first[{i}] {point}", dict(point), None) for i, point in enumerate(space.try_first)]
+    if space.baseline is not None:
+        out.append((f"baseline {space.baseline}", dict(space.baseline), None))
+    return out
 
 
 def _condition_values(space: SearchSpace, name: str) -> dict[str, Any]:

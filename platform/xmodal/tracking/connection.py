@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xmodal.base.errors import UserError
+from xmodal.base.run_tags import EXAMPLES, EXAMPLES_SUMMARY
 from xmodal.tracking.retry import _waited, reachable
 
 
@@ -37,6 +38,9 @@ def resolve_tracking_uri(uri: str | None) -> str:
     elif "://" not in uri:
         raise UserError(f"mlflow.tracking_uri {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another "
                          "MLflow URI scheme")
+    elif uri.startswith("sqlite:") and not uri.startswith("sqlite:///"):  # `sqlite://`: a database in memory
+        raise UserError(f"mlflow.tracking_uri {uri!r}: a SQLite URI is sqlite:///RELATIVE/PATH or "
+                        "sqlite:////ABSOLUTE/PATH")
     return uri
 
 
@@ -172,23 +176,42 @@ def run_url(uri: str, run_id: str, experiment_id: str | None = None) -> str:
     run-only address, which opens the same page without the training view's query)."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else UI_ADDRESS
     if experiment_id is None:
-        try:
-            experiment_id = _waited(uri, f"reading run {run_id}",
-                                    lambda: _client(uri).get_run(run_id).info.experiment_id, wait_s=5)
-        except Exception:  # the address is a convenience: the run id is printed beside it
+        run = _run_or_none(uri, run_id)
+        if run is None:  # the address is a convenience: the run id is printed beside it
             return f"{base}/#/runs/{run_id}"
+        experiment_id = run.info.experiment_id
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW_QUERY}"
+
+
+def _run_or_none(uri: str, run_id: str):
+    """MLflow's run, waited for a few seconds at most; None when the store does not answer."""
+    try:
+        return _waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id), wait_s=5)
+    except Exception:
+        return None
 
 
 def ui_command(uri: str, run_id: str | None = None) -> str:
     """How to see the store in the MLflow UI: `mlflow ui` for a SQLite file, the server's address
     otherwise. With `run_id`, the run's page too (`run_url`), on a second line indented as the rows of
-    the run's end summary (`console.end_summary`)."""
+    the run's end summary (`console.end_summary`), and, where the run has example pages
+    (`run_tags.EXAMPLES`), a line saying what they show and the UI's address of their index."""
+    if run_id is None:
+        if uri.startswith("sqlite:"):
+            return f"mlflow ui --backend-store-uri {uri}"
+        page = f"{uri.rstrip('/')}/#/experiments{TRAINING_VIEW_QUERY}"
+        return f"open {page} in a browser (MLflow server){_through_tunnel(uri, page)}"
+    run = _run_or_none(uri, run_id)
+    page = run_url(uri, run_id, run.info.experiment_id if run is not None else None)
     if uri.startswith("sqlite:"):
-        command = f"mlflow ui --backend-store-uri {uri}"
-        return command if run_id is None else f"{command}\n  then open   {run_url(uri, run_id)}"
-    page = run_url(uri, run_id) if run_id is not None else f"{uri.rstrip('/')}/#/experiments{TRAINING_VIEW_QUERY}"
-    return f"open {page} in a browser (MLflow server){_through_tunnel(uri, page)}"
+        text = f"mlflow ui --backend-store-uri {uri}\n  then open   {page}"
+    else:
+        text = f"open {page} in a browser (MLflow server){_through_tunnel(uri, page)}"
+    tags = run.data.tags if run is not None else {}
+    if tags.get(EXAMPLES) and tags.get(EXAMPLES_SUMMARY):
+        at, _, query = page.partition("?")
+        text += f"\n  pages       {tags[EXAMPLES_SUMMARY]}: {at}/artifacts/{tags[EXAMPLES]}{'?' + query if query else ''}"
+    return text
 
 
 def _through_tunnel(uri: str, page: str) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xmodal.base.run_tags import PARENT_TAG, RUN_NAME_TAG
-from xmodal.tracking.connection import _client
+from xmodal.tracking.connection import _client, run_url
 from xmodal.tracking.retry import _waited
 
 
@@ -133,20 +133,14 @@ def download_artifacts(uri: str, run_id: str, artifact_path: str, dst_dir: str |
                         lambda: _client(uri).download_artifacts(run_id, artifact_path, str(dst_dir))))
 
 
-def artifact_url(uri: str, run_id: str, path: str) -> str | None:
-    """Where a browser shows a run's artifact `path`. A local artifact store: the file's file:// address,
-    where the links relative to it (a page's sibling pages) work too. A tracking server: the run's
-    Artifacts tab in the MLflow UI, which lists the path and shows it (the server itself sends artifacts
-    as downloads). None for a store a browser cannot open (e.g. s3:// under a local database)."""
-    info = _waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id).info)
-    root = info.artifact_uri
-    if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/#/experiments/{info.experiment_id}/runs/{run_id}/artifacts"
-    if root.startswith("file:"):
-        return f"{root.rstrip('/')}/{path}"
-    if root.startswith("/"):
-        return Path(root, path).as_uri()
-    return None
+def artifact_url(uri: str, run_id: str, path: str) -> str:
+    """The MLflow UI's own address of a run's artifact `path` (the run's Artifacts tab with the file shown):
+    on the tracking server itself, or on `mlflow ui`'s default address for a local store, in the
+    model-training view (the route takes the view's query after the path). A browser opens a page there
+    in MLflow's artifact viewer (a server sends the artifact itself as a download, and the UI
+    shows a `file://` link without its address)."""
+    page, _, query = run_url(uri, run_id).partition("?")
+    return f"{page}/artifacts/{path}" + (f"?{query}" if query else "")
 
 
 def latest_finished_run(uri: str, experiment: str, tags: dict[str, str]) -> RunRecord | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xmodal.base.errors import UserError
+from xmodal.base.outputs import Output
 from xmodal.tracking.connection import _client, _mlflow, check_existing_store, resolve_tracking_uri
 from xmodal.tracking.reads import RunNotFound, get_run
 from xmodal.tracking.retry import _first_line, _waited, reachable
@@ -131,6 +132,9 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
     the run already has is skipped, so replaying twice adds no duplicate."""
     p = Path(path)
     records = read_spool(p)  # the whole file checked before anything is sent
+    # the file's new name is an output: never over another (an earlier replay's file, kept)
+    done = None if p.name.endswith(".replayed") else Output(p.with_name(p.name + ".replayed"), "FILE", "replay",
+                                                              file=True, overwrite=None)
     uri_of = {r["uri"]: resolve_tracking_uri(tracking_uri) if tracking_uri else r["uri"] for r in records}
     for uri in dict.fromkeys(uri_of.values()):
         if uri.startswith(("http://", "https://")) and not reachable(uri):
@@ -187,5 +191,8 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
             raise UserError(f"{p}: record {n} of {len(records)} ({rec['op']}, run {run_id!r}) refused by MLflow at "
                             f"{uri} ({_first_line(e)}); the records before it were sent and the file is kept: "
                             "replaying it again skips the metric values the runs already hold") from None
-    done = p if p.name.endswith(".replayed") else p.rename(p.with_name(p.name + ".replayed"))
-    return ReplaySummary(done, tuple(r for _, r in runs), logged, skipped, artifacts, terminated)
+    if done is not None:
+        done.check()
+        os.rename(p, done.path)
+    return ReplaySummary(done.path if done is not None else p, tuple(r for _, r in runs), logged, skipped, artifacts,
+                         terminated)

@@ -17,7 +17,8 @@ from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
 from xmodal.data.finetune.split import FinetuneError
-from xmodal.data.lxmert.features import FeatureStore, ingest_features
+from xmodal.data.lxmert.feature_writer import ingest_features
+from xmodal.data.lxmert.features import FeatureStore
 from xmodal.data.lxmert.store import LxmertStore
 
 

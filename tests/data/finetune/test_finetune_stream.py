@@ -23,7 +23,7 @@ from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import iter_finetune_batches, open_finetune
 from xmodal.data.finetune.stream import split_layout
 from xmodal.data.finetune.synthetic import build_synthetic_nlvr2, build_synthetic_vqa
-from xmodal.data.lxmert.features import ingest_features
+from xmodal.data.lxmert.feature_writer import ingest_features
 from xmodal.data.lxmert.synthetic import build_synthetic_store
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.jobs.finetune_config import FinetuneConfig

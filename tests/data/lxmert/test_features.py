@@ -13,10 +13,10 @@ from refdata import RefCorpus, read_images
 
 from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.common import StoreError
+from xmodal.data.lxmert.feature_writer import ingest_features
 from xmodal.data.lxmert.features import (
     FeatureStore,
     image_sources,
-    ingest_features,
     open_features,
     open_image_store,
 )
@@ -94,3 +94,28 @@ def test_targets_and_kinds(reference: RefCorpus, tmp_path: Path, small_store: Lx
                         str(reference.tsv[1]), "--no-progress"]) == 0
     assert open_features(tmp_path / "cli").manifest.images == 24
     assert ingest_main(["features", str(tmp_path / "cli2"), "--tsv", str(tmp_path / "no.tsv")]) == 2
+
+
+def test_a_store_written_to_s3_reads_as_the_local_one(reference: RefCorpus, tmp_path: Path, s3):
+    """The same writer on S3 (the tests' moto server): the shards and the manifest written there, the
+    manifest last; read back through the same readers, the rows of the local store; replaced with
+    --overwrite, the old shards go once the new manifest is in place."""
+    import uuid
+
+    from xmodal_testing import S3_BUCKET
+
+    uri = f"s3://{S3_BUCKET}/feats-{uuid.uuid4().hex[:8]}"
+    local = ingest_features(tmp_path / "feats", reference.tsv, images_per_shard=8, progress=False)
+    remote = ingest_features(uri, reference.tsv, images_per_shard=8, progress=False)
+    assert str(remote.path) == uri and remote.manifest.content_sha256 == local.manifest.content_sha256
+    a, b = read_images(local), read_images(remote)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    prefix = uri.split("/", 3)[3]
+    keys = lambda: sorted(o["Key"].removeprefix(prefix + "/")  # noqa: E731
+                          for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix)["Contents"]
+                          if not o["Key"].endswith("/"))
+    assert keys() == sorted(["manifest.json", *remote.image_files()])
+    with pytest.raises(StoreError, match=f"output folder {uri}: already exists; pass --overwrite"):
+        ingest_features(uri, reference.tsv[:1], progress=False)
+    again = ingest_features(uri, reference.tsv[:1], images_per_shard=8, overwrite=True, progress=False)
+    assert again.manifest.images == 12 and keys() == sorted(["manifest.json", *again.image_files()])

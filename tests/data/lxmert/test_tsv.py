@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from refdata import RefCorpus
 
-from xmodal.data.lxmert.features import image_sources, ingest_features, open_features
+from xmodal.data.lxmert.feature_writer import ingest_features
+from xmodal.data.lxmert.features import image_sources, open_features
 from xmodal.data.lxmert.ingest import ingest_lxmert
 from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, write_shard
 from xmodal.data.lxmert.store import open_store

@@ -16,13 +16,12 @@ answer table or sentence column. A store that `jobs/extract.py` wrote has one mo
 (`options.images_root`) or a URI or absolute path; `image_sources` reads them (an LXMERT store's too:
 `jobs/ingest.py lxmert` carries them over from such a store). Stores without it (written from TSV
 files, or by an earlier extraction) stay valid. Written in a hidden temporary directory and renamed
-into place (`atomic.StagedDir`). Imports numpy and pyarrow only.
+into place (`feature_writer.FeatureWriter`, which writes every feature-only store). Imports numpy and
+pyarrow only.
 """
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,8 +29,6 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pydantic
 
-from xmodal.base.console import progress_bar
-from xmodal.data.atomic import StagedDir, check_target, local_target
 from xmodal.data.common import (
     KINDS,
     Location,
@@ -43,26 +40,8 @@ from xmodal.data.common import (
     open_parquet,
     store_path,
 )
-from xmodal.data.lxmert.rows import (
-    IMAGES_ROOT,
-    SOURCE,
-    absolute_source,
-    image_columns,
-    image_schema,
-    read_shard,
-    write_shard,
-)
+from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, absolute_source, image_schema, read_shard
 from xmodal.data.lxmert.store import LxmertStore, open_store
-from xmodal.data.lxmert.tsv import (
-    IngestError,
-    check_tsv_inputs,
-    item_bytes,
-    mark_random_weights,
-    pack_images,
-    parse_item,
-    scan_tsv_ids,
-    tsv_lines,
-)
 
 KIND = "features"
 SCHEMA_VERSION = 1
@@ -177,70 +156,3 @@ def open_image_store(path: str | Path | Location) -> ImageStore:
         "has no manifest.json" if kind is None else f"holds {KINDS.get(kind, f'a directory of kind {kind!r}')}")
     raise StoreError(f"{root}: {what}; expected {KINDS['lxmert']} or {KINDS[KIND]} (build one with "
                      "`python jobs/ingest.py lxmert|synthetic|features`)")
-
-
-def ingest_features(out: str | Path, tsv: Sequence[str | Path], *, num_objects: int = 36,
-                    feat_dim: int | None = None, num_object_labels: int = 1600, num_attr_labels: int = 400,
-                    images_per_shard: int = 256, row_group_images: int = 32, overwrite: bool = False,
-                    progress: bool = True) -> FeatureStore:
-    """Reference feature TSVs -> a feature-only store at `out`. Every line is pre-scanned first (a line
-    cut short, a duplicate img_id or another feature width fails, named by file:line, before any
-    decoding), then decoded and checked as the LXMERT ingest does; nothing is left behind on error."""
-    out_path = local_target(out)
-    check_target(out_path, overwrite, KIND)  # before reading anything
-    paths = [Path(p).expanduser().resolve() for p in tsv]
-    if not paths:
-        raise IngestError("need at least one feature TSV file")
-    check_tsv_inputs(paths)  # a feature TSV file, or a store from jobs/extract.py
-    for name, value in (("num_objects", num_objects), ("num_object_labels", num_object_labels),
-                        ("num_attr_labels", num_attr_labels), ("images_per_shard", images_per_shard),
-                        ("row_group_images", row_group_images), ("feat_dim", 1 if feat_dim is None else feat_dim)):
-        if value < 1:
-            raise IngestError(f"--{name.replace('_', '-')} {value}: expected >= 1")
-    located = scan_tsv_ids(paths, progress, feat_dim)
-    if not located:
-        raise IngestError(f"no image in {', '.join(str(p) for p in paths)}: the files hold no line")
-    options = {"num_objects": num_objects, "feat_dim": feat_dim, "num_object_labels": num_object_labels,
-               "num_attr_labels": num_attr_labels, "images_per_shard": images_per_shard,
-               "row_group_images": row_group_images}
-    mark_random_weights(paths, options)
-    with StagedDir(out_path, overwrite, KIND) as staged:
-        tmp = staged.tmp
-        (tmp / SHARD_DIR).mkdir()
-        shards: list[FeatureShard] = []
-        buffer = []
-        width = feat_dim
-
-        def flush() -> None:
-            rel = f"{SHARD_DIR}/part-{len(shards):05d}.parquet"
-            assert width is not None
-            cols = image_columns(pack_images(buffer, num_objects, width))
-            write_shard(pa.Table.from_pydict(cols, schema=image_schema(num_objects, width)), tmp / rel,
-                        min(row_group_images, images_per_shard))
-            shards.append(FeatureShard(file=rel, rows=len(buffer)))
-            buffer.clear()
-
-        digest = hashlib.sha256()
-        bar = progress_bar(len(located), "decode TSV", "img", progress)
-        for where, line in tsv_lines(paths):
-            digest.update(item_bytes(line))
-            digest.update(b"\n")
-            im = parse_item(line, where, feat_dim=width, num_objects=num_objects,
-                                num_object_labels=num_object_labels, num_attr_labels=num_attr_labels)
-            width = im.features.shape[1]
-            buffer.append(im)
-            if len(buffer) >= images_per_shard:
-                flush()
-            bar.update(1)
-        bar.close()
-        if buffer:
-            flush()
-        assert width is not None
-        FeatureManifest(
-            schema_version=SCHEMA_VERSION, kind=KIND, num_objects=num_objects, feat_dim=width,
-            num_object_labels=num_object_labels, num_attr_labels=num_attr_labels, shards=shards, source="tsv",
-            inputs=[str(p) for p in paths], content_sha256=digest.hexdigest(), options={**options, "feat_dim": width},
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")).write(tmp)
-        open_features(tmp)  # check what was written before it becomes visible
-        staged.publish()
-    return open_features(out_path)

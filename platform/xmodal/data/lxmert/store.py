@@ -245,7 +245,7 @@ def open_store(path: str | Path | Location) -> LxmertStore:
     root = locate(path)
     if not root.is_dir():
         raise StoreError(f"{root}: feature store does not exist (build it with `python jobs/ingest.py "
-                         "lxmert|synthetic`{', then upload it' if root.remote else ''})")
+                         f"lxmert|synthetic`{', then upload it' if root.remote else ''})")
     m = LxmertManifest.read(root)  # names the path and the kind expected when it is not an LXMERT store
     expected = arrow_schema(m.num_objects, m.feat_dim, m.max_seq_len)
     row_groups: dict[str, list[tuple[int, int]]] = {}  # file -> (images, sentences) per row group

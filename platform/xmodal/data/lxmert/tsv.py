@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from xmodal.base.console import progress_bar, say
 from xmodal.base.errors import UserError
@@ -326,10 +327,27 @@ def _store_shards(p: Path) -> _StoreInput:
     raw = read_manifest_json(p / "manifest.json")
     try:
         options = raw.get("options") or {}
-        return _StoreInput([(p / s["file"], int(s["rows"])) for s in raw["shards"]], int(raw["feat_dim"]),
-                           options.get(IMAGES_ROOT) if isinstance(options, dict) else None)
+        found = _StoreInput([(p / s["file"], int(s["rows"])) for s in raw["shards"]], int(raw["feat_dim"]),
+                            options.get(IMAGES_ROOT) if isinstance(options, dict) else None)
     except (KeyError, TypeError, ValueError) as e:
         raise IngestError(f"{p / 'manifest.json'}: not a readable feature-only store manifest ({e})") from None
+    if not isinstance(found.images_root, str | None):
+        raise IngestError(f"{p / 'manifest.json'}: options.{IMAGES_ROOT} = {found.images_root!r}; expected a folder "
+                          "or URI as text")
+    for shard, _ in found.shards:
+        _check_text_columns(p, shard)
+    return found
+
+
+def _check_text_columns(store: Path, shard: Path) -> None:
+    """The columns read as text (`img_id`, and `source` where the store records it) hold text: a store
+    written by other tools may hold numbers there, which no image id or path is."""
+    schema = open_parquet(shard).schema_arrow
+    for name, what in (("img_id", "each image's id"), (SOURCE.name, "where each image came from: a path or URI")):
+        i = schema.get_field_index(name)
+        if i >= 0 and not (pa.types.is_string(schema.field(i).type) or pa.types.is_large_string(schema.field(i).type)):
+            raise IngestError(f"{store}: {shard.name}: column {name!r} holds {schema.field(i).type}; expected text "
+                              f"({what})")
 
 
 def records_sources(paths: list[Path]) -> bool:

@@ -49,6 +49,7 @@ from xmodal.models.butd.proposals import RPN
 from xmodal.models.butd.roi_heads import RoIHeads
 from xmodal.models.butd.structures import ImageBatch, ImageRegions, Pass, RegionBatch, StageClock
 
+
 class Detector(nn.Module):
     """The whole detector (module docstring)."""
 
