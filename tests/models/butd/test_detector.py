@@ -156,7 +156,7 @@ def test_given_boxes_get_their_features_and_no_selection(det):
     assert torch.equal(forced.boxes, given) and forced.features.shape == (5, TINY.feature_dim)
     # the same boxes through the forced path (rois = boxes * scale) pool the same cells: same features
     assert torch.allclose(forced.features, full.features[:5], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="given boxes: 2 entries for 1 images"):
+    with pytest.raises(ValueError, match="given_boxes has 2 entries for 1 images"):
         det.extract([im], given_boxes=[given, given])
 
 
@@ -197,7 +197,8 @@ def test_the_pipeline_reads_nothing_back_before_its_one_copy():
     given = [torch.zeros(5, 4, device="meta"), torch.zeros(2, 4, device="meta"), torch.zeros(7, 4, device="meta")]
     assert det.detect_given_boxes(ims, given).features.shape == (3, 7, TINY.feature_dim)
     with torch.device("meta"):
-        wide = Detector(TINY.with_boxes((10, 100))).eval().detect(ims)
+        wide_det = Detector(TINY.with_boxes((10, 100))).eval()
+    wide = wide_det.detect(ims)
     assert wide.obj_ids.shape == (3, 100)
 
 

@@ -79,17 +79,17 @@ class Detector(nn.Module):
             return self.head(batch, features, proposals, run)
 
     @torch.no_grad()
-    def detect_given_boxes(self, images: Sequence[Tensor | PreparedImage], boxes: Sequence[Tensor],
+    def detect_given_boxes(self, images: Sequence[Tensor | PreparedImage], given_boxes: Sequence[Tensor],
                            options: DetectOptions = DetectOptions()) -> RegionBatch:
         """The features of given boxes, per image (K, 4) in original-image pixels (the reference's
         `im_detect(net, im, boxes)`: rois = boxes * scale), in their order and with no selection; their
         labels are still the heads' argmax. No proposals: every image is certified."""
-        if len(boxes) != len(images):
-            raise ValueError(f"given boxes: {len(boxes)} entries for {len(images)} images")
+        if len(given_boxes) != len(images):
+            raise ValueError(f"given_boxes has {len(given_boxes)} entries for {len(images)} images")
         with self._pass(options) as run:
             batch = self.preprocess(images, run)
             features = self.features(batch, run)
-            return self.head.forward_with_given_boxes(batch, features, boxes, run)
+            return self.head.forward_with_given_boxes(batch, features, given_boxes, run)
 
     def regions(self, images: Sequence[Tensor | PreparedImage], options: DetectOptions = DetectOptions(),
                 given_boxes: Sequence[Tensor] | None = None) -> RegionBatch:
