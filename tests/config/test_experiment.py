@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config, load_yaml
+from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config
+from xmodal.config.yaml_files import load_yaml
 from xmodal.jobs.pretrain_config import PretrainConfig
 
 
