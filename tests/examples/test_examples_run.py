@@ -105,7 +105,7 @@ def test_the_attention_a_page_holds_is_the_models_own(run, tmp_path):
     path)."""
     from xmodal.data.finetune.sets import open_finetune
     from xmodal.export.source import from_run
-    from xmodal.models.lxmert import recording_cross_attention
+    from xmodal.models.lxmert.model import recording_cross_attention
 
     _, uri, run_id, vqa = run
     built = make_examples(uri, run_id, "valid", 5, out=tmp_path / "pages")

@@ -122,7 +122,7 @@ def evaluate(model, data, split: str, rows: np.ndarray, notes: list[str], batch_
              loss: str = "bce") -> list[Example]:
     """The model on the examples `rows` of `split`: predictions, top answers, scores, the run's loss on each
     and the cross-attention, `batch_size` examples a forward (the default count's and 48 in one)."""
-    from xmodal.models.lxmert import recording_cross_attention
+    from xmodal.models.lxmert.model import recording_cross_attention
 
     sp = data.split(split)
     pair = not sp.is_qa

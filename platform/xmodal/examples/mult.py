@@ -128,7 +128,7 @@ def collect_mult(model, store, split: str, rows: np.ndarray) -> list[MultExample
     """The model on the clips `rows` of `split`, with its crossmodal attention."""
     from xmodal.data.common import read_unit
     from xmodal.data.mult.store import table_to_split
-    from xmodal.models.mult import recording_crossmodal_attention
+    from xmodal.models.mult.model import recording_crossmodal_attention
 
     units = store.units(split)
     starts = np.cumsum([0] + [u.rows for u in units])

@@ -29,8 +29,8 @@ from xmodal.config.recipes import recipes_for
 from xmodal.core.robustness import FINETUNE_CONDITIONS, FinetuneCondition
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.jobs.pretrain_config import LxmertOptimConfig, embedded_lxmert_store
-from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 
 

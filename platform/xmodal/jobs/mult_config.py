@@ -28,8 +28,8 @@ from xmodal.config.experiment import (
 from xmodal.config.recipes import recipes_for
 from xmodal.core.robustness import MULT_CONDITIONS, MultCondition
 from xmodal.data.options import SyntheticMultOptions
-from xmodal.models.mult_config import PRESETS as MULT_PRESETS
-from xmodal.models.mult_config import MultConfig
+from xmodal.models.mult.config import PRESETS as MULT_PRESETS
+from xmodal.models.mult.config import MultConfig
 from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
 
 

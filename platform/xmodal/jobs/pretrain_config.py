@@ -28,8 +28,8 @@ from xmodal.config.experiment import (
 )
 from xmodal.config.recipes import recipes_for
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
-from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metrics
 
 
