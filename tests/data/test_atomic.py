@@ -9,7 +9,8 @@ import pytest
 
 from xmodal.base.outputs import discard_partial, missing_parents, publish_dir, read_record, temp_dir_beside
 from xmodal.data.atomic import StagedDir, check_target
-from xmodal.data.common import MANIFEST_FILE, StoreError
+from xmodal.data.errors import StoreError
+from xmodal.data.manifest import MANIFEST_FILE
 
 
 def test_check_target_refuses_a_folder_that_is_not_a_store(tmp_path: Path):

@@ -22,7 +22,7 @@ import torch
 
 from xmodal import tracking
 from xmodal.base import run_tags
-from xmodal.cli.jobs import end_of_run_pages
+from xmodal.cli.training import end_of_run_pages
 from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
 from xmodal.examples.build import EXAMPLES_TAG, INDEX, TABLE_FILE

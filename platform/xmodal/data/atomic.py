@@ -6,7 +6,7 @@ when it is not a store or holds files that the store's record (the output policy
 does not list. A failed write removes only what it created (an empty output folder the user
 made stays). `StagedDir` is that sequence for a writer; `check_target` is also called on its own, before
 a long read, so that a target that will be refused fails first. Imports the standard library only (and
-the data layer's `common`).
+the data layer's `errors` and `manifest`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from xmodal.base.outputs import (
     temp_dir_beside,
     write_record,
 )
-from xmodal.data.common import KINDS, MANIFEST_FILE, StoreError, is_uri, kind_at, kind_name
+from xmodal.data.errors import StoreError
+from xmodal.data.location import is_uri
+from xmodal.data.manifest import KINDS, MANIFEST_FILE, kind_at, kind_name
 
 
 def local_target(path: str | Path) -> Path:

@@ -57,8 +57,8 @@ def qa_loss_of(config: dict | None) -> str:
 def image_rows(data, img_ids: list[str], columns: tuple[str, ...]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
     """img_id -> {column: value} for `img_ids`, reading only the row groups that hold them, and img_id ->
     the index of the image store it came from."""
-    from xmodal.data.common import open_parquet
     from xmodal.data.finetune.sets import _tensor
+    from xmodal.data.location import open_parquet
 
     index = data.store_index()
     out: dict[str, dict[str, Any]] = {}
