@@ -12,7 +12,7 @@ in its own module. It says three things, each a few methods:
 
 Checking and running a job are the engine's (`engine.check`, `engine.run`), the same for every
 job. A job made of stages (the chain) is a `StagedJob`: stages of ordinary specs that the engine
-checks and runs in order. docs/architecture.md, "A new model or job", walks through one spec.
+checks and runs in order. docs/architecture.md, "The job spec: where a job plugs in", walks through one spec.
 """
 
 from __future__ import annotations
