@@ -365,6 +365,9 @@ WARMUP_USE = Use("optim.warmup_ratio", lambda c: c.optim.schedule != "plateau", 
                  "cosine schedules", lambda c: "optim.schedule='plateau' (its rate starts at the peak)")
 CROSS_USE = Use("model.shared_cross_attention", lambda c: c.model.x_layers > 0, "by the cross-modality layers "
                 "(model.x_layers > 0)", lambda c: "model.x_layers=0")
+# The conditional options every job has (the embedded store, random faults, the schedules); an LXMERT
+# job adds CROSS_USE.
+SHARED_USES = (EMBEDDED_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE)
 
 
 def unused_options(cfg: BaseModel, given: Iterable[str], prefix: str = "") -> list[str]:

@@ -9,10 +9,7 @@ from pydantic import Field, model_validator
 
 from xmodal.base.bounds import Seed
 from xmodal.config.experiment import (
-    EMBEDDED_USE,
-    FAULT_SEED_USE,
-    PLATEAU_USE,
-    WARMUP_USE,
+    SHARED_USES,
     JobConfig,
     MlflowConfig,
     OptimConfig,
@@ -90,7 +87,7 @@ class MultTrainConfig(JobConfig):
             lambda c: f"robust.conditions={list(c.robust.conditions)}"),
         Use("robust.seed", lambda c: _has_noise(c.robust.conditions), "by the noise_* conditions "
             "(in robust.conditions; zero_* draws nothing)", lambda c: f"robust.conditions={list(c.robust.conditions)}"),
-        EMBEDDED_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
+        *SHARED_USES,
     )
 
     @model_validator(mode="after")

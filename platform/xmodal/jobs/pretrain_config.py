@@ -10,10 +10,7 @@ from pydantic import Field, model_validator
 from xmodal.base.bounds import NonNegInt, PosInt
 from xmodal.config.experiment import (
     CROSS_USE,
-    EMBEDDED_USE,
-    FAULT_SEED_USE,
-    PLATEAU_USE,
-    WARMUP_USE,
+    SHARED_USES,
     JobConfig,
     MlflowConfig,
     OptimConfig,
@@ -118,7 +115,7 @@ class PretrainConfig(JobConfig):
             lambda c: "tasks.qa=false"),
         Use("tasks.feat_loss_mean", lambda c: c.tasks.obj_feat, "by the feature-regression task "
             "(tasks.obj_feat=true)", lambda c: "tasks.obj_feat=false"),
-        EMBEDDED_USE, CROSS_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
+        CROSS_USE, *SHARED_USES,
     )
 
     @model_validator(mode="after")
