@@ -12,7 +12,7 @@ selected model, and the prediction files (reference submission formats) are logg
 
 import sys
 
-from xmodal.cli.jobs import job_main
+from xmodal.cli.training import job_main
 
 
 def main(argv: list[str]) -> int:

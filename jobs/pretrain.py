@@ -9,7 +9,7 @@ Rerun with the same --run-name to resume a run whose driver died.
 
 import sys
 
-from xmodal.cli.jobs import job_main
+from xmodal.cli.training import job_main
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ selected model. With --seeds, one run per seed and each metric's mean and std on
 
 import sys
 
-from xmodal.cli.jobs import job_main
+from xmodal.cli.training import job_main
 
 
 def main(argv: list[str]) -> int:

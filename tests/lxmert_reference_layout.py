@@ -2,7 +2,7 @@
 
 Named from the reference's source (src/lxrt/modeling.py: LXRTModel, LXRTPretraining and their heads;
 src/tasks/*_model.py: the task models; DataParallel's `module.`), independently of the adapter's
-mapping (`xmodal.models.lxmert_init.convert_reference_state_dict`), so tests check the one against
+mapping (`xmodal.models.lxmert.init.convert_reference_state_dict`), so tests check the one against
 the other.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from xmodal.models.lxmert import LxmertForPretraining
+from xmodal.models.lxmert.model import LxmertForPretraining
 
 
 def randomised(model):

@@ -1,7 +1,7 @@
 """The MulT reference code's MULTModel (yaohungt/Multimodal-Transformer: src/models.py,
 modules/transformer.py, modules/multihead_attention.py, modules/position_embedding.py), re-written
 for tests from its source with its module names and its computation, independently of the exporter
-(`xmodal.models.mult_reference`), so that an exported state dict is checked by loading it strictly
+(`xmodal.models.mult.reference`), so that an exported state dict is checked by loading it strictly
 into this model, built from the exported `hyp_params`, and comparing outputs.
 
 What it keeps of the reference: d = 30 fixed; kernel-1 projections without bias, skipped for an input

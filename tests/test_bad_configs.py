@@ -8,7 +8,7 @@ on stderr, no Ray start-up text, and the working directory unchanged apart from 
 (no mlflow.db, data/, runs/, mlruns/ or half-written store).
 
 Each case's process is forked from one Python that has imported what every job script imports first
-(torch, xmodal.cli.jobs, xmodal.config.experiment; `FORK_SERVER`), and runs the script as `__main__` with its own
+(torch, xmodal.cli.training, xmodal.config.experiment; `FORK_SERVER`), and runs the script as `__main__` with its own
 arguments, working directory, stdout and stderr: a fresh interpreter per case spent 2-4 s of CPU
 importing torch (about 150 s for the file, 125 cases, on a 2-core machine); forked, the file takes a
 few seconds. The cases run four at a time (one module fixture) and are reported one test each.
@@ -534,7 +534,7 @@ FORK_SERVER = r"""
 import json, os, runpy, signal, sys, time
 
 import torch  # noqa: F401
-import xmodal.cli.jobs  # noqa: F401
+import xmodal.cli.training  # noqa: F401
 import xmodal.config.experiment  # noqa: F401
 
 parallel, timeout = int(sys.argv[1]), float(sys.argv[2])

@@ -39,7 +39,7 @@ from xmodal.core.batches import LxmertBatch
 from xmodal.core.cost import count_flops
 from xmodal.core.runtime import apply_precision, compile_module, resolve_precision
 from xmodal.core.step import TrainState, adamw, train_step
-from xmodal.models.lxmert import PRESETS, LxmertConfig, LxmertForPretraining, preset
+from xmodal.models.lxmert.model import PRESETS, LxmertConfig, LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 from xmodal_bench import at_least, cuda_arg
 from xmodal_bench.measure import H200_BF16_DENSE_TFLOPS, cpu_peak_tensor_bytes
@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     json_out = _json_output(args)
     import transformers  # seconds to import: after the checks
 
-    from xmodal.models.lxmert_hf import config_to_hf
+    from xmodal.models.lxmert.hf import config_to_hf
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads and device.type == "cpu":
         torch.set_num_threads(args.threads)

@@ -32,8 +32,8 @@ from xmodal.core.batches import MultBatch
 from xmodal.core.cost import peak_memory_gib
 from xmodal.core.runtime import apply_precision, compile_module
 from xmodal.core.step import TrainState, train_step
-from xmodal.models.mult import DIRECTIONS, MODALITIES, TARGET_SOURCES, Mult, sinusoidal_positions
-from xmodal.models.mult_config import PRESETS, MultConfig, preset
+from xmodal.models.mult.config import PRESETS, MultConfig, preset
+from xmodal.models.mult.model import DIRECTIONS, MODALITIES, TARGET_SOURCES, Mult, sinusoidal_positions
 from xmodal.objectives.sentiment import MultObjective
 from xmodal_bench import at_least, cuda_arg, preset_arg
 

@@ -306,9 +306,9 @@ def mult_pipeline(store: str, batch: int, batches: int) -> dict[str, Any]:
     """The MulT worker's in-process data path (`jobs/mult_job.py`): row groups -> MultBatches, one core."""
     import itertools
 
-    from xmodal.data.common import epoch_units, read_unit
     from xmodal.data.mult.pipeline import batches_from_tables
     from xmodal.data.mult.store import open_store
+    from xmodal.data.units import epoch_units, read_unit
     from xmodal_bench.data import _one_core
 
     s = open_store(store)

@@ -291,8 +291,8 @@ def measure(contenders: list[Contender], s: Settings, count: bool = True) -> lis
 def lxmert_contenders(s: Settings, ddp: bool = False) -> list[Contender]:
     import transformers
 
-    from xmodal.models.lxmert import preset
-    from xmodal.models.lxmert_hf import config_to_hf
+    from xmodal.models.lxmert.hf import config_to_hf
+    from xmodal.models.lxmert.model import preset
     from xmodal.objectives.pretraining import PretrainTasks
     from xmodal_bench.lxmert import NUM_OBJECTS, SEQ_LEN, build_ours, build_transformers
 
@@ -328,8 +328,8 @@ def _ddp(device: torch.device) -> Callable[[nn.Module], nn.Module]:
 
 
 def mult_contenders(s: Settings) -> list[Contender]:
-    from xmodal.models.mult import Mult
-    from xmodal.models.mult_config import preset
+    from xmodal.models.mult.config import preset
+    from xmodal.models.mult.model import Mult
     from xmodal.objectives.sentiment import MultObjective
     from xmodal_bench.mult import PlainMult, _PlainObjective
 
@@ -493,8 +493,8 @@ def markdown(res: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     import transformers
 
-    from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-    from xmodal.models.mult_config import PRESETS as MULT_PRESETS
+    from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
+    from xmodal.models.mult.config import PRESETS as MULT_PRESETS
     from xmodal_bench import at_least, cuda_arg, folder_arg, preset_arg, write_results
 
     cuda_arg(args.device)

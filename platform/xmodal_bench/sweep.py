@@ -4,7 +4,7 @@ synthetic MulT store), with a throwaway MLflow file and storage. Prints, per tri
 its life as Tune's driver saw it, its training (`time/training_s`) and where the rest went (the
 `time/*` phases of xmodal.runner.timeline, Tune's share), the sweep's wall time against the trials'
 summed training, and whether the overhead is within its target: at most 10 % of the training or
-5 s a trial, whichever is larger (docs/sweeps.md, "Sweeps").
+5 s a trial, whichever is larger (bench-results/20261203-sweep-overhead.md).
 
 The sweep's wall time is broken down too, in time order, into parts that add up to it: Ray's start,
 the sweep's start (its MLflow parent run made, by the run's start time; then Tune's start: Tuner and

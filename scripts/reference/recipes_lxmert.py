@@ -38,7 +38,7 @@ from xmodal.core.batches import LxmertBatch, VqaBatch
 from xmodal.core.optim import current_lr
 from xmodal.core.runtime import prepare
 from xmodal.core.step import train_step
-from xmodal.models.lxmert_init import convert_reference_state_dict
+from xmodal.models.lxmert.init import convert_reference_state_dict
 
 WORDS = [f"w{i}" for i in range(96)]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]

@@ -20,7 +20,7 @@ no longer takes:
 - `input()` at the end of `train_model` answered with nothing; its files go to a temporary folder;
 - in float64 only: `Tensor.float()` keeps float64 (`float64_throughout`), or its attention would take
   every softmax in float32.
-The reference's model starts from ours (`models/mult_reference.py: to_reference_state_dict`).
+The reference's model starts from ours (`models/mult/reference.py: to_reference_state_dict`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from xmodal.core.loop import epoch_ended
 from xmodal.core.optim import current_lr
 from xmodal.core.runtime import prepare
 from xmodal.core.step import train_step
-from xmodal.models.mult_reference import to_reference_state_dict
+from xmodal.models.mult.reference import to_reference_state_dict
 
 DIMS = {"text": 16, "audio": 8, "vision": 6}
 LENS = {"text": 8, "audio": 12, "vision": 10}

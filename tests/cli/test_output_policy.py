@@ -48,7 +48,7 @@ SPOOL = json.dumps({"op": "terminated", "uri": "sqlite:///mlflow.db", "run_id": 
 
 COMMANDS = [
     Command("jobs/pretrain.py", "Ray's storage (--storage-path, checked as an output place before Ray starts); "
-            "the embedded default store (data/atomic.StagedDir via data/common.ensure_derived)",
+            "the embedded default store (data/atomic.StagedDir via data/manifest.ensure_derived)",
             Bad("pretrain-embedded-store-over-the-users-folder", [], ["data/synthetic_lxmert", NOT_A_STORE],
                 files={"data/synthetic_lxmert/notes.txt": "mine"}, env=LOCAL),
             ["xmodal/runner/ray_cluster.py", "xmodal/data/atomic.py"]),

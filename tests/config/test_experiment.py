@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config, load_yaml
+from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config
+from xmodal.config.yaml_files import load_yaml
 from xmodal.jobs.pretrain_config import PretrainConfig
 
 
@@ -250,8 +251,8 @@ def test_chain_checks_both_stages_batches_against_its_scale():
 def test_every_preset_is_valid_and_checkpoint_every_is_gone():
     from xmodal.config.experiment import TrainConfig
     from xmodal.jobs.mult_config import MultTrainConfig
-    from xmodal.models.lxmert import PRESETS as LXMERT
-    from xmodal.models.mult_config import PRESETS as MULT
+    from xmodal.models.lxmert.model import PRESETS as LXMERT
+    from xmodal.models.mult.config import PRESETS as MULT
 
     for name in LXMERT:
         load_config(PretrainConfig, overrides=[f"preset={name}"])

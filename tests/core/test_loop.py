@@ -11,7 +11,7 @@ from xmodal.core.batches import LxmertBatch
 from xmodal.core.loop import evaluate_sums, fit, ratios
 from xmodal.core.runtime import prepare
 from xmodal.core.step import linear_warmup_decay
-from xmodal.models.lxmert import LxmertForPretraining, preset
+from xmodal.models.lxmert.model import LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 
 C = preset("tiny")

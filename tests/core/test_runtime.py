@@ -12,8 +12,8 @@ import torch
 from xmodal.core.batches import MultBatch
 from xmodal.core.runtime import apply_precision, resolve_precision
 from xmodal.core.step import TrainState, train_step
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import preset
+from xmodal.models.mult.config import preset
+from xmodal.models.mult.model import Mult
 from xmodal.objectives.sentiment import MultObjective
 
 

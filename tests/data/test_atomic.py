@@ -9,7 +9,8 @@ import pytest
 
 from xmodal.base.outputs import discard_partial, missing_parents, publish_dir, read_record, temp_dir_beside
 from xmodal.data.atomic import StagedDir, check_target
-from xmodal.data.common import MANIFEST_FILE, StoreError
+from xmodal.data.errors import StoreError
+from xmodal.data.manifest import MANIFEST_FILE
 
 
 def test_check_target_refuses_a_folder_that_is_not_a_store(tmp_path: Path):
@@ -84,3 +85,25 @@ def test_overwrite_never_replaces_a_store_holding_files_it_did_not_write(tmp_pat
                                          "to replace it even with --overwrite: move it out first"):
         check_target(target, True, "mult")
     assert (target / "train" / "notes.txt").read_text() == "mine"
+
+
+def test_a_store_written_before_records_is_replaced_only_if_it_holds_store_files_alone(tmp_path: Path):
+    """A store from before the output record: `--overwrite` replaces it when it holds only what a store's
+    writers write (manifest, vocabulary, answers, Parquet shards at the top or one folder down), and
+    refuses it, naming the file, when it holds anything else."""
+    target = tmp_path / "old"
+    (target / "train").mkdir(parents=True)
+    (target / MANIFEST_FILE).write_text('{"kind": "mult", "schema_version": 1}')
+    (target / "train" / "part-00000.parquet").write_text("rows")
+    check_target(target, True, "mult")  # store files only: may be replaced
+    for mine in ("notes.txt", "train/photo.jpg", "train/deep/part-1.parquet"):
+        (target / mine).parent.mkdir(parents=True, exist_ok=True)
+        (target / mine).write_text("mine")
+        with pytest.raises(StoreError, match=f"holds '{mine}', which is not part of the store; refusing to replace "
+                                             "it even with --overwrite"):
+            check_target(target, True, "mult")
+        (target / mine).unlink()
+    with StagedDir(target, True, "mult") as staged:  # the old store replaced whole by a new one
+        (staged.tmp / MANIFEST_FILE).write_text('{"kind": "mult", "schema_version": 1}')
+        staged.publish()
+    assert read_record(target) == {"command": "store mult", "files": [MANIFEST_FILE]}

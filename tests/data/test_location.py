@@ -1,4 +1,4 @@
-"""`data.common.Location`: a local path and a URI behind the one interface the store readers use."""
+"""`data.location.Location`: a local path and a URI behind the one interface the store readers use."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pickle
 import pyarrow.fs as pafs
 import pytest
 
-from xmodal.data.common import Location, StoreError, is_uri, locate, store_path
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, is_uri, locate, store_path
 
 
 def test_a_local_path_is_a_local_file_system_and_stays_a_path(tmp_path, monkeypatch):

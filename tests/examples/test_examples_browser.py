@@ -19,7 +19,7 @@ import pytest
 
 from xmodal import tracking
 from xmodal.base import run_tags
-from xmodal.cli.jobs import end_of_run_pages
+from xmodal.cli.training import end_of_run_pages
 from xmodal.config.experiment import load_config
 from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.runner import engine

@@ -22,7 +22,7 @@ import torch
 
 from xmodal import tracking
 from xmodal.base import run_tags
-from xmodal.cli.jobs import end_of_run_pages
+from xmodal.cli.training import end_of_run_pages
 from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
 from xmodal.examples.build import EXAMPLES_TAG, INDEX, TABLE_FILE
@@ -105,7 +105,7 @@ def test_the_attention_a_page_holds_is_the_models_own(run, tmp_path):
     path)."""
     from xmodal.data.finetune.sets import open_finetune
     from xmodal.export.source import from_run
-    from xmodal.models.lxmert import recording_cross_attention
+    from xmodal.models.lxmert.model import recording_cross_attention
 
     _, uri, run_id, vqa = run
     built = make_examples(uri, run_id, "valid", 5, out=tmp_path / "pages")

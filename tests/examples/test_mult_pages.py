@@ -26,7 +26,7 @@ def test_mult_pages(stores, tmp_path, ray_local):
     from xmodal.data.mult.store import open_store
     from xmodal.export.source import from_run
     from xmodal.jobs.mult_job import MultJob
-    from xmodal.models.mult import recording_crossmodal_attention
+    from xmodal.models.mult.model import recording_crossmodal_attention
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = engine.run(MultJob(), load_config(MultTrainConfig, overrides=[

@@ -14,8 +14,8 @@ from xmodal.data.finetune.sets import open_finetune
 from xmodal.examples.build import write_rendered
 from xmodal.examples.finetune import FinetuneKind, evaluate
 from xmodal.examples.run import Shown, choose_rows
-from xmodal.models.lxmert import PRESETS, recording_cross_attention
-from xmodal.models.lxmert_finetune import LxmertForNlvr2
+from xmodal.models.lxmert.finetune import LxmertForNlvr2
+from xmodal.models.lxmert.model import PRESETS, recording_cross_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

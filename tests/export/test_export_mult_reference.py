@@ -12,10 +12,10 @@ from mult_reference_layout import MULTModel
 from xmodal.base.errors import UserError
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, export
 from xmodal.export.source import from_model
-from xmodal.models.lxmert import LxmertForPretraining
-from xmodal.models.lxmert import preset as lxmert_preset
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import preset
+from xmodal.models.lxmert.model import LxmertForPretraining
+from xmodal.models.lxmert.model import preset as lxmert_preset
+from xmodal.models.mult.config import preset
+from xmodal.models.mult.model import Mult
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -13,11 +13,11 @@ from xmodal.base.errors import UserError
 from xmodal.export import export
 from xmodal.export.source import from_model
 from xmodal.jobs.finetune_init import load_init, resolve_path_init
-from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
-from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
-from xmodal.models.lxmert_init import reference_weights
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import preset as mult_preset
+from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.init import reference_weights
+from xmodal.models.lxmert.model import LxmertConfig, LxmertForPretraining
+from xmodal.models.mult.config import preset as mult_preset
+from xmodal.models.mult.model import Mult
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -20,9 +20,9 @@ from xmodal.export.source import from_checkpoint
 from xmodal.jobs.finetune_config import FinetuneConfig
 from xmodal.jobs.mult_config import MultTrainConfig
 from xmodal.jobs.pretrain_config import PretrainConfig
-from xmodal.models.lxmert import LxmertForPretraining
-from xmodal.models.lxmert_finetune import LxmertForQuestionAnswering
-from xmodal.models.mult import Mult
+from xmodal.models.lxmert.finetune import LxmertForQuestionAnswering
+from xmodal.models.lxmert.model import LxmertForPretraining
+from xmodal.models.mult.model import Mult
 from xmodal.objectives.finetune import FinetuneObjective
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.objectives.sentiment import MultObjective

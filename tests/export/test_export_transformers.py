@@ -13,10 +13,10 @@ import torch
 from xmodal.base.errors import UserError
 from xmodal.export import PROVENANCE_FILE, export
 from xmodal.export.source import from_model
-from xmodal.models.lxmert import LxmertForPretraining, preset
-from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import preset as mult_preset
+from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.model import LxmertForPretraining, preset
+from xmodal.models.mult.config import preset as mult_preset
+from xmodal.models.mult.model import Mult
 from xmodal_testing import all_logits
 
 transformers = pytest.importorskip("transformers")

@@ -425,7 +425,7 @@ def test_images_to_a_fine_tuning_run_and_its_pages(extracted, tmp_path):
 
     from xmodal import tracking
     from xmodal.cli.ingest import main as ingest_main
-    from xmodal.cli.jobs import end_of_run_pages
+    from xmodal.cli.training import end_of_run_pages
     from xmodal.config.experiment import load_config
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.data.options import SyntheticLxmertOptions

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from xmodal.data.common import StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.feature_writer import RECORD, FeatureWriter, ShardInfo
 from xmodal.data.lxmert.features import KIND, SCHEMA_VERSION, FeatureManifest, open_features
 from xmodal.data.lxmert.rows import SOURCE, image_schema

@@ -240,7 +240,7 @@ def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_
     transformers = pytest.importorskip("transformers")
     from xmodal.jobs.finetune_init import Init, load_init
     from xmodal.jobs.finetune_job import FinetuneJob
-    from xmodal.models.lxmert_init import encoder_state_from_hf_dir
+    from xmodal.models.lxmert.init import encoder_state_from_hf_dir
 
     data = open_finetune(sets["vqa"])
     store = data.store.manifest
@@ -264,7 +264,7 @@ def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapt
     from lxmert_reference_layout import randomised, reference_pretraining
     from xmodal.jobs.finetune_init import Init, load_init
     from xmodal.jobs.finetune_job import FinetuneJob
-    from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
+    from xmodal.models.lxmert.model import LxmertConfig, LxmertForPretraining
 
     data = open_finetune(sets["vqa"])
     store = data.store.manifest

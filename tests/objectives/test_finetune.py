@@ -12,8 +12,8 @@ import torch
 
 from xmodal.core.batches import Nlvr2Batch, VqaBatch
 from xmodal.jobs.predictions import write_gqa_predictions, write_nlvr2_predictions, write_vqa_predictions
-from xmodal.models.lxmert import preset
-from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.model import preset
 from xmodal.objectives.finetune import (
     FinetuneObjective,
     nlvr2_consistency,

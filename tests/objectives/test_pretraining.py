@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from xmodal.core.batches import LxmertBatch
 from xmodal.core.step import TrainState, adamw, linear_warmup_decay, train_step
-from xmodal.models.lxmert import LxmertForPretraining, preset
+from xmodal.models.lxmert.model import LxmertForPretraining, preset
 from xmodal.objectives.pretraining import (
     IGNORE,
     TASKS,

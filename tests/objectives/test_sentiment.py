@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from xmodal.core.batches import MultBatch
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import preset
+from xmodal.models.mult.config import preset
+from xmodal.models.mult.model import Mult
 from xmodal.objectives.sentiment import (
     MULT_METRICS,
     MultObjective,

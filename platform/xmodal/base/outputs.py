@@ -197,7 +197,7 @@ def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _files_under(root: Path) -> list[str]:
+def files_under(root: Path) -> list[str]:
     """Every file and link under `root`, as POSIX paths relative to it, sorted; the record left out."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -226,7 +226,7 @@ def read_record(folder: Path) -> dict | None:
 def write_record(folder: Path, command: str) -> list[str]:
     """Leave in `folder` (being staged) the record of what `command` wrote there: every file under it.
     Returns those files."""
-    files = _files_under(folder)
+    files = files_under(folder)
     (folder / RECORD).write_text(json.dumps({"command": command, "files": files}, indent=1) + "\n")
     return files
 
@@ -236,7 +236,7 @@ def foreign_entries(folder: Path, command: str) -> list[str]:
     no record (or another command's), none where the folder holds only its own earlier output."""
     record = read_record(folder)
     own = set(record["files"]) if record is not None and record["command"] == command else set()
-    return [f for f in _files_under(folder) if f not in own]
+    return [f for f in files_under(folder) if f not in own]
 
 
 class Output:

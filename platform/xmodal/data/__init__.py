@@ -12,7 +12,9 @@ a different model, hence the repeated module names):
     synthetic.py  a small learnable store of that kind (the embedded default)
     pipeline.py   the Ray Data reader of a training split (finetune/stream.py for the sets)
 
-Shared by all kinds: `common.py` (locations local or on object storage, manifests, output checks and
-atomic publishing, units of row groups), `reader.py` (the one Ray Data read of units), `options.py`
+Shared by all kinds, one concern a module: `errors.py` (StoreError), `location.py` (where a store is
+read from: a local path or a URI), `manifest.py` (typed manifests, kinds, the embedded defaults'
+policy), `atomic.py` (kind-checked, staged publishing), `units.py` (a worker's share: units of row
+groups), `prefetch.py` (batches a few ahead), `reader.py` (the one Ray Data read of units), `options.py`
 (the synthetic stores' and masking options, plain dataclasses), `tokenizer.py`, `answers.py`.
 """

@@ -114,7 +114,7 @@ class AnswerTable:
 
     @classmethod
     def load(cls, directory: str | Path | Any) -> AnswerTable:
-        """From a store folder: a local path, or a store's `data.common.Location` (anything with `/`
+        """From a store folder: a local path, or a store's `data.location.Location` (anything with `/`
         and `read_text`: a remote store's file is read through its file system)."""
         p = (Path(directory) if isinstance(directory, str) else directory) / cls.FILE
         try:

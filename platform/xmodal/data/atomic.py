@@ -6,7 +6,7 @@ when it is not a store or holds files that the store's record (the output policy
 does not list. A failed write removes only what it created (an empty output folder the user
 made stays). `StagedDir` is that sequence for a writer; `check_target` is also called on its own, before
 a long read, so that a target that will be refused fails first. Imports the standard library only (and
-the data layer's `common`).
+the data layer's `errors` and `manifest`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,16 @@ from xmodal.base.outputs import (
     RECORD,
     check_writable_dir,
     discard_partial,
+    files_under,
     foreign_entries,
     missing_parents,
     publish_dir,
     temp_dir_beside,
     write_record,
 )
-from xmodal.data.common import KINDS, MANIFEST_FILE, StoreError, is_uri, kind_at, kind_name
+from xmodal.data.errors import StoreError
+from xmodal.data.location import is_uri
+from xmodal.data.manifest import KINDS, MANIFEST_FILE, kind_at, kind_name
 
 
 def local_target(path: str | Path) -> Path:
@@ -64,11 +67,23 @@ record (written at publish) does not list. Raises StoreError naming the path."""
                          "replaces only a store or set of the same kind; choose another path")
     if not overwrite:
         raise StoreError(f"{path}: already exists; pass --overwrite to replace it ({writing})")
-    foreign = foreign_entries(path, record_command(kind)) if (path / RECORD).is_file() else []
-    if foreign:  # a store written with its record: anything else in the folder is someone's, and stays
+    # A store written with its record: anything else in the folder is someone's, and stays. One written
+    # before stores had records: only what a store's writers write (its manifest, vocabulary, answers and
+    # Parquet shards, at the top or one folder down) may go with it.
+    foreign = (foreign_entries(path, record_command(kind)) if (path / RECORD).is_file()
+               else [f for f in files_under(path) if not _store_file(f)])
+    if foreign:
         raise StoreError(f"{path}: holds {foreign[0]!r}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, "
                          f"which is not part of the store; refusing to replace it even with --overwrite: move "
                          f"{'it' if len(foreign) == 1 else 'them'} out first")
+
+
+STORE_FILES = (MANIFEST_FILE, "vocab.txt", "answers.json", "writing.json", "rejects.jsonl")
+
+
+def _store_file(rel: str) -> bool:
+    """Is `rel` (a POSIX path in a store folder) a file a store's writer makes?"""
+    return rel in STORE_FILES or (rel.endswith(".parquet") and rel.count("/") <= 1)
 
 
 def record_command(kind: str) -> str:

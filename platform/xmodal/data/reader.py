@@ -1,5 +1,5 @@
 """The Ray Data reader of a Train worker's share of a split (the training path of every job that
-streams its train split): the worker's units (Parquet row groups, `common.epoch_units`) read by Ray
+streams its train split): the worker's units (Parquet row groups, `units.epoch_units`) read by Ray
 Data tasks, in the units' order.
 
 Each rank reads only its own units, and the same ones in the same order in every run, so a run
@@ -18,7 +18,7 @@ import pyarrow as pa
 import ray.data
 
 from xmodal.base import console
-from xmodal.data.common import Unit, read_unit
+from xmodal.data.units import Unit, read_unit
 
 
 def quiet_ray_data() -> None:

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from xmodal.base.errors import UserError
 
 if TYPE_CHECKING:
-    from xmodal.data.common import Location
+    from xmodal.data.location import Location
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 VOCAB_FILE = "vocab.txt"

@@ -57,8 +57,8 @@ def qa_loss_of(config: dict | None) -> str:
 def image_rows(data, img_ids: list[str], columns: tuple[str, ...]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
     """img_id -> {column: value} for `img_ids`, reading only the row groups that hold them, and img_id ->
     the index of the image store it came from."""
-    from xmodal.data.common import open_parquet
     from xmodal.data.finetune.sets import _tensor
+    from xmodal.data.location import open_parquet
 
     index = data.store_index()
     out: dict[str, dict[str, Any]] = {}
@@ -122,7 +122,7 @@ def evaluate(model, data, split: str, rows: np.ndarray, notes: list[str], batch_
              loss: str = "bce") -> list[Example]:
     """The model on the examples `rows` of `split`: predictions, top answers, scores, the run's loss on each
     and the cross-attention, `batch_size` examples a forward (the default count's and 48 in one)."""
-    from xmodal.models.lxmert import recording_cross_attention
+    from xmodal.models.lxmert.model import recording_cross_attention
 
     sp = data.split(split)
     pair = not sp.is_qa

@@ -108,7 +108,7 @@ class MultKind:
 
     def collect(self, model, store, split: str, n: int, notes: list[str], ids: list[str] | None = None,
                 config: dict | None = None) -> tuple[list[MultExample], int]:
-        from xmodal.data.common import read_unit
+        from xmodal.data.units import read_unit
 
         units = store.units(split)
         size = sum(u.rows for u in units)
@@ -126,9 +126,9 @@ class MultKind:
 @torch.no_grad()
 def collect_mult(model, store, split: str, rows: np.ndarray) -> list[MultExample]:
     """The model on the clips `rows` of `split`, with its crossmodal attention."""
-    from xmodal.data.common import read_unit
     from xmodal.data.mult.store import table_to_split
-    from xmodal.models.mult import recording_crossmodal_attention
+    from xmodal.data.units import read_unit
+    from xmodal.models.mult.model import recording_crossmodal_attention
 
     units = store.units(split)
     starts = np.cumsum([0] + [u.rows for u in units])

@@ -74,9 +74,9 @@ def evaluate_pretrain(model, store, qs: list[tuple[str, int, int, str]], rows: n
                       ) -> list[Example]:
     """The pretraining model's QA head on the questions `rows` of `qs`, with its cross-attention: only the
     row groups holding them are read. Right: the prediction is the most-agreed gold answer (`qa_acc`)."""
-    from xmodal.data.common import open_parquet
+    from xmodal.data.location import open_parquet
     from xmodal.data.lxmert.rows import table_to_block
-    from xmodal.models.lxmert import recording_cross_attention
+    from xmodal.models.lxmert.model import recording_cross_attention
 
     answers = store.answers()
     sources = store_sources(store)

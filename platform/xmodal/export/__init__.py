@@ -6,12 +6,12 @@ Targets (`TARGETS`):
   files when the run's store has a vocabulary): `LxmertForPreTraining` for the pretraining model,
   `LxmertForQuestionAnswering` for a VQA / GQA one; transformers has no NLVR2 model, so an NLVR2
   model is `LxmertModel` (the encoder) plus its pair classifier in `nlvr2_classifier.safetensors`.
-  The weight mapping is `models/lxmert_hf.py`'s, inverted (`to_hf_state_dict`).
+  The weight mapping is `models/lxmert/hf.py`'s, inverted (`to_hf_state_dict`).
 - `reference`: the reference code's snapshot (airsplay/lxmert): `model_LXRT.pth` for the pretraining
-  model, a task's `BEST.pth` for a fine-tuned one (`models/lxmert_init.py: to_reference_state_dict`),
+  model, a task's `BEST.pth` for a fine-tuned one (`models/lxmert/init.py: to_reference_state_dict`),
   which our `--init reference` reads back.
 - `mult-reference`: MulT as the reference MULTModel's state dict (yaohungt/Multimodal-Transformer,
-  `models/mult_reference.py`) with its `hyp_params` in `hyp_params.json`.
+  `models/mult/reference.py`) with its `hyp_params` in `hyp_params.json`.
 
 What a target cannot hold is refused before anything is written (an `ExportError` naming the model
 option or variant and the target). `--out` is checked first, under the output policy
@@ -81,7 +81,7 @@ def _lxmert_only(target: str, source: Source, instead: str) -> None:
 
 def _transformers(source: Source) -> Plan:
     _lxmert_only("transformers", source, "MulT: --to mult-reference")
-    from xmodal.models.lxmert_hf import hf_incompatibilities
+    from xmodal.models.lxmert.hf import hf_incompatibilities
 
     model = source.model
     c = model.config
@@ -107,7 +107,7 @@ def _transformers(source: Source) -> Plan:
     def write(folder: Path) -> list[str]:
         import transformers
 
-        from xmodal.models.lxmert_hf import config_to_hf, to_hf_state_dict
+        from xmodal.models.lxmert.hf import config_to_hf, to_hf_state_dict
 
         transformers.utils.logging.disable_progress_bar()  # its shard-writing bar is not our console's
 
@@ -166,7 +166,7 @@ def _tokenizer(transformers, vocab: Path, max_positions: int):
 
 def _reference(source: Source) -> Plan:
     _lxmert_only("reference", source, "MulT: --to mult-reference")
-    from xmodal.models.lxmert_init import reference_incompatibilities
+    from xmodal.models.lxmert.init import reference_incompatibilities
 
     model = source.model
     c = model.config
@@ -184,7 +184,7 @@ def _reference(source: Source) -> Plan:
         notes.append("the model has no token-type embedding: bert.embeddings.token_type_embeddings is a zero table")
 
     def write(folder: Path) -> list[str]:
-        from xmodal.models.lxmert_init import to_reference_state_dict
+        from xmodal.models.lxmert.init import to_reference_state_dict
 
         torch.save(to_reference_state_dict(c, model.state_dict(), head), folder / name)
         return [name]
@@ -200,7 +200,7 @@ def _mult_reference(source: Source) -> Plan:
     if source.kind != "mult":
         raise ExportError(f"--to mult-reference: {source.origin} is an LXMERT {source.kind} model; mult-reference "
                           "holds MulT models (LXMERT: --to transformers or --to reference)")
-    from xmodal.models.mult_reference import reference_hyperparameters, reference_incompatibilities
+    from xmodal.models.mult.reference import reference_hyperparameters, reference_incompatibilities
 
     c = source.model.config
     _refuse("mult-reference", source, [f"model.{p}" for p in reference_incompatibilities(c)])
@@ -213,7 +213,7 @@ def _mult_reference(source: Source) -> Plan:
                      "written with zero weights and unit LayerNorms")
 
     def write(folder: Path) -> list[str]:
-        from xmodal.models.mult_reference import to_reference_state_dict
+        from xmodal.models.mult.reference import to_reference_state_dict
 
         torch.save(to_reference_state_dict(source.model), folder / MULT_WEIGHTS_FILE)
         (folder / MULT_HYPERPARAMETERS_FILE).write_text(json.dumps(reference_hyperparameters(c), indent=2) + "\n")

@@ -153,9 +153,9 @@ def from_run(uri: str, run_id: str, download_dir: Path) -> Source:
 
 def from_logged_model(uri: str, model_uri: str, download_dir: Path) -> Source:
     """A run's logged MLflow model (`models:/<id>` or `runs:/<run id>/final_model`, `tracking.log_pytorch_model`)."""
-    from xmodal.models.lxmert import LxmertForPretraining
-    from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
-    from xmodal.models.mult import Mult
+    from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+    from xmodal.models.lxmert.model import LxmertForPretraining
+    from xmodal.models.mult.model import Mult
 
     logged = tracking.load_logged_model(uri, model_uri, download_dir)
     m, config = logged.module, logged.config or {}
@@ -211,9 +211,9 @@ def job_config(raw: dict[str, Any], where: str):
 
 def bare_model(kind: str, cfg, state: dict[str, Any], where: str) -> nn.Module:
     """The job's bare model (`record.exported_model`) with an objective state dict's weights."""
-    from xmodal.models.lxmert import LxmertForPretraining
-    from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
-    from xmodal.models.mult import Mult
+    from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+    from xmodal.models.lxmert.model import LxmertForPretraining
+    from xmodal.models.mult.model import Mult
 
     prefix = "model."
     foreign = [k for k in state if not k.startswith(prefix)]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xmodal.data.common import is_uri
+from xmodal.data.location import is_uri
 from xmodal.extract.images import ExtractError, ImageRef
 
 STAT_THREADS = 16

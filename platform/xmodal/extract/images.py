@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from xmodal.base.errors import UserError
-from xmodal.data.common import is_uri
+from xmodal.data.location import is_uri
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -407,7 +407,7 @@ def _png_size(read, read_at, walk_all: bool) -> tuple[int, int, int] | None:
 def header_size(path: str) -> HeaderSize | None:
     """The size OpenCV will decode the image at `path` (a local path or a URI) to, read from its header;
     None for a file that is not a JPEG or PNG with a readable header (decoding will say why)."""
-    from xmodal.data.common import Location
+    from xmodal.data.location import Location
 
     loc = Location(path)
     try:

@@ -57,7 +57,7 @@ def decode_batch(batch: pa.Table, resize: str = "opencv", input_cfg: Any = None)
     """Read and decode each image of the batch (columns path, img_id, given); add h, w (the image's size),
     bh, bw, scale and pixels (the blob's float32 bytes, or the image's uint8 BGR bytes where `resize` is
     "generic"), and reject."""
-    from xmodal.data.common import Location
+    from xmodal.data.location import Location
     from xmodal.extract.boxes import outside
     from xmodal.extract.images import decode
 

@@ -213,7 +213,7 @@ def _probe(folder: str, record: str) -> str:
 
     import pyarrow as pa
 
-    from xmodal.data.common import Location
+    from xmodal.data.location import Location
 
     try:
         Location(record).read_bytes()

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from xmodal.config.experiment import JobConfig, MlflowConfig, ScaleConfig, check_batch
 from xmodal.jobs.finetune_config import FinetuneConfig, FinetuneInit
 from xmodal.jobs.pretrain_config import PretrainConfig
-from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
 
 
 class PretrainFinetuneConfig(JobConfig):

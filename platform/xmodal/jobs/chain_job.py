@@ -19,7 +19,7 @@ from xmodal.jobs.finetune_config import FinetuneInit
 from xmodal.jobs.finetune_init import Init
 from xmodal.jobs.finetune_job import FinetuneJob, started_from
 from xmodal.jobs.pretrain_job import PretrainJob
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.runner.hooks import say
 from xmodal.runner.spec import CheckedRun, CheckedStages, RunResult, StagedJob, Trial
 

@@ -10,10 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from xmodal.base.bounds import PosInt, Seed
 from xmodal.config.experiment import (
     CROSS_USE,
-    EMBEDDED_USE,
-    FAULT_SEED_USE,
-    PLATEAU_USE,
-    WARMUP_USE,
+    SHARED_USES,
     JobConfig,
     MlflowConfig,
     RobustSection,
@@ -29,8 +26,8 @@ from xmodal.config.recipes import recipes_for
 from xmodal.core.robustness import FINETUNE_CONDITIONS, FinetuneCondition
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.jobs.pretrain_config import LxmertOptimConfig, embedded_lxmert_store
-from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 
 
@@ -164,7 +161,6 @@ class FinetuneConfig(JobConfig):
             lambda c: "robust.conditions=[]"),
         Use("examples.split", lambda c: c.examples.count > 0, "by the example pages (examples.count > 0)",
             lambda c: "examples.count=0"),
-        EMBEDDED_USE,
         Use("data.synthetic_questions_per_image", lambda c: c.data.store is None and c.task != "nlvr2",
             "to build the embedded VQA or GQA set (data.store unset, task=vqa or gqa)",
             lambda c: f"data.store={c.data.store!r}" if c.data.store is not None else "task='nlvr2'"),
@@ -174,7 +170,7 @@ class FinetuneConfig(JobConfig):
         Use("model", lambda c: c.init.source in ("scratch", "latest"), _SCRATCH,
             lambda c: f"init.source={c.init.source} takes the architecture from its weights",
             "drop it, or fine-tune from scratch (--init scratch)"),
-        CROSS_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
+        CROSS_USE, *SHARED_USES,
     )
 
     @model_validator(mode="after")

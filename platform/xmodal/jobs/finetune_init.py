@@ -22,7 +22,7 @@ from xmodal.base.outputs import check_local_input
 from xmodal.config.experiment import ConfigError
 from xmodal.core import checkpoint as ckpt
 from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.runner.hooks import say
 from xmodal.runner.ray_cluster import removed_on_failure
 
@@ -106,7 +106,7 @@ def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
     if source == "checkpoint":
         return _checkpoint_init(checkpoint_files(path))
     if source == "transformers":
-        from xmodal.models.lxmert_hf import config_from_hf_dir, weights_present
+        from xmodal.models.lxmert.hf import config_from_hf_dir, weights_present
 
         try:
             config = config_from_hf_dir(path)
@@ -116,7 +116,7 @@ def resolve_path_init(source: str, path_text: str) -> tuple[Init, LxmertConfig]:
             raise ConfigError(f"init.path: no weights in {path}: expected model.safetensors, pytorch_model.bin or "
                               "their .index.json beside config.json")
         return Init("transformers", path=str(path)), config
-    from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights
+    from xmodal.models.lxmert.init import PretrainedWeightsError, reference_weights
 
     if not path.is_file():
         raise ConfigError(f"init.path: {str(path)!r} is not a file; expected a snapshot of the reference "
@@ -134,7 +134,7 @@ def _checkpoint_init(folder: Path, what: str | None = None) -> tuple[Init, Lxmer
     """A checkpoint folder's architecture (meta.json) and its weights file read as a state dict (memory-mapped,
     no code run), so that what a worker would refuse is refused here. `what`: the folder as the
     messages name it (a run's downloaded artifact), else `init.path: <its meta.json>`."""
-    from xmodal.models.lxmert_init import PretrainedWeightsError, read_state_dict_file
+    from xmodal.models.lxmert.init import PretrainedWeightsError, read_state_dict_file
 
     where = what or f"init.path: {folder / ckpt.META_FILE}"
     try:
@@ -252,7 +252,7 @@ def _check_weights(folder: Path, init: Init) -> None:
 
 def load_init(objective, init: Init, answers: list[str] | None, answer_head_from_qa: bool) -> str:
     """Load the starting weights into the objective's model; returns a line saying what was loaded."""
-    from xmodal.models.lxmert_init import (
+    from xmodal.models.lxmert.init import (
         encoder_state_from_hf_dir,
         init_answer_head_from_qa,
         load_finetuned_head,

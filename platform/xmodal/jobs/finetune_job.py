@@ -35,8 +35,8 @@ from xmodal.core.loop import gather_rows
 from xmodal.data.finetune.stream import split_layout
 from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig, FinetuneInit
 from xmodal.jobs.finetune_init import Init, check_init_run, load_init, resolve_init, resolve_path_init
-from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 from xmodal.runner.ray_cluster import init_download_dir
 from xmodal.runner.spec import CheckedRun, JobSpec, PrepareContext, PreparedJob, Worker, open_configured
@@ -116,8 +116,8 @@ class FinetuneJob(JobSpec):
 
     # ------------------------------------------------ model
     def build_objective(self, cfg: FinetuneConfig, data):
-        from xmodal.models.lxmert import no_grad_row0
-        from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+        from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+        from xmodal.models.lxmert.model import no_grad_row0
         from xmodal.objectives.finetune import FinetuneObjective
 
         if cfg.task == "nlvr2":

@@ -9,10 +9,7 @@ from pydantic import Field, model_validator
 
 from xmodal.base.bounds import Seed
 from xmodal.config.experiment import (
-    EMBEDDED_USE,
-    FAULT_SEED_USE,
-    PLATEAU_USE,
-    WARMUP_USE,
+    SHARED_USES,
     JobConfig,
     MlflowConfig,
     OptimConfig,
@@ -28,8 +25,8 @@ from xmodal.config.experiment import (
 from xmodal.config.recipes import recipes_for
 from xmodal.core.robustness import MULT_CONDITIONS, MultCondition
 from xmodal.data.options import SyntheticMultOptions
-from xmodal.models.mult_config import PRESETS as MULT_PRESETS
-from xmodal.models.mult_config import MultConfig
+from xmodal.models.mult.config import PRESETS as MULT_PRESETS
+from xmodal.models.mult.config import MultConfig
 from xmodal.objectives.sentiment import MULT_METRICS, F1Protocol, mult_valid_metrics
 
 
@@ -90,7 +87,7 @@ class MultTrainConfig(JobConfig):
             lambda c: f"robust.conditions={list(c.robust.conditions)}"),
         Use("robust.seed", lambda c: _has_noise(c.robust.conditions), "by the noise_* conditions "
             "(in robust.conditions; zero_* draws nothing)", lambda c: f"robust.conditions={list(c.robust.conditions)}"),
-        EMBEDDED_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
+        *SHARED_USES,
     )
 
     @model_validator(mode="after")

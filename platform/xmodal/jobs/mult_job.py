@@ -22,9 +22,9 @@ from xmodal.base import run_tags
 from xmodal.config.experiment import ConfigError
 from xmodal.core.batches import MultBatch
 from xmodal.core.loop import gather_rows
-from xmodal.data.common import epoch_units, read_unit
+from xmodal.data.units import epoch_units, read_unit
 from xmodal.jobs.mult_config import MultTrainConfig
-from xmodal.models.mult import Mult
+from xmodal.models.mult.model import Mult
 from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
 from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 

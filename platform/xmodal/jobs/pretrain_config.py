@@ -10,10 +10,7 @@ from pydantic import Field, model_validator
 from xmodal.base.bounds import NonNegInt, PosInt
 from xmodal.config.experiment import (
     CROSS_USE,
-    EMBEDDED_USE,
-    FAULT_SEED_USE,
-    PLATEAU_USE,
-    WARMUP_USE,
+    SHARED_USES,
     JobConfig,
     MlflowConfig,
     OptimConfig,
@@ -28,8 +25,8 @@ from xmodal.config.experiment import (
 )
 from xmodal.config.recipes import recipes_for
 from xmodal.data.options import MaskingOptions, SyntheticLxmertOptions
-from xmodal.models.lxmert import PRESETS as LXMERT_PRESETS
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
+from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.pretraining import PretrainTasks, pretraining_eval_metrics
 
 
@@ -118,7 +115,7 @@ class PretrainConfig(JobConfig):
             lambda c: "tasks.qa=false"),
         Use("tasks.feat_loss_mean", lambda c: c.tasks.obj_feat, "by the feature-regression task "
             "(tasks.obj_feat=true)", lambda c: "tasks.obj_feat=false"),
-        EMBEDDED_USE, CROSS_USE, FAULT_SEED_USE, PLATEAU_USE, WARMUP_USE,
+        CROSS_USE, *SHARED_USES,
     )
 
     @model_validator(mode="after")

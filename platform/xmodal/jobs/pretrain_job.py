@@ -20,7 +20,7 @@ from xmodal.base import run_tags
 from xmodal.config.experiment import ConfigError
 from xmodal.core.loop import evaluate_sums, ratios
 from xmodal.jobs.pretrain_config import PretrainConfig
-from xmodal.models.lxmert import LxmertForPretraining, no_grad_row0
+from xmodal.models.lxmert.model import LxmertForPretraining, no_grad_row0
 from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
 from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
 

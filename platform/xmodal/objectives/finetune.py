@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xmodal.core.batches import Nlvr2Batch, VqaBatch
-from xmodal.models.lxmert import LxmertEncoder
-from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.model import LxmertEncoder
 from xmodal.objectives import loss_precision
 
 Task = Literal["vqa", "gqa", "nlvr2"]

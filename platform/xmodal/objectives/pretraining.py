@@ -25,7 +25,7 @@ from torch import Tensor
 
 from xmodal.base.bounds import PosFloat
 from xmodal.core.batches import LxmertBatch
-from xmodal.models.lxmert import LxmertForPretraining
+from xmodal.models.lxmert.model import LxmertForPretraining
 from xmodal.objectives import loss_precision
 
 TASKS: tuple[str, ...] = ("mlm", "obj_feat", "obj_label", "matching", "qa")

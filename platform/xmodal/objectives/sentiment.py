@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xmodal.core.batches import MultBatch
-from xmodal.models.mult import Mult
+from xmodal.models.mult.model import Mult
 from xmodal.objectives import loss_precision
 
 EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")

@@ -112,7 +112,7 @@ def check_cluster(scale) -> None:
 
 # Ray Train V2's controller polls its workers every 2 s by default, so it sees a run's end (and a dead
 # worker) up to 2 s late, and its teardown waits on further polls: measured on a 2-core machine, a
-# one-worker sweep trial's end took 5.6 s at 2 s and 1.2 s at 0.5 s (docs/sweeps.md, "Sweeps").
+# one-worker sweep trial's end took 5.6 s at 2 s and 1.2 s at 0.5 s (bench-results/20261203-sweep-overhead.md).
 # A local Ray's processes inherit it from the driver; a cluster's from scripts/cluster/node_env.sh.
 TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
 

@@ -48,8 +48,8 @@ def reproducibility_tags(cfg, data_path: str) -> dict[str, str]:
 
 def manifest_digest(data_path: str) -> str:
     """The data's fingerprint: the first 16 hex digits of its manifest's sha256 ("-" without one);
-    `data_path` is a local path or a URI (`data.common.locate`)."""
-    from xmodal.data.common import locate
+    `data_path` is a local path or a URI (`data.location.locate`)."""
+    from xmodal.data.location import locate
 
     manifest = locate(data_path) / "manifest.json"
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else "-"

@@ -12,7 +12,7 @@ in its own module. It says three things, each a few methods:
 
 Checking and running a job are the engine's (`engine.check`, `engine.run`), the same for every
 job. A job made of stages (the chain) is a `StagedJob`: stages of ordinary specs that the engine
-checks and runs in order. docs/architecture.md, "A new model or job", walks through one spec.
+checks and runs in order. docs/architecture.md, "The job spec: where a job plugs in", walks through one spec.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from torch import nn
 
 from xmodal.base.outputs import refuse_half_uri
 from xmodal.config.experiment import ConfigError
-from xmodal.data.common import StoreError, epoch_samples, locate
+from xmodal.data.errors import StoreError
+from xmodal.data.location import locate
+from xmodal.data.units import epoch_samples
 from xmodal.runner.hooks import ValidationSelection
 
 
@@ -53,7 +55,7 @@ class PreparedJob:
     data: Any  # the opened store or fine-tuning set
     path: str  # where the workers reopen it (`JobSpec.open_data`)
     train_examples: int
-    units: Sequence[Any]  # the train split's units, dealt out to the workers each epoch (data.common)
+    units: Sequence[Any]  # the train split's units, dealt out to the workers each epoch (data/units.py)
     dataset: dict[str, Any]  # MLflow's dataset input: {"name", "rows": {split: count}, "dims": {name: width}}
     start: dict[str, Any] = dataclasses.field(default_factory=dict)  # where the weights come from (plain
     # data in the plan, for `load_start`); empty: from scratch
@@ -273,7 +275,7 @@ def open_configured(inputs: PrepareContext, configured: str | None, embedded: Ca
     """The data already open (`inputs.data`), or `data.store` opened, or with it unset the job's
     embedded default (built on first use, after `inputs.before_build`); a path that does not exist
     is an error saying how to build one (`build_hint`, a command line). `data.store` is a local path
-    or a URI (`s3://bucket/prefix/store`: read where it is, `data.common.Location`)."""
+    or a URI (`s3://bucket/prefix/store`: read where it is, `data.location.Location`)."""
     if inputs.data is not None:
         return inputs.data
     if configured is None:
@@ -299,7 +301,7 @@ def split_batch(cfg) -> int:
 
 def epoch_plan(prepared: PreparedJob, micro: int, workers: int) -> list[int]:
     """The optimizer steps of each epoch the run trains (the last one cut at `train.max_steps`).
-    Each epoch deals the train split's units out to the workers from the seed (`data.common.epoch_units`);
+    Each epoch deals the train split's units out to the workers from the seed (`data.units.epoch_units`);
     every worker stops the epoch when the one with the fewest samples runs out, so every worker takes
     exactly these steps and the loop needs no agreement on who still has a batch."""
     cfg = prepared.cfg

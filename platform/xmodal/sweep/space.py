@@ -24,13 +24,11 @@ from xmodal.config.experiment import (
     apply_overrides,
     check_used,
     format_validation_error,
-    load_yaml,
-    read_user_file,
     short_repr,
-    yaml_problem,
 )
 from xmodal.config.paths import config_has, deep_merge, dotted_keys, unknown_key
 from xmodal.config.paths import set_dotted as _set_dotted
+from xmodal.config.yaml_files import load_yaml, read_user_file, yaml_problem
 
 Scalar = bool | int | float | str
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"

@@ -16,7 +16,7 @@ import torch
 
 from xmodal.cli.ingest import main as ingest_main
 from xmodal.core.batches import Nlvr2Batch, VqaBatch
-from xmodal.data.common import StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.finetune import sets as finetune
 from xmodal.data.finetune.ingest import ingest_finetune
 from xmodal.data.finetune.sets import epoch_order, iter_finetune_batches, open_finetune

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.data.common import Location
 from xmodal.data.finetune import stream
 from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.split import FinetuneError
 from xmodal.data.finetune.stream import split_layout
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
+from xmodal.data.location import Location
 from xmodal_testing import S3_BUCKET
 
 

@@ -12,7 +12,7 @@ import pytest
 from refdata import RefCorpus, read_images
 
 from xmodal.cli.ingest import main as ingest_main
-from xmodal.data.common import StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.feature_writer import ingest_features
 from xmodal.data.lxmert.features import (
     FeatureStore,

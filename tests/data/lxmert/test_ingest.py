@@ -10,7 +10,7 @@ import pytest
 from refdata import ANSWERS, WORDS, RefCorpus
 
 from xmodal.cli.ingest import main as ingest_main
-from xmodal.data.common import StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.ingest import ingest_lxmert, minival_by_hash
 from xmodal.data.lxmert.store import open_store
 from xmodal.data.lxmert.tsv import IngestError

@@ -154,8 +154,8 @@ def test_batches_span_blocks():
 
 def test_local_ranks_are_disjoint_and_cover(small_store: LxmertStore):
     """The blocks `iter_local_batches` builds for each of two ranks: disjoint images that cover the split."""
-    from xmodal.data.common import epoch_units, read_unit
     from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, unit_blocks
+    from xmodal.data.units import epoch_units, read_unit
 
     seen = []
     for rank in range(2):

@@ -40,14 +40,14 @@ def test_rank_batches_through_ray_data_are_the_local_batches(ray_local, small_st
 
 
 def _units(store: LxmertStore, rank: int):
-    from xmodal.data.common import epoch_units
+    from xmodal.data.units import epoch_units
 
     return epoch_units(store.units("train"), seed=3, epoch=1, rank=rank, world=2)
 
 
 def _blocks(store: LxmertStore, rank: int):
-    from xmodal.data.common import read_unit
     from xmodal.data.lxmert.loader import unit_blocks
+    from xmodal.data.units import read_unit
 
     units = _units(store, rank)
     return list(unit_blocks((read_unit(u) for u in units), units, images_per_block=64, mix_units=3, seed=3, epoch=1,

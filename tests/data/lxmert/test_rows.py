@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xmodal.data.common import StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.rows import ImageBlock, absolute_source, block_to_table, table_to_block
 
 FIELDS = ("img_id", "img_h", "img_w", "num_boxes", "features", "boxes", "obj_ids", "obj_conf", "attr_ids",

@@ -12,7 +12,7 @@ from refdata import FEAT_DIM, RAW, RefCorpus, ref_image, write_reference
 
 from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.answers import AnswerTable, normalize_answer
-from xmodal.data.common import StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.ingest import ingest_lxmert
 from xmodal.data.lxmert.store import open_store
 from xmodal.data.lxmert.tsv import IngestError

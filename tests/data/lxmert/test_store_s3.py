@@ -11,9 +11,11 @@ import uuid
 import numpy as np
 import pytest
 
-from xmodal.data.common import Location, StoreError, locate, read_unit
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, locate
 from xmodal.data.lxmert.masking import LxmertBatchBuilder
 from xmodal.data.lxmert.store import LxmertStore, open_store
+from xmodal.data.units import read_unit
 from xmodal_testing import S3_BUCKET
 
 

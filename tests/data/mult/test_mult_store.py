@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from xmodal.data.common import MANIFEST_FILE, StoreError
+from xmodal.data.errors import StoreError
+from xmodal.data.manifest import MANIFEST_FILE
 from xmodal.data.mult.store import (
     MODALITIES,
     MultSplit,

@@ -10,9 +10,11 @@ import uuid
 import numpy as np
 import pytest
 
-from xmodal.data.common import Location, StoreError, read_unit
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location
 from xmodal.data.mult.store import MODALITIES, MultStore, write_store
 from xmodal.data.mult.synthetic import SyntheticMultOptions, generate
+from xmodal.data.units import read_unit
 from xmodal_testing import S3_BUCKET
 
 

@@ -49,15 +49,7 @@ import pydantic
 
 from xmodal.data.answers import AnswerError, AnswerTable
 from xmodal.data.atomic import StagedDir, check_target, local_target
-from xmodal.data.common import (
-    Location,
-    Manifest,
-    StoreError,
-    locate,
-    open_listed_parquet,
-    open_parquet,
-    store_path,
-)
+from xmodal.data.errors import StoreError
 from xmodal.data.finetune.split import (
     FinetuneError,
     FinetuneSplit,
@@ -66,9 +58,12 @@ from xmodal.data.finetune.split import (
     split_to_table,
     table_to_split,
 )
+from xmodal.data.location import Location, locate, open_parquet, store_path
 from xmodal.data.lxmert.features import FeatureStore, ImageStore, open_image_store
 from xmodal.data.lxmert.store import LxmertStore, open_store
+from xmodal.data.manifest import Manifest
 from xmodal.data.tokenizer import VOCAB_FILE
+from xmodal.data.units import open_listed_parquet
 
 if TYPE_CHECKING:
     from xmodal.core.batches import Nlvr2Batch, VqaBatch

@@ -4,7 +4,7 @@ The job's path (`xmodal.jobs.finetune_job`); `sets.iter_finetune_batches` keeps 
 memory and is left for small sets and tests.
 
 Layout (`split_layout`, from metadata only: the split's rows, the stores' img_id columns and Parquet
-footers): the units of a split are the row groups (`common.Unit`) of its image stores that hold at
+footers): the units of a split are the row groups (`units.Unit`) of its image stores that hold at
 least one image the split uses. Every example has one home unit, the row group of its (first) image;
 `Unit.samples` counts the examples at home there. An NLVR2 example's second image may lie in another
 unit: when it is not in the block being read it is read by a targeted read of its row group (one
@@ -12,7 +12,7 @@ row group at a time), so every example is built whatever unit its partner sits i
 
 Blocks: a rank's units, in its order, are read (`read_unit` in-process, or Ray Data tasks through
 `reader.read_units` on a Train worker: the same tables) and concatenated into blocks of at least
-`images_per_block` rows (`common.group_tables`); the examples at home in a block's units make up the
+`images_per_block` rows (`units.group_tables`); the examples at home in a block's units make up the
 block. A worker holds the blocks in flight and the partner rows of one block, never the split.
 
 Evaluation (`iter_eval_batches`): units in store order dealt round-robin to ranks
@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from xmodal.data.common import Unit, epoch_units, group_tables, open_parquet, prefetch_iter, read_unit
+from xmodal.data.location import open_parquet
+from xmodal.data.prefetch import prefetch_iter
+from xmodal.data.units import Unit, epoch_units, group_tables, read_unit
 
 if TYPE_CHECKING:
     from xmodal.core.batches import Nlvr2Batch, VqaBatch
@@ -186,7 +188,7 @@ def _rank_units(layout: SplitLayout, *, rank: int, world: int, seed: int, epoch:
 def common_batches(layout: SplitLayout, batch_size: int, *, seed: int, epoch: int, world: int) -> int:
     """Batches every rank can yield in a training epoch: the fewest examples of any rank // batch_size
     (the same figure as `job.epoch_plan` before grad_accum)."""
-    from xmodal.data.common import epoch_samples
+    from xmodal.data.units import epoch_samples
 
     return min(epoch_samples(layout.units, seed=seed, epoch=epoch, world=world)) // batch_size
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from xmodal.data.answers import AnswerTable, normalize_answer
-from xmodal.data.common import StoreError, ensure_derived, options_diff
+from xmodal.data.errors import StoreError
 from xmodal.data.finetune.sets import (
     KIND,
     FinetuneData,
@@ -67,6 +67,7 @@ from xmodal.data.finetune.sets import (
 from xmodal.data.finetune.split import FinetuneError, FinetuneSplit
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
+from xmodal.data.manifest import ensure_derived, options_diff
 
 SPLITS: dict[str, str] = {"train": "train", "valid": "minival"}  # fine-tuning split -> store split
 _VQA, _NLVR2 = 0x51A, 0x2E7A  # generator streams apart from the pretraining corpus and each other
@@ -357,7 +358,7 @@ def build_synthetic_nlvr2(store_path: str | Path, out_dir: str | Path, *, statem
 
 def ensure_synthetic_finetune(task: str, store_path: str | Path, out_dir: str | Path, **options) -> FinetuneData:
     """The embedded synthetic set of `task` at `out_dir` over the image store at `store_path` (derived
-    data, see `xmodal.data.common.ensure_derived`): built if missing, reused if built over this very
+    data, see `xmodal.data.manifest.ensure_derived`): built if missing, reused if built over this very
     store with these options, rebuilt (with a one-line note) if its options or task differ, its image
     store changed (another path, or rebuilt), or its manifest is of an older format. A set ingested
     from reference files there is never replaced. For a set the user named, use `open_finetune`."""

@@ -46,17 +46,8 @@ import pyarrow.parquet as pq
 from xmodal.base.console import progress_bar
 from xmodal.base.outputs import check_uri, discard_partial, missing_parents, publish_dir, temp_dir_beside
 from xmodal.data.atomic import check_target, local_target
-from xmodal.data.common import (
-    MANIFEST_FILE,
-    Location,
-    StoreError,
-    is_uri,
-    kind_name,
-    locate,
-    manifest_kind,
-    options_diff,
-    read_manifest_json,
-)
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, is_uri, locate
 from xmodal.data.lxmert.features import (
     KIND,
     SCHEMA_VERSION,
@@ -76,6 +67,7 @@ from xmodal.data.lxmert.tsv import (
     scan_tsv_ids,
     tsv_lines,
 )
+from xmodal.data.manifest import MANIFEST_FILE, kind_name, manifest_kind, options_diff, read_manifest_json
 
 RECORD = "writing.json"
 TMP = ".tmp-"

@@ -29,19 +29,12 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pydantic
 
-from xmodal.data.common import (
-    KINDS,
-    Location,
-    Manifest,
-    StoreError,
-    kind_at,
-    locate,
-    open_listed_parquet,
-    open_parquet,
-    store_path,
-)
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, locate, open_parquet, store_path
 from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, absolute_source, image_schema, read_shard
 from xmodal.data.lxmert.store import LxmertStore, open_store
+from xmodal.data.manifest import KINDS, Manifest, kind_at
+from xmodal.data.units import open_listed_parquet
 
 KIND = "features"
 SCHEMA_VERSION = 1

@@ -5,7 +5,7 @@
 benchmarks, evaluation, tests), so both build exactly the same batches from the same units.
 
 Blocks (the pool that mismatched sentences and replacement objects are drawn from) mix units: a
-rank's units of the epoch (row groups from all shards, `common.epoch_units`) are taken `mix_units`
+rank's units of the epoch (row groups from all shards, `units.epoch_units`) are taken `mix_units`
 at a time, and their images, with the few left over from the previous window, are permuted by a
 generator seeded by (seed, epoch, rank) and cut into blocks of `images_per_block`. A block's
 images thus come from about min(mix_units, images_per_block) units of different shards, and memory
@@ -25,10 +25,12 @@ import numpy as np
 import pyarrow as pa
 
 from xmodal.core.batches import LxmertBatch
-from xmodal.data.common import StoreError, Unit, epoch_units, group_tables, prefetch_iter, read_unit
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.masking import BlockSamples, LxmertBatchBuilder
 from xmodal.data.lxmert.rows import ImageBlock, read_shard, table_to_block
 from xmodal.data.lxmert.store import LxmertStore
+from xmodal.data.prefetch import prefetch_iter
+from xmodal.data.units import Unit, epoch_units, group_tables, read_unit
 
 # Units (row groups, 32 images by default) mixed into the blocks at a time: with 64-image blocks,
 # a block holds images of ~16 units. Memory: one window of units (paper dims: 16 x 32 images x
@@ -179,7 +181,7 @@ def iter_local_batches(store: LxmertStore, split: str, builder: LxmertBatchBuild
                        prefetch: int = 2, start_batch: int = 0, pin_memory: bool = False) -> Iterator[LxmertBatch]:
     """Ray-free batches over a store split, fully deterministic given (seed, epoch, rank, world).
 
-    Ranks read disjoint row groups (`common.epoch_units`), mixed into blocks `mix_units` at a time
+    Ranks read disjoint row groups (`units.epoch_units`), mixed into blocks `mix_units` at a time
     (`unit_blocks`); their batch counts can differ by one or two, so for DDP training use
     `pipeline.iter_rank_batches` (the same batches, with the engine's common step count). For a
     fixed evaluation set: shuffle=False, a fixed seed and epoch, drop_last=False.

@@ -1,7 +1,7 @@
 """Ray Data input pipelines for LXMERT pretraining.
 
 The training path, `iter_rank_batches`: each Train worker reads its own units of the epoch
-(row groups dealt out from the seed, `common.epoch_units`) through Ray Data (`data/reader.py`) into
+(row groups dealt out from the seed, `units.epoch_units`) through Ray Data (`data/reader.py`) into
 the same blocks and batches as the Ray-free `iter_local_batches`, so runs are reproducible and
 resume exactly (docs/reliability.md, "Reproducible runs").
 
@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from xmodal.core.batches import LxmertBatch
-from xmodal.data.common import epoch_units, prefetch_iter
 from xmodal.data.lxmert.loader import DEFAULT_MIX_UNITS, batches_from_blocks, unit_blocks
 from xmodal.data.lxmert.masking import LxmertBatchBuilder
 from xmodal.data.lxmert.store import LxmertStore
+from xmodal.data.prefetch import prefetch_iter
 from xmodal.data.reader import read_units
+from xmodal.data.units import epoch_units
 
 # What the batch builder reads (img_h / img_w are left in the shards).
 BATCH_COLUMNS: tuple[str, ...] = (

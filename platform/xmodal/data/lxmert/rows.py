@@ -26,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from xmodal.data.common import Location, StoreError, open_parquet
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, open_parquet
 
 SOURCE = pa.field("source", pa.string())  # where each image came from (a store of extracted images only)
 IMAGES_ROOT = "images_root"  # a feature store's manifest option: what its relative sources are relative to

@@ -35,15 +35,8 @@ import pydantic
 
 from xmodal.data.answers import AnswerTable
 from xmodal.data.atomic import StagedDir, check_target, local_target
-from xmodal.data.common import (
-    Location,
-    Manifest,
-    StoreError,
-    Unit,
-    locate,
-    open_listed_parquet,
-    store_path,
-)
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, locate, store_path
 from xmodal.data.lxmert.rows import (
     ImageBlock,
     arrow_schema,
@@ -52,7 +45,9 @@ from xmodal.data.lxmert.rows import (
     table_to_block,
     write_shard,
 )
+from xmodal.data.manifest import Manifest
 from xmodal.data.tokenizer import VOCAB_FILE, WordPieceTokenizer
+from xmodal.data.units import Unit, open_listed_parquet
 
 SCHEMA_VERSION = 1
 KIND = "lxmert"
@@ -169,7 +164,7 @@ class LxmertManifest(Manifest):
 
 class LxmertStore:
     """An opened, checked store. Cheap to pickle (path + manifest) for Ray workers. `path`: a local
-    folder or a URI (`common.Location`); its shards are read where they are, row group by row group."""
+    folder or a URI (`location.Location`); its shards are read where they are, row group by row group."""
 
     def __init__(self, path: Path | Location, manifest: LxmertManifest, row_groups: dict[str, list[tuple[int, int]]]):
         self.path = path

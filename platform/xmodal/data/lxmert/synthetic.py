@@ -27,9 +27,10 @@ import numpy as np
 
 from xmodal.base.errors import UserError
 from xmodal.data.answers import AnswerTable
-from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
+from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.rows import ImageBlock
 from xmodal.data.lxmert.store import KIND, LxmertManifest, LxmertStore, MinivalSplit, StoreWriter, open_store
+from xmodal.data.manifest import ensure_derived, options_diff, options_json
 from xmodal.data.options import SyntheticLxmertOptions
 from xmodal.data.tokenizer import WordPieceTokenizer
 
@@ -254,7 +255,7 @@ def _options_dict(o: SyntheticLxmertOptions) -> dict:
 
 def ensure_synthetic_store(path: str | Path, options: SyntheticLxmertOptions | None = None, *,
                            progress: bool = False) -> LxmertStore:
-    """The embedded synthetic store at `path` (derived data, see `xmodal.data.common.ensure_derived`):
+    """The embedded synthetic store at `path` (derived data, see `xmodal.data.manifest.ensure_derived`):
     built if missing, reused if built with these options, rebuilt (with a one-line note) if built with
     other options or its manifest is of an older format. A store ingested from real files there is
     never replaced. For a store the user named, use `open_store` (it never modifies anything)."""

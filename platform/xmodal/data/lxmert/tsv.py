@@ -27,8 +27,9 @@ import pyarrow as pa
 
 from xmodal.base.console import progress_bar, say
 from xmodal.base.errors import UserError
-from xmodal.data.common import kind_at, open_parquet, read_manifest_json
+from xmodal.data.location import open_parquet
 from xmodal.data.lxmert.rows import IMAGES_ROOT, SOURCE, absolute_source, read_shard
+from xmodal.data.manifest import kind_at, read_manifest_json
 
 TSV_FIELDS: tuple[str, ...] = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf",
                                "num_boxes", "boxes", "features")

@@ -1,7 +1,7 @@
 """Ray Data input pipelines for MulT.
 
 The training path, `iter_rank_batches`: each Train worker reads its own units of the epoch (row
-groups dealt out from the seed, `common.epoch_units`) through Ray Data (`data/reader.py`): the
+groups dealt out from the seed, `units.epoch_units`) through Ray Data (`data/reader.py`): the
 same batches as `batches_from_tables` over `read_unit` of the same units (the in-process path), so
 runs are reproducible and resume exactly (docs/reliability.md, "Reproducible runs").
 
@@ -38,9 +38,11 @@ import ray.data
 from ray.data import FileShuffleConfig
 
 from xmodal.core.batches import MultBatch
-from xmodal.data.common import StoreError, epoch_units, prefetch_iter
+from xmodal.data.errors import StoreError
 from xmodal.data.mult.store import MultStore, PadTo, table_to_split
+from xmodal.data.prefetch import prefetch_iter
 from xmodal.data.reader import quiet_ray_data, read_units
+from xmodal.data.units import epoch_units
 
 
 def mult_dataset(store: MultStore | str, split: str, *, seed: int | None = 0, shuffle: bool = True) -> ray.data.Dataset:

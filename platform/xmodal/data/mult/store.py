@@ -45,16 +45,10 @@ import pyarrow.parquet as pq
 import pydantic
 
 from xmodal.data.atomic import StagedDir, check_target, local_target
-from xmodal.data.common import (
-    Location,
-    Manifest,
-    StoreError,
-    Unit,
-    locate,
-    open_listed_parquet,
-    open_parquet,
-    store_path,
-)
+from xmodal.data.errors import StoreError
+from xmodal.data.location import Location, locate, open_parquet, store_path
+from xmodal.data.manifest import Manifest
+from xmodal.data.units import Unit, open_listed_parquet
 
 SCHEMA_VERSION = 1
 KIND = "mult"
@@ -65,7 +59,7 @@ EMOTIONS: tuple[str, ...] = ("neutral", "happy", "sad", "angry")
 FEATURE_DTYPE = np.dtype("<f2")
 # Rows of a shard: small enough that a worker's read unit stays a few hundred MB at MOSEI sizes.
 DEFAULT_SHARD_ROWS = 2048
-# Rows of a row group, the unit a split is dealt out to workers in (common.epoch_units): small, so
+# Rows of a row group, the unit a split is dealt out to workers in (units.epoch_units): small, so
 # that workers' shares differ little (an epoch takes the steps of the smallest share) and small
 # stores still give every worker some.
 ROW_GROUP_ROWS = 32
@@ -363,7 +357,7 @@ class MultManifest(Manifest):
 class MultStore:
     """An opened MulT store. `open()` validates; `split(name)` loads a split into memory (numpy);
     `batches(...)` iterates MultBatch without Ray (the Ray Data path is `xmodal.data.mult.pipeline`).
-    `path`: a local folder or a URI (`common.Location`); shards are read where they are."""
+    `path`: a local folder or a URI (`location.Location`); shards are read where they are."""
 
     def __init__(self, path: Path | Location, manifest: MultManifest):
         self.path = path

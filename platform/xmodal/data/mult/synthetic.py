@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xmodal.data.common import StoreError, ensure_derived, options_diff, options_json
+from xmodal.data.errors import StoreError
+from xmodal.data.manifest import ensure_derived, options_diff, options_json
 from xmodal.data.mult.store import KIND, MODALITIES, MultManifest, MultSplit, MultStore, write_store
 from xmodal.data.options import EVENT_STEPS, SyntheticMultOptions
 
@@ -116,7 +117,7 @@ def build_synthetic_store(path: str | Path, options: SyntheticMultOptions | None
 
 
 def ensure_synthetic_store(path: str | Path, options: SyntheticMultOptions | None = None) -> MultStore:
-    """The embedded synthetic MulT store at `path` (derived data, see `xmodal.data.common.ensure_derived`):
+    """The embedded synthetic MulT store at `path` (derived data, see `xmodal.data.manifest.ensure_derived`):
     built if missing, reused if built with these options, rebuilt (with a one-line note) if built with
     other options or its manifest is of an older format. A store ingested from pickles there is never
     replaced. For a store the user named, use `open_store` (it never modifies anything)."""

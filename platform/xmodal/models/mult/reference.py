@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from xmodal.models.mult import MODALITIES, Mult
-from xmodal.models.mult_config import MultConfig
+from xmodal.models.mult.config import MultConfig
+from xmodal.models.mult.model import MODALITIES, Mult
 
 REFERENCE_DIM = 30  # MULTModel: `self.d_l, self.d_a, self.d_v = 30, 30, 30`
 REFERENCE_FFN_MULT = 4  # TransformerEncoderLayer: fc1 = Linear(d, 4 d)

@@ -1,6 +1,6 @@
 """MulT's configuration (`MultConfig`): the Table 4 variant, the sizes, the dropouts, and the named
 presets (the reference code's defaults, paper Table 5, the embedded default, unit tests). The model
-itself: `xmodal.models.mult`. Imports the standard library and the bounds of the config fields
+itself: `xmodal.models.mult.model`. Imports the standard library and the bounds of the config fields
 (annotated_types metadata, checked by the experiment config).
 """
 

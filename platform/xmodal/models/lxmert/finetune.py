@@ -3,7 +3,7 @@
 - `LxmertForQuestionAnswering`: encoder + answer classifier over the task's answer table
   (VQA: 3,129 answers, GQA: 1,842). The classifier is the pretraining QA head's shape
   (`AnswerHead`: Linear(D, 2D), GeLU, LayerNorm, Linear(2D, A)), as in the reference, so it can
-  start from the pretrained QA head (`xmodal.models.lxmert_init.init_answer_head_from_qa`).
+  start from the pretrained QA head (`xmodal.models.lxmert.init.init_answer_head_from_qa`).
 - `LxmertForNlvr2`: encoder + the Appendix B classifier on [LXMERT(img0, s); LXMERT(img1, s)].
 
 The encoder attribute is `encoder`, so the encoder's state-dict keys (`encoder.*`) are the same
@@ -19,7 +19,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xmodal.models.lxmert import AnswerHead, LxmertConfig, LxmertEncoder, LxmertForPretraining
+from xmodal.models.lxmert.model import AnswerHead, LxmertConfig, LxmertEncoder, LxmertForPretraining
 
 Nlvr2Output = Literal["softmax", "sigmoid"]
 

@@ -13,9 +13,9 @@ import torch
 
 from lxmert_reference_layout import randomised, reference_pretraining, reference_task
 from xmodal.jobs.finetune_init import Init, load_init
-from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
-from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
-from xmodal.models.lxmert_init import PretrainedWeightsError, reference_weights
+from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.init import PretrainedWeightsError, reference_weights
+from xmodal.models.lxmert.model import LxmertConfig, LxmertForPretraining
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -81,7 +81,7 @@ def test_the_layout_has_the_reference_names():
 def test_transformers_kept_the_reference_names():
     """The adapter maps `bert.` to the transformers names: the two layouts differ only there."""
     transformers = pytest.importorskip("transformers")
-    from xmodal.models.lxmert_hf import config_to_hf
+    from xmodal.models.lxmert.hf import config_to_hf
 
     hf = transformers.LxmertForPreTraining(config_to_hf(REF))
     hf_keys = {k.replace("lxmert.", "bert.", 1) for k in hf.state_dict() if not k.endswith("position_ids")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xmodal.models.lxmert import LxmertForPretraining, preset
+from xmodal.models.lxmert.model import LxmertForPretraining, preset
 from xmodal_testing import all_logits
 
 
@@ -102,7 +102,7 @@ def test_row0_no_grad_as_the_reference_padding_idx(tiny):
     (the reference's nn.Embedding(padding_idx=0)); every other row gets its own, the unused ones zero."""
     import copy
 
-    from xmodal.models.lxmert import no_grad_row0
+    from xmodal.models.lxmert.model import no_grad_row0
 
     c = preset("tiny").replace(token_type_embedding=True)
     torch.manual_seed(0)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xmodal.models.lxmert import LxmertConfig, LxmertForPretraining
+from xmodal.models.lxmert.model import LxmertConfig, LxmertForPretraining
 
 # transformers' LxmertConfig defaults. `save_pretrained` writes only the values that differ
 # from these, so reading a config.json without transformers needs them.

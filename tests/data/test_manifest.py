@@ -1,4 +1,4 @@
-"""What every kind of store shares (xmodal.data.common): typed manifests, kind-checked overwrite,
+"""What every kind of store shares (xmodal.data.manifest): typed manifests, kind-checked overwrite,
 refusing folders that are not stores, and the embedded-default policy across kinds."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from xmodal.base.errors import UserError
-from xmodal.data.common import MANIFEST_FILE, StoreError
+from xmodal.data.errors import StoreError
 from xmodal.data.finetune.sets import open_finetune
 from xmodal.data.finetune.synthetic import build_synthetic_vqa
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import build_synthetic_store, ensure_synthetic_store
+from xmodal.data.manifest import MANIFEST_FILE
 from xmodal.data.mult.store import MultStore, write_store
 from xmodal.data.mult.synthetic import generate
 from xmodal.data.options import SyntheticLxmertOptions, SyntheticMultOptions

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xmodal.models.mult import Mult, recording_crossmodal_attention
-from xmodal.models.mult_config import preset
+from xmodal.models.mult.config import preset
+from xmodal.models.mult.model import Mult, recording_crossmodal_attention
 from xmodal_bench.mult import PlainMult
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,5 +1,5 @@
 """MulT, the Multimodal Transformer (Tsai et al., 2019), and its Table 4 ablations. Imports only torch;
-its configuration is `xmodal.models.mult_config`, its batched transformer stacks `xmodal.models.mult_streams`.
+its configuration is `xmodal.models.mult.config`, its batched transformer stacks `xmodal.models.mult.streams`.
 
 Paper sections: §3.1 crossmodal attention, §3.2 architecture (temporal
 convolution, positional embedding, crossmodal transformers, self-attention
@@ -63,7 +63,7 @@ from xmodal.models.attention import (
     offset_causal_allowed,
     offset_causal_mask,
 )
-from xmodal.models.mult_streams import StreamStack
+from xmodal.models.mult.streams import StreamStack
 
 MODALITIES: tuple[str, ...] = ("l", "a", "v")  # language, audio, vision (input order: text, audio, vision)
 MODALITY_NAMES = {"l": "text", "a": "audio", "v": "vision"}
@@ -75,7 +75,7 @@ DIRECTIONS: tuple[tuple[str, str], ...] = (("a", "l"), ("v", "l"), ("l", "a"), (
 TARGET_SOURCES = {"l": ("a", "v"), "a": ("l", "v"), "v": ("l", "a")}
 
 if TYPE_CHECKING:
-    from xmodal.models.mult_config import MultConfig
+    from xmodal.models.mult.config import MultConfig
 
 class MultOutput(NamedTuple):
     output: Tensor  # (B, output_dim) sentiment score, or IEMOCAP logits (B, 8) = (B, 4 emotions x 2)

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from xmodal.data.answers import AnswerTable
-from xmodal.models.lxmert import LxmertForPretraining, preset
-from xmodal.models.lxmert_finetune import LxmertForNlvr2, LxmertForQuestionAnswering
-from xmodal.models.lxmert_init import (
+from xmodal.models.lxmert.finetune import LxmertForNlvr2, LxmertForQuestionAnswering
+from xmodal.models.lxmert.init import (
     PretrainedWeightsError,
     encoder_state_from_hf_dir,
     init_answer_head_from_qa,
     load_pretrained_encoder,
     strip_wrappers,
 )
+from xmodal.models.lxmert.model import LxmertForPretraining, preset
 from xmodal.objectives.pretraining import PretrainingObjective, PretrainTasks
 
 CFG = preset("tiny")

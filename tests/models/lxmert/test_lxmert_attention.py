@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xmodal.models.lxmert import PRESETS, LxmertEncoder, recording_cross_attention
+from xmodal.models.lxmert.model import PRESETS, LxmertEncoder, recording_cross_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

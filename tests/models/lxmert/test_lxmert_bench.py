@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Runs the benchmark module in a fresh interpreter in which importing ray, mlflow or pyarrow fails.
 SCRIPT = textwrap.dedent("""

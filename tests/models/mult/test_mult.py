@@ -12,8 +12,8 @@ from xmodal.models.attention import (
     offset_causal_allowed,
     offset_causal_mask,
 )
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import VARIANTS, preset
+from xmodal.models.mult.config import VARIANTS, preset
+from xmodal.models.mult.model import Mult
 from xmodal_bench.mult import PlainMult, reference_future_mask
 
 DIMS = (12, 6, 5)  # tiny preset's l, a, v feature dims

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from xmodal.base.errors import UserError
-from xmodal.models.lxmert import LxmertConfig
+from xmodal.models.lxmert.model import LxmertConfig
 
 # Leading key parts added by wrappers: DDP, torch.compile, and the objective holding the model.
 _WRAPPER_PARTS = ("module", "_orig_mod", "model")
@@ -187,7 +187,7 @@ def encoder_state_from_hf_dir(path: str | os.PathLike) -> tuple[LxmertConfig, di
     Builds the pretraining model once (strict conversion in `lxmert_hf`); build the fine-tuning
     model with the returned config (dropout can be changed with `config.replace`).
     """
-    from xmodal.models.lxmert_hf import from_pretrained_dir
+    from xmodal.models.lxmert.hf import from_pretrained_dir
 
     pretrained = from_pretrained_dir(path)
     return pretrained.config, pretrained.state_dict()
@@ -272,7 +272,7 @@ def _count_layers(sd: Mapping[str, Tensor], prefix: str) -> int:
 
 def _reference_config(sd: Mapping[str, Tensor], source: str) -> LxmertConfig:
     """The architecture, from the tensors' shapes; what shapes cannot tell is the reference's (bert-base)."""
-    from xmodal.models.lxmert_hf import HF_DEFAULTS, config_from_hf
+    from xmodal.models.lxmert.hf import HF_DEFAULTS, config_from_hf
 
     def shape(key: str, dim: int, default: int | None = None) -> int:
         if key not in sd:
@@ -324,7 +324,7 @@ def convert_reference_state_dict(state_dict: Mapping[str, Tensor], source: str =
     entry of the snapshot must find a place. Raises `PretrainedWeightsError` starting with `source`
     and listing the missing and unexpected keys (in the reference's names).
     """
-    from xmodal.models.lxmert_hf import key_map
+    from xmodal.models.lxmert.hf import key_map
 
     sd, finetuned = _reference_names(state_dict, source)
     if "bert.embeddings.word_embeddings.weight" not in sd:
@@ -424,7 +424,7 @@ def reference_incompatibilities(config: LxmertConfig) -> list[str]:
     """The options of `config` the reference code has no equivalent of, one line each (empty: a
     snapshot can hold the model). The reference is what transformers ported, plus bert-base's
     64-wide heads (the head count is not in a snapshot: `reference_weights` derives it)."""
-    from xmodal.models.lxmert_hf import hf_incompatibilities
+    from xmodal.models.lxmert.hf import hf_incompatibilities
 
     problems = [p.replace("transformers' LXMERT", "the reference") for p in hf_incompatibilities(config)]
     if config.hidden_size != config.num_heads * REFERENCE_HEAD_SIZE:
@@ -441,7 +441,7 @@ def to_reference_state_dict(config: LxmertConfig, state_dict: Mapping[str, Tenso
     `answer_head.logit_fc.*`); a fine-tuning model's (`head` `answer_head`: VQA / GQA, `classifier`:
     NLVR2's 2-way softmax) as a task's BEST.pth (`lxrt_encoder.model.bert.*`, `logit_fc.{0,2,3}.*`).
     A model without a token-type embedding gets a zero table (the reference adds row 0)."""
-    from xmodal.models.lxmert_hf import to_hf_state_dict
+    from xmodal.models.lxmert.hf import to_hf_state_dict
 
     sd = strip_wrappers(state_dict)
     if head is None:

@@ -1,12 +1,12 @@
-"""MulT's configuration (xmodal.models.mult_config): the presets are the reference's and the paper's, and a
+"""MulT's configuration (xmodal.models.mult.config): the presets are the reference's and the paper's, and a
 bad field is named with its value and what it should be."""
 
 from __future__ import annotations
 
 import pytest
 
-from xmodal.models.mult import Mult
-from xmodal.models.mult_config import PRESETS, MultConfig, preset
+from xmodal.models.mult.config import PRESETS, MultConfig, preset
+from xmodal.models.mult.model import Mult
 
 
 def test_presets_and_config_errors():

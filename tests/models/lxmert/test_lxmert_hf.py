@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
-from xmodal.models.lxmert import LxmertForPretraining, preset
-from xmodal.models.lxmert_hf import (
+from xmodal.models.lxmert.hf import (
     HF_DEFAULTS,
     config_from_hf,
     config_to_hf,
     from_pretrained_dir,
     load_hf_state_dict,
 )
+from xmodal.models.lxmert.model import LxmertForPretraining, preset
 from xmodal_testing import all_logits
 
 transformers = pytest.importorskip("transformers")
@@ -200,7 +200,7 @@ def test_from_pretrained_dir_reads_safetensors_and_bin(tmp_path, hf_and_ours):
 
 def test_to_hf_state_dict_inverts_the_mapping_exactly(hf_and_ours):
     """ours -> transformers' names -> ours is the identity, and gives transformers' own state dict back."""
-    from xmodal.models.lxmert_hf import convert_hf_state_dict, to_hf_state_dict
+    from xmodal.models.lxmert.hf import convert_hf_state_dict, to_hf_state_dict
 
     hf, ours = hf_and_ours
     theirs = to_hf_state_dict(ours.config, ours.state_dict())

@@ -1,4 +1,4 @@
-"""MulT's stacked transformer streams (xmodal.models.mult_streams): the LayerNorm affines folded into the
+"""MulT's stacked transformer streams (xmodal.models.mult.streams): the LayerNorm affines folded into the
 projections give the plain pre-LN layer's numbers, and streams run together as one group give what each
 gives alone."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xmodal.models.mult_streams import StreamStack
+from xmodal.models.mult.streams import StreamStack
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

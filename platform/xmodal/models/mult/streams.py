@@ -1,7 +1,7 @@
 """The transformer stacks of MulT, as *streams* of a `StreamStack`: independent pre-LN transformer
 encoders of equal width and depth whose weights are stacked on a stream axis, so that streams of equal
 shapes run as one batched matmul per projection and one SDPA call (the layout and its reasons:
-`xmodal.models.mult`). Imports only torch.
+`xmodal.models.mult.model`). Imports only torch.
 """
 
 from __future__ import annotations
