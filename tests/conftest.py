@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runs_testing import mult_run, pretrain_run, vqa_run  # noqa: F401 - session fixtures: finished runs
 from xmodal_testing import S3, free_port, held, s3_environment
 
 # Ray Train V2's controller polls its workers every 2 s by default: a run's end, and a worker's death,
@@ -36,6 +37,10 @@ HOST_FILES = ("test_cross_host.py", "test_rehearsal.py", "test_ray_up.py", "test
 # Folders whose files share a session fixture that is costly to start (tests/tracking: one `mlflow
 # server`): their files run on one worker, so it starts once.
 GROUPED_FOLDERS = ("tracking",)
+# Files that read the same finished runs (tests/runs_testing.py: session fixtures): one unit of work, so that
+# each run is trained once.
+RUN_READERS = ("examples/test_examples_run.py", "examples/test_examples_browser.py", "examples/test_mult_pages.py",
+               "export/test_export_selected.py", "export/test_export_source.py")
 HEAVIEST_FIRST = ("test_cross_host.py", "test_rehearsal.py", "jobs/test_pretrain_job.py", "test_cluster.py",
                   "jobs/test_learning.py", "sweep/test_sweep.py", "runner/test_interrupt.py", "tracking/test_logger.py",
                   "jobs/test_finetune_job.py", "jobs/test_mult_job.py", "extract/test_extract_job.py", "runner/test_outage.py",
@@ -61,12 +66,14 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByFile(LoadScopeScheduling):
         """A file's tests are one unit of work; the rehearsal-host files one unit together, and so are the
-        files of each folder in GROUPED_FOLDERS."""
+        files of each folder in GROUPED_FOLDERS, and the files in RUN_READERS."""
 
         def _split_scope(self, nodeid: str) -> str:
             file = Path(nodeid.split("::", 1)[0])
             if file.name in HOST_FILES:
                 return "hosts"
+            if any(file.as_posix().endswith(name) for name in RUN_READERS):
+                return "run-readers"
             return file.parent.as_posix() if file.parent.name in GROUPED_FOLDERS else file.as_posix()
 
     return ByFile(config, log)

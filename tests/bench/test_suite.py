@@ -40,7 +40,9 @@ ROW_FIELDS = {"section", "impl", "mode", "preset", "batch", "precision", "params
 
 @pytest.mark.slow
 def test_quick_cpu_suite_writes_every_field(tmp_path):
-    out = subprocess.run([sys.executable, "-c", SCRIPT, "suite", "--device", "cpu", "--quick", "--out", str(tmp_path)],
+    # --quick's smallest run: one timed step a contender, no warm-up steps (the fields, not the figures)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, "suite", "--device", "cpu", "--quick", "--steps", "1",
+                          "--warmup", "0", "--out", str(tmp_path)],
                          capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

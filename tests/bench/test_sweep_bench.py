@@ -74,9 +74,13 @@ def test_breakdown_parts_follow_the_trials_and_add_up_to_the_wall_time():
     assert [b["from_s"] for b in parts][:4] == [0.0, 3.0, 4.0, 5.0]
 
 
-def test_more_trials_than_variants_is_refused_before_anything_runs(tmp_path):
-    run = bench(tmp_path, "--trials", "11")
-    assert run.returncode == 2
-    assert run.stderr.strip() == ("error: --trials 11: the space mult_ablation.yaml has 10 variants; "
-                                  "expected at most 10")
+def test_more_trials_than_variants_is_refused_before_anything_runs(tmp_path, capsys):
+    # jobs/benchmark.py's main in this process (the command's own process: the test above)
+    from xmodal_bench import main
+
+    code = main(["sweep", "--trials", "11", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    said = capsys.readouterr()
+    assert code == 2 and said.out == ""
+    assert said.err.strip() == ("error: --trials 11: the space mult_ablation.yaml has 10 variants; "
+                                "expected at most 10")
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()

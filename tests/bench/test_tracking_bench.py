@@ -15,24 +15,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_two_writers_on_sqlite_every_point_present(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
+    # Its smallest run: two writers (processes) of a few points, two flushes each: what is checked (every
+    # point sent is read back once, every call counted) does not depend on how many points there are.
     run = subprocess.run([sys.executable, str(ROOT / "jobs" / "benchmark.py"), "tracking", "--writers", "2",
-                          "--backend", "sqlite", "--out", str(out), "--work", str(work)],
+                          "--backend", "sqlite", "--steps", "20", "--metrics", "2", "--flush-every", "10",
+                          "--out", str(out), "--work", str(work)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (js,) = out.glob("tracking-*.json")
     res = json.loads(js.read_text())
     r = res["result"]
-    assert (r["writers"], r["steps"], r["metrics"], r["flush_every"]) == (2, 200, 8, 50)
-    assert r["points_sent"] == 2 * 200 * 8
+    assert (r["writers"], r["steps"], r["metrics"], r["flush_every"]) == (2, 20, 2, 10)
+    assert r["points_sent"] == 2 * 20 * 2
     assert r["points_present"] == r["points_distinct"] == r["points_sent"]  # every point, once
     assert r["points_spooled"] == 0 and r["errors"] == []
-    assert r["calls"]["flush"]["n"] == 2 * 4 and r["calls"]["create"]["n"] == 2
-    assert r["calls"]["batch"]["n"] >= 2 * 4  # each flush sent at least one batch
+    assert r["calls"]["flush"]["n"] == 2 * 2 and r["calls"]["create"]["n"] == 2
+    assert r["calls"]["batch"]["n"] >= 2 * 2  # each flush sent at least one batch
     assert all(c["p50_ms"] > 0 and c["p99_ms"] >= c["p50_ms"] for c in r["calls"].values())
     md = js.with_suffix(".md").read_text()
-    assert md.startswith("# Tracking under 2 writers (sqlite)") and "| RunLogger.flush | 8 |" in md
-    assert "Points sent 3,200, present 3,200" in run.stdout
+    assert md.startswith("# Tracking under 2 writers (sqlite)") and "| RunLogger.flush | 4 |" in md
+    assert "Points sent 80, present 80" in run.stdout
     assert not work.exists()  # the store was temporary, and so was the --work folder made for it
 
 

@@ -1,5 +1,5 @@
-"""The example pages of a real tiny fine-tuning run (the shared local Ray, MLflow in SQLite): logged into
-the run at its end (the index, the pictures named so the artifact tree reads, MLflow's table with a picture
+"""The example pages of a real tiny fine-tuning run (tests/runs_testing.py: the shared local Ray, a real
+`mlflow server`) and of a pretraining run's QA head (MLflow in SQLite): logged into the run at its end (the index, the pictures named so the artifact tree reads, MLflow's table with a picture
 column, the summary line and the address in the UI), built by jobs/examples.py (alone and against a run:
 the console's 2x2 and p equal the page's, the comparison logged into run B, the same command again
 replacing its own output), the attention a page holds equal to the model's own, and 20+ bad inputs of
@@ -22,12 +22,8 @@ import torch
 
 from xmodal import tracking
 from xmodal.base import run_tags
-from xmodal.cli.training import end_of_run_pages
-from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
 from xmodal.examples.build import EXAMPLES_TAG, INDEX, TABLE_FILE
-from xmodal.jobs.finetune_config import FinetuneConfig
-from xmodal.runner import engine
 from xmodal_testing import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -35,23 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 STEM = r"\d{4}-(right|wrong)-[a-z0-9-]+\.png"
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, ray_local):
-    from xmodal.data.finetune.synthetic import build_synthetic_vqa
-    from xmodal.data.lxmert.synthetic import build_synthetic_store
-    from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.jobs.finetune_job import FinetuneJob
-
-    tmp = tmp_path_factory.mktemp("examples")
-    images = build_synthetic_store(tmp / "images", SyntheticLxmertOptions(
-        num_images=64, num_objects=8, feat_dim=16, num_object_labels=10, num_attr_labels=4, num_answers=20))
-    vqa = build_synthetic_vqa(images.path, tmp / "vqa", questions_per_image=2)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    result = engine.run(FinetuneJob(), load_config(FinetuneConfig, overrides=[
-        f"data.store={vqa.path}", "init.source=scratch", "preset=tiny", f"mlflow.tracking_uri={uri}",
-        f"scale.storage_path={tmp / 'runs'}", "mlflow.run_name=vqa", "train.epochs=1", "train.batch_size=16",
-        "mlflow.system_metrics=false", "examples.count=6"]), after_run=end_of_run_pages)
-    return tmp, uri, result.run_id, vqa
+@pytest.fixture
+def run(vqa_run):
+    """The session's VQA run (tests/runs_testing.py: a real `mlflow server`, 6 example pages logged at its end)."""
+    return vqa_run.tmp, vqa_run.uri, vqa_run.run_id, vqa_run.data
 
 
 def cli():
@@ -76,9 +59,9 @@ def test_a_finetuning_run_logs_its_example_pages(run):
     r = tracking.get_run(uri, run_id)
     right = int(re.search(r"6 valid examples, (\d+) right", r.tags[run_tags.EXAMPLES_SUMMARY]).group(1))
     assert r.status == "FINISHED" and r.tags[EXAMPLES_TAG] == INDEX
-    # the description links the MLflow UI's own address of the index, and the end summary prints it
-    address = (f"http://127.0.0.1:5000/#/experiments/{r.experiment_id}/runs/{run_id}/artifacts/{INDEX}"
-               f"{tracking.TRAINING_VIEW_QUERY}")
+    # the description links the MLflow UI's own address of the index (on the server), and the end summary
+    # prints it (a SQLite store's, on `mlflow ui`'s address: the pretraining run's test below)
+    address = f"{uri}/#/experiments/{r.experiment_id}/runs/{run_id}/artifacts/{INDEX}{tracking.TRAINING_VIEW_QUERY}"
     assert f"[{INDEX}]({address})" in r.tags[run_tags.NOTE]
     assert tracking.ui_command(uri, run_id).splitlines()[-1] == \
         f"  pages       6 valid examples, {right} right: {address}"
@@ -291,24 +274,25 @@ def test_the_pages_cost_benchmark(run, tmp_path):
     assert not (tmp_path / "work").exists()  # the scratch, and the --work folder made for it, removed
 
 
-def test_a_pretraining_run_logs_its_qa_head_s_pages(tiny_store, tmp_path, ray_local):
-    """The QA head of a pretraining run: questions of the store's minival split, their gold answers from
-    the store, pages logged at the run's end; jobs/examples.py makes them again, and refuses another split."""
-    from xmodal.jobs.pretrain_config import PretrainConfig
-    from xmodal.jobs.pretrain_job import PretrainJob
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = engine.run(PretrainJob(), load_config(PretrainConfig, overrides=[
-        f"data.store={tiny_store}", "preset=tiny", "train.batch_size=16", "train.epochs=1",
-        f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}", "mlflow.system_metrics=false",
-        "examples.count=5"]), after_run=end_of_run_pages)
-    listed = [n.split("/")[-1] for n in tracking.list_artifacts(uri, result.run_id, "examples/pictures")]
+def test_a_pretraining_run_logs_its_qa_head_s_pages(pretrain_run, tmp_path):
+    """The QA head of a pretraining run (tests/runs_testing.py; MLflow in SQLite): questions of the store's
+    minival split, their gold answers from the store, pages logged at the run's end and linked on `mlflow
+    ui`'s address; jobs/examples.py makes them again, and refuses another split."""
+    uri, run_id = pretrain_run.uri, pretrain_run.run_id
+    listed = [n.split("/")[-1] for n in tracking.list_artifacts(uri, run_id, "examples/pictures")]
     assert len(listed) == 5 and all(re.fullmatch(STEM, n) for n in listed)
-    assert "5 minival examples" in tracking.get_run(uri, result.run_id).tags[run_tags.EXAMPLES_SUMMARY]
+    r = tracking.get_run(uri, run_id)
+    summary = r.tags[run_tags.EXAMPLES_SUMMARY]
+    assert summary.startswith("5 minival examples")
+    # a SQLite store's pages: on the address `mlflow ui` serves (the end summary says to start it)
+    address = (f"http://127.0.0.1:5000/#/experiments/{r.experiment_id}/runs/{run_id}/artifacts/{INDEX}"
+               f"{tracking.TRAINING_VIEW_QUERY}")
+    assert f"[{INDEX}]({address})" in r.tags[run_tags.NOTE]
+    assert tracking.ui_command(uri, run_id).splitlines()[-1] == f"  pages       {summary}: {address}"
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a job's console takes no library warning (tests/runner/test_interrupt.py)
-        built = make_examples(uri, result.run_id, None, 4, out=tmp_path / "pages")
+        built = make_examples(uri, run_id, None, 4, out=tmp_path / "pages")
     assert built.a.split == "minival" and len(built.a.examples) == 4
     for e in built.a.examples:
         assert e.gold and e.text.endswith("?") and len(e.top) == 5 and e.loss > 0
@@ -316,5 +300,5 @@ def test_a_pretraining_run_logs_its_qa_head_s_pages(tiny_store, tmp_path, ray_lo
     index = (built.out / "index.html").read_text()
     assert "pretrain examples of run" in index and "by question type" in index
     with pytest.raises(ExamplesError, match="--split valid: pretraining run .* evaluated on minival"):
-        make_examples(uri, result.run_id, "valid", 4, out=tmp_path / "never")
+        make_examples(uri, run_id, "valid", 4, out=tmp_path / "never")
     assert not (tmp_path / "never").exists()

@@ -1,4 +1,5 @@
-"""MulT's example pages from a real tiny run (the shared local Ray, MLflow in SQLite): per clip the
+"""MulT's example pages from a real tiny run (the session's, tests/runs_testing.py: the shared local Ray,
+MLflow in SQLite): per clip the
 prediction against its label and the crossmodal attention over time, the attention equal to the model's
 own for that clip, the errors counted by label bin; a run against itself (the comparison of MulT runs)."""
 
@@ -13,25 +14,18 @@ import torch
 
 from xmodal import tracking
 from xmodal.base import run_tags
-from xmodal.config.experiment import load_config
 from xmodal.examples import ExamplesError, make_examples
 from xmodal.examples.build import TABLE_FILE
-from xmodal.jobs.mult_config import MultTrainConfig
-from xmodal.runner import engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
-def test_mult_pages(stores, tmp_path, ray_local):
+def test_mult_pages(stores, tmp_path, mult_run):
     from xmodal.data.mult.store import open_store
     from xmodal.export.source import from_run
-    from xmodal.jobs.mult_job import MultJob
     from xmodal.models.mult.model import recording_crossmodal_attention
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = engine.run(MultJob(), load_config(MultTrainConfig, overrides=[
-        f"data.store={stores['mult']}", "preset=tiny", "train.epochs=1", "train.batch_size=16",
-        f"scale.storage_path={tmp_path / 'runs'}", f"mlflow.tracking_uri={uri}", "mlflow.system_metrics=false"]))
+    uri, result = mult_run.uri, mult_run.result
     built = make_examples(uri, result.run_id, None, 6, out=tmp_path / "pages", log=True)
     clips = built.a.examples
     assert built.a.split == "test" and len(clips) == 6

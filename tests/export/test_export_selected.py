@@ -1,7 +1,8 @@
 """Runs that select their model on validation (fine-tuning, MulT), exported from their MLflow run: the
-export computes the selected model, not the last weights. Real tiny runs through the engine (the shared
-local Ray, MLflow in SQLite); each selects on its worst validation loss (best_mode=max), so that the
-selected weights are an early evaluation's and differ from the last."""
+export computes the selected model, not the last weights. Real tiny runs through the engine (the session's,
+tests/runs_testing.py: the shared local Ray; the VQA run's MLflow a real `mlflow server`, MulT's SQLite);
+each selects on its worst validation loss (best_mode=max), so that the selected weights are an early
+evaluation's and differ from the last."""
 
 from __future__ import annotations
 
@@ -11,20 +12,12 @@ import pytest
 import torch
 
 from mult_reference_layout import MULTModel
-from xmodal.config.experiment import load_config
 from xmodal.core import checkpoint as ckpt
 from xmodal.export import MULT_HYPERPARAMETERS_FILE, MULT_WEIGHTS_FILE, PROVENANCE_FILE, run_export
 from xmodal.export.source import bare_model, job_config
-from xmodal.jobs.finetune_config import FinetuneConfig
-from xmodal.jobs.mult_config import MultTrainConfig
-from xmodal.runner import engine
 from xmodal.runner.hooks import ValidationSelection
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
-
-SELECT_WORST = ["train.best_metric=valid/loss", "train.best_mode=max", "train.eval_every=4", "train.log_every=4",
-                "train.batch_size=16", "mlflow.system_metrics=false"]
-
 
 def selected_and_last(result):
     """The run's selected and last models, read from its final checkpoint on storage (not through the
@@ -41,20 +34,9 @@ def provenance(folder):
     return json.loads((folder / PROVENANCE_FILE).read_text())
 
 
-def test_a_vqa_run_exports_its_selected_model(tmp_path, ray_local, capsys):
+def test_a_vqa_run_exports_its_selected_model(tmp_path, vqa_run, capsys):
     transformers = pytest.importorskip("transformers")
-    from xmodal.data.finetune.synthetic import build_synthetic_vqa
-    from xmodal.data.lxmert.synthetic import build_synthetic_store
-    from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.jobs.finetune_job import FinetuneJob
-
-    images = build_synthetic_store(tmp_path / "images", SyntheticLxmertOptions(
-        num_images=64, num_objects=8, feat_dim=16, num_object_labels=10, num_attr_labels=4, num_answers=20))
-    vqa = build_synthetic_vqa(images.path, tmp_path / "vqa", questions_per_image=2)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = engine.run(FinetuneJob(), load_config(FinetuneConfig, overrides=[
-        f"data.store={vqa.path}", "init.source=scratch", "preset=tiny", f"mlflow.tracking_uri={uri}",
-        f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=vqa", "train.epochs=2", *SELECT_WORST]))
+    uri, result = vqa_run.uri, vqa_run.result
     selected, last = selected_and_last(result)
 
     capsys.readouterr()
@@ -79,16 +61,8 @@ def test_a_vqa_run_exports_its_selected_model(tmp_path, ray_local, capsys):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-def test_a_mult_run_exports_its_selected_model(tmp_path, ray_local):
-    from xmodal.data.mult.synthetic import SyntheticMultOptions, build_synthetic_store
-    from xmodal.jobs.mult_job import MultJob
-
-    store = build_synthetic_store(tmp_path / "mult", SyntheticMultOptions(num_samples=240))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # MULTModel's layout: the reference preset (d = 30, kernel 1), one crossmodal layer to stay small.
-    result = engine.run(MultJob(), load_config(MultTrainConfig, overrides=[
-        f"data.store={store.path}", "preset=reference", "model.layers=1", f"mlflow.tracking_uri={uri}",
-        f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=mult", "train.epochs=2", *SELECT_WORST]))
+def test_a_mult_run_exports_its_selected_model(tmp_path, mult_run):
+    uri, result = mult_run.uri, mult_run.result  # in MULTModel's layout: the reference preset
     selected, last = selected_and_last(result)
 
     out = run_export("mult-reference", str(tmp_path / "by-run"), run_id=result.run_id, tracking_uri=uri).out

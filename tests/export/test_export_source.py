@@ -26,7 +26,6 @@ from xmodal.models.mult.model import Mult
 from xmodal.objectives.finetune import FinetuneObjective
 from xmodal.objectives.pretraining import PretrainingObjective
 from xmodal.objectives.sentiment import MultObjective
-from xmodal.runner import engine
 from xmodal.runner.hooks import ValidationSelection
 from xmodal_testing import PYTHON, REPO
 
@@ -217,24 +216,14 @@ def test_logged_model_uris_that_name_nothing_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_real_pretraining_runs_checkpoint_and_logged_model_export_to_transformers(tmp_path, ray_local, monkeypatch):
-    """A tiny pretraining run through the engine (Ray Train, MLflow in SQLite), exported from its MLflow
-    run and from its logged model: both load into LxmertForPreTraining and compute the run's model."""
+def test_a_real_pretraining_runs_checkpoint_and_logged_model_export_to_transformers(tmp_path, pretrain_run):
+    """A tiny pretraining run through the engine (the session's, tests/runs_testing.py: Ray Train, MLflow in
+    SQLite), exported from its MLflow run and from its logged model: both load into LxmertForPreTraining and
+    compute the run's model."""
     transformers = pytest.importorskip("transformers")
     from xmodal import tracking
-    from xmodal.data.lxmert.synthetic import build_synthetic_store
-    from xmodal.data.options import SyntheticLxmertOptions
-    from xmodal.jobs.pretrain_job import PretrainJob
 
-    monkeypatch.chdir(tmp_path)  # the experiment's artifacts (./mlruns) go here
-    store = build_synthetic_store(tmp_path / "store", SyntheticLxmertOptions(
-        num_images=64, feat_dim=16, num_objects=8, num_object_labels=10, num_attr_labels=4, num_answers=20)).path
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = load_config(PretrainConfig, overrides=[
-        f"data.store={store}", f"scale.storage_path={tmp_path / 'runs'}", "mlflow.run_name=to-export",
-        f"mlflow.tracking_uri={uri}", "preset=tiny", "train.epochs=1", "train.max_steps=4", "train.batch_size=16",
-        "train.eval_every=4", "train.log_every=2", "data.eval_batches=1", "mlflow.system_metrics=false"])
-    result = engine.run(PretrainJob(), cfg)
+    uri, result = pretrain_run.uri, pretrain_run.result
     with result.checkpoint.as_directory() as d:
         trained = from_checkpoint(d).model  # the run's final weights, as our model
 

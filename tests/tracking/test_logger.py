@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,11 +19,17 @@ from xmodal.base.errors import UserError
 from xmodal_testing import REPO
 
 
-def test_a_rerun_step_logs_the_metrics_its_first_try_did_not_send(tmp_path):
+def sqlite_store(tmp_path, mlflow_template) -> str:
+    """A new MLflow SQLite store: a copy of the session's migrated empty one (tests/conftest.py)."""
+    shutil.copyfile(mlflow_template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_a_rerun_step_logs_the_metrics_its_first_try_did_not_send(tmp_path, mlflow_template):
     """A worker killed after sending step 8's loss but during step 8's evaluation: the run resumes
     from step 6 and redoes 7 and 8. Step 8's loss is in MLflow (skipped), its evaluation is not (sent):
     each metric is skipped up to its own last step, so the history has every step once and no gap."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_store(tmp_path, mlflow_template)
     run_id = tracking.create_run(uri, tracking.ensure_experiment(uri, "e"), "r", {}, {})
     first = tracking.RunLogger(uri, run_id, spool=tmp_path / "spool.jsonl")
     for step in (2, 4, 6):
@@ -37,8 +44,8 @@ def test_a_rerun_step_logs_the_metrics_its_first_try_did_not_send(tmp_path):
     assert [p.step for p in tracking.metric_points(uri, run_id, "eval/loss")] == [2, 4, 6, 8]
 
 
-def test_logger_drops_only_values_the_server_rejects(tmp_path, capfd):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_logger_drops_only_values_the_server_rejects(tmp_path, capfd, mlflow_template):
+    uri = sqlite_store(tmp_path, mlflow_template)
     run_id = tracking.create_run(uri, tracking.ensure_experiment(uri, "e"), "r", {}, {})
     log = tracking.RunLogger(uri, run_id, spool=tmp_path / "spool.jsonl", outage_wait_s=30)
     log.log({"train/loss": 1.0, "bad name!": 2.0}, 1)

@@ -142,7 +142,10 @@ def load_logged_model(uri: str, model_uri: str, dst_dir: str | Path) -> LoggedMo
                         "runs:/<run id>/final_model of a finished xmodal run")
     Path(dst_dir).mkdir(parents=True, exist_ok=True)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(dst_dir)))
+        # A server's model lives at an mlflow-artifacts: URI, resolved through the tracking URI given here
+        # (not the process's default, which is ./mlflow.db).
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=logged.artifact_location, dst_path=str(dst_dir),
+                                                         tracking_uri=uri))
         from mlflow.models import Model
 
         Model.load(str(local))
