@@ -152,12 +152,13 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
     from xmodal.jobs.pretrain_job import PretrainJob
 
     # The chain's own mlflow section holds system_metrics, and the fine-tuning stage takes the pretraining
-    # stage's architecture (the config refuses them in the stages).
+    # stage's architecture (the config refuses them in the stages). Each stage trains 8 steps: two
+    # evaluations of the fine-tuning (steps 4 and 8) for its selection (2 epochs, before, were 30 steps).
     stage = [o for o in TINY if not o.startswith(("mlflow.", "preset="))]
     cfg = config(tmp_path, "pretrain.preset=tiny", *[f"pretrain.{o}" for o in stage], *[f"finetune.{o}" for o in stage],
                  "mlflow.system_metrics=false",
                  f"pretrain.data.store={sets['images']}", "pretrain.train.max_steps=8",
-                 f"finetune.data.store={sets['vqa']}", "finetune.train.epochs=2", "mlflow.run_name=chain",
+                 f"finetune.data.store={sets['vqa']}", "finetune.train.max_steps=8", "mlflow.run_name=chain",
                  cls=PretrainFinetuneConfig)
     with pytest.MonkeyPatch.context() as mp:
         calls = spy_checks_and_prepares(mp, PretrainJob, FinetuneJob)
@@ -200,10 +201,12 @@ def test_chain_fine_tunes_from_the_weights_its_pretraining_run_saved(sets, tmp_p
 def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_csv(sets, tmp_path, ray_local):
     from xmodal.jobs.finetune_job import FinetuneJob
 
-    # A worker exits once at step 6; training resumes from the step-4 checkpoint with its selection.
+    # A worker exits once at step 6; training resumes from the step-4 checkpoint with its selection, and ends
+    # at step 10 (evaluations at 4, 8 and 10). The predictions cover the whole validation split whatever the
+    # length, and exact resume needs no more steps after the fault (3 epochs, as before, were 79 steps a run).
+    short = ["train.epochs=1", "train.max_steps=10", "scale.num_workers=2"]
     out = engine.run(FinetuneJob(), config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}", "init.source=scratch",
-                              "train.epochs=3", "scale.num_workers=2", "train.fail_at_step=6",
-                              "mlflow.run_name=nlvr2"))
+                              *short, "train.fail_at_step=6", "mlflow.run_name=nlvr2"))
     uri = out.tracking_uri
     run = tracking.get_run(uri, out.run_id)
     assert run.status == "FINISHED" and run.tags["init"] == "scratch"
@@ -227,8 +230,7 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
 
     # Exact resume: the same run without the fault logs the same losses and evaluations at every step.
     clean = engine.run(FinetuneJob(), config(tmp_path, *TINY, "task=nlvr2", f"data.store={sets['nlvr2']}",
-                                     "init.source=scratch", "train.epochs=3", "scale.num_workers=2",
-                                     "mlflow.run_name=nlvr2-clean"))
+                                     "init.source=scratch", *short, "mlflow.run_name=nlvr2-clean"))
     for key in ("train/loss", "valid/accuracy", "valid/loss", "best_valid/accuracy"):
         f, c = (dict(tracking.metric_history(uri, r, key)) for r in (out.run_id, clean.run_id))
         assert f.keys() == c.keys() and f, key

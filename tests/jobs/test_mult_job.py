@@ -18,7 +18,7 @@ def mult_store(tmp_path_factory):
     from xmodal.data.mult.synthetic import SyntheticMultOptions, build_synthetic_store
 
     path = tmp_path_factory.mktemp("mult") / "store"
-    return build_synthetic_store(path, SyntheticMultOptions(num_samples=240))
+    return build_synthetic_store(path, SyntheticMultOptions(num_samples=120))  # 4 steps an epoch on 2 workers
 
 
 def test_bad_best_metric_is_named_before_ray_starts(mult_store, tmp_path):
@@ -44,11 +44,12 @@ def test_run_tags_name_the_f1_protocol(mult_store):
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 
-# Two workers, an evaluation and checkpoint every 5 steps and at each epoch's end (12 steps), a log step
-# every step: the seeds' runs, and the worker-fault case (which adds a fault at step 27). The MulT
+# Two workers, an evaluation and checkpoint every 3 steps and at each epoch's end (4 steps), a log step
+# every step: the seeds' runs, and the worker-fault case (which adds a fault at step 10). The MulT
 # reference's recipe (Adam, its plateau), the plateau made to drop at epoch 2's end: no patience, and a
-# better loss only at half the best.
-RUN = ["recipe=mult-reference", "preset=tiny", "train.epochs=3", "train.batch_size=16", "train.eval_every=5",
+# better loss only at half the best. (Epochs of 4 steps rather than 12, as before, cost a third of the
+# steps; the same decisions, checkpoints and fault fall in them.)
+RUN = ["recipe=mult-reference", "preset=tiny", "train.epochs=3", "train.batch_size=16", "train.eval_every=3",
        "train.log_every=1", "train.best_metric=valid/mae", "optim.plateau.patience=0", "optim.plateau.threshold=0.5",
        "scale.num_workers=2", "scale.max_failures=2", "mlflow.system_metrics=false", "f1_protocol=reference"]
 
@@ -124,21 +125,21 @@ def test_the_run_records_its_recipe_and_what_it_overrides(seeded):
 
 @pytest.mark.slow
 def test_a_worker_fault_after_a_plateau_drop_resumes_exactly(mult_store, seeded, ray_local):
-    """MulT on 2 workers under the plateau: the rate drops at epoch 2's end (step 24), a worker dies at
-    step 27 and the run resumes from its step-25 checkpoint; the seed-1 run of `seeded` (same seed and
+    """MulT on 2 workers under the plateau: the rate drops at epoch 2's end (step 8), a worker dies at
+    step 10 and the run resumes from its step-9 checkpoint; the seed-1 run of `seeded` (same seed and
     config, no fault) logged the same rates, per-step losses, validation and test metrics (the plateau's
-    state travels in the checkpoint: its second decision, at step 36, is the same)."""
+    state travels in the checkpoint: its second decision, at step 12, is the same)."""
     from xmodal.jobs.mult_job import MultJob
 
     uri, parent_id, tmp, _ = seeded
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
-        *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=27"])
+        *RUN, "train.seed=1", "mlflow.run_name=faulty", "train.fail_at_step=10"])
     faulty = engine.run(MultJob(), cfg).run_id
     (clean,) = [r.run_id for r in tracking.child_runs(uri, parent_id) if r.params["train.seed"] == "1"]
-    assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [25]
+    assert [m.value for m in tracking.metric_points(uri, faulty, "train/resumed_from_step")] == [9]
     lr = dict(tracking.metric_history(uri, clean, "train/lr"))
-    assert lr[24] == pytest.approx(1e-3) and lr[25] == pytest.approx(1e-4)  # the drop before the fault
+    assert lr[8] == pytest.approx(1e-3) and lr[9] == pytest.approx(1e-4)  # the drop before the fault
     for key in ("train/lr", "train/loss", "valid/mae", "valid/acc2", "test/mae", "test/acc2", "best_valid/mae"):
         f, c = (dict(tracking.metric_history(uri, r, key)) for r in (faulty, clean))
         assert f.keys() == c.keys() and f, key
