@@ -7,8 +7,9 @@ jobs read, and the on-premises config runs the same scripts as the AWS one. The 
 and stop steps run here against stand-ins for `ray` and `ssh` (tests/test_ray_up.py runs
 cluster.onprem.yaml for real, with `ray up` on rehearsal hosts). The rehearsal: the cluster on this
 machine, two Ray nodes with token authentication, the head's MLflow server started by cluster.yaml's
-own command, shared storage both nodes see, and a sweep of pretraining trials submitted with `ray job
-submit --working-dir`, each trial's two Train workers one per node. (A pretraining run's workers on
+own command with its artifacts in S3 (the nodes have no S3 credentials), shared storage both nodes see,
+and a sweep of pretraining trials submitted with `ray job submit --working-dir`, each trial's two Train
+workers one per node; then the server restarted, its artifacts still served. (A pretraining run's workers on
 separate hosts, and the hosts that fail under it: tests/test_cross_host.py.)
 """
 
@@ -243,45 +244,6 @@ def run_env_setup(cfg: dict, home: Path, *args: str, **env: str) -> dict[str, st
     return dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
 
 
-@pytest.mark.slow
-def test_the_heads_mlflow_server_keeps_artifacts_in_object_storage(cfg, tmp_path, s3, monkeypatch):
-    """cluster.yaml's MLflow server, started by its own command, with its artifacts in S3 (the tests'
-    moto server; the endpoint and credentials passed with `--export`, as a cluster config without an
-    instance profile does): files logged through the server by a client that has no S3 credentials
-    (only the head needs them) land in the bucket, come back through the server, and are still
-    served after the server restarts."""
-    home = tmp_path / "home"
-    home.mkdir()
-    port = free_port()
-    exports = [f"--export={k}={v}" for k, v in s3_environment(s3.port).items()]
-    env = run_env_setup(cfg, home, f"--storage-path={tmp_path / 'shared'}", f"--mlflow-artifacts=s3://{S3_BUCKET}/mlflow",
-                        f"--mlflow-port={port}", f"--mlflow-backend=sqlite:///{home}/mlflow/mlflow.db", *exports,
-                        RAY_HEAD_IP="127.0.0.2")
-    start = command_with(cfg, "head_start_ray_commands", "start_mlflow.sh")
-    for name in [k for k in os.environ if k.startswith("AWS_")]:
-        monkeypatch.delenv(name)  # the client reaches S3 through the server only
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        out = subprocess.run(["bash", "-c", start], env=env, capture_output=True, text=True, timeout=400)
-        assert out.returncode == 0, out.stdout + out.stderr
-        exp = tracking.ensure_experiment(uri, "s3-artifacts")
-        run_id = tracking.create_run(uri, exp, "s3-artifacts", {}, {})
-        (tmp_path / "model.pt").write_bytes(b"weights " * 1000)
-        tracking.log_artifact(uri, run_id, tmp_path / "model.pt", "model")
-        keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix="mlflow/")["Contents"]]
-        assert [k for k in keys if k.endswith(f"{run_id}/artifacts/model/model.pt")], keys
-        back = tracking.download_artifacts(uri, run_id, "model/model.pt", tmp_path / "back")
-        assert back.read_bytes() == b"weights " * 1000
-
-        out = subprocess.run(["bash", "-c", start], env=env, capture_output=True, text=True, timeout=400)  # a restart
-        assert out.returncode == 0, out.stdout + out.stderr
-        assert tracking.list_artifacts(uri, run_id, "model") == ["model/model.pt"]
-    finally:
-        pid_file = home / "mlflow" / "server.pid"  # the server outlives the command that started it
-        if pid_file.exists():
-            kill_tree(int(pid_file.read_text()))
-
-
 def test_node_environment_written_by_setup(cfg, tmp_path):
     # A worker: the autoscaler passes the head's address as RAY_HEAD_IP.
     (tmp_path / "w").mkdir()
@@ -506,9 +468,10 @@ class Rehearsal:
     head: RayHead
     tmp: Path
     shared: Path  # stands in for s3://.../runs: every node sees it
-    artifacts: Path  # stands in for the MLflow artifact root on S3
     tracking_uri: str
     store: Path
+    node_env: dict[str, str]  # the head's environment, as its start commands see it
+    mlflow_start: str  # cluster.yaml's command that (re)starts the head's MLflow server
 
 
 def submit(head: RayHead, *args: str) -> str:
@@ -570,29 +533,25 @@ try_first:
 
 
 @pytest.fixture(scope="module")
-def rehearsal(cfg, tmp_path_factory):
+def rehearsal(cfg, tmp_path_factory, tiny_store, s3):
     tmp = tmp_path_factory.mktemp("cluster")
-    # Independent start-ups overlap (each costs tens of seconds on a busy 2-core machine): the store's
-    # ingest, the head's MLflow server and the two Ray nodes.
-    store = tmp / "store"
-    ingest = subprocess.Popen(
-        [PYTHON, str(REPO / "jobs" / "ingest.py"), "synthetic", str(store), "--num-images", "160",
-         "--feat-dim", "16", "--num-objects", "8", "--num-object-labels", "10", "--num-attr-labels", "4",
-         "--num-answers", "20"], cwd=REPO, stdout=open(tmp / "ingest.log", "w"), stderr=subprocess.STDOUT)
-
-    # The head's environment, written by cluster.yaml's setup (~/xmodal is the synced tree), with local
-    # stand-ins for the S3 URIs; 127.0.0.2 plays the head's private address. Then the head's MLflow
-    # server, started by cluster.yaml's own command (it waits until the server answers).
+    # The head's environment, written by cluster.yaml's setup (~/xmodal is the synced tree), with a local
+    # stand-in for the storage path's S3 URI and the MLflow artifacts in S3 (the tests' moto server; the
+    # endpoint and credentials passed with `--export`, as a cluster config without an instance profile
+    # does); 127.0.0.2 plays the head's private address. Then the head's MLflow server, started by
+    # cluster.yaml's own command (it waits until the server answers), while the two Ray nodes start.
     home = tmp / "home"
     home.mkdir()
-    shared, artifacts, port = tmp / "shared", tmp / "artifacts", free_port()
+    shared, port = tmp / "shared", free_port()
+    exports = [f"--export={k}={v}" for k, v in s3_environment(s3.port).items()]
     # The MLflow server on a SQLite file of the head's, not the configs' default PostgreSQL: that one is
     # tests/test_cluster_postgres.py's and tests/test_ray_up.py's; this rehearsal is of the Ray nodes.
-    env = run_env_setup(cfg, home, f"--storage-path={shared}", f"--mlflow-artifacts={artifacts}",
-                        f"--mlflow-port={port}", f"--mlflow-backend=sqlite:///{home}/mlflow/mlflow.db",
+    env = run_env_setup(cfg, home, f"--storage-path={shared}", f"--mlflow-artifacts=s3://{S3_BUCKET}/mlflow",
+                        f"--mlflow-port={port}", f"--mlflow-backend=sqlite:///{home}/mlflow/mlflow.db", *exports,
                         RAY_HEAD_IP="127.0.0.2")
-    mlflow_start = subprocess.Popen(["bash", "-c", command_with(cfg, "head_start_ray_commands", "start_mlflow.sh")],
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    start = command_with(cfg, "head_start_ray_commands", "start_mlflow.sh")
+    mlflow_start = subprocess.Popen(["bash", "-c", start], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
     # The second node's own session folder: a short path, as Ray's socket paths live under it.
     node_temp = tempfile.mkdtemp(prefix="xr", dir="/tmp")
     head = None
@@ -601,10 +560,13 @@ def rehearsal(cfg, tmp_path_factory):
         # private ranges (a real head's 10.x / 172.16-31.x / 192.168.x), not 127.0.0.2.
         tracking_uri = f"http://127.0.0.1:{port}"
         with pytest.MonkeyPatch.context() as mp:
-            # What `ray start` inherits on a node: the project's venv first on PATH, storage and MLflow.
+            # What `ray start` inherits on a node: the project's venv first on PATH, storage and MLflow,
+            # and no S3 credentials (the trials' artifacts reach S3 through the head's MLflow server only).
             mp.setenv("PATH", env["PATH"])
             mp.setenv("XMODAL_STORAGE_PATH", str(shared))
             mp.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+            for name in [k for k in os.environ if k.startswith("AWS_")]:
+                mp.delenv(name)
             # Memory counts twice with two nodes on one machine: RayHead sets --memory and
             # --object-store-memory per node.
             head = RayHead(tmp, num_cpus=4, resources='{"node_a": 1}')
@@ -615,19 +577,17 @@ def rehearsal(cfg, tmp_path_factory):
 
         for host in ("127.0.0.1", "127.0.0.2"):  # the SSH tunnel's end and the nodes' address
             assert requests.get(f"http://{host}:{port}/health", timeout=30).ok, host
-        assert ingest.wait(timeout=300) == 0, (tmp / "ingest.log").read_text()[-3000:]
         deadline = time.time() + 120
         while len(nodes_by_label(head)) < 2:
             assert time.time() < deadline, (tmp / "node1.log").read_text()[-3000:]
             time.sleep(2)
 
-        yield Rehearsal(head, tmp, shared, artifacts, tracking_uri, store)
+        yield Rehearsal(head, tmp, shared, tracking_uri, tiny_store, env, start)
     finally:
         if head is not None:
             head.stop()
-        for proc in (mlflow_start, ingest):
-            if proc.poll() is None:
-                kill_tree(proc.pid)
+        if mlflow_start.poll() is None:
+            kill_tree(mlflow_start.pid)
         pid_file = home / "mlflow" / "server.pid"  # the server outlives the command that started it
         if pid_file.exists():
             kill_tree(int(pid_file.read_text()))
@@ -645,7 +605,7 @@ def run_job(r: Rehearsal, *args: str, timeout: float = 480) -> str:
 
 
 @pytest.mark.slow
-def test_sweep_runs_its_trials_across_both_nodes(rehearsal):
+def test_sweep_runs_its_trials_across_both_nodes(rehearsal, s3):
     r = rehearsal
     if not (REPO / "jobs" / "sweep.py").exists():
         pytest.skip("jobs/sweep.py is not in this tree yet (the sweep layer lands separately)")
@@ -678,4 +638,35 @@ def test_sweep_runs_its_trials_across_both_nodes(rehearsal):
         assert child.params["scale.placement_strategy"] == "STRICT_SPREAD"
         assert "train/loss" in child.metrics and "eval/loss/mlm" in child.metrics
         assert "model/model.pt" in tracking.list_artifacts(r.tracking_uri, child.run_id, "model")
-    assert len(list(r.artifacts.rglob("model.pt"))) >= 2
+    # ... in its artifact root in S3, written by the server: the nodes have no S3 credentials.
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix="mlflow/")["Contents"]]
+    for child in children:
+        assert [k for k in keys if k.endswith(f"{child.run_id}/artifacts/model/model.pt")], keys
+
+
+@pytest.mark.slow
+def test_the_heads_mlflow_server_keeps_artifacts_in_object_storage(rehearsal, s3, monkeypatch):
+    """The rehearsal's MLflow server (cluster.yaml's own command, artifacts in S3): a file logged through
+    it by a client that has no S3 credentials (only the head needs them) lands in the bucket, comes back
+    through the server, and is still served after the server restarts, as are the sweep's models when
+    the sweep ran before."""
+    r = rehearsal
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)  # the client reaches S3 through the server only
+    uri = r.tracking_uri
+    exp = tracking.ensure_experiment(uri, "s3-artifacts")
+    run_id = tracking.create_run(uri, exp, "s3-artifacts", {}, {})
+    (r.tmp / "model.pt").write_bytes(b"weights " * 1000)
+    tracking.log_artifact(uri, run_id, r.tmp / "model.pt", "model")
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix="mlflow/")["Contents"]]
+    assert [k for k in keys if k.endswith(f"{run_id}/artifacts/model/model.pt")], keys
+    back = tracking.download_artifacts(uri, run_id, "model/model.pt", r.tmp / "back")
+    assert back.read_bytes() == b"weights " * 1000
+    sweep_models = [k for k in keys if k.endswith("/artifacts/model/model.pt") and run_id not in k]
+
+    out = subprocess.run(["bash", "-c", r.mlflow_start], env=r.node_env, capture_output=True, text=True,
+                         timeout=400)  # a restart
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert tracking.list_artifacts(uri, run_id, "model") == ["model/model.pt"]
+    for key in sweep_models:  # .../<run id>/artifacts/model/model.pt
+        assert "model/model.pt" in tracking.list_artifacts(uri, key.split("/")[-4], "model"), key

@@ -294,7 +294,7 @@ def start_head(hosts: Hosts, env: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(mlflow_template, request) -> Iterator[Cluster]:
+def cluster(mlflow_template, tiny_store, request) -> Iterator[Cluster]:
     pytest.importorskip("moto")
     rehearsal.teardown_leftovers(PREFIX)
     shared = Path(tempfile.mkdtemp(prefix="xmodal-xhost-", dir="/var/tmp"))
@@ -302,10 +302,8 @@ def cluster(mlflow_template, request) -> Iterator[Cluster]:
     db = shared / "mlflow.db"
     shutil.copyfile(mlflow_template, db)
     uri = f"sqlite:///{db}"
-    store = shared / "store"
-    subprocess.run([PYTHON, str(REPO / "jobs" / "ingest.py"), "synthetic", str(store), "--num-images", "160",
-                    "--feat-dim", "16", "--num-objects", "8", "--num-object-labels", "10", "--num-attr-labels", "4",
-                    "--num-answers", "20"], check=True, cwd=REPO, capture_output=True)
+    # The session's tiny store, copied where every host sees it (each host has its own /tmp).
+    store = Path(shutil.copytree(tiny_store, shared / "store"))
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "platform"), "RAY_DEDUP_LOGS": "0",
            "AWS_ENDPOINT_URL": ENDPOINT, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
