@@ -265,13 +265,14 @@ def run_ours(a) -> int:
     """Our regions as the job makes them (its decode task and detector actor, batches of --batch-size), and our
     stages' tensors for the diagnosis: per image an .npz."""
     from xmodal.extract.pipeline import DetectorActor, DetectorSpec
+    from xmodal.models.butd.detector import DetectorConfig
 
     net_kind = net_of(a.weights)
     torch.set_num_threads(a.threads or torch.get_num_threads())
     info = {"command": "ours", "net": net_kind, **identity(a.weights), "batch_size": a.batch_size,
             "threads": torch.get_num_threads(), "numpy": np.__version__}
     done = _resume(a.output, info)
-    spec = DetectorSpec(weights=str(a.weights), tiny=net_kind == TINY)
+    spec = DetectorSpec(DetectorConfig.tiny() if net_kind == TINY else DetectorConfig(), weights=str(a.weights))
     actor = DetectorActor(spec)
     todo = [p for p in a.image_paths if f"{p.stem}.npz" not in done]
     print(json.dumps(info), flush=True)
@@ -291,9 +292,12 @@ def _our_batch(group: list[Path], spec, actor, stage) -> None:
 
     from xmodal.extract.pipeline import decode_batch
 
-    table = pa.table({"path": [str(p) for p in group], "img_id": [p.stem for p in group], "given": [b""] * len(group)})
+    stats = [p.stat() for p in group]  # what the job's items carry on to its write tasks (pipeline.CARRIED)
+    table = pa.table({"path": [str(p) for p in group], "img_id": [p.stem for p in group], "given": [b""] * len(group),
+                      "source": [p.name for p in group], "size": [s.st_size for s in stats],
+                      "mtime": [s.st_mtime_ns for s in stats]})
     t0 = time.perf_counter()
-    decoded = decode_batch(table, "opencv", spec.config().input)
+    decoded = decode_batch(table, "opencv", spec.cfg.input)
     found = actor(decoded)
     seconds = (time.perf_counter() - t0) / len(group)
     for i, row in enumerate(decoded.to_pylist()):
