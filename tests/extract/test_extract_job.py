@@ -234,6 +234,13 @@ def test_placement_refused_in_the_driver_before_work_starts(ray_local, tmp_path,
         assert sorted(p.name for p in tmp_path.iterdir() if p.name != "mlflow.db") == ["imgs"], name
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A child's SIGINT as a terminal's foreground job has it (Python's KeyboardInterrupt): a test run
+    started in the background by a script has SIGINT ignored, its children inherit that, and Python
+    then leaves it ignored (Ctrl-C would do nothing, the run would finish with exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _finished_shards(root: Path) -> int:
     """Shards a run has finished at the work's root (a local shard's temporary file is not one)."""
     shards = root / "images"
@@ -261,7 +268,7 @@ def test_ctrl_c_then_sigterm_keep_the_work_and_the_rerun_finishes_quietly(tmp_pa
     for stop in (signal.SIGINT, signal.SIGTERM):
         before = _finished_shards(root)
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
         deadline = time.monotonic() + 300  # a hang guard
         while time.monotonic() < deadline and proc.poll() is None and _finished_shards(root) <= before:
             time.sleep(0.2)
