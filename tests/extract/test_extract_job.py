@@ -1,13 +1,19 @@
-"""jobs/extract.py end to end: real image files, the tiny detector with random weights, a real local Ray."""
+"""jobs/extract.py end to end: real image files, the tiny detector with random weights, a real local Ray.
+Most tests call its `main` in this process on the session's Ray; two extractions are shared by the tests
+that read what they wrote (`folder_run`, `extracted`); the process as a user starts it (its own Ray,
+Ctrl-C, SIGTERM, the rerun) is one test."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +30,17 @@ from xmodal.models.butd.detector import DetectorConfig, random_detector  # noqa:
 from xmodal.models.butd.weights import save_in_layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--random-weights", "--tiny", "--no-progress", "--batch-size", "2"]
+AUTO_BATCH = ["--random-weights", "--tiny", "--no-progress"]  # the batch size chosen for the device
+TINY = [*AUTO_BATCH, "--batch-size", "2"]
 
 
-def _images(folder: Path, n: int = 4, seed: int = 0) -> list[Path]:
+def _images(folder: Path, n: int = 4, seed: int = 0, width: int = 56) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     paths = []
     for i in range(n):
         p = folder / f"COCO_val2014_{i:012d}.jpg"
-        cv2.imwrite(str(p), rng.integers(0, 255, (40 + 8 * i, 56, 3), dtype=np.uint8))
+        cv2.imwrite(str(p), rng.integers(0, 255, (40 + 8 * i, width, 3), dtype=np.uint8))
         paths.append(p)
     return paths
 
@@ -62,16 +69,37 @@ def images(tmp_path):
     return _images(tmp_path / "imgs")
 
 
+@dataclass
+class Extraction:
+    tmp: Path  # IMAGES is tmp/imgs, OUT tmp/store
+    images: list[Path]  # the JPEGs
+    store: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory, ray_local, keep_console) -> Extraction:
+    """One extraction of a folder, read by the tests of what it wrote and by the S3 test as the local
+    store: four JPEGs, a grey PNG in a subfolder and a text file (not an image: not listed); the tiny
+    detector, the default boxes (36) and the batch size chosen for the device."""
+    tmp = tmp_path_factory.mktemp("folder")
+    images = _images(tmp / "imgs")
+    (tmp / "imgs" / "sub").mkdir()
+    cv2.imwrite(str(tmp / "imgs" / "sub" / "grey.PNG"), np.full((30, 20), 90, np.uint8))
+    (tmp / "imgs" / "notes.txt").write_text("not an image: not listed")
+    out, err = io.StringIO(), io.StringIO()
+    with keep_console(), redirect_stdout(out), redirect_stderr(err):
+        rc = main([str(tmp / "imgs"), str(tmp / "store"), *AUTO_BATCH])
+    assert rc == 0, err.getvalue()
+    return Extraction(tmp, images, tmp / "store", out.getvalue())
+
+
 @pytest.mark.slow
-def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images, capsys):
-    (tmp_path / "imgs" / "sub").mkdir()
-    cv2.imwrite(str(tmp_path / "imgs" / "sub" / "grey.PNG"), np.full((30, 20), 90, np.uint8))
-    out = tmp_path / "store"
-    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, capsys=capsys)
-    assert rc == 0, err
-    store = open_features(out)
+def test_folder_to_store_and_every_line_says_random(folder_run):
+    tmp, images = folder_run.tmp, folder_run.images
+    store = open_features(folder_run.store)
     m = store.manifest
-    assert m.source == "extract" and m.images == 5 and m.num_objects == 36
+    assert m.source == "extract" and m.images == 5 and m.num_objects == 36  # notes.txt not listed
     assert m.options["random_weights"] == {"tiny": True, "seed": 0} and "RANDOM WEIGHTS" in m.options["warning"]
     rows = _rows(store)
     assert set(rows) == {p.stem for p in images} | {"grey"}
@@ -80,21 +108,24 @@ def test_folder_to_store_and_every_line_says_random(ray_local, tmp_path, images,
     assert any(x["num_boxes"] == 36 for x in rows.values())
     assert (0 <= r["boxes"]).all() and (r["boxes"] <= 1).all()
     # where each image came from: relative to IMAGES in the rows, absolute through image_sources
-    assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp_path / "imgs").resolve())
+    assert r["source"] == "sub/grey.PNG" and m.options["images_root"] == str((tmp / "imgs").resolve())
     assert image_sources(store) == {**{p.stem: str(p.resolve()) for p in images},
-                                    "grey": str((tmp_path / "imgs" / "sub" / "grey.PNG").resolve())}
+                                    "grey": str((tmp / "imgs" / "sub" / "grey.PNG").resolve())}
     from xmodal.examples.pictures import store_sources
 
     assert store_sources(store) == image_sources(store)  # what the example pages draw the pictures from
-    lines = [x for x in stdout.splitlines() if x.strip()]
+    lines = [x for x in folder_run.stdout.splitlines() if x.strip()]
     assert lines and all("RANDOM WEIGHTS" in x for x in lines), lines
     assert any("extracted 5 images" in x and "rejected 0" in x for x in lines)
-    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # the work folder is gone
+    # no --batch-size: chosen for the device, and said so (a CPU actor: 4)
+    assert any("batch 4 (chosen for the device)" in x for x in lines), lines
+    assert not any(p.name.startswith(".") for p in tmp.iterdir())  # the work folder is gone
 
 
 @pytest.mark.slow
-def test_rejects_listed_and_max_rejected(ray_local, tmp_path, images, capsys):
-    good = _images(tmp_path / "imgs", 4)
+def test_rejects_listed_and_max_rejected(ray_local, tmp_path, capsys):
+    # two readable images are enough: what is tested is that the failed run kept them and the rerun skips them
+    good = _images(tmp_path / "imgs", 2)
     (tmp_path / "imgs" / "empty.jpg").write_bytes(b"")
     data = good[0].read_bytes()
     (tmp_path / "imgs" / "cut.jpg").write_bytes(data[: len(data) // 2])
@@ -105,13 +136,13 @@ def test_rejects_listed_and_max_rejected(ray_local, tmp_path, images, capsys):
     assert "Traceback" not in err and not out.exists()
     rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "3", capsys=capsys)
     assert rc == 0, err
-    assert open_features(out).manifest.images == 4 and open_features(out).manifest.options["rejected"] == 3
+    assert open_features(out).manifest.images == 2 and open_features(out).manifest.options["rejected"] == 3
     rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
     why = {Path(r["path"]).name: r["reason"] for r in rejects}
     assert set(why) == {"empty.jpg", "cut.jpg", "text.png"}
     assert "empty file" in why["empty.jpg"] and "truncated JPEG" in why["cut.jpg"]
     assert "not an image" in why["text.png"]
-    assert "rejected 3" in stdout and "skipped 4 already done" in stdout  # the failed run's images were kept
+    assert "rejected 3" in stdout and "skipped 2 already done" in stdout  # the failed run's images were kept
 
 
 @pytest.mark.slow
@@ -128,10 +159,11 @@ def test_a_run_that_writes_nothing_leaves_no_work_folder(ray_local, tmp_path, ca
 
 
 @pytest.mark.slow
-def test_tsv_round_trip_equals_the_store(ray_local, tmp_path, images, capsys):
-    store, tsv = tmp_path / "store", tmp_path / "out" / "feats.tsv"
-    assert _run(tmp_path / "imgs", store, *TINY, "--boxes", "10-100", capsys=capsys)[0] == 0
-    rc, _, err = _run(tmp_path / "imgs", tsv, *TINY, "--boxes", "10-100", "--format", "tsv", capsys=capsys)
+def test_tsv_round_trip_equals_the_store(extracted, tmp_path, capsys):
+    """The TSV of the same images and options as `extracted`'s store, ingested again: the same rows."""
+    store, images = extracted
+    tsv = tmp_path / "out" / "feats.tsv"
+    rc, _, err = _run(images[0].parent, tsv, *TINY, "--boxes", "10-100", "--format", "tsv", capsys=capsys)
     assert rc == 0, err
     assert not any(p.name.startswith(".") for p in tsv.parent.iterdir())
     a = _rows(open_features(store))
@@ -202,17 +234,59 @@ def test_placement_refused_in_the_driver_before_work_starts(ray_local, tmp_path,
         assert sorted(p.name for p in tmp_path.iterdir() if p.name != "mlflow.db") == ["imgs"], name
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A child's SIGINT as a terminal's foreground job has it (Python's KeyboardInterrupt): a test run
+    started in the background by a script has SIGINT ignored, its children inherit that, and Python
+    then leaves it ignored (Ctrl-C would do nothing, the run would finish with exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _finished_shards(root: Path) -> int:
+    """Shards a run has finished at the work's root (a local shard's temporary file is not one)."""
+    shards = root / "images"
+    return sum(p.name.startswith("part-") and p.suffix == ".parquet" for p in shards.iterdir()) if shards.is_dir() else 0
+
+
 @pytest.mark.slow
-def test_quiet_unless_verbose(tmp_path):
-    """A whole run as a user starts it (its own local Ray): only the job's lines. Not Ray's start line,
-    not the core worker's C++ error about actor restarts (Ray Data's actors keep theirs), not Ray Data's
-    warning about more decode tasks than batches (1 image, 2 decode tasks by default)."""
-    _images(tmp_path / "imgs", 1)
+def test_ctrl_c_then_sigterm_keep_the_work_and_the_rerun_finishes_quietly(tmp_path):
+    """The real process, as a user starts it (its own local Ray), three times with the same command, one
+    image a shard: stopped by Ctrl-C (SIGINT to the process group, as a terminal sends it) once it has
+    finished a shard; stopped again, resuming, by SIGTERM (a batch system's stop; Ray's own handler in
+    the driver would abort the process and lose the images held) once it has finished one more; then
+    run to the end. Each stop: exit 130, one line saying how many images are kept, nothing at OUT. The
+    last run keeps every shard written, also those whose record had not reached the driver yet, prints
+    only the job's lines (not Ray's start line, not the core worker's C++ error about actor restarts, not
+    Ray Data's warnings), and publishes each image once."""
+    n = 12
+    paths = _images(tmp_path / "imgs", n)
+    out, root = tmp_path / "store", tmp_path / ".store.extract"
+    cmd = [sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"), str(out), *TINY,
+           "--images-per-shard", "1", "--batch-size", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
     env.pop("RAY_ADDRESS", None)
-    run = subprocess.run([sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"),
-                          str(tmp_path / "store"), "--random-weights", "--tiny", "--no-progress"],
-                         env=env, capture_output=True, text=True, timeout=600)
+    kept = 0  # images the last stopped run said it kept
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        before = _finished_shards(root)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+        deadline = time.monotonic() + 300  # a hang guard
+        while time.monotonic() < deadline and proc.poll() is None and _finished_shards(root) <= before:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, stop)
+        stdout, err = proc.communicate(timeout=300)
+        assert proc.returncode == 130, (stop, stdout, err)
+        last = [x for x in err.splitlines() if "stopped extracting" in x]
+        assert len(last) == 1 and "RANDOM WEIGHTS" in last[0] and "rerun the same command" in last[0], err
+        assert "Traceback" not in err, err
+        assert not out.exists() and root.is_dir()
+        if kept:  # the second run went on from what the first kept
+            resumed = int(stdout.split(f"resuming {root}: ")[1].split()[0])
+            assert kept <= resumed < n, stdout
+        done = int(last[0].split("stopped extracting: ")[1].split()[0])
+        assert kept < done < n, (stop, kept, done)
+        kept = done
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     both = run.stdout + run.stderr
     for noise in ("Started a local Ray instance", "core_worker.cc", "max_restarts > 0", "concurrent tasks",
@@ -222,54 +296,22 @@ def test_quiet_unless_verbose(tmp_path):
     lines = run.stdout.splitlines()
     assert lines and all(x.startswith("[xmodal] RANDOM WEIGHTS: ") for x in lines), lines
     assert "wrote " in lines[-1]
-    # no --batch-size: chosen for the device, and said so (a CPU actor: 4)
-    assert any("batch 4 (chosen for the device)" in x for x in lines), lines
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_leaves_nothing_visible_and_rerun_resumes(tmp_path, stop):
-    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM (a batch system's stop;
-    Ray's own handler in the driver would abort the process and lose the images held) mid-run."""
-    _images(tmp_path / "imgs", 12)
-    out = tmp_path / "store"
-    cmd = [sys.executable, str(REPO / "jobs" / "extract.py"), str(tmp_path / "imgs"), str(out), *TINY,
-           "--images-per-shard", "1", "--batch-size", "1"]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "platform")}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    chunks = tmp_path / ".store.extract" / "images"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if chunks.is_dir() and any(p.suffix == ".parquet" for p in chunks.iterdir()):
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()
-    os.killpg(proc.pid, stop)
-    stdout, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    last = [x for x in err.splitlines() if "stopped extracting" in x]
-    assert len(last) == 1 and "RANDOM WEIGHTS" in last[0] and "rerun the same command" in last[0]
-    assert "Traceback" not in err, err
-    assert not out.exists() and (tmp_path / ".store.extract").is_dir()
-    done = int(last[0].split("stopped extracting: ")[1].split()[0])
-    assert done >= 1
-    rc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert rc.returncode == 0, rc.stderr
     # the rerun keeps every shard that was written, also those whose record had not reached the driver yet
-    skipped = int(rc.stdout.split("skipped ")[1].split()[0])
-    assert done <= skipped < 12 and f"resuming {tmp_path / '.store.extract'}: {skipped} of 12" in rc.stdout
-    assert open_features(out).manifest.images == 12
-    assert not (tmp_path / ".store.extract").exists()
+    skipped = int(run.stdout.split("skipped ")[1].split()[0])
+    assert kept <= skipped < n and f"resuming {root}: {skipped} of {n}" in run.stdout
+    store = open_features(out)
+    ids = [i for f in store.image_files() for i in store.read_table(f).column("img_id").to_pylist()]
+    assert store.manifest.images == n and sorted(ids) == sorted(p.stem for p in paths)  # each image once
+    assert not root.exists()
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory, ray_local):
+def extracted(tmp_path_factory, ray_local, keep_console):
     """One extraction shared by the tests of what is built over a store: four images, 10 to 100 boxes."""
     tmp = tmp_path_factory.mktemp("extracted")
     paths = _images(tmp / "imgs")
-    assert main([str(tmp / "imgs"), str(tmp / "store"), *TINY, "--boxes", "10-100"]) == 0
+    with keep_console():
+        assert main([str(tmp / "imgs"), str(tmp / "store"), *TINY, "--boxes", "10-100"]) == 0
     return tmp / "store", paths
 
 
@@ -324,12 +366,16 @@ def test_ingest_takes_an_extracted_store_as_tsv(extracted, tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [None, "150:250"])
-def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, images, capsys, size):
+def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, capsys, size):
     # A detector saved in the detectron2 port's layout, run by the job, gives what the same detector
     # gives on the images as cv2.imread reads them and the reference's OpenCV code prepares them: the
     # whole path (listing, decoding and preparing in Ray tasks, the weights' import in each actor,
     # batching, the store's packing) changes nothing but float16. With --input-size, the detector's
-    # input config is that size's, in the decode tasks and the actors alike.
+    # input config is that size's, in the decode tasks and the actors alike. The default's images are
+    # wide (640 pixels), so that the longest side's cap sets their scale (1000 / 640: inputs of about
+    # 60-100 x 1000 pixels, not the 600 x 840 a 40 x 56 image is scaled to); --input-size 150:250's are
+    # the short side's (40-64 x 56).
+    images = _images(tmp_path / "imgs", width=56 if size else 640)
     short, cap = map(int, (size or "600:1000").split(":"))
     det = random_detector(DetectorConfig.tiny().replace_in("input", scale=short, max_size=cap), seed=7)
     save_in_layout(det.state_dict(), "detectron2", tmp_path / "w.pkl")
@@ -350,6 +396,7 @@ def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, image
     for p in images:
         im = cv2.imread(str(p), cv2.IMREAD_COLOR)
         blob, scale = prepare_blob(im, det.cfg.input)
+        assert (max(blob.shape[:2]) == cap) if size is None else (min(blob.shape[:2]) == short)  # the side that sets it
         expected = det.extract([PreparedImage(torch.from_numpy(blob), scale, *im.shape[:2])])[0]
         r, k = rows[p.stem], expected.boxes.shape[0]
         assert r["num_boxes"] == k and (r["img_h"], r["img_w"]) == (expected.img_h, expected.img_w)
@@ -361,30 +408,27 @@ def test_weights_file_gives_the_detectors_own_regions(ray_local, tmp_path, image
 
 
 @pytest.mark.slow
-def test_images_and_store_on_s3_give_the_store_of_local_ones(ray_local, s3, tmp_path, images, capsys):
-    """IMAGES as `s3://bucket/prefix` (the tests' moto server): listed recursively, read by the decode
-    tasks where they are; OUT as `s3://bucket/prefix`: the shards written there by the write tasks, the
-    manifest last; the same rows as a local folder's local store; a prefix holding nothing is one error."""
+def test_images_and_store_on_s3_give_the_store_of_local_ones(folder_run, s3, tmp_path, capsys):
+    """IMAGES as `s3://bucket/prefix` (the tests' moto server; `folder_run`'s folder): listed recursively,
+    read by the decode tasks where they are; OUT as `s3://bucket/prefix`: the shards written there by the
+    write tasks, the manifest last; the same rows as the local folder's local store (`folder_run`, the
+    same options); a prefix holding nothing is one error."""
     import uuid
 
     from xmodal_testing import S3_BUCKET
 
-    (tmp_path / "imgs" / "deeper").mkdir()
-    cv2.imwrite(str(tmp_path / "imgs" / "deeper" / "extra.png"), np.full((30, 20, 3), 90, np.uint8))
-    (tmp_path / "imgs" / "notes.txt").write_text("not an image: not listed")
-    uri = s3.upload(tmp_path / "imgs", f"photos-{uuid.uuid4().hex[:8]}")
-    assert _run(tmp_path / "imgs", tmp_path / "local", *TINY, capsys=capsys)[0] == 0
+    uri = s3.upload(folder_run.tmp / "imgs", f"photos-{uuid.uuid4().hex[:8]}")
     remote = f"s3://{S3_BUCKET}/stores/{uuid.uuid4().hex[:8]}"
-    rc, out, err = _run(uri, remote, *TINY, "--images-per-shard", "2", capsys=capsys)
+    rc, out, err = _run(uri, remote, *AUTO_BATCH, "--images-per-shard", "2", capsys=capsys)
     assert rc == 0, err
     assert f"wrote {remote}: 5 images" in out and not any(p.name.startswith(".") for p in tmp_path.iterdir())
-    a, b = _rows(open_features(tmp_path / "local")), _rows(open_features(remote))
-    assert set(a) == set(b) == {p.stem for p in images} | {"extra"}
+    a, b = _rows(open_features(folder_run.store)), _rows(open_features(remote))
+    assert set(a) == set(b) == {p.stem for p in folder_run.images} | {"grey"}  # notes.txt not listed
     for k in a:
         for c in a[k]:
             if c != "source":
                 assert np.array_equal(a[k][c], b[k][c]), (k, c)
-    assert b["extra"]["source"] == f"{uri}/deeper/extra.png" and a["extra"]["source"] == "deeper/extra.png"
+    assert b["grey"]["source"] == f"{uri}/sub/grey.PNG" and a["grey"]["source"] == "sub/grey.PNG"
     assert image_sources(remote) == {k: f"{uri}/{r['source']}" for k, r in a.items()}
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=S3_BUCKET, Prefix=remote.split("/", 3)[3])["Contents"]
             if not o["Key"].endswith("/")]  # (the empty folder markers pyarrow keeps are no objects of the store)
@@ -452,7 +496,9 @@ def test_images_to_a_fine_tuning_run_and_its_pages(extracted, tmp_path):
     run = tracking.get_run(uri, result.run_id)
     assert run.status == "FINISHED" and "best_valid/accuracy" in run.metrics
     pages = tracking.download_artifacts(uri, result.run_id, "examples", tmp_path / "pages")
-    assert (pages / "index.html").is_file() and len(list(pages.glob("example-*.html"))) == 4
-    pictures = sorted((pages / "img").iterdir())
-    # drawn on the photographs (RGB), not on the blank canvas a store without its images' sources gets
-    assert pictures and all(Image.open(p).mode == "RGB" for p in pictures)
+    text = (pages / "index.html").read_text()
+    data = json.loads(text.split("<script type='application/json' id='xm-data'>")[1].split("</script>")[0])
+    assert len(data["items"]) == 4
+    pictures = sorted((pages / "pictures").iterdir())
+    # drawn on the photographs (RGB), not on the blank canvas (a palette) a store without its images' sources gets
+    assert len(pictures) == 4 and all(Image.open(p).mode == "RGB" for p in pictures)
