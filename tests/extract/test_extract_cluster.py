@@ -85,14 +85,15 @@ WORKERS = {"worker1": "10.231.0.2", "worker2": "10.231.0.3", "worker3": "10.231.
 VICTIM = "worker3"
 BUCKET = "xmodal"
 PHOTOS = f"s3://{BUCKET}/photos"
-# Enough batches that each of the three actors does several in each run, and that each fault lands mid-run;
-# a batch costs the tiny net a few ms, its tasks' scheduling more.
-N_IMAGES = 256
+# Enough batches that each of the three actors has done several before each fault (an actor that starts
+# late on a loaded host misses the first few: 8 batches before the interrupt were too few for one of them),
+# and that each fault lands mid-run; a batch costs the tiny net a few ms, its tasks' scheduling more.
+N_IMAGES = 384
 BATCH = 8
 SHARD = 16  # images a shard (default 256): shards come often enough to time the faults by
-INTERRUPT_AFTER = 64  # images on S3 when the driver gets SIGINT: 8 batches of the first run
-KILL_AFTER = 176  # images on S3 (the kept ones included) when the worker host dies in the rerun: its actor
-#                   has finished batches of the rerun (it started with at most ~112 kept), ~10 batches are left
+INTERRUPT_AFTER = 128  # images on S3 when the driver gets SIGINT: 16 batches of the first run
+KILL_AFTER = 288  # images on S3 (the kept ones included) when the worker host dies in the rerun: it started
+#                   with ~130-180 kept, so its actors have done ~14 batches of it and ~12 are left
 INPUT_SIZE = (96, 160)
 MAX_GIVEN = 4  # given boxes an image: 1 to 4
 HEALTH = json.loads((REPO / "scripts" / "cluster" / "head_system_config.json").read_text())
