@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runs_testing import mult_run, pretrain_run, vqa_run  # noqa: F401 - session fixtures: finished runs
-from xmodal_testing import S3, free_port, held, s3_environment
+from xmodal_testing import S3, console_kept, free_port, held, s3_environment
 
 # Ray Train V2's controller polls its workers every 2 s by default: a run's end, and a worker's death,
 # are seen only at the next poll. Every test Ray (the shared one, and those of jobs started as
@@ -196,3 +196,11 @@ def stores(tmp_path_factory):
     return {"pretrain": images.path, "mult": build_mult(root / "mult", SyntheticMultOptions(num_samples=240)).path,
             "finetune": build_synthetic_vqa(images.path, root / "vqa", questions_per_image=2).path,
             "nlvr2": build_synthetic_nlvr2(spelled.path, root / "nlvr2").path}
+
+
+@pytest.fixture(autouse=True)
+def _console_as_found():
+    """Every test gives the console's process-wide state back as it found it (`console_kept`)."""
+    with console_kept():
+        yield
+

@@ -452,3 +452,27 @@ class S3:
 
     def delete(self, key: str) -> None:
         self.client().delete_object(Bucket=S3_BUCKET, Key=key)
+
+
+@contextmanager
+def console_kept() -> Iterator[None]:
+    """The console's process-wide state (the package logger's handler, level and propagation, the active
+    console, the worker flag, the verbose flag) given back as found: a test that runs a command's `main`
+    in this process sets it up for a whole run's process, and the tests after it on this worker would
+    see it."""
+    from xmodal.base import console
+
+    handlers, level, propagate = list(console.log.handlers), console.log.level, console.log.propagate
+    active, on_worker, verbose = console.CONSOLE.active, console._on_worker, os.environ.get(console.VERBOSE_ENV)
+    try:
+        yield
+    finally:
+        console.log.handlers[:] = handlers
+        console.log.setLevel(level)
+        console.log.propagate = propagate
+        console.CONSOLE.active, console._on_worker = active, on_worker
+        if verbose is None:
+            os.environ.pop(console.VERBOSE_ENV, None)
+        else:
+            os.environ[console.VERBOSE_ENV] = verbose
+

@@ -15,6 +15,7 @@ RUN_TAGS = PLATFORM / "xmodal" / "base" / "run_tags.py"
 # Strings starting with "xmodal." that are not tag names, each with the reason it may stay where it is.
 NOT_TAGS = {
     "xmodal.data.mult.synthetic": "a MulT store manifest's `generator` (the module that wrote it)",
+    "xmodal.shard": "a feature shard's Parquet footer key (data/lxmert/feature_writer.py: META)",
     "xmodal.tracking": "a module the tracking benchmark's writer processes import in advance",
     "xmodal.tracking needs mlflow: pip install 'mlflow>=3'": "an error message naming the module",
 }

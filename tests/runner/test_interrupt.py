@@ -22,12 +22,8 @@ from xmodal.runner import engine, recovery
 from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
 
 PRETRAIN = str(REPO / "jobs" / "pretrain.py")
-# Epochs of 45 steps, cut at 80: an evaluation (and checkpoint) every 10 steps, a log step every 5. The
-# first stop comes a few steps after the step-10 checkpoint, the second at the next checkpoint; the rerun
-# then crosses an epoch's end (step 45) to the end. The 70 steps after the first checkpoint are the
-# room each signal has to land before the run would end by itself (a signal takes a step or two); the
-# run's length adds nothing else (200 steps, as before, made 400 steps of training for the test; now 160).
-SETTINGS = ["preset=tiny", "train.epochs=2", "train.batch_size=16", "train.max_steps=80", "train.eval_every=10",
+# 5 epochs of 45 steps, cut at 200: an evaluation (and checkpoint) every 20 steps, a log step every 5.
+SETTINGS = ["preset=tiny", "train.epochs=5", "train.batch_size=16", "train.max_steps=200", "train.eval_every=20",
             "train.log_every=5", "train.keep_best=2", "data.eval_batches=2", "mlflow.system_metrics=false"]
 COMPARED = ("train/loss", "train/loss/mlm", "eval/loss", "eval/mlm_acc", "eval/match_acc")
 
@@ -151,7 +147,7 @@ def test_ctrl_c_then_a_second_signal_and_each_rerun_continues_exactly(clean_run,
                          first.stdout, re.M)
     assert len(stopped) == 1 and stopped[0][0] == stopped[0][1], first.stdout[-3000:]
     step = int(stopped[0][0])
-    assert 10 < step < 80 and step % 5 == 0  # after the first evaluation, at a log step
+    assert 20 < step < 200 and step % 5 == 0  # after the first evaluation, at a log step
     assert "Traceback" not in first.stdout and "Gracefully aborting" not in first.stdout
 
     run = the_run(uri, "ctrlc")
