@@ -22,8 +22,8 @@ from xmodal.runner import engine, recovery
 from xmodal_testing import PYTHON, REPO, kill_tree, ray_env
 
 PRETRAIN = str(REPO / "jobs" / "pretrain.py")
-# 5 epochs of 45 steps, cut at 200: an evaluation (and checkpoint) every 20 steps, a log step every 5.
-SETTINGS = ["preset=tiny", "train.epochs=5", "train.batch_size=16", "train.max_steps=200", "train.eval_every=20",
+# 5 epochs of 45 steps, cut at 120: an evaluation (and checkpoint) every 20 steps, a log step every 5.
+SETTINGS = ["preset=tiny", "train.epochs=5", "train.batch_size=16", "train.max_steps=120", "train.eval_every=20",
             "train.log_every=5", "train.keep_best=2", "data.eval_batches=2", "mlflow.system_metrics=false"]
 COMPARED = ("train/loss", "train/loss/mlm", "eval/loss", "eval/mlm_acc", "eval/match_acc")
 
@@ -135,7 +135,9 @@ def test_ctrl_c_then_a_second_signal_and_each_rerun_continues_exactly(clean_run,
        checkpoint: it leaves at once, its own local Ray too, and says where a rerun resumes from.
     3. The next rerun (attached to the shared test Ray, as a submitted job attaches to its cluster)
        resumes from the newest intact checkpoint on storage, whatever Ray Train had registered, and
-       ends as the uninterrupted run ends, step by step. Its output is also the console's test.
+       ends as the uninterrupted run ends, step by step. Ray Train's own list of the checkpoints is
+       emptied before it, as a stop landing while Ray Train writes it leaves it: the rerun moves it
+       aside and says so. Its output is also the console's test.
     (One run for both signals: each job start costs a minute and a half of the suite's two cores.)"""
     tmp, uri = clean_run
     store = stores["pretrain"]
@@ -147,7 +149,7 @@ def test_ctrl_c_then_a_second_signal_and_each_rerun_continues_exactly(clean_run,
                          first.stdout, re.M)
     assert len(stopped) == 1 and stopped[0][0] == stopped[0][1], first.stdout[-3000:]
     step = int(stopped[0][0])
-    assert 20 < step < 200 and step % 5 == 0  # after the first evaluation, at a log step
+    assert 20 < step < 120 and step % 5 == 0  # after the first evaluation, at a log step
     assert "Traceback" not in first.stdout and "Gracefully aborting" not in first.stdout
 
     run = the_run(uri, "ctrlc")
@@ -177,8 +179,13 @@ def test_ctrl_c_then_a_second_signal_and_each_rerun_continues_exactly(clean_run,
     found, _ = recovery.newest_intact(*recovery.run_folder(str(tmp / "runs"), "ctrlc"))
     assert found is not None and found.step == newer
 
+    ray_list = tmp / "runs" / "ctrlc" / recovery.RAY_LIST
+    ray_list.write_text("")
     third = rerun(tmp, store, "ctrlc", ray_env(RAY_ADDRESS=ray_local.get_runtime_context().gcs_address), "last.log")
     assert third.returncode == 0, third.stdout[-3000:]
+    assert (f"[xmodal] Ray Train's list of this run's checkpoints {ray_list} is empty (a stop landed while Ray "
+            f"Train wrote it); moved aside to {recovery.RAY_LIST}.unreadable") in third.stdout, third.stdout[-3000:]
+    assert (tmp / "runs" / "ctrlc" / f"{recovery.RAY_LIST}.unreadable").read_text() == ""
     assert f"(MLflow run {run.run_id}): from step {newer}, " in third.stdout
     assert f"[xmodal] resumed from checkpoint at step {newer} " in third.stdout
     check_console(third.stdout, "ctrlc")

@@ -288,7 +288,7 @@ def test_chaos_sweep_survives_worker_faults_a_killed_driver_and_ctrl_c(tmp_path,
     try:
         env = {**head.env, "RAY_ADDRESS": head.address}
         kept = _kill_once_a_trial_finished(tmp_path, space, env)
-        stopped, kept_too, interrupted = _ctrl_c_once_the_long_trial_trains(tmp_path, space, env)
+        stopped, kept_too, ended = _ctrl_c_once_the_long_trial_trains(tmp_path, space, env)
         third = start_driver(tmp_path, space, env, "third.log", "--resume")
         try:
             third.wait(timeout=600)
@@ -301,7 +301,7 @@ def test_chaos_sweep_survives_worker_faults_a_killed_driver_and_ctrl_c(tmp_path,
     assert third.returncode == 0, log[-4000:]
     assert log.count("continuing sweep 'chaos'") == 2, log[-4000:]
     assert "finished: no " not in log  # a resumed trial's line still shows its score
-    runs, injected = _check_every_step_once(tmp_path, {**kept, **kept_too}, stopped, interrupted)
+    runs, injected = _check_every_step_once(tmp_path, {**kept, **kept_too}, stopped, ended)
     _compare_with_a_fault_free_sweep(tmp_path, space, runs, injected)
 
 
@@ -329,7 +329,7 @@ def _kill_once_a_trial_finished(tmp_path: Path, space: Path, env: dict[str, str]
 def _ctrl_c_once_the_long_trial_trains(tmp_path: Path, space: Path, env: dict[str, str]):
     """The driver resumed, then Ctrl-C once the long trial trains in it past a checkpoint. Returns the
     KILLED trials' runs -> the step each is tagged to resume from, the trials finished by then, and the
-    time of the Ctrl-C."""
+    time the stopped driver exited."""
     second = start_driver(tmp_path, space, env, "second.log", "--resume")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     started_ms = time.time() * 1000
@@ -346,9 +346,9 @@ def _ctrl_c_once_the_long_trial_trains(tmp_path: Path, space: Path, env: dict[st
         said = (tmp_path / "second.log").read_text()
         assert second.poll() is None and training, said[-3000:]
         finished = {r.run_id: r.end_time for r in runs if r.status == "FINISHED"}
-        interrupted = time.time()
         os.killpg(second.pid, signal.SIGINT)
         second.wait(timeout=120)
+        ended = time.time()
     finally:
         kill_tree(second.pid, grace=3)
         kill_session(second.pid)
@@ -369,10 +369,10 @@ def _ctrl_c_once_the_long_trial_trains(tmp_path: Path, space: Path, env: dict[st
     # signal lands: then it has nothing left to resume)
     assert any(0 < stopped.get(r.run_id, 0) < int(r.params["train.max_steps"]) for r in runs), stopped
     assert not [r for r in runs if r.status == "RUNNING"]
-    return stopped, finished, interrupted
+    return stopped, finished, ended
 
 
-def _check_every_step_once(tmp_path: Path, kept: dict[str, float], stopped: dict[str, int], interrupted: float):
+def _check_every_step_once(tmp_path: Path, kept: dict[str, float], stopped: dict[str, int], ended: float):
     """Every trial finished once; those finished before a stop were not run again; each stopped at a
     checkpoint resumed from the step its tag named; every step logged once. Returns the runs and the
     faults' markers."""
@@ -393,7 +393,9 @@ def _check_every_step_once(tmp_path: Path, kept: dict[str, float], stopped: dict
             assert steps == list(range(each, total + 1, each)), (r.name, key, steps)  # each step once
         if 0 < stopped.get(r.run_id, 0) < total:  # the first resume after the Ctrl-C: from the step its tag named
             resumed = sorted(tracking.metric_points(uri, r.run_id, "train/resumed_from_step"), key=lambda p: p.timestamp)
-            after = [p.value for p in resumed if p.timestamp > interrupted * 1000]
+            # after the stopped driver had exited: until then Tune may still restart a trial that failed
+            # (its retry resumes from the checkpoint before the one the tag names, and writes that one)
+            after = [p.value for p in resumed if p.timestamp > ended * 1000]
             assert after[:1] == [stopped[r.run_id]], (r.name, after, stopped[r.run_id])
     return runs, injected
 

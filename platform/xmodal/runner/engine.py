@@ -153,6 +153,7 @@ def trainer(spec: JobSpec, plan: RunPlan, trial: Trial | None = None, stop_flag=
 
     cfg = plan.config
     scale, train = cfg.scale, cfg.train
+    recovery.set_aside_unreadable_ray_list(*recovery.run_folder(plan.storage, plan.run_name))
     resources = {"CPU": scale.cpus_per_worker, **scale.resources_per_worker}
     if scale.gpus_per_worker:
         resources["GPU"] = scale.gpus_per_worker

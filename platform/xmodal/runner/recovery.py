@@ -18,6 +18,7 @@ from xmodal.base.console import say
 from xmodal.core import checkpoint as ckpt
 
 PREFIX = "checkpoint_"
+RAY_LIST = "checkpoint_manager_snapshot.json"  # Ray Train's own list of the run's checkpoints
 
 
 @dataclass(frozen=True)
@@ -112,4 +113,49 @@ def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | 
             return e
         todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None),
                  *(getattr(e, "worker_failures", None) or {}).values()]
+    return None
+
+
+def set_aside_unreadable_ray_list(fs, folder: str) -> str | None:
+    """Ray Train's list of a run's checkpoints (`RAY_LIST`, rewritten in place at every report) is
+    empty or cut short when a stop lands while it is written, or names a checkpoint folder that is gone;
+    Ray Train then refuses the rerun (CheckpointManagerInitializationError) although the checkpoints
+    themselves are intact. Such a list is moved aside (`<name>.unreadable`): the rerun resumes from the
+    newest intact checkpoint as always, and Ray Train starts a new list (the checkpoints of the earlier
+    list are kept, never pruned by `train.keep_best`). Returns the line said, None when the list is
+    fine or absent."""
+    import pyarrow.fs
+
+    path = f"{folder}/{RAY_LIST}"
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        raw = f.read()
+    why = _ray_list_problem(fs, folder, raw)
+    if why is None:
+        return None
+    fs.move(path, f"{path}.unreadable")
+    line = (f"[xmodal] Ray Train's list of this run's checkpoints {path} {why}; moved aside to "
+            f"{RAY_LIST}.unreadable (the run resumes from the newest intact checkpoint; the checkpoints "
+            "that list named are kept)")
+    say(line)
+    return line
+
+
+def _ray_list_problem(fs, folder: str, raw: bytes) -> str | None:
+    import pyarrow.fs
+
+    if not raw.strip():
+        return "is empty (a stop landed while Ray Train wrote it)"
+    try:
+        state = json.loads(raw)
+    except ValueError as e:
+        return f"is not JSON ({e}; a stop landed while Ray Train wrote it)"
+    results = state.get("checkpoint_results") if isinstance(state, dict) else None
+    if not isinstance(results, list):
+        return "holds no list of checkpoint_results"
+    for r in results:
+        name = r.get("checkpoint_dir_name") if isinstance(r, dict) else None
+        if not isinstance(name, str) or fs.get_file_info(f"{folder}/{name}").type != pyarrow.fs.FileType.Directory:
+            return f"names a checkpoint folder that is not there ({name!r})"
     return None

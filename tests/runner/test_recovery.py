@@ -1,0 +1,45 @@
+"""Ray Train's list of a run's checkpoints set aside when a rerun could not start from it
+(xmodal.runner.recovery.set_aside_unreadable_ray_list); the real rerun after an emptied list is in
+tests/runner/test_interrupt.py."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.fs
+import pytest
+
+from xmodal.runner import recovery
+
+
+def ray_list(names: list[str]) -> str:
+    return json.dumps({"checkpoint_results": [{"checkpoint_dir_name": n} for n in names], "ray_version": "x"})
+
+
+@pytest.mark.parametrize(("written", "why"), [
+    ("", "is empty (a stop landed while Ray Train wrote it)"),
+    ('{"checkpoint_results": [{"checkpoint_dir_', "is not JSON ("),
+    ("[]", "holds no list of checkpoint_results"),
+    (json.dumps({"checkpoint_results": [{"checkpoint_dir_name": "checkpoint_gone"}]}),
+     "names a checkpoint folder that is not there ('checkpoint_gone')"),
+])
+def test_a_list_the_rerun_could_not_start_from_is_moved_aside_and_named(tmp_path, capsys, written, why):
+    (tmp_path / "checkpoint_2026-12-07_01-00-00.000000").mkdir()
+    (tmp_path / recovery.RAY_LIST).write_text(written)
+    line = recovery.set_aside_unreadable_ray_list(pyarrow.fs.LocalFileSystem(), str(tmp_path))
+    assert line is not None and f"{tmp_path / recovery.RAY_LIST} {why}" in line
+    assert line in capsys.readouterr().out
+    assert not (tmp_path / recovery.RAY_LIST).exists()
+    assert (tmp_path / f"{recovery.RAY_LIST}.unreadable").read_text() == written  # kept as it was
+    assert (tmp_path / "checkpoint_2026-12-07_01-00-00.000000").is_dir()  # the checkpoints untouched
+
+
+def test_a_good_list_or_none_is_left_as_it_is(tmp_path, capsys):
+    fs = pyarrow.fs.LocalFileSystem()
+    assert recovery.set_aside_unreadable_ray_list(fs, str(tmp_path / "no-run-yet")) is None
+    (tmp_path / "checkpoint_a").mkdir()
+    good = ray_list(["checkpoint_a"])
+    (tmp_path / recovery.RAY_LIST).write_text(good)
+    assert recovery.set_aside_unreadable_ray_list(fs, str(tmp_path)) is None
+    assert (tmp_path / recovery.RAY_LIST).read_text() == good
+    assert capsys.readouterr().out == ""
