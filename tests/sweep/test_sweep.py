@@ -320,9 +320,13 @@ def _kill_once_a_trial_finished(tmp_path: Path, space: Path, env: dict[str, str]
                 break
         assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
         assert finished, "no trial finished in time:\n" + (tmp_path / "first.log").read_text()[-3000:]
+        os.kill(first.pid, signal.SIGKILL)  # the driver alone, at once: no handler runs, no state is saved
+        first.wait(timeout=60)
     finally:
         kill_tree(first.pid, grace=3)
         kill_session(first.pid)
+    said = (tmp_path / "first.log").read_text()
+    assert first.returncode == -signal.SIGKILL and "Stop signal received" not in said, said[-3000:]
     return finished
 
 

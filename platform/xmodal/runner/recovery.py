@@ -80,6 +80,15 @@ def resume_point(fs, folder: str, loud: bool = True) -> Found | None:
     return found
 
 
+def trained_out(storage: str, run_name: str) -> bool:
+    """Whether the run's newest intact checkpoint is its last (meta `finished`): a rerun trains nothing."""
+    found, _ = newest_intact(*run_folder(storage, run_name))
+    if found is None:
+        return False
+    with found.checkpoint().as_directory() as d:
+        return bool(ckpt.read_meta(d).get("finished"))
+
+
 def _verify(fs, path: str) -> str | None:
     from ray.train import Checkpoint
 

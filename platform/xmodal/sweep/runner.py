@@ -205,12 +205,21 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
         raw = set_dotted(raw, "mlflow.run_name", run_name)
     source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
     cfg = validate_config(spec.config_class, raw, source)
+    trained_out = recovery.trained_out(cfg.scale.storage_path, run_name)
     # A trial is a run of its job like one from the command line: its example pages too, at its config's
     # `examples.count` (docs/tracking.md, "Example pages")
     engine.run(spec, cfg, source, parent_run_id=setup["parent_run_id"],
              tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
              trial=Trial(report=tune.report) if setup.get("in_process") else Trial([TuneReportCallback()]),
              after_run=end_of_run_pages)
+    if trained_out:
+        # The driver died after the trial's last checkpoint and before the trial's end was marked: the rerun
+        # trained nothing and its workers reported nothing; the run's end (model, pages) is done now, and
+        # Tune gets the final metrics the run logged.
+        run = tracking.find_run(setup["tracking_uri"], setup["experiment_id"], run_name)
+        console.say(f"[xmodal] {run_name} had trained to its end before the driver restarted: reporting its "
+                    f"final metrics from MLflow run {run.run_id}")
+        tune.report(_logged_result(run))
 
 
 def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
@@ -220,14 +229,19 @@ def _replay_finished(setup: dict[str, Any], run_name: str) -> bool:
     run = tracking.find_run(setup["tracking_uri"], setup["experiment_id"], run_name)
     if run is None or run.status != "FINISHED" or run.tags.get(T.EARLY_STOPPED) == "true":
         return False
-    metrics: dict[str, Any] = {k: v for k, v in run.metrics.items()  # eval/, valid/, test/, best_*, selected/
-                               if not k.startswith(("train/", "system/"))}
-    if T.TOTAL_STEPS in run.tags:
-        metrics["step"] = int(run.tags[T.TOTAL_STEPS])
     console.say(f"[xmodal] {run_name} had finished before the driver restarted: reporting its final metrics "
                 f"from MLflow run {run.run_id} instead of training it again")
-    tune.report(metrics)
+    tune.report(_logged_result(run))
     return True
+
+
+def _logged_result(run: tracking.RunRecord) -> dict[str, Any]:
+    """A finished trial's last result as its MLflow run holds it: eval/, valid/, test/, best_*, selected/
+    (not train/ or system/), and its total steps."""
+    metrics: dict[str, Any] = {k: v for k, v in run.metrics.items() if not k.startswith(("train/", "system/"))}
+    if T.TOTAL_STEPS in run.tags:
+        metrics["step"] = int(run.tags[T.TOTAL_STEPS])
+    return metrics
 
 
 def _trial_name(trial) -> str:
