@@ -5,10 +5,11 @@ the write tasks and the driver's commit; what the detector costs is measured by 
 The job runs the network at the benchmark's `--input-size` on two given boxes an image (`--boxes-from`:
 its top-left and bottom-right quarters), so that the network's share stays small and the row measures
 the path around it. Reported, from the job's own summary (`extract.publish.Summary`):
-- the driver per image: its process's CPU time over the pipeline (Ray Data's executor included: it runs
-  in the driver) and the bytes of the records it received, over the whole run, divided by the images;
-  printed as `driver per image: X ms CPU, Y bytes received`; and that CPU time per second of the run
-  (what the executor costs while it waits: per image it falls as the images come faster);
+- the driver per image: its process's CPU time over the pipeline (Ray Data's executor runs in an actor
+  beside it, `extract.pipeline.Coordinator`) and the bytes of the records it received, over the whole
+  run, divided by the images; printed as `driver per image: X ms CPU, Y bytes received`; and that CPU
+  time per second of the run (what the driver costs while it waits: per image it falls as the images
+  come faster);
 - the job's images/s end to end (Ray's start and the actors' loading included).
 
 `write_row`: one write task's throughput on shards of the reference's size, in this process: a bundle of

@@ -9,6 +9,10 @@ import json
 import pyarrow.fs
 import pytest
 
+from xmodal.base.errors import UserError
+from xmodal.config.experiment import load_config
+from xmodal.core import checkpoint as ckpt
+from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.runner import recovery
 
 
@@ -43,3 +47,29 @@ def test_a_good_list_or_none_is_left_as_it_is(tmp_path, capsys):
     assert recovery.set_aside_unreadable_ray_list(fs, str(tmp_path)) is None
     assert (tmp_path / recovery.RAY_LIST).read_text() == good
     assert capsys.readouterr().out == ""
+
+
+def a_checkpoint(folder, cfg, step: int = 8) -> None:
+    """A sealed checkpoint folder of `cfg` at `step`, as rank 0 leaves it (its weights a stand-in)."""
+    d = folder / "checkpoint_2026-12-07_02-00-00.000000"
+    d.mkdir(parents=True)
+    (d / "model.pt").write_bytes(b"weights")
+    (d / "meta.json").write_text(json.dumps({"step": step, "finished": False, "config": cfg.model_dump(mode="json")}))
+    ckpt.seal(d)
+
+
+def test_a_rerun_resumes_only_the_config_its_checkpoint_was_trained_with(tmp_path):
+    base = ["preset=tiny", "mlflow.run_name=r1", "train.max_steps=40"]
+    a_checkpoint(tmp_path / "r1", load_config(PretrainConfig, overrides=base))
+    recovery.check_same_config(str(tmp_path), "r2", load_config(PretrainConfig, overrides=base))  # no folder
+    # where and how it is tracked, placed and stored, its pages, the testing aids: the same run
+    same = load_config(PretrainConfig, overrides=[*base, "mlflow.experiment=elsewhere", "scale.max_failures=3",
+                                                  "examples.count=0", "train.fail_at_step=5"])
+    recovery.check_same_config(str(tmp_path), "r1", same)
+    changed = load_config(PretrainConfig, overrides=[*base, "optim.lr=0.005", "train.max_steps=80"])
+    with pytest.raises(UserError) as e:
+        recovery.check_same_config(str(tmp_path), "r1", changed)
+    assert str(e.value) == (
+        f"mlflow.run_name = 'r1': the run's folder {tmp_path / 'r1'} holds its checkpoint at step 8, trained "
+        "with optim.lr = 0.002, but this config has 0.005 (and 1 more: train.max_steps); a rerun resumes the "
+        "same run: give the run's own settings to continue it, or another --run-name for a new run")

@@ -1,8 +1,9 @@
 """An extraction's run on Ray (`run(plan) -> Outcome`): Ray reached (`runner.ray_cluster.connect`:
 RAY_ADDRESS, else a local Ray), the run placed on the cluster and checked there (`resources.place`),
 the output's root made and every other host's access to it probed (`resources.probe_nodes`), then the
-pipeline (`pipeline.run`): the write tasks write the shards where the features are made, and the driver
-receives one small record a shard: its name, image ids and rows, the rejected images. It lists the
+pipeline (`pipeline.run`, iterated by its `Coordinator` actor on the driver's node): the write tasks write
+the shards where the features are made, and the driver receives one small record a shard: its name, image
+ids and rows, the rejected images. It lists the
 rejects, fails once they pass --max-rejected, and keeps the records for the publish.
 
 What the driver costs is measured by itself over the pipeline: its process's CPU time and the bytes of
@@ -21,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from xmodal.base import console
 from xmodal.base.console import DriverNoise, progress_bar
 from xmodal.base.errors import RunInterrupted
 from xmodal.data.lxmert.feature_writer import ShardInfo
@@ -106,6 +108,7 @@ def run(plan: Plan) -> Outcome:
 
 def _run(plan: Plan) -> Outcome:
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from xmodal.extract import pipeline
 
@@ -128,16 +131,20 @@ def _run(plan: Plan) -> Outcome:
     noise = DriverNoise().__enter__()
     term = _term_as_interrupt()
     cpu = time.process_time()
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    coordinator = pipeline.Coordinator.options(scheduling_strategy=here).remote(
+        console.verbose(), items, spec, write, batch_size=placed.batch_size, actors=placed.actors,
+        gpus_per_actor=placed.gpus_per_actor, decode_tasks=decode_tasks, images_per_shard=plan.images_per_shard)
     try:
-        for table in pipeline.run(items, spec, write, batch_size=placed.batch_size, actors=placed.actors,
-                                  gpus_per_actor=placed.gpus_per_actor, decode_tasks=decode_tasks,
-                                  images_per_shard=plan.images_per_shard):
+        while (table := ray.get(coordinator.next_table.remote())) is not None:
             out.driver_bytes += table.nbytes
             for record in table.to_pylist():
                 bar.update(_take(plan, record, out))
     except KeyboardInterrupt:
         raise ExtractInterrupted(str(plan.writer.root), _kept(plan, out), len(plan.refs), plan.random) from None
     finally:
+        # the pipeline ends with its coordinator, while Ray is still up: its detector actors and tasks too
+        ray.kill(coordinator, no_restart=True)
         out.driver_cpu_s = time.process_time() - cpu
         bar.close()
         if started_here and ray.is_initialized():

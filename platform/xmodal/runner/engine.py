@@ -99,6 +99,7 @@ def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages | Checke
                 parameters = sum(p.numel() for p in spec.build_objective(cfg, prepared.data).parameters())
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
+        recovery.check_same_config(storage, name, cfg)
         faults = fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name)
         plan = RunPlan(job=spec.name, config=cfg, data=prepared.path, start=prepared.start,
                        train_options=prepared.train_options, tracking_uri=uri, run_name=name, storage=storage,

@@ -15,9 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from xmodal.base.console import say
+from xmodal.base.errors import UserError
+from xmodal.config.experiment import flatten
 from xmodal.core import checkpoint as ckpt
 
 PREFIX = "checkpoint_"
+# What a rerun may set otherwise than the run it resumes: where and how the run is tracked, placed and
+# stored, its example pages, and the testing aids that make workers fail. Any other key decides the
+# training itself: a checkpoint resumed under another value would continue one run as a different one.
+RERUN_MAY_CHANGE = ("mlflow.", "scale.storage_path", "scale.max_failures", "scale.placement_strategy",
+                    "scale.resources_per_worker", "examples.", "data.store", "train.fail_at_step",
+                    "train.random_faults", "train.fault_seed")
 RAY_LIST = "checkpoint_manager_snapshot.json"  # Ray Train's own list of the run's checkpoints
 
 
@@ -78,6 +86,31 @@ def resume_point(fs, folder: str, loud: bool = True) -> Found | None:
                 if found is not None else
                 "[xmodal] no checkpoint of the run verifies; starting from scratch")
     return found
+
+
+def check_same_config(storage: str, run_name: str, cfg) -> None:
+    """A rerun resumes the run's newest intact checkpoint: its config (recorded in the checkpoint's meta)
+    must be this one, but for `RERUN_MAY_CHANGE`. Raises UserError naming the first key that differs,
+    both values, and how many more differ."""
+    found, _ = newest_intact(*run_folder(storage, run_name))
+    if found is None:
+        return
+    with found.checkpoint().as_directory() as d:
+        recorded = ckpt.read_meta(d).get("config")
+    if not isinstance(recorded, dict):
+        return
+    then, now = flatten(recorded), flatten(cfg)
+    differ = [k for k in sorted(then.keys() | now.keys())
+              if not k.startswith(RERUN_MAY_CHANGE) and then.get(k, "(not set)") != now.get(k, "(not set)")]
+    if not differ:
+        return
+    k = differ[0]
+    more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])}{', ...' if len(differ) > 4 else ''})" \
+        if len(differ) > 1 else ""
+    raise UserError(f"mlflow.run_name = {run_name!r}: the run's folder {found.path.rsplit('/', 1)[0]} holds its "
+                    f"checkpoint at step {found.step}, trained with {k} = {then.get(k, '(not set)')!r}, but this "
+                    f"config has {now.get(k, '(not set)')!r}{more}; a rerun resumes the same run: give the run's "
+                    "own settings to continue it, or another --run-name for a new run")
 
 
 def trained_out(storage: str, run_name: str) -> bool:
