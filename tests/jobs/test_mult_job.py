@@ -57,9 +57,10 @@ RUN = ["recipe=mult-reference", "preset=tiny", "train.epochs=3", "train.batch_si
 @pytest.fixture(scope="module")
 def seeded(mult_store, tmp_path_factory, ray_local):
     """(tracking URI, the parent run's id, folder, the driver's calls): `seeds=[1, 2]` through the engine,
-    as the job runs them. The seed-1 run is also the fault-free run the worker-fault case must equal (one
+    as the job runs them, each run's example pages (4) logged at its end. The seed-1 run is also the fault-free run the worker-fault case must equal (one
     run less). The calls: the run name of each `engine.check` and each `MultJob.prepare` in the driver
     (spied on, then run as they are)."""
+    from xmodal.cli.training import end_of_run_pages
     from xmodal.jobs.mult_job import MultJob
     from xmodal.runner.engine import run_job
 
@@ -67,10 +68,10 @@ def seeded(mult_store, tmp_path_factory, ray_local):
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     cfg = load_config(MultTrainConfig, overrides=[
         f"data.store={mult_store.path}", f"scale.storage_path={tmp / 'runs'}", f"mlflow.tracking_uri={uri}",
-        *RUN, "seeds=[1, 2]", "mlflow.run_name=seeded"])
+        *RUN, "seeds=[1, 2]", "mlflow.run_name=seeded", "examples.count=4"])
     with pytest.MonkeyPatch.context() as mp:
         calls = spy_checks_and_prepares(mp, MultJob)
-        parent = run_job(MultJob(), cfg).run_id
+        parent = run_job(MultJob(), cfg, after_run=end_of_run_pages).run_id
     return uri, parent, tmp, calls
 
 
@@ -104,6 +105,9 @@ def test_seeds_select_on_validation_and_report_mean_and_std(seeded):
         hist = [x.value for x in tracking.metric_points(uri, child.run_id, "valid/mae")]
         assert m["best_valid/mae"] == pytest.approx(min(hist))
         maes.append(m["test/mae"])
+        # the run's example pages, logged at its end: 4 clips of the test split with the final model
+        pictures = tracking.list_artifacts(uri, child.run_id, "examples/pictures")
+        assert "examples/index.html" in tracking.list_artifacts(uri, child.run_id, "examples") and len(pictures) == 4
     pm = parent.metrics
     assert pm["test/mae_mean"] == pytest.approx(sum(maes) / 2)
     assert pm["test/mae_std"] == pytest.approx(abs(maes[0] - maes[1]) / 2 ** 0.5)

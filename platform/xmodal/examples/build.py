@@ -218,7 +218,8 @@ def log_run_examples(uri: str, run_id: str, run_name: str, cfg, data, checkpoint
 
 def end_of_run_pages(plan, folder: Path, data) -> bool:
     """A training run's example pages, logged into it before it ends (`engine.AfterRun`): fine-tuning
-    runs, and pretraining runs with the QA task, whose `examples.count` is above 0; a job's command line
+    runs, pretraining runs with the QA task and MulT runs (on sentiment stores: `mult_job.prepare`), whose
+    `examples.count` is above 0; a job's command line
     (`cli.job_main`) and a sweep's trials (`sweep.runner.run_trial`) alike. Returns whether it made them."""
     cfg = plan.config
     if getattr(getattr(cfg, "examples", None), "count", 0) == 0:

@@ -46,6 +46,15 @@ def _has_noise(conditions: Iterable[str]) -> bool:
 
 
 
+class MultExamplesConfig(Section):
+    """Example pages logged into the run at its end (`examples/index.html`, docs/tracking.md): `count`
+    clips of `split` with the run's final model, each with its prediction, label and crossmodal attention
+    over time. 0 = off. Sentiment stores only: a run on an emotion store (IEMOCAP) makes none."""
+
+    count: int = Field(16, ge=0, le=1000)
+    split: Literal["valid", "test"] = "test"
+
+
 class MultDataConfig(Section):
     store: str | None = store_field()  # None = the embedded synthetic store, built on first use
     synthetic: SyntheticMultOptions = Field(default_factory=SyntheticMultOptions)
@@ -71,6 +80,7 @@ class MultTrainConfig(JobConfig):
     f1_protocol: F1Protocol = "sklearn"
     robust: MultRobustConfig = Field(default_factory=MultRobustConfig)
     data: MultDataConfig = Field(default_factory=MultDataConfig)
+    examples: MultExamplesConfig = Field(default_factory=MultExamplesConfig)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(
         name="adam", lr=3e-3, weight_decay=0.0, eps=1e-8, warmup_ratio=0.0, grad_clip=0.8))
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(
@@ -82,6 +92,8 @@ class MultTrainConfig(JobConfig):
 
     # Options read only under a condition (`config.unused_options`): given otherwise, an error.
     USES: ClassVar[tuple[Use, ...]] = (
+        Use("examples.split", lambda c: c.examples.count > 0, "by the example pages (examples.count > 0)",
+            lambda c: "examples.count=0"),
         Use("robust.noise_sigma", lambda c: _has_noise(c.robust.conditions),
             "by the noise_* conditions (in robust.conditions)",
             lambda c: f"robust.conditions={list(c.robust.conditions)}"),

@@ -48,6 +48,8 @@ class MultJob(JobSpec):
             inputs, cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
             open_store, "python jobs/ingest.py mult|mult-synthetic {path}")
         cfg = with_store_dims(cfg, store)
+        if store.task != "sentiment" and cfg.examples.count:  # MulT's pages show sentiment clips only
+            cfg = cfg.model_copy(update={"examples": cfg.examples.model_copy(update={"count": 0})})
         m = store.manifest
         dataset = {"name": f"{m.dataset} ({store.path.name})", "rows": dict(m.rows),
                    "dims": {**m.dims, **{f"max_len_{k}": v for k, v in m.max_len.items()}}}
