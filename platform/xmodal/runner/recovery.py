@@ -21,10 +21,12 @@ from xmodal.core import checkpoint as ckpt
 
 PREFIX = "checkpoint_"
 # What a rerun may set otherwise than the run it resumes: where and how the run is tracked, placed and
-# stored, its example pages, and the testing aids that make workers fail. Any other key decides the
-# training itself: a checkpoint resumed under another value would continue one run as a different one.
+# stored, its example pages, the testing aids that make workers fail, and its starting weights (`init.*`:
+# the checkpoint's weights replace them; a chain's fine-tuning stage is checked before its pretraining run
+# exists). Any other key decides the training itself: a checkpoint resumed under another value would
+# continue one run as a different one.
 RERUN_MAY_CHANGE = ("mlflow.", "scale.storage_path", "scale.max_failures", "scale.placement_strategy",
-                    "scale.resources_per_worker", "examples.", "data.store", "train.fail_at_step",
+                    "scale.resources_per_worker", "examples.", "data.store", "init.", "train.fail_at_step",
                     "train.random_faults", "train.fault_seed")
 RAY_LIST = "checkpoint_manager_snapshot.json"  # Ray Train's own list of the run's checkpoints
 
