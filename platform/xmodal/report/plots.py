@@ -71,16 +71,8 @@ def plot_metric_vs_params(table: Table, out: Path) -> list[Path]:
             # a line only where the axis is ordered: categories get a bar per mean
             ax.errorbar(xs_m, [s[0] for s in stats], yerr=[s[1] for s in stats], color="black", capsize=3,
                         fmt="-" if ordered else "_", markersize=18, label="mean ± std (finished)")
-        ax.set_xlabel(key)
-        ax.set_ylabel(table.metric)
-        ax.set_title(f"{table.metric} vs {key}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        path = out / f"{slug(table.metric)}_vs_{slug(key)}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        files.append(path)
+        files.append(_save(fig, ax, key, table.metric, f"{table.metric} vs {key}",
+                           out / f"{slug(table.metric)}_vs_{slug(key)}.png"))
     return files
 
 
@@ -104,13 +96,21 @@ def plot_learning_curves(table: Table, uri: str, out: Path, top: int = CURVES_TO
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("step")
-    ax.set_ylabel(table.metric)
-    ax.set_title(f"learning curves of the best {min(top, len(table.rows))} configurations")
+    return _save(fig, ax, "step", table.metric,
+                 f"learning curves of the best {min(top, len(table.rows))} configurations",
+                 out / f"learning_curves_{slug(table.metric)}.png")
+
+
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """A plot's axes labelled, gridded and with its legend, written to `path` (100 dpi) and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    path = out / f"learning_curves_{slug(table.metric)}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -204,16 +204,27 @@ def _check_splits(data: Any, where: str) -> None:
                               f"expected {list(SPLITS)}")
 
 
+def _split(data: dict, split: str, where: str, expected: str) -> tuple[dict, str]:
+    """One split of a checked pickle (`_check_splits`) and its place for errors; a dict of `expected`."""
+    d, w = data[split], f"{where}[{split!r}]"
+    if not isinstance(d, dict):
+        raise MultIngestError(f"{w}: {type(d).__name__}; expected a dict with {expected}")
+    return d, w
+
+
+def _modalities(d: dict, w: str) -> tuple[dict[str, np.ndarray], int]:
+    """A split's three feature arrays ([N, T, D] each, N the text's) and N."""
+    text = _array(d, "text", w, 3)
+    n = text.shape[0]
+    return {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}, n
+
+
 def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
     stats, out = _Stats(), {}
     _check_splits(data, where)
     for split in SPLITS:
-        d, w = data[split], f"{where}[{split!r}]"
-        if not isinstance(d, dict):
-            raise MultIngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, labels")
-        text = _array(d, "text", w, 3)
-        n = text.shape[0]
-        raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
+        d, w = _split(data, split, where, "text, audio, vision, labels")
+        raw, n = _modalities(d, w)
         labels = _labels(_array(d, "labels", w, None, n), "labels", w)
         if labels.size == n:
             labels = labels.reshape(n).astype(np.float32)
@@ -234,14 +245,10 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
     stats, out = _Stats(), {}
     _check_splits(data, where)
     for split in SPLITS:
-        d, w = data[split], f"{where}[{split!r}]"
-        if not isinstance(d, dict):
-            raise MultIngestError(f"{w}: {type(d).__name__}; expected a dict with text, audio, vision, ...")
+        d, w = _split(data, split, where, "text, audio, vision, ...")
         if "text" not in d and "text_bert" in d:
             raise MultIngestError(f"{w}: only 'text_bert' (BERT token ids); this ingest needs 'text' features")
-        text = _array(d, "text", w, 3)
-        n = text.shape[0]
-        raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
+        raw, n = _modalities(d, w)
         labels = _labels(_array(d, "regression_labels", w, None, n), "regression_labels", w)
         if labels.size != n:
             raise MultIngestError(f"{w}['regression_labels']: shape {labels.shape}; expected one score per clip")
