@@ -287,7 +287,7 @@ def test_chaos_sweep_survives_worker_faults_a_killed_driver_and_ctrl_c(tmp_path,
     head = RayHead(tmp_path)
     try:
         env = {**head.env, "RAY_ADDRESS": head.address}
-        kept = _kill_once_a_trial_finished(tmp_path, space, env)
+        kept = _kill_once_a_trial_finished(tmp_path, space, env, head)
         stopped, kept_too, ended = _ctrl_c_once_the_long_trial_trains(tmp_path, space, env)
         third = start_driver(tmp_path, space, env, "third.log", "--resume")
         try:
@@ -305,7 +305,7 @@ def test_chaos_sweep_survives_worker_faults_a_killed_driver_and_ctrl_c(tmp_path,
     _compare_with_a_fault_free_sweep(tmp_path, space, runs, injected)
 
 
-def _kill_once_a_trial_finished(tmp_path: Path, space: Path, env: dict[str, str]) -> dict[str, float]:
+def _kill_once_a_trial_finished(tmp_path: Path, space: Path, env: dict[str, str], head: RayHead) -> dict[str, float]:
     """The first driver, killed (SIGKILL, then what it left) once a trial has finished; returns the
     finished trials' runs and end times."""
     first = start_driver(tmp_path, space, env, "first.log")
@@ -327,7 +327,29 @@ def _kill_once_a_trial_finished(tmp_path: Path, space: Path, env: dict[str, str]
         kill_session(first.pid)
     said = (tmp_path / "first.log").read_text()
     assert first.returncode == -signal.SIGKILL and "Stop signal received" not in said, said[-3000:]
+    _trials_ended(head)
     return finished
+
+
+def _trials_ended(head: RayHead, timeout: float = 60) -> None:
+    """Wait until Ray has ended the killed driver's trial processes (Tune's trial actors, `ray::ImplicitFunc`),
+    as it does once the driver's job is dead: until then a trial's worker may still write to its run folder,
+    which the next driver's trial resumes."""
+    import psutil
+
+    deadline = time.time() + timeout
+    while True:
+        alive = []
+        for node in head.nodes:
+            try:
+                alive += [p.pid for p in psutil.Process(node.pid).children(recursive=True)
+                          if "ImplicitFunc" in " ".join(p.cmdline())]
+            except psutil.Error:
+                pass
+        if not alive:
+            return
+        assert time.time() < deadline, f"the killed driver's trial processes {alive} still run after {timeout} s"
+        time.sleep(0.5)
 
 
 def _ctrl_c_once_the_long_trial_trains(tmp_path: Path, space: Path, env: dict[str, str]):
