@@ -61,14 +61,17 @@ def a_checkpoint(folder, cfg, step: int = 8) -> None:
 def test_a_rerun_resumes_only_the_config_its_checkpoint_was_trained_with(tmp_path):
     base = ["preset=tiny", "mlflow.run_name=r1", "train.max_steps=40"]
     a_checkpoint(tmp_path / "r1", load_config(PretrainConfig, overrides=base))
-    recovery.check_same_config(str(tmp_path), "r2", load_config(PretrainConfig, overrides=base))  # no folder
+    found, _ = recovery.newest_intact(*recovery.run_folder(str(tmp_path), "r1"))
+    assert found.step == 8 and not found.finished
+    assert recovery.newest_intact(*recovery.run_folder(str(tmp_path), "r2")) == (None, [])  # no folder
+    recovery.check_same_config(None, "r2", load_config(PretrainConfig, overrides=base))
     # where and how it is tracked, placed and stored, its pages, the testing aids: the same run
     same = load_config(PretrainConfig, overrides=[*base, "mlflow.experiment=elsewhere", "scale.max_failures=3",
                                                   "examples.count=0", "train.fail_at_step=5"])
-    recovery.check_same_config(str(tmp_path), "r1", same)
+    recovery.check_same_config(found, "r1", same)
     changed = load_config(PretrainConfig, overrides=[*base, "optim.lr=0.005", "train.max_steps=80"])
     with pytest.raises(UserError) as e:
-        recovery.check_same_config(str(tmp_path), "r1", changed)
+        recovery.check_same_config(found, "r1", changed)
     assert str(e.value) == (
         f"mlflow.run_name = 'r1': the run's folder {tmp_path / 'r1'} holds its checkpoint at step 8, trained "
         "with optim.lr = 0.002, but this config has 0.005 (and 1 more: train.max_steps); a rerun resumes the "

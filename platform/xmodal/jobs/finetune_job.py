@@ -180,7 +180,7 @@ def started_from(checked: CheckedRun, init: FinetuneInit) -> CheckedRun:
         tags[run_tags.INIT_RUN_ID] = start.run_id
     prepared = dataclasses.replace(prepared, cfg=cfg, start=dataclasses.asdict(start), tags=tags)
     plan = dataclasses.replace(plan, config=cfg, start=prepared.start)
-    return CheckedRun(plan, prepared, checked.parameters)
+    return dataclasses.replace(checked, plan=plan, prepared=prepared)
 
 
 def reader(w: Worker):

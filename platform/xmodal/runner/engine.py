@@ -99,7 +99,8 @@ def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages | Checke
                 parameters = sum(p.numel() for p in spec.build_objective(cfg, prepared.data).parameters())
         except (ValueError, TypeError) as e:
             raise ConfigError(f"model: {e}") from None
-        recovery.check_same_config(storage, name, cfg)
+        resumes, _ = recovery.newest_intact(*recovery.run_folder(storage, name))
+        recovery.check_same_config(resumes, name, cfg)
         faults = fault_schedule(cfg.train, cfg.scale.num_workers, total, storage, name)
         plan = RunPlan(job=spec.name, config=cfg, data=prepared.path, start=prepared.start,
                        train_options=prepared.train_options, tracking_uri=uri, run_name=name, storage=storage,
@@ -107,7 +108,7 @@ def check(spec: JobSpec | StagedJob, cfg) -> CheckedRun | CheckedStages | Checke
                        fault_dir=str(Path(storage) / name / ".faults") if faults else None,
                        baselines=prepared.baselines, metric_order=prepared.metric_order,
                        builder=prepared.builder, verbose=console.verbose())
-        return CheckedRun(plan, prepared, parameters, generated)
+        return CheckedRun(plan, prepared, parameters, generated, resumes)
 
 
 def _seeded(cfg, seed: int):
@@ -129,7 +130,7 @@ def open_run(spec: JobSpec, checked: CheckedRun, source: str, parent_run_id: str
     flat = flatten(cfg)
     run_id = record.open_run(plan.tracking_uri, cfg.mlflow.experiment, plan.run_name,
                              {**flat, **recipes.recipe_params(cfg, flat)}, all_tags,
-                             parent_run_id, where=functools.partial(record.resume_note, plan.storage, plan.run_name))
+                             parent_run_id, where=functools.partial(record.resume_note, checked.resumes, plan.storage, plan.run_name))
     plan = dataclasses.replace(plan, run_id=run_id)
     try:
         record.log_dataset(spec.name, prepared, plan.tracking_uri, run_id)

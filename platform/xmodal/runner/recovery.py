@@ -11,7 +11,7 @@ rerun resumes) and every worker (to restore) make the same choice from the same 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xmodal.base.console import say
@@ -33,11 +33,18 @@ RAY_LIST = "checkpoint_manager_snapshot.json"  # Ray Train's own list of the run
 
 @dataclass(frozen=True)
 class Found:
-    """The checkpoint chosen: its folder on the filesystem and its step."""
+    """The checkpoint chosen: its folder on the filesystem, its step, and its meta as it was listed (read
+    once, with the folder's other files verified against it)."""
 
     fs: Any  # pyarrow.fs.FileSystem
     path: str
     step: int
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        """The run's last checkpoint: a rerun trains nothing."""
+        return bool(self.meta.get("finished"))
 
     def checkpoint(self):
         from ray.train import Checkpoint
@@ -65,14 +72,15 @@ def newest_intact(fs, folder: str) -> tuple[Found | None, list[tuple[str, str]]]
         infos = fs.get_file_info(pyarrow.fs.FileSelector(folder, allow_not_found=True))
     except (FileNotFoundError, NotADirectoryError):
         return None, []
-    candidates = sorted(((_meta_step(fs, i.path), i.base_name, i.path) for i in infos
-                         if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith(PREFIX)),
+    metas = {i.path: _meta(fs, i.path) for i in infos
+             if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith(PREFIX)}
+    candidates = sorted(((_step(meta), path) for path, meta in metas.items()),
                         reverse=True)  # highest step first; unreadable metas (-1) last, then by name
     skipped: list[tuple[str, str]] = []
-    for step, _, path in candidates:
+    for step, path in candidates:
         why = _verify(fs, path)
         if why is None:
-            return Found(fs, path, step), skipped
+            return Found(fs, path, step, metas[path]), skipped
         skipped.append((path, why))
     return None, skipped
 
@@ -90,15 +98,11 @@ def resume_point(fs, folder: str, loud: bool = True) -> Found | None:
     return found
 
 
-def check_same_config(storage: str, run_name: str, cfg) -> None:
-    """A rerun resumes the run's newest intact checkpoint: its config (recorded in the checkpoint's meta)
-    must be this one, but for `RERUN_MAY_CHANGE`. Raises UserError naming the first key that differs,
-    both values, and how many more differ."""
-    found, _ = newest_intact(*run_folder(storage, run_name))
-    if found is None:
-        return
-    with found.checkpoint().as_directory() as d:
-        recorded = ckpt.read_meta(d).get("config")
+def check_same_config(found: Found | None, run_name: str, cfg) -> None:
+    """A rerun resumes the run's newest intact checkpoint (`found`, from `newest_intact`): the config its
+    meta records must be this one, but for `RERUN_MAY_CHANGE`. Raises UserError naming the first key that
+    differs, both values, and how many more differ."""
+    recorded = found.meta.get("config") if found is not None else None
     if not isinstance(recorded, dict):
         return
     then, now = flatten(recorded), flatten(cfg)
@@ -115,15 +119,6 @@ def check_same_config(storage: str, run_name: str, cfg) -> None:
                     "own settings to continue it, or another --run-name for a new run")
 
 
-def trained_out(storage: str, run_name: str) -> bool:
-    """Whether the run's newest intact checkpoint is its last (meta `finished`): a rerun trains nothing."""
-    found, _ = newest_intact(*run_folder(storage, run_name))
-    if found is None:
-        return False
-    with found.checkpoint().as_directory() as d:
-        return bool(ckpt.read_meta(d).get("finished"))
-
-
 def _verify(fs, path: str) -> str | None:
     from ray.train import Checkpoint
 
@@ -134,12 +129,22 @@ def _verify(fs, path: str) -> str | None:
         return " ".join(str(e).split())
 
 
-def _meta_step(fs, folder: str) -> int:
-    """The step in a checkpoint folder's meta, -1 if it cannot be read (sorted last)."""
+def _meta(fs, folder: str) -> dict:
+    """A checkpoint folder's meta, {} if it cannot be read (missing, truncated, not JSON: verification
+    says why)."""
     try:
         with fs.open_input_stream(f"{folder}/{ckpt.META_FILE}") as f:
-            return int(json.loads(f.read())["step"])
-    except Exception:  # any unreadable meta (missing, truncated, not JSON): verification says why
+            meta = json.loads(f.read())
+    except Exception:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _step(meta: dict) -> int:
+    """The meta's step, -1 where it has none (sorted last)."""
+    try:
+        return int(meta["step"])
+    except (KeyError, TypeError, ValueError):
         return -1
 
 

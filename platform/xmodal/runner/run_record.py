@@ -69,10 +69,9 @@ def open_run(uri: str, experiment: str, name: str, params: dict[str, Any], tags:
                                {run_tags.COMMIT: tracking.git_commit(), **tracking.source_tags(), **tags}, parent_run_id)
 
 
-def resume_note(storage: str, run_name: str) -> str:
+def resume_note(found: recovery.Found | None, storage: str, run_name: str) -> str:
     """Where a rerun of the run resumes, as the driver's "resuming run" line says it: the step of the
-    newest intact checkpoint on storage, which the workers restore (`recovery`)."""
-    found, _ = recovery.newest_intact(*recovery.run_folder(storage, run_name))
+    newest intact checkpoint on storage (`found`, as `engine.check` found it), which the workers restore."""
     if found is None:
         return f": from step 0, no intact checkpoint under {storage}/{run_name}"
     return f": from step {found.step}, {found.path.rsplit('/', 1)[-1]}"

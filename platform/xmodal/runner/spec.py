@@ -106,6 +106,7 @@ class CheckedRun:
     prepared: PreparedJob
     parameters: int  # the model's, counted on the meta device
     generated_name: bool = False  # the run's name was made by `named` (a rerun must be given it to resume)
+    resumes: Any = None  # the newest intact checkpoint a rerun resumes from (`recovery.Found`), found once
 
 
 @dataclass

@@ -205,14 +205,15 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any], verbose: bool = Fal
         raw = set_dotted(raw, "mlflow.run_name", run_name)
     source = f"{setup['source']} (sweep {setup['sweep']}, trial {trial_id})"
     cfg = validate_config(spec.config_class, raw, source)
-    trained_out = recovery.trained_out(cfg.scale.storage_path, run_name)
+    checked = engine.check(spec, cfg)
+    resumes = getattr(checked, "resumes", None)  # a staged job's or seeds' config resumes per run
     # A trial is a run of its job like one from the command line: its example pages too, at its config's
     # `examples.count` (docs/tracking.md, "Example pages")
     engine.run(spec, cfg, source, parent_run_id=setup["parent_run_id"],
              tags={**setup.get("source_tags", {}), **trial_tags(setup, space, chosen, trial_id, cfg)},
              trial=Trial(report=tune.report) if setup.get("in_process") else Trial([TuneReportCallback()]),
-             after_run=end_of_run_pages)
-    if trained_out:
+             after_run=end_of_run_pages, checked=checked)
+    if resumes is not None and resumes.finished:
         # The driver died after the trial's last checkpoint and before the trial's end was marked: the rerun
         # trained nothing and its workers reported nothing; the run's end (model, pages) is done now, and
         # Tune gets the final metrics the run logged.
