@@ -17,6 +17,7 @@ from xmodal.extract.images import (  # noqa: E402
     HEADER_BYTES,
     ExtractError,
     ImageRef,
+    Listing,
     assign_ids,
     decode,
     default_id,
@@ -43,7 +44,8 @@ def test_folder_is_listed_recursively_case_insensitively(tmp_path):
     for rel in ("x.jpg", "a/y.JPEG", "a/b/z.Png", "notes.txt", "a/.hidden.jpg"):
         (tmp_path / rel).write_bytes(b"?")
     listed = list_images(str(tmp_path))
-    assert [k for _, (k,) in listed] == ["a/b/z.Png", "a/y.JPEG", "x.jpg"]
+    assert [e.keys for e in listed.entries] == [("a/b/z.Png",), ("a/y.JPEG",), ("x.jpg",)]
+    assert listed.root == str(tmp_path.resolve()) and not listed.remote
     assert [r.img_id for r in assign_ids(listed)] == ["z", "y", "x"]
 
 
@@ -279,12 +281,14 @@ def test_image_sources_relative_to_the_images_root(tmp_path):
     (tmp_path / "other").mkdir()
     for f in ("imgs/a.jpg", "imgs/sub/b.png", "other/c.jpg"):
         (tmp_path / f).write_bytes(_jpeg())
-    refs = assign_ids(list_images(str(tmp_path / "imgs")))
-    assert image_sources(str(tmp_path / "imgs"), refs) == (str(tmp_path / "imgs"), {"a": "a.jpg", "b": "sub/b.png"})
+    listing = list_images(str(tmp_path / "imgs"))
+    assert listing.root == str(tmp_path / "imgs")
+    assert image_sources(listing, assign_ids(listing)) == {"a": "a.jpg", "b": "sub/b.png"}
     lst = tmp_path / "imgs" / "list.txt"
     lst.write_text("sub/b.png\n../other/c.jpg\ns3://bucket/photos/d.jpg\n")
-    root, sources = image_sources(str(lst), assign_ids(list_images(str(lst))))
-    assert root == str(tmp_path / "imgs")
-    assert sources == {"b": "sub/b.png", "c": str(tmp_path / "other" / "c.jpg"), "d": "s3://bucket/photos/d.jpg"}
-    uri = [ImageRef("s3://bucket/photos/x/e.jpg", "e", ("x/e.jpg",))]
-    assert image_sources("s3://bucket/photos/", uri) == ("s3://bucket/photos", {"e": "s3://bucket/photos/x/e.jpg"})
+    listing = list_images(str(lst))
+    assert listing.root == str(tmp_path / "imgs") and [e.remote for e in listing.entries] == [False, False, True]
+    assert image_sources(listing, assign_ids(listing)) == {
+        "b": "sub/b.png", "c": str(tmp_path / "other" / "c.jpg"), "d": "s3://bucket/photos/d.jpg"}
+    uri = [ImageRef("s3://bucket/photos/x/e.jpg", "e", ("x/e.jpg",), remote=True)]
+    assert image_sources(Listing("s3://bucket/photos", True, []), uri) == {"e": "s3://bucket/photos/x/e.jpg"}

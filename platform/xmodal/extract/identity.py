@@ -1,7 +1,7 @@
 """The inputs' identity: what a resumed extraction checks before it keeps any earlier shard.
 
 Each image is known by its id, its path (or URI), its size in bytes and its modification time
-(`stat_images`: one `stat` a local file, one listing of an `s3://` prefix). Every shard records these for
+(`stat_images`: one `stat` a local file, an `s3://` prefix's from its one listing). Every shard records these for
 its rows in its footer (`write.INPUTS`); a rerun compares them with the images as listed now
 (`first_change`) and refuses to resume when any differs, naming the first: an id now given to another
 file (an `--ids` file corrected), an image replaced or edited since, an image no longer among IMAGES.
@@ -18,32 +18,25 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xmodal.data.location import is_uri
 from xmodal.extract.images import ExtractError, ImageRef
 
 STAT_THREADS = 16
 
 
-def _stat_uris(images: str, paths: list[str]) -> dict[str, tuple[int, int]]:
+def _stat_uris(paths: list[str]) -> dict[str, tuple[int, int]]:
+    """A list file's URI entries, one request each (a prefix's images have their listing's)."""
     import pyarrow as pa
     import pyarrow.fs as pafs
 
     out: dict[str, tuple[int, int]] = {}
-    try:
-        if is_uri(images):  # one listing of the prefix, as `images.list_images` made it
-            head = images.rstrip("/")
-            fs, root = pafs.FileSystem.from_uri(head)
-            for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
-                rel = info.path[len(root):].lstrip("/")
-                out[f"{head}/{rel}"] = (int(info.size or 0), int(info.mtime_ns or 0))
-        for p in paths:
-            if p not in out:
-                fs, path = pafs.FileSystem.from_uri(p)
-                info = fs.get_file_info(path)
-                out[p] = (int(info.size or 0), int(info.mtime_ns or 0))
-    except (OSError, pa.ArrowException, ValueError) as e:
-        raise ExtractError(f"IMAGES {images}: cannot be listed ({type(e).__name__}: {e}); check the location and, "
-                           "for s3://, the AWS_* credentials, endpoint and region") from None
+    for p in paths:
+        try:
+            fs, path = pafs.FileSystem.from_uri(p)
+            info = fs.get_file_info(path)
+        except (OSError, pa.ArrowException, ValueError) as e:
+            raise ExtractError(f"image {p}: cannot be read ({type(e).__name__}: {e}); check the location and, "
+                               "for s3://, the AWS_* credentials, endpoint and region") from None
+        out[p] = (int(info.size or 0), int(info.mtime_ns or 0))
     return out
 
 
@@ -55,11 +48,11 @@ def _stat_local(path: str) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def stat_images(images: str, refs: Sequence[ImageRef]) -> dict[str, tuple[int, int]]:
-    """path -> (size in bytes, modification time in ns) of every image."""
-    remote = [r.path for r in refs if is_uri(r.path)]
-    local = [r.path for r in refs if not is_uri(r.path)]
-    out = _stat_uris(images, remote) if remote else {}
+def stat_images(refs: Sequence[ImageRef]) -> dict[str, tuple[int, int]]:
+    """path -> (size in bytes, modification time in ns) of every image: as listed, else asked."""
+    out = {r.path: r.stat for r in refs if r.stat is not None}
+    out.update(_stat_uris([r.path for r in refs if r.remote and r.stat is None]))
+    local = [r.path for r in refs if not r.remote]
     with ThreadPoolExecutor(STAT_THREADS) as pool:
         out.update(zip(local, pool.map(_stat_local, local), strict=True))
     return out

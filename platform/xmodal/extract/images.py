@@ -1,8 +1,9 @@
 """Which images, under which ids, and how each is decoded.
 
-Listing (`list_images`): a folder (recursive; .jpg .jpeg .png in any case), a list file (one path a
-line; a relative path is relative to the list file's folder; blank lines and `#` comments skipped), or
-a URI prefix (`s3://bucket/prefix`, listed through pyarrow's file system, the same suffixes).
+Listing (`list_images`, once a run): a folder (recursive; .jpg .jpeg .png in any case), a list file (one
+path a line; a relative path is relative to the list file's folder; blank lines and `#` comments
+skipped), or a URI prefix (`s3://bucket/prefix`, listed through pyarrow's file system, the same
+suffixes; its listing gives each image's size and modification time too).
 
 Ids (`assign_ids`): an image's id is its file name without the extension (`COCO_val2014_000000123456.jpg`
 -> `COCO_val2014_000000123456`, the img_id of LXMERT's JSON files for COCO). The reference's
@@ -34,6 +35,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,21 +49,41 @@ class ExtractError(UserError):
     """Bad input to the extraction: names the file (and line, id or box), the value and what was expected."""
 
 
+class Listed(NamedTuple):
+    """One image as listed."""
+
+    path: str  # absolute local path, or a URI
+    keys: tuple[str, ...]  # the names `--ids` may use for it (as listed, relative to the folder)
+    remote: bool = False  # a URI
+    stat: tuple[int, int] | None = None  # (size, mtime_ns), where the listing gave them (an s3:// prefix's)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """IMAGES listed once (`list_images`): what each image is, and whether IMAGES is a URI prefix."""
+
+    root: str  # the prefix (a URI, no trailing /), the folder, or the list file's folder
+    remote: bool  # IMAGES is a URI prefix
+    entries: list[Listed]
+
+
 @dataclass(frozen=True)
 class ImageRef:
     path: str  # absolute local path, or a URI
     img_id: str
     keys: tuple[str, ...] = ()  # the names `--ids` may use for it (as listed, relative to the folder)
+    remote: bool = False  # a URI
+    stat: tuple[int, int] | None = None  # (size, mtime_ns), where the listing gave them (`Listed.stat`)
 
 
 def _image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_SUFFIXES)
 
 
-def list_images(source: str) -> list[tuple[str, tuple[str, ...]]]:
-    """Every image of `source` as (path or URI, the keys `--ids` may name it by), sorted by path."""
+def list_images(source: str) -> Listing:
+    """Every image of `source` (a folder's and a prefix's sorted by path, a list file's in its order)."""
     if is_uri(source):
-        return _list_uri(source)
+        return Listing(source.rstrip("/"), True, _list_uri(source))
     p = Path(source).expanduser()
     if not p.exists():
         raise ExtractError(f"IMAGES {source}: does not exist; expected a folder of images, a list file "
@@ -74,15 +96,15 @@ def list_images(source: str) -> list[tuple[str, tuple[str, ...]]]:
             for name in filenames:
                 if _image_name(name) and not name.startswith("."):
                     full = Path(dirpath) / name
-                    found.append((str(full), (str(full.relative_to(p)),)))
+                    found.append(Listed(str(full), (str(full.relative_to(p)),)))
         if not found:
             raise ExtractError(f"IMAGES {p}: holds no image (searched recursively for "
                                f"{', '.join(IMAGE_SUFFIXES)} in any case)")
-        return sorted(found)
-    return _list_file(p)
+        return Listing(str(p), False, sorted(found))
+    return Listing(str(p.parent), False, _list_file(p))
 
 
-def _list_file(p: Path) -> list[tuple[str, tuple[str, ...]]]:
+def _list_file(p: Path) -> list[Listed]:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -96,7 +118,8 @@ def _list_file(p: Path) -> list[tuple[str, tuple[str, ...]]]:
         entry = line.strip()
         if not entry or entry.startswith("#"):
             continue
-        if is_uri(entry):
+        remote = is_uri(entry)
+        if remote:
             path = entry
         else:
             full = (p.parent / Path(entry).expanduser()).resolve()
@@ -106,15 +129,16 @@ def _list_file(p: Path) -> list[tuple[str, tuple[str, ...]]]:
             path = str(full)
         if path in first:
             raise ExtractError(f"{p}:{lineno}: image {entry!r} is listed twice: {p}:{first[path]} names the same "
-                               f"{'URI' if is_uri(entry) else 'file'} ({path}); remove one of the lines")
+                               f"{'URI' if remote else 'file'} ({path}); remove one of the lines")
         first[path] = lineno
-        found.append((path, (entry,)))
+        found.append(Listed(path, (entry,), remote))
     if not found:
         raise ExtractError(f"IMAGES {p}: the list file names no image (one image path a line)")
     return found
 
 
-def _list_uri(source: str) -> list[tuple[str, tuple[str, ...]]]:
+def _list_uri(source: str) -> list[Listed]:
+    """The prefix's images, with the size and modification time its one listing gives."""
     import pyarrow as pa
     import pyarrow.fs as pafs
 
@@ -130,31 +154,28 @@ def _list_uri(source: str) -> list[tuple[str, tuple[str, ...]]]:
     for info in infos:
         if info.type == pafs.FileType.File and _image_name(info.base_name):
             rel = info.path[len(root):].lstrip("/")
-            found.append((f"{head}/{rel}" if rel else f"{scheme}://{info.path}", (rel,)))
+            found.append(Listed(f"{head}/{rel}" if rel else f"{scheme}://{info.path}", (rel,), True,
+                                (int(info.size or 0), int(info.mtime_ns or 0))))
     if not found:
         raise ExtractError(f"IMAGES {source}: holds no image (searched recursively for "
                            f"{', '.join(IMAGE_SUFFIXES)} in any case)")
     return sorted(found)
 
 
-def image_sources(images: str, refs: list[ImageRef]) -> tuple[str, dict[str, str]]:
-    """(the IMAGES root, img_id -> where the image came from, as a store records it): under a folder
+def image_sources(listing: Listing, refs: list[ImageRef]) -> dict[str, str]:
+    """img_id -> where the image came from, as a store records it beside `listing.root`: under a folder
     the path relative to it; under an s3:// prefix, and for a list file's URI entries, the URI; for a
     list file's local entries the path relative to the list file's folder, or absolute when outside it."""
-    if is_uri(images):
-        return images.rstrip("/"), {r.img_id: r.path for r in refs}
-    p = Path(images).expanduser().resolve()
-    root = p if p.is_dir() else p.parent
     out = {}
     for r in refs:
-        if is_uri(r.path):
+        if listing.remote or r.remote:
             out[r.img_id] = r.path
             continue
         try:
-            out[r.img_id] = Path(r.path).relative_to(root).as_posix()
+            out[r.img_id] = Path(r.path).relative_to(listing.root).as_posix()
         except ValueError:
             out[r.img_id] = r.path
-    return str(root), out
+    return out
 
 
 def default_id(path: str) -> str:
@@ -202,13 +223,12 @@ def check_id(img_id: str, where: str) -> None:
                            "(the TSV's first field)")
 
 
-def assign_ids(listed: list[tuple[str, tuple[str, ...]]], id_map: dict[str, str] | None = None,
-               ids_file: str = "") -> list[ImageRef]:
+def assign_ids(listing: Listing, id_map: dict[str, str] | None = None, ids_file: str = "") -> list[ImageRef]:
     """The images with their ids; `id_map` (from `--ids`) names an image by its absolute path, by its path
     as listed or relative to the IMAGES folder; every entry must name an image. Duplicate ids fail."""
     refs = []
     used: set[str] = set()
-    for path, keys in listed:
+    for path, keys, remote, stat in listing.entries:
         img_id = default_id(path)
         where = path
         if id_map:
@@ -218,7 +238,7 @@ def assign_ids(listed: list[tuple[str, tuple[str, ...]]], id_map: dict[str, str]
                     used.add(k)
                     break
         check_id(img_id, where)
-        refs.append(ImageRef(path, img_id, keys))
+        refs.append(ImageRef(path, img_id, keys, remote, stat))
     if id_map:
         unused = [k for k in id_map if k not in used]
         if unused:

@@ -283,11 +283,12 @@ def check(o: ExtractOptions) -> Plan:
     first bad input."""
     _check_values(o)
     size = parse_input_size(o.input_size)
-    refs = assign_ids(list_images(o.images), read_id_map(o.ids) if o.ids else None, o.ids or "")
+    listing = list_images(o.images)
+    refs = assign_ids(listing, read_id_map(o.ids) if o.ids else None, o.ids or "")
     max_rejected = parse_max_rejected(o.max_rejected, len(refs))
-    root, sources = image_sources(o.images, refs)
+    sources = image_sources(listing, refs)
     boxes_range, given = regions_asked(o.boxes, o.boxes_from, refs)
-    stats = stat_images(o.images, refs)
+    stats = stat_images(refs)
     detector = _detector(o, size, boxes_range, given)
     writer, tsv, rejects = _outputs(o, detector.fingerprint)
     done = writer.existing(LINES if tsv else image_schema(detector.spec.num_objects,
@@ -300,7 +301,7 @@ def check(o: ExtractOptions) -> Plan:
     writer.probe()  # the last check: a URI OUT written to
     manifest_options = {k: v for k, v in asdict(o).items()
                         if k not in ("images", "out", "progress", "overwrite", "restart", "write_fault")}
-    manifest_options.update(detector.fingerprint, weights=detector.weights, **{IMAGES_ROOT: root})
+    manifest_options.update(detector.fingerprint, weights=detector.weights, **{IMAGES_ROOT: listing.root})
     if o.random_weights:
         manifest_options["warning"] = f"{RANDOM}: features of a detector with random weights, for tests and benchmarks only"
     if detector.vocab:
@@ -309,6 +310,6 @@ def check(o: ExtractOptions) -> Plan:
     return Plan(o.images, refs, [r for r in refs if r.img_id not in held], done, stats, given, detector.spec,
                 detector.params, Asked(o.batch_size, o.actors, o.gpus_per_actor, o.decode_tasks),
                 max_rejected, o.max_rejected, writer, tsv, rejects, manifest_options,
-                [o.images if "://" in o.images else str(Path(o.images).expanduser().resolve())], sources,
+                [o.images if listing.remote else str(Path(o.images).expanduser().resolve())], sources,
                 o.images_per_shard, o.row_group_images, o.random_weights, o.progress, o.boxes_from, o.write_fault,
                 detector.vocab)
