@@ -5,11 +5,18 @@ evaluations kept to see how fast it learns.
     python scripts/learning_recipes.py mult [--seeds 0,1,2] [--out runs.jsonl]      # mult-reference
     python scripts/learning_recipes.py finetune [--seeds 0,1,2] [--out runs.jsonl]  # lxmert-vqa, from one pretraining
     python scripts/learning_recipes.py pretrain [--seeds 0,1,2] [--out runs.jsonl]  # lxmert-pretrain
+    python scripts/learning_recipes.py pretrain --store scale [--scale-images 1000]  # on the scale rehearsal's store
 
 One JSON line per run (job, recipe, seed, wall seconds, steps, batch, final metrics, every evaluation),
 then a table: each metric's mean ± sd per arm, the paired t-test's p over the seeds, and the samples
 each arm took to reach 95 % of the default's mean best evaluation (`REACH`). The fine-tuning runs start
 from one pretraining of the embedded default (its defaults, seed 0), the same for every run.
+
+`--store scale` trains the pretraining job on the scale rehearsal's store instead (`jobs/benchmark.py scale`,
+`xmodal_bench/scale.py`): reference-format TSV and JSON written by its own writer (`--quick`'s 10 boxes x 64
+features) and ingested as `jobs/ingest.py lxmert` ingests them. Its features, labels, sentences and answers
+are drawn at random, each apart: nothing in it can be learned beyond the train images themselves, so its
+evaluations measure what a recipe does with no signal (they should stay at chance) and its speed.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ METRICS = {
 }
 EVAL_EVERY = {"mult": 50, "finetune": 25, "pretrain": 250}  # both arms: evaluations do not change training
 REACH = 0.95
+SCALE_BOXES, SCALE_FEATURES = 10, 64  # the scale rehearsal's --quick inputs
 
 
 def mult_runs(seed: int, tmp: Path, recipe: str | None) -> tuple:
@@ -51,14 +59,34 @@ def mult_runs(seed: int, tmp: Path, recipe: str | None) -> tuple:
     return MultJob(), cfg, store
 
 
-def pretrain_runs(seed: int, tmp: Path, recipe: str | None) -> tuple:
+def pretrain_runs(seed: int, tmp: Path, recipe: str | None, scale_images: int | None = None) -> tuple:
     from xmodal.data.lxmert.synthetic import build_synthetic_store
     from xmodal.jobs.pretrain_config import PretrainConfig
     from xmodal.jobs.pretrain_job import PretrainJob
 
-    cfg = load_config(PretrainConfig, overrides=_overrides("pretrain", seed, recipe))
-    store = _once(tmp / "lxmert", lambda path: build_synthetic_store(path, cfg.data.synthetic))
+    overrides = _overrides("pretrain", seed, recipe)
+    if scale_images is None:
+        cfg = load_config(PretrainConfig, overrides=overrides)
+        store = _once(tmp / "lxmert", lambda path: build_synthetic_store(path, cfg.data.synthetic))
+    else:
+        store = _once(tmp / "scale", lambda path: scale_store(path, scale_images))
+        cfg = load_config(PretrainConfig, overrides=[*overrides, f"data.store={store.path}"])
     return PretrainJob(), cfg, store
+
+
+def scale_store(path: Path, images: int):
+    """The scale rehearsal's store at `images` images (module docstring), its inputs removed."""
+    from xmodal.data.lxmert.ingest import ingest_lxmert
+    from xmodal_bench.scale import write_lxmert_inputs
+
+    inputs = path.with_name(path.name + "-inputs")
+    wrote = write_lxmert_inputs(str(inputs), images, num_objects=SCALE_BOXES, feat_dim=SCALE_FEATURES)
+    store = ingest_lxmert(path, [wrote["tsv"]], [wrote["json"]], vocab=wrote["vocab"], num_objects=SCALE_BOXES,
+                          split="hash", progress=False)
+    for f in ("tsv", "json", "vocab"):
+        Path(wrote[f]).unlink()
+    inputs.rmdir()
+    return store
 
 
 def finetune_runs(seed: int, tmp: Path, recipe: str | None) -> tuple:
@@ -100,12 +128,13 @@ def _overrides(job: str, seed: int, recipe: str | None) -> list[str]:
     return [f"train.seed={seed}", f"train.eval_every={EVAL_EVERY[job]}", *([f"recipe={recipe}"] if recipe else [])]
 
 
-def one_run(job: str, seed: int, recipe: str | None, tmp: Path) -> dict:
-    spec, cfg, data = RUNS[job](seed, tmp, recipe)
+def one_run(job: str, seed: int, recipe: str | None, tmp: Path, scale_images: int | None = None) -> dict:
+    spec, cfg, data = RUNS[job](seed, tmp, recipe, scale_images) if scale_images else RUNS[job](seed, tmp, recipe)
     history: list = []
     t0 = time.perf_counter()
     _, final = run_in_process(spec, cfg, data, history)
-    return {"job": job, "recipe": recipe or "default", "seed": seed, "wall_s": round(time.perf_counter() - t0, 1),
+    return {"job": job, "store": f"scale {scale_images}" if scale_images else "embedded", "recipe": recipe or "default",
+            "seed": seed, "wall_s": round(time.perf_counter() - t0, 1),
             "steps": history[-1][0], "batch": cfg.train.batch_size, "final": final,
             "history": [[step, m] for step, m in history]}
 
@@ -144,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job", choices=sorted(RUNS))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--store", choices=("embedded", "scale"), default="embedded",
+                   help="pretrain only: the embedded default's store, or the scale rehearsal's (module docstring)")
+    p.add_argument("--scale-images", type=int, default=1000, help="--store scale: its images (default 1000)")
     p.add_argument("--out", help="also write the JSON lines to this file (a new file), at the end")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out FILE")
     a = p.parse_args(argv)
@@ -152,13 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in a.seeds.split(",") if s.strip().isdigit()]
         if not seeds or len(seeds) != len(a.seeds.split(",")):
             raise UserError(f"--seeds {a.seeds!r}: expected whole numbers >= 0, comma-separated")
+        if a.store == "scale" and a.job != "pretrain":
+            raise UserError(f"--store scale: the scale rehearsal's store is a pretraining store; expected job "
+                            f"pretrain, got {a.job}")
+        if a.scale_images < 100:
+            raise UserError(f"--scale-images {a.scale_images}: expected at least 100 (minival takes a share)")
+        scale_images = a.scale_images if a.store == "scale" else None
         out = Output(a.out, "--out", "learning_recipes", file=True, overwrite=a.overwrite) if a.out else None
         torch.set_num_threads(a.threads)
         rows = []
         with tempfile.TemporaryDirectory() as tmp:
             for seed in seeds:
                 for recipe in (None, RECIPE[a.job]):
-                    rows.append(one_run(a.job, seed, recipe, Path(tmp)))
+                    rows.append(one_run(a.job, seed, recipe, Path(tmp), scale_images))
                     print(json.dumps(rows[-1]), flush=True)
         if out is not None:
             with out.stage() as stage:
