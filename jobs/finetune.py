@@ -17,7 +17,6 @@ from xmodal.cli.training import job_main
 
 def main(argv: list[str]) -> int:
     return job_main(argv, job="finetune", doc=__doc__,
-                    sections="task, preset, model, init, nlvr2_output, qa_loss, data, optim, train, scale, mlflow",
                     extra={"task": ("task", "{}", "vqa, gqa or nlvr2"),
                            "store": ("data.store", "{}", "fine-tuning set directory (jobs/ingest.py vqa|gqa|nlvr2)"),
                            "init": ("init.source", "{}", "where the weights come from"),

@@ -13,8 +13,7 @@ from xmodal.cli.training import job_main
 
 
 def main(argv: list[str]) -> int:
-    return job_main(argv, job="pretrain", doc=__doc__,
-                    sections="preset, model, tasks, schedule, data, optim, train, scale, mlflow")
+    return job_main(argv, job="pretrain", doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from xmodal.cli.training import job_main
 
 def main(argv: list[str]) -> int:
     return job_main(argv, job="mult", doc=__doc__,
-                    sections="preset, model, regression_loss, data, optim, train, scale, mlflow, seeds",
                     extra={"seeds": ("seeds", "[{}]", "comma-separated seeds, e.g. 1111,1112,1113")})
 
 

@@ -44,6 +44,38 @@ def test_run_tags_name_the_f1_protocol(mult_store):
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 
+def test_pages_on_an_emotions_store_are_none_unless_asked_and_refused_when_asked(mult_store, tmp_path):
+    import numpy as np
+
+    from xmodal.data.mult.store import MODALITIES, MultSplit, write_store
+    from xmodal.jobs.mult_job import MultJob
+    from xmodal.runner.spec import PrepareContext
+
+    rng = np.random.default_rng(0)
+    dims = {"text": 5, "audio": 3, "vision": 2}
+
+    def split(name: str, n: int) -> MultSplit:
+        lengths = {m: rng.integers(1, 9, n) for m in MODALITIES}
+        values = {m: rng.normal(size=(int(lengths[m].sum()), dims[m])).astype(np.float16) for m in MODALITIES}
+        return MultSplit(name, np.array([f"{name}-{i}" for i in range(n)], dtype=object), rng.integers(0, 2, (n, 4)),
+                         values, lengths)
+
+    emotions = write_store(tmp_path / "emotions", {s: split(s, 6) for s in ("train", "valid", "test")},
+                           dataset="toy", source={})
+    base = ["train.best_metric=valid/mean_f1"]
+    unset = load_config(MultTrainConfig, overrides=[f"data.store={emotions.path}", *base])
+    assert unset.examples.count is None
+    assert MultJob().prepare(unset, PrepareContext("", Path("."), emotions)).cfg.examples.count == 0
+    on_sentiment = load_config(MultTrainConfig, overrides=[f"data.store={mult_store.path}"])
+    assert MultJob().prepare(on_sentiment, PrepareContext("", Path("."), mult_store)).cfg.examples.count == 16
+    # A count the user asked for is refused on an emotions store (it was set to 0 silently), before MLflow
+    asked = load_config(MultTrainConfig, overrides=[f"data.store={emotions.path}", *base, "examples.count=4",
+                                                    f"mlflow.tracking_uri=sqlite:///{tmp_path / 'm.db'}"])
+    with pytest.raises(ConfigError, match=r"examples.count: 4 example pages asked.*holds the task 'emotions'; leave"):
+        engine.check(MultJob(), asked)
+    assert not (tmp_path / "m.db").exists()
+
+
 # Two workers, an evaluation and checkpoint every 3 steps and at each epoch's end (4 steps), a log step
 # every step: the seeds' runs, and the worker-fault case (which adds a fault at step 10). The MulT
 # reference's recipe (Adam, its plateau), the plateau made to drop at epoch 2's end: no patience, and a

@@ -42,7 +42,7 @@ def end_of_run_pages(plan, folder, data) -> bool:
     return pages(plan, folder, data)
 
 
-def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
+def job_main(argv: list[str], *, job: str, doc: str | None,
              extra: dict[str, tuple[str, str, str]] | None = None) -> int:
     """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
     (plus `extra`: flag -> (dotted key, value template, help)), validated into the job's config
@@ -54,7 +54,7 @@ def job_main(argv: list[str], *, job: str, doc: str | None, sections: str,
     spec = job_spec(job)
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=recipes_help(job))
-    p.add_argument("--config", help=f"YAML config file (sections: {sections})")
+    p.add_argument("--config", help=f"YAML config file (top-level keys: {', '.join(spec.config_class.model_fields)})")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override")
     add_verbose(p)
     flags = {flag: (key, "{}", help_text) for flag, (key, help_text) in JOB_FLAGS.items()}

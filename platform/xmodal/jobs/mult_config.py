@@ -45,13 +45,16 @@ def _has_noise(conditions: Iterable[str]) -> bool:
     return any(c.startswith("noise_") for c in conditions)
 
 
+DEFAULT_PAGES = 16  # examples.count unset, on a sentiment store
+
 
 class MultExamplesConfig(Section):
     """Example pages logged into the run at its end (`examples/index.html`, docs/tracking.md): `count`
     clips of `split` with the run's final model, each with its prediction, label and crossmodal attention
-    over time. 0 = off. Sentiment stores only: a run on an emotion store (IEMOCAP) makes none."""
+    over time. 0 = off. The pages show sentiment clips: unset, `count` is 16 on a sentiment store and
+    none on an emotions store (IEMOCAP), where a count above 0 is refused (`mult_job.with_store_dims`)."""
 
-    count: int = Field(16, ge=0, le=1000)
+    count: int | None = Field(None, ge=0, le=1000)  # None: DEFAULT_PAGES on a sentiment store, else 0
     split: Literal["valid", "test"] = "test"
 
 
@@ -92,7 +95,7 @@ class MultTrainConfig(JobConfig):
 
     # Options read only under a condition (`config.unused_options`): given otherwise, an error.
     USES: ClassVar[tuple[Use, ...]] = (
-        Use("examples.split", lambda c: c.examples.count > 0, "by the example pages (examples.count > 0)",
+        Use("examples.split", lambda c: c.examples.count != 0, "by the example pages (examples.count > 0)",
             lambda c: "examples.count=0"),
         Use("robust.noise_sigma", lambda c: _has_noise(c.robust.conditions),
             "by the noise_* conditions (in robust.conditions)",

@@ -23,7 +23,7 @@ from xmodal.config.experiment import ConfigError
 from xmodal.core.batches import MultBatch
 from xmodal.core.loop import gather_rows
 from xmodal.data.units import epoch_units, read_unit
-from xmodal.jobs.mult_config import MultTrainConfig
+from xmodal.jobs.mult_config import DEFAULT_PAGES, MultTrainConfig
 from xmodal.models.mult.model import Mult
 from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
 from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
@@ -48,8 +48,6 @@ class MultJob(JobSpec):
             inputs, cfg.data.store, lambda: ensure_synthetic_store(Path(DEFAULT_STORE).resolve(), cfg.data.synthetic),
             open_store, "python jobs/ingest.py mult|mult-synthetic {path}")
         cfg = with_store_dims(cfg, store)
-        if store.task != "sentiment" and cfg.examples.count:  # MulT's pages show sentiment clips only
-            cfg = cfg.model_copy(update={"examples": cfg.examples.model_copy(update={"count": 0})})
         m = store.manifest
         dataset = {"name": f"{m.dataset} ({store.path.name})", "rows": dict(m.rows),
                    "dims": {**m.dims, **{f"max_len_{k}": v for k, v in m.max_len.items()}}}
@@ -111,7 +109,14 @@ def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
     if cfg.train.best_metric not in valid:
         raise ConfigError(f"train.best_metric: {cfg.train.best_metric!r} is not measured on a {store.task} store; "
                           f"valid: {', '.join(valid)}")
-    return cfg.model_copy(update={"model": model})
+    count = cfg.examples.count
+    if count and store.task != "sentiment":
+        raise ConfigError(f"examples.count: {count} example pages asked, but MulT's pages show sentiment clips and "
+                          f"the store {store.path} holds the task {store.task!r}; leave examples.count unset (none are made "
+                          "there) or set it to 0")
+    if count is None:
+        count = DEFAULT_PAGES if store.task == "sentiment" else 0
+    return cfg.model_copy(update={"model": model, "examples": cfg.examples.model_copy(update={"count": count})})
 
 
 def robust_metrics(w: Worker, split: str, loaded=None) -> dict[str, float]:
