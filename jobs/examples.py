@@ -17,7 +17,8 @@ run gets right apart, the 2x2 table and McNemar's test on the console and the pa
 into RUN2 (its examples/vs-<run>/ and a line of its description). OUT must be new, empty or this
 command's own earlier output (replaced); `--overwrite` writes beside other files there, removing none.
 `--log`: the pages into the run too (its examples/, MLflow's table of them, a line of its description), as
-a run's end logs them: for a MulT run, or a run that logged none. Nothing is written on an error.
+a run's end logs them: for a run that logged none (`examples.count=0`; a run that has pages is refused).
+Nothing is written on an error.
 """
 
 import argparse
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--overwrite", action="store_true",
                    help="write into an --out that holds other files (they are kept)")
     p.add_argument("--log", action="store_true",
-                   help="log the pages into the run too, as a run's end does (a MulT run, or a run without pages)")
+                   help="log the pages into the run too, as a run's end does (a run that has none)")
     p.add_argument("--tracking-uri", help="MLflow URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     args = p.parse_args(argv)
     setup_console(False)

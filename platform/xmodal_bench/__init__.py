@@ -21,6 +21,9 @@ from xmodal.base.console import say
 from xmodal.base.errors import UserError
 from xmodal.base.outputs import Output, Scratch, check_writable_dir
 
+USAGE = ("Benchmarks: each measures one part of xmodal against its reference or peer on this machine and "
+         "prints its figures and ratios (docs/performance.md). `python jobs/benchmark.py NAME --help` for one.")
+
 # name -> (module implementing it, one-line help); imported only when chosen, so `lxmert` needs no
 # pyarrow and `data` no transformers.
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -128,7 +131,7 @@ def write_results(out: str, name: str, res: dict, text: str) -> None:
 
 def main(argv: list[str]) -> int:
     try:
-        return dispatch("benchmark.py", __doc__.split("\n\n")[0], BENCHMARKS, argv)
+        return dispatch("benchmark.py", USAGE, BENCHMARKS, argv)
     finally:
         while _SCRATCH:
             _SCRATCH.pop().remove()
