@@ -60,6 +60,10 @@ def artifact(uri: str, run_id: str, path: str, tmp: Path) -> Path:
     (["task=nlvr2"], "is a vqa set, but task='nlvr2'"),
     (["data.store={tmp}/nowhere"], "data.store: '.*nowhere' does not exist"),
     (["train.best_metric=valid/consistency"], "not measured on vqa; valid: valid/accuracy, valid/loss"),
+    # the set fixes the model's sizes: one set otherwise was replaced silently
+    (["model.visual_feat_dim=7"], r"model.visual_feat_dim: 7 set, but the model's visual_feat_dim comes from the "
+                                  r"data, and the fine-tuning set .*vqa has features 16 wide; drop the key \(or set "
+                                  r"it to 16\)"),
 ])
 def test_bad_config_fails_before_ray_starts(sets, tmp_path, overrides, message):
     from xmodal.jobs.finetune_job import FinetuneJob

@@ -44,6 +44,25 @@ def test_run_tags_name_the_f1_protocol(mult_store):
         assert tags["f1_protocol"] == protocol and tags["task"] == "sentiment"
 
 
+def test_a_model_size_the_store_fixes_is_refused_when_set_otherwise(mult_store, tmp_path):
+    from xmodal.jobs.mult_job import MultJob
+    from xmodal.runner.spec import PrepareContext
+
+    text = mult_store.dims["text"]
+    base = [f"data.store={mult_store.path}"]
+    for key, given, message in [
+        ("l_dim", text + 1, f"has text features {text} wide; drop the key (or set it to {text})"),
+        ("output_dim", 8, "has the task 'sentiment', 1 output; drop the key (or set it to 1)"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            MultJob().prepare(load_config(MultTrainConfig, overrides=[*base, f"model.{key}={given}"]),
+                              PrepareContext("", tmp_path, mult_store))
+        assert str(e.value).startswith(f"model.{key}: {given} set, but the model's {key} comes from the data")
+        assert message in str(e.value)
+    same = load_config(MultTrainConfig, overrides=[*base, f"model.l_dim={text}"])
+    assert MultJob().prepare(same, PrepareContext("", tmp_path, mult_store)).cfg.model.l_dim == text
+
+
 def test_pages_on_an_emotions_store_are_none_unless_asked_and_refused_when_asked(mult_store, tmp_path):
     import numpy as np
 

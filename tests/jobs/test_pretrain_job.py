@@ -46,6 +46,29 @@ def steps_of(uri: str, run_id: str, key: str) -> list[int]:
 # ---------------------------------------------------------------- bad input, before Ray starts
 
 
+def test_a_model_size_the_store_fixes_is_refused_when_set_otherwise(tiny_store, tmp_path):
+    """The store gives the model's vocabulary, feature and label sizes: one set to another value was
+    replaced silently; its own value (a run's logged config on its store) passes."""
+    from xmodal.data.lxmert.store import open_store
+    from xmodal.jobs.pretrain_job import PretrainJob
+    from xmodal.runner.spec import PrepareContext
+
+    answers = open_store(tiny_store).manifest.num_answers
+    base = [f"data.store={tiny_store}", f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+    for key, given, message in [
+        ("visual_feat_dim", 7, "has features 16 wide; drop the key (or set it to 16)"),
+        ("num_qa_labels", answers + 1, f"has {answers} answers; drop the key (or set it to {answers})"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            engine.check(PretrainJob(), load_config(PretrainConfig, overrides=[*base, f"model.{key}={given}"]))
+        assert str(e.value).startswith(f"model.{key}: {given} set, but the model's {key} comes from the data, and "
+                                       f"the store {tiny_store} ")
+        assert message in str(e.value)
+    assert not (tmp_path / "mlflow.db").exists()
+    same = load_config(PretrainConfig, overrides=[*base, "model.visual_feat_dim=16", f"model.num_qa_labels={answers}"])
+    assert PretrainJob().prepare(same, PrepareContext("", tmp_path)).cfg.model.visual_feat_dim == 16
+
+
 @pytest.mark.parametrize("args, message", [
     (["--set", "train.epoch=3"], "train.epoch: unknown key"),
     (["--set", "train.epochs=three"], "train.epochs"),

@@ -39,7 +39,15 @@ from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
 from xmodal.runner.ray_cluster import init_download_dir
-from xmodal.runner.spec import CheckedRun, JobSpec, PrepareContext, PreparedJob, Worker, open_configured
+from xmodal.runner.spec import (
+    CheckedRun,
+    JobSpec,
+    PrepareContext,
+    PreparedJob,
+    Worker,
+    open_configured,
+    with_data_sizes,
+)
 
 DEFAULT_SETS = {"vqa": "data/synthetic_vqa", "gqa": "data/synthetic_gqa", "nlvr2": "data/synthetic_nlvr2"}
 
@@ -208,8 +216,11 @@ def with_data_dims(cfg: FinetuneConfig, data, pretrained: LxmertConfig | None) -
     store = data.store.manifest
     model = pretrained or cfg.model
     if pretrained is None:
-        model = dataclasses.replace(model, vocab_size=store.vocab_size, visual_feat_dim=store.feat_dim,
-                                    num_object_labels=store.num_object_labels, num_attr_labels=store.num_attr_labels)
+        model = with_data_sizes(model, LXMERT_PRESETS[cfg.preset], {
+            "vocab_size": (store.vocab_size, "a vocabulary of {} tokens"),
+            "visual_feat_dim": (store.feat_dim, "features {} wide"),
+            "num_object_labels": (store.num_object_labels, "{} object labels"),
+            "num_attr_labels": (store.num_attr_labels, "{} attribute labels")}, f"the fine-tuning set {data.path}")
     problems = []
     if model.vocab_size < store.vocab_size:
         problems.append(f"vocab_size {model.vocab_size} < the store's {store.vocab_size}")

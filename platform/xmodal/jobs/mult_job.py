@@ -10,7 +10,6 @@ one run per seed under a parent run with every metric's mean and std.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,7 +25,7 @@ from xmodal.data.units import epoch_units, read_unit
 from xmodal.jobs.mult_config import DEFAULT_PAGES, MultTrainConfig
 from xmodal.models.mult.model import Mult
 from xmodal.objectives.sentiment import MULT_METRICS, MultObjective, compute_metrics, mult_valid_metrics
-from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
+from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured, with_data_sizes
 
 DEFAULT_STORE = "data/synthetic_mult"
 SENTIMENT_METRICS = MULT_METRICS["sentiment"]
@@ -96,9 +95,11 @@ class MultJob(JobSpec):
 
 def with_store_dims(cfg: MultTrainConfig, store) -> MultTrainConfig:
     dims = store.dims
-    out = 1 if store.task == "sentiment" else 8
-    model = dataclasses.replace(cfg.model, l_dim=dims["text"], a_dim=dims["audio"], v_dim=dims["vision"],
-                                output_dim=out).validate()
+    sizes = {"l_dim": (dims["text"], "text features {} wide"), "a_dim": (dims["audio"], "audio features {} wide"),
+             "v_dim": (dims["vision"], "vision features {} wide"),
+             "output_dim": (1 if store.task == "sentiment" else 8,
+                            f"the task {store.task!r}, {{}} output{'' if store.task == 'sentiment' else 's'}")}
+    model = with_data_sizes(cfg.model, cfg.PRESETS[cfg.preset], sizes, f"the store {store.path}").validate()
     valid = mult_valid_metrics(store.task)
     if cfg.optim.schedule == "plateau" and not store.manifest.rows.get("valid"):
         raise ConfigError(f"optim.schedule: the plateau watches {cfg.optim.plateau.metric} at every epoch's end, but "

@@ -9,7 +9,6 @@ are switchable (`tasks.*`), QA can join after a fraction of the epochs (`schedul
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from xmodal.core.loop import evaluate_sums, ratios
 from xmodal.jobs.pretrain_config import PretrainConfig
 from xmodal.models.lxmert.model import LxmertForPretraining, no_grad_row0
 from xmodal.objectives.pretraining import PretrainingObjective, pretraining_eval_metrics
-from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured
+from xmodal.runner.spec import JobSpec, PrepareContext, PreparedJob, Worker, open_configured, with_data_sizes
 
 DEFAULT_STORE = "data/synthetic_lxmert"
 
@@ -124,19 +123,20 @@ def batch_builder(cfg: PretrainConfig, store):
 def with_store_dims(cfg: PretrainConfig, store) -> PretrainConfig:
     """The model's vocabulary, feature and label sizes come from the store."""
     manifest = store.manifest
-    dims = {
-        "vocab_size": manifest.vocab_size,
-        "visual_feat_dim": manifest.feat_dim,
-        "num_object_labels": manifest.num_object_labels,
-        "num_attr_labels": manifest.num_attr_labels,
-        "num_qa_labels": manifest.num_answers,
+    sizes = {
+        "vocab_size": (manifest.vocab_size, "a vocabulary of {} tokens"),
+        "visual_feat_dim": (manifest.feat_dim, "features {} wide"),
+        "num_object_labels": (manifest.num_object_labels, "{} object labels"),
+        "num_attr_labels": (manifest.num_attr_labels, "{} attribute labels"),
+        "num_qa_labels": (manifest.num_answers, "{} answers"),
     }
     seq_len = max(manifest.max_seq_len, cfg.data.masking.max_seq_len or 0)
     if seq_len > cfg.model.max_positions:
         raise ConfigError(f"model.max_positions {cfg.model.max_positions} is shorter than the samples' "
                           f"{seq_len} tokens (the store's max_seq_len {manifest.max_seq_len}, "
                           f"data.masking.max_seq_len {cfg.data.masking.max_seq_len})")
-    return cfg.model_copy(update={"model": dataclasses.replace(cfg.model, **dims)})
+    model = with_data_sizes(cfg.model, cfg.PRESETS[cfg.preset], sizes, f"the store {store.path}")
+    return cfg.model_copy(update={"model": model})
 
 
 def task_schedule(cfg: PretrainConfig) -> Callable[[int], dict[str, Any]]:

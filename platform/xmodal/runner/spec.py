@@ -295,6 +295,19 @@ def open_configured(inputs: PrepareContext, configured: str | None, embedded: Ca
         raise ConfigError(f"data.store: {e}") from None
 
 
+def with_data_sizes(model: Any, preset: Any, sizes: dict[str, tuple[int, str]], data: str) -> Any:
+    """`model` (a model config dataclass) with the sizes its data fixes: `sizes` maps a field to the data's
+    value and how to say it ("{} answers"). A field set away from its preset to another value than the data's could not
+    be honoured, so it is an error naming the key, both values and the data (it was replaced silently);
+    set to the data's value (a run's logged config on its own store), it passes."""
+    for field, (value, what) in sizes.items():
+        given = getattr(model, field)
+        if given != value and given != getattr(preset, field):
+            raise ConfigError(f"model.{field}: {given} set, but the model's {field} comes from the data, and "
+                              f"{data} has {what.format(value)}; drop the key (or set it to {value})")
+    return dataclasses.replace(model, **{field: value for field, (value, _) in sizes.items()})
+
+
 def split_batch(cfg) -> int:
     """The micro-batch per worker (the config checks at load that the batch splits evenly)."""
     return cfg.train.batch_size // (cfg.scale.num_workers * cfg.train.grad_accum)
