@@ -248,6 +248,21 @@ def test_chain_checks_both_stages_batches_against_its_scale():
         load_config(PretrainFinetuneConfig, overrides=["scale.num_workers=3", "pretrain.train.batch_size=63"])
 
 
+def test_a_chains_pretraining_stage_builds_the_preset_it_names():
+    """`pretrain.preset=NAME` of a chain: the stage's model is that preset, its `model` keys on top (the
+    chain's defaults gave the stage the default preset's whole model, taken for overrides: a chain asked
+    for `paper` trained `small` and logged `paper`)."""
+    from xmodal.jobs.chain_config import PretrainFinetuneConfig
+    from xmodal.models.lxmert.model import PRESETS
+
+    for name in PRESETS:
+        assert load_config(PretrainFinetuneConfig, overrides=[f"pretrain.preset={name}"]).pretrain.model == PRESETS[name]
+    cfg = load_config(PretrainFinetuneConfig, overrides=["pretrain.preset=paper", "pretrain.model.x_layers=2"])
+    assert cfg.pretrain.model == PRESETS["paper"].replace(x_layers=2)
+    raw = PretrainFinetuneConfig.model_validate({"pretrain": {"preset": "tiny"}})  # a sweep trial's dict
+    assert raw.pretrain.model == PRESETS["tiny"] and raw.finetune.model == PRESETS["small"]
+
+
 def test_every_preset_is_valid_and_checkpoint_every_is_gone():
     from xmodal.config.experiment import TrainConfig
     from xmodal.jobs.mult_config import MultTrainConfig

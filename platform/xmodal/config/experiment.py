@@ -189,8 +189,11 @@ def _job_defaults(cls: type[BaseModel], data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     # model_construct: the defaults without this validation again (it would recurse); a recipe's values
-    # between them and the data (the user's keys win)
-    defaults = cls.model_construct().model_dump(mode="python", exclude={"model", "preset"})
+    # between them and the data (the user's keys win). Neither the model nor the preset, a stage's (a
+    # chain's `pretrain`) included: a default model there would be taken for overrides on the stage's preset.
+    exclude: dict[str, Any] = {"model": True, "preset": True}
+    exclude.update({field: {"model": True, "preset": True} for field, _ in _stages(cls)})
+    defaults = cls.model_construct().model_dump(mode="python", exclude=exclude)
     return deep_merge(deep_merge(defaults, _recipe_layer(cls, data)), data)
 
 
