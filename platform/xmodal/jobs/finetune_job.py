@@ -35,6 +35,7 @@ from xmodal.core.loop import gather_rows
 from xmodal.data.finetune.stream import split_layout
 from xmodal.jobs.finetune_config import INIT_PATH_SOURCES, FinetuneConfig, FinetuneInit
 from xmodal.jobs.finetune_init import Init, check_init_run, load_init, resolve_init, resolve_path_init
+from xmodal.jobs.pretrain_job import store_sizes
 from xmodal.models.lxmert.model import PRESETS as LXMERT_PRESETS
 from xmodal.models.lxmert.model import LxmertConfig
 from xmodal.objectives.finetune import finetune_metrics
@@ -216,11 +217,9 @@ def with_data_dims(cfg: FinetuneConfig, data, pretrained: LxmertConfig | None) -
     store = data.store.manifest
     model = pretrained or cfg.model
     if pretrained is None:
-        model = with_data_sizes(model, LXMERT_PRESETS[cfg.preset], {
-            "vocab_size": (store.vocab_size, "a vocabulary of {} tokens"),
-            "visual_feat_dim": (store.feat_dim, "features {} wide"),
-            "num_object_labels": (store.num_object_labels, "{} object labels"),
-            "num_attr_labels": (store.num_attr_labels, "{} attribute labels")}, f"the fine-tuning set {data.path}")
+        # the answers are the fine-tuning set's own (its answer head), not the image store's
+        sizes = {k: v for k, v in store_sizes(store).items() if k != "num_qa_labels"}
+        model = with_data_sizes(model, cfg.PRESETS[cfg.preset], sizes, f"the fine-tuning set {data.path}")
     problems = []
     if model.vocab_size < store.vocab_size:
         problems.append(f"vocab_size {model.vocab_size} < the store's {store.vocab_size}")

@@ -120,22 +120,26 @@ def batch_builder(cfg: PretrainConfig, store):
     return LxmertBatchBuilder.from_store(store, cfg.data.masking)
 
 
-def with_store_dims(cfg: PretrainConfig, store) -> PretrainConfig:
-    """The model's vocabulary, feature and label sizes come from the store."""
-    manifest = store.manifest
-    sizes = {
+def store_sizes(manifest) -> dict[str, tuple[int, str]]:
+    """The `LxmertConfig` sizes an LXMERT store fixes, each with how to say it (`spec.with_data_sizes`)."""
+    return {
         "vocab_size": (manifest.vocab_size, "a vocabulary of {} tokens"),
         "visual_feat_dim": (manifest.feat_dim, "features {} wide"),
         "num_object_labels": (manifest.num_object_labels, "{} object labels"),
         "num_attr_labels": (manifest.num_attr_labels, "{} attribute labels"),
         "num_qa_labels": (manifest.num_answers, "{} answers"),
     }
+
+
+def with_store_dims(cfg: PretrainConfig, store) -> PretrainConfig:
+    """The model's vocabulary, feature and label sizes come from the store."""
+    manifest = store.manifest
     seq_len = max(manifest.max_seq_len, cfg.data.masking.max_seq_len or 0)
     if seq_len > cfg.model.max_positions:
         raise ConfigError(f"model.max_positions {cfg.model.max_positions} is shorter than the samples' "
                           f"{seq_len} tokens (the store's max_seq_len {manifest.max_seq_len}, "
                           f"data.masking.max_seq_len {cfg.data.masking.max_seq_len})")
-    model = with_data_sizes(cfg.model, cfg.PRESETS[cfg.preset], sizes, f"the store {store.path}")
+    model = with_data_sizes(cfg.model, cfg.PRESETS[cfg.preset], store_sizes(manifest), f"the store {store.path}")
     return cfg.model_copy(update={"model": model})
 
 

@@ -296,9 +296,9 @@ def open_configured(inputs: PrepareContext, configured: str | None, embedded: Ca
 
 
 def with_data_sizes(model: Any, preset: Any, sizes: dict[str, tuple[int, str]], data: str) -> Any:
-    """`model` (a model config dataclass) with the sizes its data fixes: `sizes` maps a field to the data's
-    value and how to say it ("{} answers"). A field set away from its preset to another value than the data's could not
-    be honoured, so it is an error naming the key, both values and the data (it was replaced silently);
+    """`model` (a model config dataclass) with the sizes its data fixes: `sizes` maps a field to the
+    data's value and how to say it ("{} answers"). A field set away from its preset to another value
+    than the data's could not be honoured, so it is an error naming the key, both values and the data;
     set to the data's value (a run's logged config on its own store), it passes."""
     for field, (value, what) in sizes.items():
         given = getattr(model, field)
