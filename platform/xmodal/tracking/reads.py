@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xmodal.base.errors import UserError
 from xmodal.base.run_tags import PARENT_TAG, RUN_NAME_TAG
 from xmodal.tracking.connection import _client, run_url
 from xmodal.tracking.retry import _waited
@@ -82,6 +83,8 @@ def get_run(uri: str, run_id: str) -> RunRecord:
     try:
         return _record(_waited(uri, f"reading run {run_id}", lambda: _client(uri).get_run(run_id)))
     except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":  # e.g. a scheme MLflow has no store for: not a missing run
+            raise UserError(f"tracking URI {uri!r}: {e.message.strip()}") from None
         raise RunNotFound(f"no MLflow run {run_id!r} in {uri}: {e.message}") from None
 
 
