@@ -36,6 +36,9 @@ NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 SWEEP_OWNED = ("mlflow.", "scale.storage_path", "data.store", "data.synthetic.")
 # Above this many combinations of probe values, parameters are checked one at a time only.
 MAX_COMBINATIONS = 256
+# An integer range's inner values checked one at a time (`interior_points`); a longer range: its first
+# and last half of this many.
+MAX_INTERIOR = 256
 
 
 class SpaceError(ConfigError):
@@ -314,10 +317,12 @@ def _loc(loc: tuple) -> str:
         or "<top level>"
 
 
-def _schema_error(err: ValidationError, source: str) -> SpaceError:
+def _schema_error(err: ValidationError, source: str, flags: dict[str, str] | None = None) -> SpaceError:
+    """One line per problem; `flags`: the top-level keys the command line set, named as its options."""
     lines = [f"invalid search space ({source}):"]
     for e in err.errors():
         key = _loc(tuple(e["loc"]))
+        key = (flags or {}).get(key, key)
         if e["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key; {_valid_here(e['loc'])}")
         elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
@@ -360,11 +365,13 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Sea
     fields (the command line's --num-samples etc.)."""
     p = Path(path)
     data = _read_mapping(p, "", "(job, base, metric, mode, scheduler, parameters, ...) ", "search space")
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data.update(given)
     try:
         space = SearchSpace.model_validate(data)
     except ValidationError as e:
-        raise _schema_error(e, str(p)) from None
+        # a value from the command line is named as its option, not as the file's key it replaced
+        raise _schema_error(e, str(p), {k: f"--{k.replace('_', '-')}" for k in given}) from None
     problems = structure_problems(space)
     if problems:
         raise SpaceError(f"invalid search space ({p}):\n" + "\n".join(f"  {x}" for x in problems))
@@ -478,7 +485,8 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
     """Check the base config and every parameter value against the job's config, before any trial.
 
     Each value is applied on top of the base together with the values its conditions need; both ends
-    of numeric ranges and every choice are tried, and every combination when there are few.
+    of numeric ranges and every choice are tried, and every combination when there are few; then an
+    integer range's inner values (`interior_points`).
     Returns the validated base config.
     """
     job = f"the {space.job} config ({config_cls.__name__})"
@@ -515,6 +523,11 @@ def validate_space(space: SearchSpace, config_cls: type, base: dict, source: str
         msg = check(point, what, allowed)
         if msg:
             problems.append(msg)
+    if not problems:  # an integer range's inner values, where a rule between keys can refuse one (dim % heads)
+        for points in interior_points(space):
+            msg = next((m for what, point, allowed in points if (m := check(point, what, allowed))), None)
+            if msg:
+                problems.append(msg)
     if not problems:
         combos = _combinations(space)
         if combos is not None:
@@ -541,6 +554,21 @@ def probe_points(space: SearchSpace) -> list[tuple[str, dict[str, Any], str | No
     out += [(f"try_first[{i}] {point}", dict(point), None) for i, point in enumerate(space.try_first)]
     if space.baseline is not None:
         out.append((f"baseline {space.baseline}", dict(space.baseline), None))
+    return out
+
+
+def interior_points(space: SearchSpace) -> list[list[tuple[str, dict[str, Any], None]]]:
+    """Per integer range, its values between the ends (`probe_points` has the ends), as probe points:
+    all of them up to MAX_INTERIOR, else the first and last MAX_INTERIOR // 2 (where a divisibility rule
+    shows). Checked against the config only: the run's own checks (`engine.check`) take the probes."""
+    out = []
+    for name, p in space.parameters.items():
+        if isinstance(p, IntParam):
+            inner = range(p.low + p.step, p.high, p.step)
+            if len(inner) > MAX_INTERIOR:
+                inner = [*inner[:MAX_INTERIOR // 2], *inner[-(MAX_INTERIOR // 2):]]
+            needs = _condition_values(space, name)
+            out.append([(f"parameter {name!r} = {v!r} ({p.describe()})", {**needs, name: v}, None) for v in inner])
     return out
 
 
