@@ -1,6 +1,6 @@
 """Ablation report from MLflow: comparison table (Markdown + CSV) and plots (PNG).
 
-    python jobs/report.py (--experiment NAME | --parent-run RUN_ID) [--out DIR] [--metric KEY]
+    python jobs/report.py (--experiment NAME | --parent-run RUN_ID) [--out DIR] [--metric KEY [--mode max|min]]
         [--baseline KEY=VALUE ...] [--tracking-uri URI] [--no-log]
 
 One row per configuration (runs that differ only in their seed are grouped: mean ± std, 95 % t
@@ -25,6 +25,9 @@ def main(argv: list[str]) -> int:
     which.add_argument("--parent-run", help="one sweep: its MLflow parent run id")
     p.add_argument("--out", help="output folder (default reports/NAME)")
     p.add_argument("--metric", help="sort and plot by this metric (default: the sweep's)")
+    p.add_argument("--mode", choices=("max", "min"),
+                   help="whether higher (max) or lower (min) --metric is better: required with a --metric other "
+                        "than the sweep's (the sweep's mode is its own metric's)")
     p.add_argument("--baseline", nargs="+", metavar="KEY=VALUE",
                    help="the configuration rows are tested against (default: the space's baseline, else its "
                         "first try_first)")
@@ -56,7 +59,8 @@ def main(argv: list[str]) -> int:
         out = report_output(args.out, args.overwrite) if args.out is not None else None
         uri = tracking.resolve_tracking_uri(args.tracking_uri)
         rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=out,
-                          metric=args.metric, log=not args.no_log, baseline=baseline, overwrite=args.overwrite)
+                          metric=args.metric, log=not args.no_log, baseline=baseline, overwrite=args.overwrite,
+                          mode=args.mode)
         print(rep.markdown)
         print(f"[xmodal] report written to {rep.out_dir}")
 

@@ -31,7 +31,7 @@ def database(tmp_path_factory, mlflow_template) -> tuple[bytes, str]:
         run = tracking.create_run(uri, exp, name, {}, {T.KIND: "trial", T.SWEEP: "demo", T.TRIAL_ID: name,
                                                        T.ABLATION_KEYS: json.dumps(["model.x_layers"]),
                                                        T.ABLATION + "model.x_layers": str(layers)}, parent)
-        tracking.log_metrics(uri, run, {"eval/acc": 0.5, "selected/eval/acc": 0.5}, step=1)
+        tracking.log_metrics(uri, run, {"eval/acc": 0.5, "selected/eval/acc": 0.5, "eval/loss": 0.7}, step=1)
         tracking.set_terminated(uri, run, "FINISHED")
     tracking.set_terminated(uri, parent, "FINISHED")
     return (tmp / "mlflow.db").read_bytes(), parent
@@ -53,6 +53,10 @@ REPORT = [
     Bad("unknown-parent-run", ["--parent-run", "f" * 32], ["f" * 32], files=DB),
     Bad("parent-run-is-a-trial-name", ["--parent-run", "a"], ["'a'"], files=DB),
     Bad("metric-never-logged", [*EXP, "--metric", "eval/bleu"], ["eval/bleu"], files=DB),
+    # the sweep's mode (max) is its eval/acc's: a loss sorted by it would put the worst row first
+    Bad("other-metric-without-mode", [*EXP, "--metric", "eval/loss"],
+        ["--metric 'eval/loss'", "expected --mode max or --mode min"], files=DB),
+    Bad("mode-against-the-sweeps-metric", [*EXP, "--mode", "min"], ["--mode min", "mode max"], files=DB),
     Bad("baseline-unknown-key", [*EXP, "--baseline", "model.depth=2"], ["model.depth"], files=DB),
     Bad("baseline-value-no-row-has", [*EXP, "--baseline", "model.x_layers=7"], ["model.x_layers", "7"], files=DB),
     Bad("default-out-holds-the-users-file", ["--parent-run", PARENT],

@@ -27,8 +27,11 @@ def test_an_experiment_report_groups_runs_of_several_sweeps(store, tmp_path):
 
 def test_metric_override_and_errors(store, tmp_path):
     uri, _, parent = store
-    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", metric="eval/loss", log=False)
-    assert rep.table.columns[0] == "eval/loss"
+    rep = make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o", metric="eval/loss", log=False, mode="min")
+    assert rep.table.columns[0] == "eval/loss" and rep.table.mode == "min"
+    assert "(lowest first)" in rep.markdown
+    with pytest.raises(ReportError, match="its own metric 'eval/match_acc'; expected --mode max or --mode min"):
+        make_report(uri, parent_run_id=parent, out_dir=tmp_path / "o2", metric="eval/loss", log=False)
     with pytest.raises(ReportError, match="experiment 'nope' not found.*xmodal-sweep-demo"):
         make_report(uri, experiment="nope", out_dir=tmp_path / "x")
     with pytest.raises(ReportError, match="parent run 'deadbeef' not found"):

@@ -149,7 +149,7 @@ def test_the_baseline_defaults_to_the_first_try_first_configuration_or_is_given(
                                           r"exactly one row \(the rows are: model.x_layers=2 tasks.obj_feat=False; "
                                           r"model.x_layers=1 tasks.obj_feat=False\)"):
         make_report(uri, parent_run_id=parent, out_dir=tmp_path / "c", log=False, baseline={"model.x_layers": 7})
-    with pytest.raises(ReportError, match="--baseline model.depth=2: names model.depth, which is not an ablation "
+    with pytest.raises(ReportError, match="--baseline model.depth=2: names 'model.depth', which is not an ablation "
                                           "parameter of these runs"):
         make_report(uri, parent_run_id=parent, out_dir=tmp_path / "c", log=False, baseline={"model.depth": 2})
     assert not (tmp_path / "c").exists()

@@ -15,7 +15,7 @@ from typing import Any
 from xmodal import tracking
 from xmodal.base import run_tags as T
 from xmodal.base.outputs import Output
-from xmodal.report.collect import check_metric, collect_runs, sweep_metric, sweep_mode
+from xmodal.report.collect import ReportError, check_metric, collect_runs, sweep_metric, sweep_mode
 from xmodal.report.plots import (
     plot_importance,
     plot_learning_curves,
@@ -42,12 +42,30 @@ def report_output(out_dir: str | Path, overwrite: bool = False) -> Output:
     return Output(out_dir, "--out", "report", overwrite=overwrite)
 
 
+MODES = {"max": "higher", "min": "lower"}  # a metric's mode -> which of its values is better
+
+
+def _direction(metric: str | None, mode: str | None, swept: str | None, swept_mode: str) -> str:
+    """Which way the report's metric is better. The sweep's mode belongs to the sweep's metric: applied
+    to another (a loss's `min` to an accuracy) it would sort and pick the Pareto front backwards."""
+    if mode is not None and mode not in MODES:
+        raise ReportError(f"--mode {mode!r}: expected one of {', '.join(MODES)}")
+    if metric is not None and metric != swept and mode is None:
+        raise ReportError(f"--metric {metric!r}: the sweep's mode ({swept_mode}) is for its own metric "
+                          f"{swept!r}; expected --mode max or --mode min (is higher or lower {metric} better?)")
+    if mode is not None and (metric is None or metric == swept) and mode != swept_mode:
+        raise ReportError(f"--mode {mode}: the sweep's metric {swept!r} is better {MODES[swept_mode]} (mode "
+                          f"{swept_mode}); expected --mode only with a --metric other than the sweep's")
+    return mode or swept_mode
+
+
 def make_report(uri: str, experiment: str | None = None, parent_run_id: str | None = None,
                 out_dir: str | Path | Output | None = None, metric: str | None = None, log: bool = True,
-                baseline: dict[str, Any] | None = None, overwrite: bool = False) -> Report:
+                baseline: dict[str, Any] | None = None, overwrite: bool = False, mode: str | None = None) -> Report:
     """Write table.md, table.csv, importance.csv (where a sweep has importances) and the plots to
     `out_dir` (default reports/NAME); log them to the parent run(s) unless not `log`. `baseline`: the
-    configuration rows are tested against (default: the sweep's)."""
+    configuration rows are tested against (default: the sweep's). `mode` (max or min): which way
+    `metric` is better; required for a metric other than the sweep's, whose mode is the sweep's."""
     uri = tracking.resolve_tracking_uri(uri)
     trials, parents = collect_runs(uri, experiment, parent_run_id)
     if parent_run_id is not None:
@@ -56,8 +74,8 @@ def make_report(uri: str, experiment: str | None = None, parent_run_id: str | No
         title = f"experiment {experiment}"
     if metric is not None:
         check_metric(metric, trials)
+    mode = _direction(metric, mode, sweep_metric(parents), sweep_mode(parents))
     metric = metric or sweep_metric(parents)
-    mode = sweep_mode(parents)
     output = out_dir if isinstance(out_dir, Output) else report_output(
         out_dir or Path("reports") / slug(title.split(" ", 1)[1]), overwrite)  # before anything is written
     table = build_table(trials, parents, metric=metric, mode=mode, title=title, baseline=baseline)

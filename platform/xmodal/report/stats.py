@@ -166,7 +166,7 @@ def _baseline_row(rows: list[Row], keys: list[str], baseline: dict[str, Any], no
     if len(found) == 1:
         return found[0]
     if unknown:
-        why = (f"names {', '.join(unknown)}, which is not an ablation parameter of these runs "
+        why = (f"names {', '.join(map(repr, unknown))}, which is not an ablation parameter of these runs "
                f"({', '.join(keys) or 'none'})")
     else:
         why = "matches no row" if not found else f"matches {len(found)} rows"
