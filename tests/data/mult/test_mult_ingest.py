@@ -174,3 +174,106 @@ def test_bad_inputs_name_file_and_key(tmp_path: Path):
     with pytest.raises(MultIngestError, match=r"\['valid'\]\['audio_lengths'\]\[1\] = 99; expected an integer in \[0, 11\]"):
         ingest(tmp_path / "s", mmsa, "mmsa")
     assert not (tmp_path / "s").exists()
+
+
+# Bad inputs through the CLI: (format, IEMOCAP labels, edit of the loaded pickle, what the one error line
+# names). Each starts from a good fixture pickle, so the edit is the only thing wrong with it.
+def _no_clips(data):
+    data["train"] = {"text": np.zeros((0, 5, 6)), "audio": np.zeros((0, 5, 4)), "vision": np.zeros((0, 5, 3)),
+                     "labels": np.zeros((0, 1, 1))}
+
+
+def _no_steps(split, m):
+    def edit(data):
+        data[split][m] = np.zeros((len(data[split][m]), 0, DIMS[m]), np.float32)
+    return edit
+
+
+def _zero_width_vision(data):
+    for split in ("train", "valid", "test"):
+        data[split]["vision"] = np.zeros((len(data[split]["vision"]), PAD["vision"], 0), np.float32)
+
+
+def _ragged_text(data):
+    data["train"]["text"] = [t[k:].tolist() for k, t in enumerate(data["train"]["text"])]  # T 7, 6, 5, ...
+
+
+def _repeated_id_in_train(data):
+    data["train"]["id"][3] = data["train"]["id"][1]
+
+
+def _train_id_again_in_valid(data):
+    data["valid"]["id"][0] = data["train"]["id"][2]
+
+
+def _pair(split, i, e, pair):
+    def edit(data):
+        data[split]["labels"][i, e] = pair
+    return edit
+
+
+def _wider_train_text(data):
+    data["train"]["text"] = np.pad(data["train"]["text"], ((0, 0), (0, 0), (0, 1)))  # zeros: padding stays padding
+
+
+def _emotions_in_valid(data):
+    data["valid"]["labels"] = np.eye(2, dtype=np.float32)[np.zeros((6, 4), np.int64)]
+
+
+BAD = {
+    "split-without-clips": ("reference", False, _no_clips, ["['train']: holds no clips", "(0, 5, 6)",
+                                                           "expected at least one"]),
+    "audio-without-time-steps": ("reference", False, _no_steps("valid", "audio"),
+                                 ["['valid']['audio']: shape (6, 0, 4), T = 0", "expected at least one time step"]),
+    "mmsa-text-without-time-steps": ("mmsa", False, _no_steps("test", "text"),
+                                     ["['test']['text']: shape (6, 0, 6), T = 0", "at least one time step"]),
+    "vision-width-0": ("reference", False, _zero_width_vision,
+                       ["['train']['vision']: shape (5, 9, 0), width 0", "expected a feature width >= 1"]),
+    "ragged-text": ("reference", False, _ragged_text,
+                    ["['train']['text']: not a rectangular array", "expected shape (N, T, D)"]),
+    "id-twice-in-train": ("reference", False, _repeated_id_in_train,
+                          ["clip id 'vid01_0_1' occurs twice", "['train']['id'][1]", "['train']['id'][3]"]),
+    "id-in-train-and-valid": ("mmsa", False, _train_id_again_in_valid,
+                              ["clip id 'clip0$_$2' occurs twice", "['train']['id'][2]", "['valid']['id'][0]"]),
+    "iemocap-pair-all-zero": ("reference", True, _pair("test", 2, 1, [0, 0]),
+                              ["['test']['labels'][2][1] = [0.0, 0.0]", "clip 2, emotion 'happy'",
+                               "expected a one-hot pair ([1, 0] or [0, 1])"]),
+    "iemocap-pair-both-set": ("reference", True, _pair("train", 0, 3, [1, 1]),
+                              ["['train']['labels'][0][3] = [1.0, 1.0]", "emotion 'angry'", "one-hot pair"]),
+    "iemocap-pair-soft": ("reference", True, _pair("valid", 4, 0, [0.5, 0.5]),
+                          ["['valid']['labels'][4][0] = [0.5, 0.5]", "emotion 'neutral'", "one-hot pair"]),
+    "text-width-differs-in-train": ("reference", False, _wider_train_text,
+                                    ["text width: train 7, valid 6, test 6", "expected one width"]),
+    "labels-differ-in-kind": ("reference", False, _emotions_in_valid,
+                              ["train sentiment, valid emotions, test sentiment"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_pickle_is_one_error_naming_it_and_nothing_is_written(tmp_path: Path, capsys, case: str):
+    fmt, emotions, edit, names = BAD[case]
+    pkl = tmp_path / "clips.pkl"
+    _reference_pickle(pkl, emotions) if fmt == "reference" else _mmsa_pickle(pkl)
+    data = safe_load(pkl)
+    edit(data)
+    pkl.write_bytes(pickle.dumps(data, protocol=4))
+    code = ingest_main(["mult", str(tmp_path / "out"), "--pickle", str(pkl), "--format", fmt])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    for name in [str(pkl), *names]:
+        assert name in err, (name, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips.pkl"]  # no store, no temp dir
+
+
+def test_pickle_without_ids_gets_unique_ids(tmp_path: Path):
+    """The reference's IEMOCAP pickle has no 'id': each clip is named by its split and row."""
+    pkl = tmp_path / "iemocap_data.pkl"
+    _reference_pickle(pkl, emotions=True)
+    data = safe_load(pkl)
+    for split in data.values():
+        del split["id"]
+    pkl.write_bytes(pickle.dumps(data, protocol=4))
+    store = ingest(tmp_path / "store", pkl, "reference")
+    assert store.split("train").ids.tolist() == [f"train-{i}" for i in range(5)]
+    assert store.split("valid").ids.tolist()[:2] == ["valid-0", "valid-1"]

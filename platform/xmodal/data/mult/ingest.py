@@ -21,7 +21,11 @@ arrays, numpy dtypes / scalars and plain containers; anything else (os.system, a
 some module) is refused with an error naming the file and the global it asked for. Everything
 is converted in memory first and written through `write_store` (temporary directory renamed
 into place): a failure leaves nothing behind (an empty output folder the user made stays).
-Labels must be finite: a NaN or inf label is an error naming the file, split, key and row.
+Labels must be finite: a NaN or inf label is an error naming the file, split, key and row; an
+IEMOCAP pair must be one-hot ([1, 0] or [0, 1]), as the reference's argmax takes it to be.
+Every split needs at least one clip, and every feature array at least one time step and one
+feature, the same width in every split; clip ids (where the pickle has them) must be unique
+across all splits: each of these is an error naming the file before anything is written.
 """
 
 from __future__ import annotations
@@ -35,11 +39,22 @@ import numpy as np
 
 from xmodal.base.errors import UserError
 from xmodal.data.atomic import check_target, local_target
-from xmodal.data.mult.store import DEFAULT_SHARD_ROWS, KIND, MODALITIES, SPLITS, MultSplit, write_store
+from xmodal.data.mult.store import (
+    DEFAULT_SHARD_ROWS,
+    EMOTIONS,
+    KIND,
+    MODALITIES,
+    SPLITS,
+    MultSplit,
+    write_store,
+)
 
 FORMATS = ("reference", "mmsa")
 DATASETS = ("mosi", "mosei", "iemocap")
 F16_MAX = float(np.finfo(np.float16).max)
+# What each key of a split holds, for the error when it is not a rectangular array.
+SHAPES = {**dict.fromkeys(MODALITIES, "(N, T, D)"), "labels": "(N, 1, 1) or (N, 4, 2)",
+          "regression_labels": "(N,)", "audio_lengths": "(N,)", "vision_lengths": "(N,)"}
 
 
 class MultIngestError(UserError):
@@ -111,9 +126,15 @@ class _Stats:
 def _array(d: dict, key: str, where: str, ndim: int | None = None, n: int | None = None) -> np.ndarray:
     if key not in d:
         raise MultIngestError(f"{where}: no key {key!r}; the split has {sorted(map(str, d))}")
-    a = np.asarray(d[key])
+    try:
+        a = np.asarray(d[key])
+    except ValueError:  # nested lists of unequal lengths
+        raise MultIngestError(f"{where}[{key!r}]: not a rectangular array (rows of different lengths); "
+                              f"expected shape {SHAPES.get(key, '(N, ...)')}") from None
     if ndim is not None and a.ndim != ndim:
         raise MultIngestError(f"{where}[{key!r}]: shape {a.shape}; expected {ndim} dimensions")
+    if n is not None and a.ndim == 0:
+        raise MultIngestError(f"{where}[{key!r}]: a single value {a.item()!r}; expected {n} rows like 'text'")
     if n is not None and a.shape[0] != n:
         raise MultIngestError(f"{where}[{key!r}]: {a.shape[0]} rows; expected {n} like 'text'")
     return a
@@ -132,6 +153,18 @@ def _labels(labels: np.ndarray, key: str, where: str) -> np.ndarray:
         raise MultIngestError(f"{where}[{key!r}][{row}] = {labels[row].ravel().tolist()}: row {row} has a non-finite "
                               f"label; expected finite labels ({len(bad)} row(s) of the split are not)")
     return labels
+
+
+def _emotions(labels: np.ndarray, where: str) -> np.ndarray:
+    """IEMOCAP [N, 4, 2] one-hot pairs -> (N, 4) class per emotion (the reference's argmax). A pair
+    that is not [1, 0] or [0, 1] (all zeros, both set, soft) has no class: argmax would make it 0."""
+    onehot = ((labels == 0) | (labels == 1)).all(-1) & (labels.sum(-1) == 1)  # (N, 4)
+    if not onehot.all():
+        i, e = (int(k) for k in np.argwhere(~onehot)[0])
+        raise MultIngestError(f"{where}['labels'][{i}][{e}] = {labels[i, e].tolist()}: clip {i}, emotion "
+                              f"{EMOTIONS[e]!r} is not one-hot; expected a one-hot pair ([1, 0] or [0, 1]) "
+                              f"({int((~onehot).sum())} pair(s) of the split are not)")
+    return labels.argmax(-1).astype(np.int64)
 
 
 def _clean(x: np.ndarray, modality: str, stats: _Stats, where: str) -> np.ndarray:
@@ -163,19 +196,17 @@ def _end_lengths(x: np.ndarray) -> np.ndarray:
 
 def _pack(x: np.ndarray, lengths: np.ndarray, front: bool, modality: str, stats: _Stats) -> tuple[np.ndarray, np.ndarray]:
     """Padded (N, T, F) -> packed (sum(lengths), F) float16; empty sequences keep one zero step."""
-    n, t, _ = x.shape
+    t = x.shape[1]
     lengths = lengths.astype(np.int64)
     empty = lengths == 0
     stats.empty[modality] += int(empty.sum())
     lengths = np.maximum(lengths, 1)
     pos = np.arange(t)[None, :]
     keep = pos >= (t - lengths)[:, None] if front else pos < lengths[:, None]
-    if t == 0:
-        x, keep = np.zeros((n, 1, x.shape[2]), np.float32), np.ones((n, 1), bool)
     return x[keep].astype(np.float16), lengths
 
 
-def _ids(d: dict, n: int, split: str) -> np.ndarray:
+def _ids(d: dict, n: int, split: str, where: str) -> np.ndarray:
     if "id" not in d:
         return np.array([f"{split}-{i}" for i in range(n)], dtype=object)
     raw = d["id"]
@@ -191,7 +222,7 @@ def _ids(d: dict, n: int, split: str) -> np.ndarray:
 
     ids = [text(v) for v in (raw if not isinstance(raw, np.ndarray) or raw.ndim else [raw.item()])]
     if len(ids) != n:
-        raise MultIngestError(f"split {split!r}: {len(ids)} ids for {n} clips")
+        raise MultIngestError(f"{where}['id']: {len(ids)} ids for {n} clips; expected one id per clip")
     return np.array(ids, dtype=object)
 
 
@@ -216,7 +247,40 @@ def _modalities(d: dict, w: str) -> tuple[dict[str, np.ndarray], int]:
     """A split's three feature arrays ([N, T, D] each, N the text's) and N."""
     text = _array(d, "text", w, 3)
     n = text.shape[0]
-    return {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}, n
+    if n == 0:
+        raise MultIngestError(f"{w}: holds no clips ('text' has shape {text.shape}); expected at least one")
+    raw = {"text": text, "audio": _array(d, "audio", w, 3, n), "vision": _array(d, "vision", w, 3, n)}
+    for m, x in raw.items():
+        # An empty clip keeps one zero step (`_pack`), but an array with no step or no feature at all
+        # is not a modality: the model's projections need a width >= 1.
+        if x.shape[1] == 0:
+            raise MultIngestError(f"{w}[{m!r}]: shape {x.shape}, T = 0; expected at least one time step")
+        if x.shape[2] == 0:
+            raise MultIngestError(f"{w}[{m!r}]: shape {x.shape}, width 0; expected a feature width >= 1")
+    return raw, n
+
+
+def _check_across_splits(splits: dict[str, MultSplit], where: str) -> None:
+    """What the store needs of the splits together: one width per modality, one task, and clip ids
+    that name one clip each (a clip in two splits, say train and test, would leak)."""
+    for m in MODALITIES:
+        widths = {s: sp.dims()[m] for s, sp in splits.items()}
+        if len(set(widths.values())) > 1:
+            raise MultIngestError(f"{where}: the splits' {m} widths differ ({m} width: "
+                                  f"{', '.join(f'{s} {v}' for s, v in widths.items())}); expected one width")
+    tasks = {s: sp.task for s, sp in splits.items()}
+    if len(set(tasks.values())) > 1:
+        kinds = ", ".join(f"{s} {t}" for s, t in tasks.items())
+        raise MultIngestError(f"{where}: the splits' labels differ in kind ({kinds}); "
+                              "expected [N, 1, 1] sentiment or [N, 4, 2] IEMOCAP emotions in every split")
+    seen: dict[str, tuple[str, int]] = {}
+    for s, sp in splits.items():
+        for i, clip in enumerate(sp.ids.tolist()):
+            if clip in seen:
+                s0, i0 = seen[clip]
+                raise MultIngestError(f"{where}: clip id {clip!r} occurs twice, at [{s0!r}]['id'][{i0}] and "
+                                      f"[{s!r}]['id'][{i}]; expected each clip id once across all splits")
+            seen[clip] = (s, i)
 
 
 def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
@@ -229,7 +293,7 @@ def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]
         if labels.size == n:
             labels = labels.reshape(n).astype(np.float32)
         elif labels.shape[1:] == (4, 2):
-            labels = labels.argmax(-1).astype(np.int64)  # one-hot -> class per emotion (reference dataset.py)
+            labels = _emotions(labels, w)  # one-hot -> class per emotion (reference dataset.py)
         else:
             raise MultIngestError(f"{w}['labels']: shape {labels.shape}; expected [N, 1, 1] (sentiment) or "
                                   "[N, 4, 2] (IEMOCAP one-hot)")
@@ -237,7 +301,8 @@ def from_reference(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]
         for m in MODALITIES:
             x = _clean(raw[m], m, stats, w)
             values[m], lengths[m] = _pack(x, _front_lengths(x), True, m, stats)
-        out[split] = MultSplit(split, _ids(d, n, split), labels, values, lengths)
+        out[split] = MultSplit(split, _ids(d, n, split, w), labels, values, lengths)
+    _check_across_splits(out, where)
     return out, stats
 
 
@@ -274,7 +339,8 @@ def from_mmsa(data: Any, where: str) -> tuple[dict[str, MultSplit], _Stats]:
                                           f"[0, {x.shape[1]}]")
                 lens = lens.astype(np.int64)
             values[m], lengths[m] = _pack(x, lens, False, m, stats)
-        out[split] = MultSplit(split, _ids(d, n, split), labels.reshape(n).astype(np.float32), values, lengths)
+        out[split] = MultSplit(split, _ids(d, n, split, w), labels.reshape(n).astype(np.float32), values, lengths)
+    _check_across_splits(out, where)
     return out, stats
 
 
