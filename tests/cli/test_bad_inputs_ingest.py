@@ -133,6 +133,79 @@ INGEST = [
     Bad("mult-unknown-dataset", ["mult", "out", "--pickle", "p.pkl", "--format", "mmsa", "--dataset", "imdb"],
         ["--dataset", "'imdb'"], files={"p.pkl": mult_pickle({})}),
     Bad("no-source", [], ["required"]),
+    # A negative seed: one check and message for every seed flag (numpy's generators raised ValueError).
+    Bad("mult-synthetic-negative-seed", ["mult-synthetic", "out", "--seed", "-1"],
+        ["seed = -1", "expected an integer in [0, 2**32)"]),
+    Bad("synthetic-negative-seed", ["synthetic", "out", "--seed", "-1", "--no-progress"],
+        ["--seed -1", "expected an integer in [0, "]),
+    *(Bad(f"{source}-negative-seed", [source, "out", "--store", "lx", "--seed", "-1"],
+          ["--seed -1", "expected an integer in [0, 2**63)"], files=LXMERT)
+      for source in ("synthetic-vqa", "synthetic-gqa", "synthetic-nlvr2")),
+    Bad("lxmert-negative-order-seed", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--order-seed", "-1"],
+        ["--order-seed -1", "expected an integer in [0, 2**63)"], files={"f.tsv": TSV, "s.json": SENTENCES}),
+    # Numbers that are no number: NaN slips past `x <= 0`, and round() of it or of inf raised.
+    *(Bad(f"synthetic-nlvr2-{value}-statements", ["synthetic-nlvr2", "out", "--store", "lx", "--statements-per-image",
+                                                   value], [f"--statements-per-image {value}", "finite"], files=LXMERT)
+      for value in ("nan", "inf")),
+    Bad("synthetic-vqa-nan-near-answer", ["synthetic-vqa", "out", "--store", "lx", "--near-answer-prob", "nan"],
+        ["--near-answer-prob nan", "[0, 1]"], files=LXMERT),
+    Bad("synthetic-inf-question-fraction", ["synthetic", "out", "--question-fraction", "inf"],
+        ["--question-fraction inf", "[0, 1]"]),
+    Bad("lxmert-nan-minival-fraction", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--split", "hash",
+                                        "--minival-fraction", "nan"],
+        ["--minival-fraction nan", "[0, 1)"], files={"f.tsv": TSV, "s.json": SENTENCES}),
+    # A store without a train image was written, exit 0, and refused only by what read it later.
+    Bad("synthetic-minival-fraction-leaves-no-train", ["synthetic", "out", "--num-images", "20", "--minival-fraction",
+                                                       "0.99", "--no-progress"],
+        ["--minival-fraction 0.99", "no training image", "--num-images 20", "at least one train image"]),
+    Bad("lxmert-minival-file-holds-every-image", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--minival",
+                                                  "s.json", "--no-progress"],
+        ["s.json", "every one of the 1 images", "no training image", "at least one train image"],
+        files={"f.tsv": TSV, "s.json": SENTENCES}),
+    Bad("lxmert-minival-fraction-leaves-no-train", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--split",
+                                                    "hash", "--minival-fraction", "0.999", "--no-progress"],
+        ["--minival-fraction 0.999", "no training image", "at least one train image"],
+        files={"f.tsv": TSV, "s.json": SENTENCES}),
+    # Only the options that are wrong are named, by their flags.
+    Bad("synthetic-zero-images-per-shard", ["synthetic", "out", "--images-per-shard", "0"],
+        ["--images-per-shard 0", "expected an integer >= 1"], not_said=["feature_noise", "--feature-noise"]),
+    Bad("synthetic-vqa-near-answer-above-one", ["synthetic-vqa", "out", "--store", "lx", "--near-answer-prob", "2"],
+        ["--near-answer-prob 2.0", "expected a number in [0, 1]"], files=LXMERT,
+        not_said=["questions_per_image", "--questions-per-image"]),
+    Bad("synthetic-nlvr2-one-pair", ["synthetic-nlvr2", "out", "--store", "lx", "--pairs-per-statement", "1"],
+        ["--pairs-per-statement 1", "expected an integer >= 2"], files=LXMERT,
+        not_said=["statements_per_image", "--statements-per-image"]),
+    Bad("synthetic-nlvr2-odd-pairs", ["synthetic-nlvr2", "out", "--store", "lx", "--pairs-per-statement", "3"],
+        ["--pairs-per-statement 3", "even"], files=LXMERT),
+    # A --store that is a regular file was called a store that does not exist.
+    Bad("synthetic-vqa-store-a-file", ["synthetic-vqa", "out", "--store", "afile"],
+        ["--store afile", "is a file, not a store folder"], files={"afile": "x"}, not_said=["does not exist"]),
+    Bad("vqa-store-a-file", ["vqa", "out", "--store", "afile", "--train", "t.json"],
+        ["--store afile", "is a file, not a store folder"], files={"afile": "x", "t.json": "[]"},
+        not_said=["manifest.json"]),
+    # A file given twice: the features ingest called its second copy's lines duplicate images, the LXMERT
+    # ingest read it once without a word.
+    Bad("features-tsv-given-twice", ["features", "out", "--tsv", "f.tsv", "--tsv", "./f.tsv", "--no-progress"],
+        ["--tsv f.tsv and --tsv ./f.tsv", "given twice"], files={"f.tsv": TSV}, not_said=["already has features"]),
+    Bad("lxmert-json-given-twice", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--json", "s.json",
+                                    "--no-progress"],
+        ["--json s.json: given twice"], files={"f.tsv": TSV, "s.json": SENTENCES}),
+    Bad("lxmert-tsv-given-twice", ["lxmert", "out", "--tsv", "f.tsv", "--tsv", "f.tsv", "--json", "s.json",
+                                   "--no-progress"],
+        ["--tsv f.tsv: given twice"], files={"f.tsv": TSV, "s.json": SENTENCES}),
+    # --vocab-size is the most tokens of a trained vocabulary: below what the sentences need, the store's was
+    # silently larger; with --vocab it was silently ignored.
+    Bad("lxmert-vocab-size-below-the-minimum", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json",
+                                                "--vocab-size", "5", "--no-progress"],
+        ["--vocab-size 5", "below the smallest vocabulary", "special tokens", "expected >= "],
+        files={"f.tsv": TSV, "s.json": SENTENCES}),
+    Bad("lxmert-vocab-size-with-a-vocab-file", ["lxmert", "out", "--tsv", "f.tsv", "--json", "s.json", "--vocab",
+                                                "vocab.txt", "--vocab-size", "50", "--no-progress"],
+        ["--vocab-size 50", "--vocab vocab.txt"], files={"f.tsv": TSV, "s.json": SENTENCES, "vocab.txt": "[PAD]\n"}),
+    # One file twice in a split: refused by name, not later as repeated ids.
+    *(Bad(f"{task}-file-twice-in-a-split", [task, "out", "--store", "lx", "--train", "t.json,t.json"],
+          ["--train t.json: given twice"], files={**LXMERT, "t.json": "[]"}, not_said=["repeats"])
+      for task in ("vqa", "gqa", "nlvr2")),
     # a feature-only store is written to S3 directly (data/lxmert/feature_writer.py); a bucket it cannot reach
     # is named before any TSV is read
     Bad("features-out-an-unreachable-bucket", ["features", "s3://bucket/store", "--tsv", "f.tsv"],

@@ -25,7 +25,10 @@ def _lxmert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tsv", action="append", required=True, help="feature TSV (repeatable)")
     p.add_argument("--json", action="append", required=True, help="pretraining JSON (repeatable)")
     p.add_argument("--vocab", help="BERT vocab.txt (default: train a WordPiece vocabulary on the sentences)")
-    p.add_argument("--vocab-size", type=int, default=30522, help="size of a trained vocabulary")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="the most tokens a trained vocabulary may hold (default 30522, BERT's; not with --vocab): "
+                        "a small corpus needs fewer, and the special tokens and every character of the sentences "
+                        "are always in, so it is refused below that minimum")
     p.add_argument("--answers", help="reference all_ans.json (default: the most frequent answers)")
     p.add_argument("--num-answers", type=int, default=9500, help="answer table size (default 9500)")
     p.add_argument("--minival", action="append", metavar="FILE",
@@ -69,8 +72,11 @@ def _lxmert(args: argparse.Namespace) -> None:
                           allow_missing_labelf=args.allow_missing_labelf, overwrite=args.overwrite,
                           order_seed=None if args.source_order else args.order_seed, progress=not args.no_progress)
     m = store.manifest
+    vocab = f"vocab {m.vocab_size}"
+    if args.vocab is None and m.vocab_size < m.options["vocab_size"]:  # a trained one smaller than asked
+        vocab += f" (every word piece of the sentences; --vocab-size {m.options['vocab_size']} is the most)"
     say(str(store))
-    say(f"answers {m.num_answers}, vocab {m.vocab_size}, unknown answers ignored {m.unknown_answers}, "
+    say(f"answers {m.num_answers}, {vocab}, unknown answers ignored {m.unknown_answers}, "
         f"questions without a known answer {m.unanswerable_questions}, truncated sentences "
         f"{m.truncated_sentences}, images without sentences {m.dropped_images}, records without labelf "
         f"{m.missing_labelf}")
@@ -99,7 +105,9 @@ def _features_arguments(p: argparse.ArgumentParser) -> None:
 
 def _features(args: argparse.Namespace) -> None:
     from xmodal.data.lxmert.feature_writer import ingest_features
+    from xmodal.data.lxmert.ingest import check_given_once
 
+    check_given_once("--tsv", args.tsv)  # else the second copy's lines read as images already stored
     say(str(ingest_features(args.out, args.tsv, num_objects=args.num_objects, feat_dim=args.feat_dim,
                             num_object_labels=args.num_object_labels, num_attr_labels=args.num_attr_labels,
                             images_per_shard=args.images_per_shard, overwrite=args.overwrite,

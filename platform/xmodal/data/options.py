@@ -3,13 +3,60 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import typing
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Interval
 
-from xmodal.base.bounds import Fraction, NonNegFloat, PosFloat, PosInt, Probability, Seed, SeqLen
+from xmodal.base.bounds import (
+    Fraction,
+    NonNegFloat,
+    PosFloat,
+    PosInt,
+    Probability,
+    Seed,
+    SeqLen,
+    bounds_of,
+    describe_bounds,
+)
 from xmodal.base.errors import UserError
+
+# The seeds that no config bounds (`Seed` does those): numpy's generators take any non-negative integer,
+# the manifests record it as a JSON integer, which readers take as int64.
+SEED_LIMIT = 2**63
+
+
+def seed_problem(option: str, value: Any) -> str | None:
+    """What is wrong with a seed given as `option` (a command-line flag), or None: one check, one
+    message, for the seed flags no config bounds (--order-seed, synthetic-vqa|gqa|nlvr2 --seed); the
+    seeds of `synthetic` and `mult-synthetic` are config fields too, so they keep the configs' `Seed`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        return f"{option} {value}: expected an integer in [0, 2**63)"
+    return None
+
+
+def out_of_bounds(options: Any) -> dict[str, str]:
+    """Each field of a dataclass of options outside the bounds its `Annotated` type states (a float
+    must be finite too: NaN or inf is never a meaningful count, fraction or scale), field name ->
+    `--flag value (field=value): expected ...`, as the command line that takes the fields as flags
+    (`jobs/ingest.py synthetic`) names them; the field name is what a config or a manifest says."""
+    hints = typing.get_type_hints(type(options), include_extras=True)
+    problems: dict[str, str] = {}
+    for f in dataclasses.fields(options):
+        value, meta = getattr(options, f.name), getattr(hints[f.name], "__metadata__", ())
+        if isinstance(value, bool) or not isinstance(value, int | float) or not meta:
+            continue
+        ge, gt, le, lt = bounds_of(list(meta))
+        ok = ((ge is None or value >= ge) and (gt is None or value > gt) and (le is None or value <= le)
+              and (lt is None or value < lt) and math.isfinite(value))  # comparisons with NaN are all False
+        if not ok:
+            kind = "an integer" if isinstance(value, int) else "a finite number"
+            flag = "--" + f.name.replace("_", "-")
+            problems[f.name] = f"{flag} {value} ({f.name}={value}): expected {describe_bounds(list(meta), kind)}"
+    return problems
 
 
 @dataclass
@@ -115,3 +162,5 @@ class SyntheticMultOptions:
         for f in ("event_strength", "noise", "label_noise"):
             if not 0 <= getattr(self, f) < float("inf"):
                 bad(f, "a finite number >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            bad("seed", "an integer in [0, 2**32) (numpy's seed range, as a config's seed)")

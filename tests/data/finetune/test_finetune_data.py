@@ -184,7 +184,53 @@ def test_file_level_errors(tmp_path, small_store, store_images):
         ingest_finetune("vqa", {"valid": [a]}, small_store.path, tmp_path / "o")
     with pytest.raises(FinetuneError, match=r"task 'okvqa'"):
         ingest_finetune("okvqa", {"train": [a]}, small_store.path, tmp_path / "o")
+    with pytest.raises(FinetuneError, match=r"--train .*a\.json: given twice"):
+        ingest_finetune("vqa", {"train": [a, b, a]}, small_store.path, tmp_path / "o")
     _no_leftovers(tmp_path, "o")
+
+
+@pytest.mark.parametrize("task", ["vqa", "gqa", "nlvr2"])
+def test_one_file_as_two_splits_is_said(tmp_path, small_store, store_images, task, capsys):
+    """A valid split of the training questions scores the fit, not a validation: said, by both options and
+    the file (not refused: an overfitting check is a use; tests/data/finetune/test_finetune_stores.py)."""
+    imgs = sorted(store_images)[:4]
+    t = _write(tmp_path / "t.json", _nlvr2_records(imgs) if task == "nlvr2" else _vqa_records(imgs))
+    capsys.readouterr()
+    data = ingest_finetune(task, {"train": [t], "valid": [tmp_path / "." / "t.json"]}, small_store.path,
+                           tmp_path / "o")
+    out = capsys.readouterr().out
+    assert f"note: --train {t} and --valid {tmp_path / '.' / 't.json'} are the same file ({t})" in out, out
+    assert "split 'valid' holds the train questions" in out
+    assert data.manifest.splits["valid"] == data.manifest.splits["train"]
+
+
+def test_synthetic_options_name_only_the_bad_ones(tmp_path, small_store):
+    for kw, said, not_said in [
+        ({"seed": -1}, "--seed -1: expected an integer in [0, 2**63)", "--questions"),
+        ({"near_answer_prob": 2.0}, "--near-answer-prob 2.0: expected a number in [0, 1]", "questions"),
+        ({"near_answer_prob": float("nan")}, "--near-answer-prob nan", "questions"),
+        ({"questions_per_image": 0}, "--questions-per-image 0: expected an integer >= 1", "near"),
+    ]:
+        with pytest.raises(FinetuneError) as e:
+            build_synthetic_vqa(small_store.path, tmp_path / "v", **kw)
+        assert said in str(e.value) and not_said not in str(e.value), str(e.value)
+    for kw, said, not_said in [
+        ({"statements_per_image": float("nan")}, "--statements-per-image nan: expected a finite number > 0", "pairs"),
+        ({"statements_per_image": float("inf")}, "--statements-per-image inf", "pairs"),
+        ({"pairs_per_statement": 1}, "--pairs-per-statement 1: expected an integer >= 2", "statements"),
+        ({"pairs_per_statement": 5}, "--pairs-per-statement 5: expected an even number", "statements"),
+        ({"seed": 2**63}, f"--seed {2**63}: expected an integer in [0, 2**63)", "pairs"),
+    ]:
+        with pytest.raises(FinetuneError) as e:
+            build_synthetic_nlvr2(small_store.path, tmp_path / "n", **kw)
+        assert said in str(e.value) and not_said not in str(e.value), str(e.value)
+    afile = _write(tmp_path / "afile", [])
+    with pytest.raises(FinetuneError, match=r"afile: is a file, not a store folder"):
+        build_synthetic_vqa(afile, tmp_path / "v")
+    with pytest.raises(FinetuneError, match=r"afile: is a file, not a store folder"):
+        ingest_finetune("vqa", {"train": [afile]}, afile, tmp_path / "v")
+    _no_leftovers(tmp_path, "v")
+    _no_leftovers(tmp_path, "n")
 
 
 def test_nlvr2_ingest_and_unlabelled_test_split(tmp_path, small_store, store_images):

@@ -242,3 +242,38 @@ def test_the_readme_command_on_files_named_as_the_reference(reference: RefCorpus
     assert _split_images(store) == {"minival": set(ids[15:18]), "train": set(ids) - set(ids[15:18])}
     assert store.manifest.minival_split.files == [str(d / "mscoco_minival.json")]
     assert store.answers().answers == ANSWERS
+
+
+# ----------------------------------------------------------------------------- vocabulary, files, train split
+
+
+def test_vocab_size_is_the_most_a_trained_vocabulary_holds(reference: RefCorpus, tmp_path: Path, capsys):
+    """The trainer keeps the special tokens and every character whatever the size asked: below that minimum
+    the store's vocabulary was silently larger; now refused, naming the minimum, which then works."""
+    with pytest.raises(IngestError, match=r"--vocab-size 5: below the smallest vocabulary .* expected >= (\d+)") as e:
+        _ingest(reference, tmp_path / "bad", vocab_size=5)
+    _nothing_written(tmp_path / "bad")
+    least = int(re.search(r"expected >= (\d+)", str(e.value)).group(1))
+    assert _ingest(reference, tmp_path / "least", vocab_size=least).manifest.vocab_size == least
+    with pytest.raises(IngestError, match=r"--vocab-size 50: sizes a trained vocabulary, but --vocab"):
+        _ingest(reference, tmp_path / "bad", vocab=tmp_path / "vocab.txt", vocab_size=50)
+    # A small corpus needs fewer tokens than the default's 30522: the summary says why it has fewer.
+    out = tmp_path / "cli"
+    argv = ["lxmert", str(out), *(a for p in reference.tsv for a in ("--tsv", str(p))),
+            *(a for p in reference.json for a in ("--json", str(p))), "--no-progress"]
+    assert ingest_main(argv) == 0
+    size = open_store(out).manifest.vocab_size
+    assert f"vocab {size} (every word piece of the sentences; --vocab-size 30522 is the most)" in capsys.readouterr().out
+
+
+def test_a_file_given_twice_or_no_train_image_is_refused(reference: RefCorpus, tmp_path: Path):
+    for kw, said in [({"json_files": [*reference.json, reference.json[0]]}, "--json"),
+                     ({"minival": [reference.json[0], reference.json[0].parent / "." / reference.json[0].name]},
+                      "--minival")]:
+        with pytest.raises(IngestError, match=rf"{said} .*: (the same file )?given twice"):
+            _ingest(reference, tmp_path / "bad", kw.pop("json_files", None), **kw)
+        _nothing_written(tmp_path / "bad")
+    # Every image in minival: the reference split by a minival file holding every sentence file's images.
+    with pytest.raises(IngestError, match=r"every one of the \d+ images .* no training image would be left"):
+        _ingest(reference, tmp_path / "bad", minival=reference.json)
+    _nothing_written(tmp_path / "bad")

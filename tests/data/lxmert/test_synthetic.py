@@ -6,8 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pytest
 from refdata import SMALL
 
+from xmodal.base.errors import UserError
 from xmodal.cli.ingest import main as ingest_main
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import (
@@ -140,3 +142,24 @@ def test_a_store_the_user_named_is_never_modified(tmp_path: Path, capsys):
     assert ingest_main(["synthetic", str(named.path), "--feat-dim", "24", "--no-progress"]) == 2
     assert "already exists; pass --overwrite" in capsys.readouterr().err
     assert (named.path / "manifest.json").read_text() == manifest
+
+
+def test_bad_options_are_named_alone_and_a_store_keeps_a_train_image(tmp_path: Path):
+    """Only the wrong options are named, by flag and field; NaN and a negative seed are caught before numpy
+    sees them; a minival fraction that leaves no train image is refused, nothing written."""
+    tiny = dataclasses.replace(SMALL, num_images=20, images_per_shard=8)
+    for change, said, not_said in [
+        ({"images_per_shard": 0}, "--images-per-shard 0 (images_per_shard=0): expected an integer >= 1", "noise"),
+        ({"feature_noise": float("nan")}, "--feature-noise nan (feature_noise=nan): expected a finite number >= 0",
+         "shard"),
+        ({"seed": -1}, "--seed -1 (seed=-1): expected an integer in [0, ", "noise"),
+        ({"num_images": 1}, "--num-images 1 (num_images=1): expected an integer >= 2 (mismatched", "noise"),
+        ({"minival_fraction": 0.99}, "--minival-fraction 0.99 leaves no training image of --num-images 20", "noise"),
+    ]:
+        with pytest.raises(UserError) as e:
+            build_synthetic_store(tmp_path / "s", dataclasses.replace(tiny, **change))
+        assert said in str(e.value) and not_said not in str(e.value), str(e.value)
+        assert list(tmp_path.iterdir()) == []
+    # The largest fraction that still leaves one: 19 of 20 images in minival.
+    store = build_synthetic_store(tmp_path / "s", dataclasses.replace(tiny, minival_fraction=0.95))
+    assert store.manifest.images("train") == 1 and store.manifest.images("minival") == 19

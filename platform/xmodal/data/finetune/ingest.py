@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from xmodal.base.console import say
 from xmodal.data.answers import AnswerError, AnswerTable, normalize_answer
 from xmodal.data.finetune.sets import FinetuneData, check_same_dims, image_index, write_finetune
 from xmodal.data.finetune.split import FinetuneError, FinetuneSplit, check_task
@@ -159,6 +160,9 @@ def open_image_stores(paths: str | Path | list[str | Path]) -> tuple[LxmertStore
         raise FinetuneError("no image store given (--store)")
     stores: list[ImageStore] = []
     for p in given:
+        if Path(p).expanduser().is_file():  # open_image_store would say it has no manifest.json
+            raise FinetuneError(f"--store {p}: is a file, not a store folder; expected an LXMERT store or a "
+                                "feature-only store (a folder from jobs/ingest.py lxmert|synthetic|features)")
         st = open_image_store(p)
         if any(st.path == x.path for x in stores):
             raise FinetuneError(f"--store {st.path}: given twice")
@@ -170,6 +174,25 @@ def open_image_stores(paths: str | Path | list[str | Path]) -> tuple[LxmertStore
                             "pretraining store with --store")
     check_same_dims(stores, "--store")
     return text, stores
+
+
+def _check_files_once(json_paths_by_split: dict[str, list[str | Path]]) -> None:
+    """Each JSON file once in a split: twice would fail later as repeated ids, never saying why. One
+    file as two splits is said (a valid split of the training questions scores the model on what it
+    trained on: an overfitting check, not a validation); it is not refused, as such a check is a use."""
+    seen: dict[Path, tuple[str, str | Path]] = {}
+    for split, paths in json_paths_by_split.items():
+        for p in paths:
+            path = Path(p).expanduser().resolve()
+            if path not in seen:
+                seen[path] = (split, p)
+                continue
+            first, given = seen[path]
+            if first == split:
+                raise FinetuneError(f"--{split} {p}: given twice ({path}); expected each file once")
+            say(f"[xmodal] note: --{first} {given} and --{split} {p} are the same file ({path}): split {split!r} "
+                f"holds the {first} questions, so its scores show how well the model fits them, not how it "
+                "does on questions it never saw")
 
 
 def ingest_finetune(task: str, json_paths_by_split: dict[str, list[str | Path]],
@@ -188,6 +211,7 @@ def ingest_finetune(task: str, json_paths_by_split: dict[str, list[str | Path]],
         raise FinetuneError(f"--num-answers {num_answers}: expected an answer table size >= 1")
     if not json_paths_by_split or not all(json_paths_by_split.values()):
         raise FinetuneError(f"{task}: no JSON file given for some split: {dict(json_paths_by_split)}")
+    _check_files_once(json_paths_by_split)
     store, image_stores = open_image_stores(store_path)
     records: dict[str, _Records] = {}
     seen: dict[str, tuple[str, int]] = {}

@@ -47,6 +47,7 @@ Imports numpy and pyarrow only (via xmodal.data.finetune.sets).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ from xmodal.data.finetune.split import FinetuneError, FinetuneSplit
 from xmodal.data.lxmert.store import LxmertStore, open_store
 from xmodal.data.lxmert.synthetic import COUNT_WORDS, MAX_COUNT, class_names, colour_names
 from xmodal.data.manifest import ensure_derived, options_diff
+from xmodal.data.options import seed_problem
 
 SPLITS: dict[str, str] = {"train": "train", "valid": "minival"}  # fine-tuning split -> store split
 _VQA, _NLVR2 = 0x51A, 0x2E7A  # generator streams apart from the pretraining corpus and each other
@@ -84,7 +86,22 @@ class ImageFacts:
     colour_names: list[str]  # (A,)
 
 
+def _count_problem(option: str, value: Any, least: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        return f"{option} {value}: expected an integer >= {least}"
+    return None
+
+
+def _refuse(task: str, problems: list[str]) -> None:
+    """One error naming only the options that are wrong."""
+    if problems:
+        raise FinetuneError(f"synthetic-{task}: " + "; ".join(problems))
+
+
 def _synthetic(store_path: str | Path) -> LxmertStore:
+    if Path(store_path).expanduser().is_file():  # open_store would call it a store that does not exist
+        raise FinetuneError(f"--store {store_path}: is a file, not a store folder; expected a synthetic LXMERT "
+                            "store (a folder from jobs/ingest.py synthetic)")
     store = open_store(store_path)
     if store.manifest.source != "synthetic":
         raise FinetuneError(f"{store.path}: source {store.manifest.source!r}; synthetic fine-tuning sets need a "
@@ -207,10 +224,16 @@ def build_synthetic_vqa(store_path: str | Path, out_dir: str | Path, *, task: st
     options = synthetic_options(task, questions_per_image=questions_per_image, near_answer_prob=near_answer_prob,
                                 seed=seed)
     near_answer_prob = options["near_answer_prob"]
-    if task == "nlvr2" or questions_per_image < 1 or not 0 <= near_answer_prob <= 1 \
-            or (task == "gqa" and near_answer_prob):
-        raise FinetuneError(f"synthetic {task}: questions_per_image={questions_per_image} must be >= 1 and "
-                            f"near_answer_prob={near_answer_prob} in [0, 1] (0 for gqa); task vqa or gqa")
+    if task == "nlvr2":
+        raise FinetuneError("task 'nlvr2': synthetic VQA-style questions are for task vqa or gqa")
+    problems = [p for p in (_count_problem("--questions-per-image", questions_per_image, 1),
+                            seed_problem("--seed", seed)) if p]
+    if not 0 <= near_answer_prob <= 1:  # NaN fails too
+        problems.append(f"--near-answer-prob {near_answer_prob}: expected a number in [0, 1]")
+    elif task == "gqa" and near_answer_prob:
+        problems.append(f"--near-answer-prob {near_answer_prob}: GQA is exact match (one answer a question); "
+                        "expected 0 for gqa")
+    _refuse(task, problems)
     store = _synthetic(store_path)
     splits: dict[str, FinetuneSplit] = {}
     table: AnswerTable | None = None
@@ -336,9 +359,14 @@ def _nlvr2_split(f: ImageFacts, rng: np.random.Generator, split: str, statements
 def build_synthetic_nlvr2(store_path: str | Path, out_dir: str | Path, *, statements_per_image: float = 1.0,
                           pairs_per_statement: int = 4, seed: int = 0, overwrite: bool = False) -> FinetuneData:
     """NLVR2-style statements about pairs of images of the synthetic store (see the module docstring)."""
-    if pairs_per_statement < 2 or pairs_per_statement % 2 or statements_per_image <= 0:
-        raise FinetuneError(f"pairs_per_statement={pairs_per_statement} must be even and >= 2, "
-                            f"statements_per_image={statements_per_image} > 0")
+    pairs = _count_problem("--pairs-per-statement", pairs_per_statement, 2)
+    if pairs is None and pairs_per_statement % 2:
+        pairs = (f"--pairs-per-statement {pairs_per_statement}: expected an even number (half of a statement's "
+                 "pairs true, half false)")
+    problems = [p for p in (pairs, seed_problem("--seed", seed)) if p]
+    if not 0 < statements_per_image < math.inf:  # NaN fails too
+        problems.append(f"--statements-per-image {statements_per_image}: expected a finite number > 0")
+    _refuse("nlvr2", problems)
     store = _synthetic(store_path)
     splits: dict[str, FinetuneSplit] = {}
     for split in _splits(store):

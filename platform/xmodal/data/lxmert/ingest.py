@@ -57,11 +57,13 @@ from xmodal.data.lxmert.tsv import (
     tsv_lines,
     tsv_lines_at,
 )
-from xmodal.data.tokenizer import WordPieceTokenizer
+from xmodal.data.options import seed_problem
+from xmodal.data.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer
 
 REFERENCE_MINIVAL = "mscoco_minival.json"  # the reference's minival sentences: their images are minival
 SPLIT_METHODS: tuple[str, ...] = ("auto", "reference", "hash")
 DEFAULT_MINIVAL_FRACTION = 0.1  # the hash split's default
+DEFAULT_VOCAB_SIZE = 30522  # BERT's: a trained vocabulary's most tokens
 
 
 # ============================================================================ minival
@@ -118,6 +120,34 @@ def _fraction(value: float | None) -> float:
     return DEFAULT_MINIVAL_FRACTION if value is None else value
 
 
+def _check_train(used_ids: list[str], split_of: Callable[[str], str], how: MinivalSplit) -> None:
+    """At least one image to train on: a store without one is of no use (pretraining and the synthetic
+    fine-tuning sets read its train split)."""
+    if not used_ids or any(split_of(i) == "train" for i in used_ids):
+        return  # (no image at all is the writer's error)
+    if how.method == "reference":
+        raise IngestError(f"every one of the {len(used_ids)} images with sentences and features is an image of the "
+                          f"minival file(s) {', '.join(how.files)}: no training image would be left; expected at "
+                          "least one train image (--minival names the held-out images only)")
+    raise IngestError(f"--minival-fraction {how.fraction:g} leaves no training image: all {len(used_ids)} images "
+                      "with sentences and features fall in minival by a hash of img_id; expected at least one "
+                      "train image: a smaller fraction or more images")
+
+
+def check_given_once(option: str, given: Iterable[str | Path]) -> list[Path]:
+    """The files of a repeatable `option`, resolved; one named twice (as the same path or two spellings
+    of it) is an error naming it, not read twice (nor, for some options, quietly once)."""
+    seen: dict[Path, str | Path] = {}
+    for g in given:
+        p = Path(g).expanduser().resolve()
+        if p in seen:
+            both = f"{option} {g}: given twice" if str(seen[p]) == str(g) else \
+                f"{option} {seen[p]} and {option} {g}: the same file given twice"
+            raise IngestError(f"{both} ({p}); expected each file once")
+        seen[p] = g
+    return list(seen)
+
+
 # ============================================================================ the ingest
 
 
@@ -158,7 +188,7 @@ def _block(images: list[TsvImage], sentences: Sentences, num_objects: int, feat_
 
 def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str | Path], *,
                   vocab: str | Path | None = None, answers: str | Path | None = None, num_answers: int = 9500,
-                  vocab_size: int = 30522, split: str = "auto", minival: list[str | Path] | None = None,
+                  vocab_size: int | None = None, split: str = "auto", minival: list[str | Path] | None = None,
                   minival_fraction: float | None = None, max_seq_len: int = 20,
                   num_objects: int = 36, feat_dim: int | None = None, num_object_labels: int = 1600,
                   num_attr_labels: int = 400, images_per_shard: int = 256, row_group_images: int = 32,
@@ -168,14 +198,15 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     `split`, `minival`, `minival_fraction`: how minival is chosen (`choose_minival`); the minival
     files are sentence files too (a file given both as --json and --minival is read once).
     `order_seed`: the images are written in the seeded random order of `order_key` (None: in the
-    order of the TSV files), so every shard and row group mixes the sources (COCO, VG)."""
-    if order_seed is not None and not 0 <= order_seed < 2**63:
-        raise IngestError(f"--order-seed {order_seed}: expected an integer in [0, 2**63)")
+    order of the TSV files), so every shard and row group mixes the sources (COCO, VG).
+    `vocab_size`: the most tokens a trained vocabulary may hold (default 30522, BERT's; not with `vocab`)."""
+    if order_seed is not None and (problem := seed_problem("--order-seed", order_seed)):
+        raise IngestError(problem)
+    vocab_size = _vocab_size(vocab, vocab_size)
     out_path = local_target(out)
     check_target(out_path, overwrite, KIND)  # before reading anything
-    tsv_paths = [Path(p).expanduser().resolve() for p in tsv]
-    json_paths = [Path(p).expanduser().resolve() for p in json_files]
-    minival_paths = [Path(p).expanduser().resolve() for p in minival or []]
+    tsv_paths, json_paths = check_given_once("--tsv", tsv), check_given_once("--json", json_files)
+    minival_paths = check_given_once("--minival", minival or [])
     _check_inputs(tsv_paths, json_paths, [*minival_paths, *(Path(x) for x in (vocab, answers) if x is not None)],
                   num_answers=num_answers, vocab_size=vocab_size, num_objects=num_objects,
                   num_object_labels=num_object_labels, num_attr_labels=num_attr_labels,
@@ -190,7 +221,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
     corpus, minival_ids = _read_corpus(sentence_files, how, allow_missing_labelf)
     table = _answer_table(corpus, answers, num_answers)
     tokenizer = WordPieceTokenizer.from_vocab(vocab, max_seq_len) if vocab is not None else \
-        WordPieceTokenizer.train(corpus.sentences(), max_seq_len, vocab_size=vocab_size, length=len(corpus))
+        _trained_tokenizer(corpus, max_seq_len, vocab_size)
     sentences, counters = _sentences(corpus, table, tokenizer)
 
     # 2. which images have features (every line's shape, no decoding)
@@ -219,6 +250,7 @@ def ingest_lxmert(out: str | Path, tsv: list[str | Path], json_files: list[str |
                "allow_missing_labelf": allow_missing_labelf, "order_seed": order_seed}
     mark_random_weights(tsv_paths, options)
     used_ids = [i for i in located if sentences.count(i)]
+    _check_train(used_ids, split_of, how)
     lines, order = _ordered_lines(tsv_paths, used_ids, offsets, order_seed)
     limits = dict(feat_dim=feat_dim, num_objects=num_objects, num_object_labels=num_object_labels,
                   num_attr_labels=num_attr_labels)
@@ -258,6 +290,27 @@ def _read_corpus(sentence_files: list[Path], how: MinivalSplit, allow_missing_la
                                   "sentences (a JSON list of {\"img_id\", \"sentf\", \"labelf\"} records)")
             minival_ids |= ids
     return corpus, minival_ids
+
+
+def _vocab_size(vocab: str | Path | None, vocab_size: int | None) -> int:
+    """The most tokens of a trained vocabulary; a size given with a vocabulary file would be ignored."""
+    if vocab is not None and vocab_size is not None:
+        raise IngestError(f"--vocab-size {vocab_size}: sizes a trained vocabulary, but --vocab {vocab} is used as it "
+                          "is; drop one of them")
+    return DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+
+
+def _trained_tokenizer(corpus: Corpus, max_seq_len: int, vocab_size: int) -> WordPieceTokenizer:
+    """A WordPiece vocabulary of at most `vocab_size` tokens trained on the corpus. The trainer always
+    keeps the special tokens and every character of the sentences (alone and as a ## continuation),
+    so it returns more than asked when they alone are more: that is refused, naming that minimum."""
+    tokenizer = WordPieceTokenizer.train(corpus.sentences(), max_seq_len, vocab_size=vocab_size, length=len(corpus))
+    if tokenizer.vocab_size > vocab_size:
+        raise IngestError(f"--vocab-size {vocab_size}: below the smallest vocabulary of these sentences, "
+                          f"{tokenizer.vocab_size} tokens (the {len(SPECIAL_TOKENS)} special tokens and every "
+                          f"character of the sentences, alone and as a ## continuation); expected >= "
+                          f"{tokenizer.vocab_size}")
+    return tokenizer
 
 
 def _answer_table(corpus: Corpus, answers: str | Path | None, num_answers: int) -> AnswerTable:

@@ -31,7 +31,7 @@ from xmodal.data.errors import StoreError
 from xmodal.data.lxmert.rows import ImageBlock
 from xmodal.data.lxmert.store import KIND, LxmertManifest, LxmertStore, MinivalSplit, StoreWriter, open_store
 from xmodal.data.manifest import ensure_derived, options_diff, options_json
-from xmodal.data.options import SyntheticLxmertOptions
+from xmodal.data.options import SyntheticLxmertOptions, out_of_bounds
 from xmodal.data.tokenizer import WordPieceTokenizer
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "gray", "brown",
@@ -69,26 +69,29 @@ class _Scene:
     answers: list[list[str | None]]  # per image, per sentence (None = caption)
 
 
+# Why a bound is what it is, where the bound alone does not say.
+_WHY = {"num_images": "mismatched sentences come from other images",
+        "num_object_labels": "foreground and background classes",
+        "max_seq_len": "the synthetic sentences need 8 tokens"}
+
+
+def minival_images(o: SyntheticLxmertOptions) -> int:
+    """How many of the images the store deals into minival."""
+    return int(round(o.num_images * o.minival_fraction))
+
+
 def _check(o: SyntheticLxmertOptions) -> None:
-    problems = []
-    if o.num_images < 2:
-        problems.append(f"num_images={o.num_images}: need at least 2 (mismatched sentences come from other images)")
-    if o.num_objects < 1 or o.feat_dim < 1:
-        problems.append(f"num_objects={o.num_objects}, feat_dim={o.feat_dim}: expected >= 1")
-    if o.num_object_labels < 2:
-        problems.append(f"num_object_labels={o.num_object_labels}: need >= 2 (foreground + background)")
-    if o.num_attr_labels < 1 or o.num_answers < 1 or o.sentences_per_image < 1:
-        problems.append("num_attr_labels, num_answers and sentences_per_image must be >= 1")
-    if not 0 <= o.minival_fraction < 1 or not 0 <= o.question_fraction <= 1:
-        problems.append(f"minival_fraction={o.minival_fraction} must be in [0, 1) and question_fraction="
-                        f"{o.question_fraction} in [0, 1]")
-    if o.max_seq_len < 8:
-        problems.append(f"max_seq_len={o.max_seq_len}: synthetic sentences need at least 8 tokens")
-    if not 0 <= o.feature_noise < float("inf") or o.images_per_shard < 1:  # `not ... >= 0`: NaN fails too
-        problems.append(f"feature_noise={o.feature_noise} must be finite and >= 0 and images_per_shard="
-                        f"{o.images_per_shard} >= 1")
+    """Only the options that are wrong, each by its flag and value and what it allows; then the store's
+    one need across options: at least one train image (a store without is of no use to pretraining or
+    to a fine-tuning set over it)."""
+    problems = [p + (f" ({_WHY[k]})" if k in _WHY else "") for k, p in out_of_bounds(o).items()]
     if problems:
         raise UserError("invalid synthetic options: " + "; ".join(problems))
+    n_val = minival_images(o)
+    if n_val >= o.num_images:
+        raise UserError(f"--minival-fraction {o.minival_fraction} leaves no training image of --num-images "
+                        f"{o.num_images} ({n_val} would be minival); expected at least one train image: a "
+                        f"smaller fraction (below {1 - 0.5 / o.num_images:g}) or more images")
 
 
 def _scenes(o: SyntheticLxmertOptions, rng: np.random.Generator) -> _Scene:
@@ -226,7 +229,7 @@ def build_synthetic_store(path: str | Path, options: SyntheticLxmertOptions | No
         corpus = [s for sents in scene.sentences for s in sents]
         tokenizer = WordPieceTokenizer.train(corpus, o.max_seq_len)
         table = AnswerTable.most_frequent([a for ans in scene.answers for a in ans if a is not None], o.num_answers)
-        n_val = int(round(o.num_images * o.minival_fraction))
+        n_val = minival_images(o)
         split_of = np.zeros(o.num_images, dtype=bool)  # True = minival
         split_of[rng.permutation(o.num_images)[:n_val]] = True
         counters = {"truncated_sentences": 0, "unknown_answers": 0, "unanswerable_questions": 0}
