@@ -12,8 +12,9 @@ reference MULTModel's state dict + hyp_params.json). The weights are the run's m
 validation for fine-tuning and MulT, the last for pretraining (the output says which); weight files that
 no longer match the sha256 their checkpoint recorded are refused. What a target cannot hold is refused
 before anything is written; DIR is checked first (new, empty, or this command's own earlier export, which
-is replaced; --overwrite writes into a folder holding other files and keeps them), written whole or not at
-all.
+is replaced; --overwrite writes into a folder holding other files or folders and keeps them; a link, or
+`..`, is followed to the folder it names, and written there under the same rules), written whole or not
+at all.
 """
 
 import argparse

@@ -200,3 +200,115 @@ def test_a_scratch_folder_is_removed_with_the_folders_made_for_it_however_the_co
     for bad, said in (("s3://bucket/w", "is a URI"), ("", "is empty"), (str(tmp_path / "w" / "mine.txt"), "is a file")):
         with pytest.raises(UserError, match=re.escape(said)):
             Scratch(bad, "--work", "xmodal-test-")
+
+
+# ------------------------------------------------------------- folders, links and `..` in an output
+
+def _entries(root):
+    """Every file and folder under `root` (a folder as `name/`): an empty folder counts."""
+    return sorted(p.relative_to(root).as_posix() + ("/" if p.is_dir() else "") for p in root.rglob("*"))
+
+
+def test_an_empty_folder_of_the_users_is_refused_and_with_overwrite_kept(tmp_path):
+    (tmp_path / "o" / "keepme" / "deeper").mkdir(parents=True)
+    with pytest.raises(UserError) as e:
+        Output(tmp_path / "o", "--out", "export")
+    assert str(e.value) == (f"--out: {str(tmp_path / 'o')!r} already holds 'keepme/deeper/', which export did not "
+                            "write there; choose a new or empty folder or pass --overwrite to write beside what is "
+                            "there (none of it is removed)")
+    for files in ({"a.bin": "1", "sub/b.bin": "1"}, {"a.bin": "2"}):
+        with Output(tmp_path / "o", "--out", "export", overwrite=True).stage() as stage:
+            _write(stage, files)
+            stage.publish()
+    assert _entries(tmp_path / "o") == [RECORD, "a.bin", "keepme/", "keepme/deeper/", "sub/"]
+    assert [p.name for p in tmp_path.iterdir()] == ["o"]  # nothing staged left beside it
+
+
+def test_an_empty_folder_added_to_the_commands_own_output_is_the_users(tmp_path):
+    with Output(tmp_path / "o", "--out", "export").stage() as stage:
+        _write(stage, {"sub/a.bin": "1"})
+        stage.publish()
+    (tmp_path / "o" / "sub" / "a.bin").unlink()  # a folder it wrote into stays its own, emptied or not
+    Output(tmp_path / "o", "--out", "export")
+    (tmp_path / "o" / "mine").mkdir()
+    with pytest.raises(UserError, match="already holds 'mine/', which export did not write there"):
+        Output(tmp_path / "o", "--out", "export")
+    assert (tmp_path / "o" / "mine").is_dir()
+
+
+def test_an_empty_folder_the_command_writes_is_recorded_and_replaced_as_its_own(tmp_path):
+    for _ in range(2):
+        with Output(tmp_path / "o", "--out", "export").stage() as stage:
+            (stage.tmp / "cache").mkdir()
+            _write(stage, {"a.bin": "1"})
+            stage.publish()
+    assert read_record(tmp_path / "o")["files"] == ["a.bin", "cache/"]
+    assert _entries(tmp_path / "o") == [RECORD, "a.bin", "cache/"]
+
+
+def test_an_empty_output_folder_is_still_taken(tmp_path):
+    (tmp_path / "o").mkdir()
+    with Output(tmp_path / "o", "--out", "export").stage() as stage:
+        _write(stage, {"a.bin": "1"})
+        stage.publish()
+    assert _entries(tmp_path) == ["o/", f"o/{RECORD}", "o/a.bin"]
+
+
+def test_dot_dot_is_resolved_so_the_stage_is_beside_the_real_folder(tmp_path):
+    (tmp_path / "e4" / "sub").mkdir(parents=True)
+    # e4 holds the user's empty `sub`: refused as the folder it is, named both ways
+    with pytest.raises(UserError, match=re.escape(f"--out: '{tmp_path}/e4/sub/..' (that is '{tmp_path}/e4') "
+                                                  "already holds 'sub/', which export did not write there")):
+        Output(f"{tmp_path}/e4/sub/..", "--out", "export")
+    out = Output(f"{tmp_path}/e4/sub/..", "--out", "export", overwrite=True)
+    assert out.path == tmp_path / "e4"
+    with out.stage() as stage:
+        assert stage.tmp.parent == tmp_path  # beside e4, not inside it
+        _write(stage, {"a.bin": "1"})
+        stage.publish()
+    assert _entries(tmp_path) == ["e4/", f"e4/{RECORD}", "e4/a.bin", "e4/sub/"]  # sub: the user's, kept
+    assert Output(f"{tmp_path}/e4/nowhere/..", "--out", "export", overwrite=True).path == tmp_path / "e4"
+
+
+def test_a_link_is_written_through_and_stays_a_link(tmp_path):
+    with Output(tmp_path / "ex1", "--out", "export").stage() as stage:
+        _write(stage, {"a.bin": "old"})
+        stage.publish()
+    (tmp_path / "linkex").symlink_to("ex1")
+    out = Output(tmp_path / "linkex", "--out", "export")
+    assert out.path == tmp_path / "ex1"
+    with out.stage() as stage:
+        _write(stage, {"a.bin": "new"})
+        stage.publish()
+    assert (tmp_path / "linkex").is_symlink() and str((tmp_path / "linkex").readlink()) == "ex1"
+    assert (tmp_path / "ex1" / "a.bin").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "ex1", "linkex"]
+    (tmp_path / "ex1" / "mine.txt").write_text("x")
+    with pytest.raises(UserError, match=re.escape(f"--out: '{tmp_path}/linkex' (a link to '{tmp_path}/ex1') already "
+                                                  "holds 'mine.txt'")):
+        Output(tmp_path / "linkex", "--out", "export")
+    (tmp_path / "w.txt").write_text("old")
+    (tmp_path / "wlink").symlink_to("w.txt")  # a file output through a link: the file replaced, the link kept
+    with Output(tmp_path / "wlink", "--out", "weights", file=True, overwrite=True).stage() as stage:
+        stage.tmp.write_text("new")
+        stage.publish()
+    assert (tmp_path / "wlink").is_symlink() and (tmp_path / "w.txt").read_text() == "new"
+
+
+def test_a_link_that_appears_while_the_command_runs_is_not_replaced(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    out = Output(tmp_path / "o", "--out", "export")
+    with out.stage() as stage:
+        _write(stage, {"a.bin": "1"})
+        (tmp_path / "o").symlink_to("elsewhere")
+        with pytest.raises(UserError, match="is now a link .*nothing was published"):
+            stage.publish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "o"] and (tmp_path / "o").is_symlink()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_loop_of_links_is_one_error(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(UserError, match=r"--out: '.*/a'"):
+        Output(tmp_path / "a", "--out", "export")

@@ -132,6 +132,21 @@ def test_each_writer_refuses_what_the_policy_refuses(command, tmp_path, monkeypa
     run_bad(command.script.removeprefix("jobs/"), command.case, tmp_path, monkeypatch, capsys)
 
 
+def _as_empty_folders(case: Bad) -> Bad:
+    """The case with the user's files in the output ("mine") made empty folders of the same names: a
+    folder the command did not write is the user's as much as a file, an empty one included."""
+    files = {name: None if body == "mine" and "/" in name else body for name, body in case.files.items()}
+    return Bad(f"{case.id}-empty-folder", case.argv, case.said, files, case.env, case.setup, case.not_said)
+
+
+FOLDER_WRITERS = [c for c in WRITERS if any(body == "mine" and "/" in name for name, body in c.case.files.items())]
+
+
+@pytest.mark.parametrize("command", [pytest.param(c, id=c.script) for c in FOLDER_WRITERS])
+def test_each_writer_refuses_a_folder_holding_the_users_empty_folder(command, tmp_path, monkeypatch, capsys):
+    run_bad(command.script.removeprefix("jobs/"), _as_empty_folders(command.case), tmp_path, monkeypatch, capsys)
+
+
 def _names_used(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     return ({a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}

@@ -103,6 +103,10 @@ def test_a_store_written_before_records_is_replaced_only_if_it_holds_store_files
                                              "it even with --overwrite"):
             check_target(target, True, "mult")
         (target / mine).unlink()
+    # the folder the last case made stays, empty: a folder no store writer writes is the user's too
+    with pytest.raises(StoreError, match="holds 'train/deep/', which is not part of the store"):
+        check_target(target, True, "mult")
+    (target / "train" / "deep").rmdir()
     with StagedDir(target, True, "mult") as staged:  # the old store replaced whole by a new one
         (staged.tmp / MANIFEST_FILE).write_text('{"kind": "mult", "schema_version": 1}')
         staged.publish()

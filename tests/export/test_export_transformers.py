@@ -183,6 +183,41 @@ def test_an_existing_output_is_kept_and_overwrite_writes_beside_it(tmp_path):
     assert (tmp_path / "missing" / "hf" / "model.safetensors").is_file()
 
 
+def test_an_empty_folder_of_the_users_is_refused_and_with_overwrite_kept(tmp_path):
+    (tmp_path / "out3" / "keepme" / "deeper").mkdir(parents=True)
+    src = from_model(LxmertForPretraining(TINY), "pretrain")
+    with pytest.raises(UserError, match="--out: .* already holds 'keepme/deeper/', which export did not write there; "
+                                        "choose a new or empty folder or pass --overwrite"):
+        export(src, "transformers", tmp_path / "out3")
+    for _ in range(2):  # and again over its own export beside the user's folder
+        export(src, "transformers", tmp_path / "out3", overwrite=True)
+        assert (tmp_path / "out3" / "keepme" / "deeper").is_dir() and (tmp_path / "out3" / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out3"]
+
+
+def test_a_linked_out_is_written_at_the_folder_it_points_to_and_stays_a_link(tmp_path):
+    src = from_model(LxmertForPretraining(TINY), "pretrain")
+    export(src, "transformers", tmp_path / "ex1")
+    first = (tmp_path / "ex1" / "model.safetensors").read_bytes()
+    (tmp_path / "linkex").symlink_to("ex1")
+    result = export(from_model(randomised(LxmertForPretraining(TINY)), "pretrain"), "transformers", tmp_path / "linkex")
+    assert result.out == tmp_path / "ex1" and (tmp_path / "linkex").is_symlink()
+    assert (tmp_path / "ex1" / "model.safetensors").read_bytes() != first  # the new export, at the link's folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ex1", "linkex"]  # nothing left beside them
+
+
+def test_an_out_with_dot_dot_is_the_folder_it_names(tmp_path):
+    (tmp_path / "e4" / "sub").mkdir(parents=True)
+    src = from_model(LxmertForPretraining(TINY), "pretrain")
+    with pytest.raises(UserError, match=r"--out: '.*/e4/sub/\.\.' \(that is '.*/e4'\) already holds 'sub/'"):
+        export(src, "transformers", f"{tmp_path}/e4/sub/..")  # refused before anything is written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e4"] and list((tmp_path / "e4").iterdir()) == [
+        tmp_path / "e4" / "sub"]
+    export(src, "transformers", f"{tmp_path}/e4/sub/..", overwrite=True)
+    assert (tmp_path / "e4" / "model.safetensors").is_file() and list((tmp_path / "e4" / "sub").iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e4"]
+
+
 def test_without_transformers_installed_the_target_is_refused(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` meets when it is absent
     with pytest.raises(UserError, match="--to transformers needs the transformers package"):

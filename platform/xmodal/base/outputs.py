@@ -9,9 +9,13 @@ The policy (`Output`, `Stage`), the same for every command that publishes a fold
 - an output folder must be new, empty, or hold only this command's own earlier output, recognised by the
   record it wrote there (`RECORD`: the command's name and every file it wrote); an output file must not
   exist. `--overwrite` (where the command has it) lets a folder that holds other files be written into,
-  those files kept, and an existing file be replaced;
+  those files kept, and an existing file be replaced. A folder inside it counts as much as a file: an
+  empty one the command did not write is the user's, refused and kept like their files;
 - nothing a command did not write is ever removed: replacing its own earlier output removes only the
   files its record lists;
+- the output's path is resolved when it is checked (`..` and links): `a/sub/..` is `a`, and a link to a
+  folder (or file) is written through, at the place it points to, under the same policy; the link
+  itself is never replaced nor removed;
 - everything is written into a hidden folder (or file) beside the target and published by rename at the
   end, so a reader sees the old output or the new one; a failure removes only what the command made;
 - an `s3://` (or other URI) output is refused with one line by a command that writes locally; the
@@ -174,6 +178,11 @@ def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
     `check`, which raises otherwise) is moved aside first and put back if the rename fails, so
     readers see the old folder or the new one, never a half-written one."""
     old = None
+    if path.is_symlink():
+        # A link is the user's: moving it aside would leave it behind (rmtree refuses links) and put a
+        # folder where it was. `Output` resolves links when made, so one here appeared while the command ran.
+        raise UserError(f"{path}: is now a link (to {os.readlink(path)!r}), not the folder this command checked; "
+                        "nothing was published: run it again")
     if path.exists():
         check()
     if path.is_dir() and not any(path.iterdir()):
@@ -198,16 +207,35 @@ def publish_dir(tmp: Path, path: Path, check: Callable[[], None]) -> None:
 
 
 def files_under(root: Path) -> list[str]:
-    """Every file and link under `root`, as POSIX paths relative to it, sorted; the record left out."""
+    """Every file and link under `root`, and every empty folder as `name/`, as POSIX paths relative to it,
+    sorted; the record left out. An empty folder is listed because it is something someone made: were it
+    left out, a folder the user made and left empty would look free, and replacing the output would
+    remove it. A folder that cannot be read is listed the same way (what it holds is unknown)."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+
+    def unreadable(e: OSError) -> None:
+        if e.filename is not None and Path(e.filename) != root:
+            found.append(Path(e.filename).relative_to(root).as_posix() + "/")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
         rel = Path(dirpath).relative_to(root)
         # a link to a folder is listed as an entry, never followed
         links = [d for d in dirnames if (Path(dirpath) / d).is_symlink()]
         dirnames[:] = sorted(d for d in dirnames if d not in links)
         for name in filenames + links:
             found.append((rel / name).as_posix())
+        if rel != Path(".") and not (filenames or dirnames or links):
+            found.append(rel.as_posix() + "/")
     return sorted(f for f in found if f != RECORD)
+
+
+def folders_of(files: Sequence[str]) -> set[str]:
+    """The folders (as `name/`) that hold the listed files: made by whoever wrote those files."""
+    folders = set()
+    for f in files:
+        parts = f.rstrip("/").split("/")
+        folders.update("/".join(parts[:i]) + "/" for i in range(1, len(parts)))
+    return folders
 
 
 def read_record(folder: Path) -> dict | None:
@@ -232,11 +260,31 @@ def write_record(folder: Path, command: str) -> list[str]:
 
 
 def foreign_entries(folder: Path, command: str) -> list[str]:
-    """The files in `folder` that `command` did not write there by its record: all of them where it left
-    no record (or another command's), none where the folder holds only its own earlier output."""
+    """The files and empty folders (`name/`) in `folder` that `command` did not write there by its record:
+    all of them where it left no record (or another command's), none where the folder holds only its own
+    earlier output. A folder its record's files were written into is its own even when emptied since."""
     record = read_record(folder)
     own = set(record["files"]) if record is not None and record["command"] == command else set()
+    own |= folders_of(sorted(own))
     return [f for f in files_under(folder) if f not in own]
+
+
+def resolved_output(given: Path, text: str, option: str, file: bool) -> tuple[Path, str]:
+    """Where an output checked as `given` really is, and how messages name it. Resolved (`..`, links) so
+    that the stage beside it is beside the real place: unresolved, `e4/sub/..` would be staged inside e4
+    (a foreign file there), and a link would be moved aside and replaced by a folder. A link is written
+    through, under the same policy at the place it points to; the link itself stays as it was."""
+    try:
+        real = given.resolve()
+    except (OSError, RuntimeError) as e:  # a loop of links (RuntimeError before Python 3.13)
+        raise UserError(f"{option}: {text!r} cannot be followed ({e}); expected a {'file' if file else 'folder'} "
+                        "path") from None
+    if real == given:
+        return given, repr(str(given))
+    # the place the link (or `..`) leads to must be writable as well: the parents made there are new
+    (check_writable_file if file else check_writable_dir)(real, option)
+    how = "a link to" if given.is_symlink() else "that is"
+    return real, f"{str(given)!r} ({how} {str(real)!r})"
 
 
 class Output:
@@ -255,13 +303,14 @@ class Output:
             raise UserError(f"{option}: {text!r} is a URI; {command} writes a local {'file' if file else 'folder'} "
                             "only: write it here, then copy it (e.g. with `aws s3 cp`)")
         self.option, self.command, self.file, self.overwrite = option, command, file, overwrite
-        self.path = check_writable_file(text, option) if file else check_writable_dir(text, option)
+        given = check_writable_file(text, option) if file else check_writable_dir(text, option)
+        self.path, self.shown = resolved_output(given, text, option, file)
         self.check()
 
     def _refuse(self, what: str) -> UserError:
         offer = (" or pass --overwrite to replace it" if self.file else
                  " or pass --overwrite to write beside what is there (none of it is removed)")
-        return UserError(f"{self.option}: {str(self.path)!r} {what}; choose a new {'file' if self.file else 'or empty folder'}"
+        return UserError(f"{self.option}: {self.shown} {what}; choose a new {'file' if self.file else 'or empty folder'}"
                          f"{offer if self.overwrite is False else ''}")
 
     def check(self) -> None:
@@ -270,12 +319,12 @@ class Output:
         p = self.path
         if self.file:
             if p.is_dir():
-                raise UserError(f"{self.option}: {str(p)!r} is a folder; expected a file name")
+                raise UserError(f"{self.option}: {self.shown} is a folder; expected a file name")
             if (p.exists() or p.is_symlink()) and not self.overwrite:
                 raise self._refuse("already exists")
             return
         if p.exists() and not p.is_dir():
-            raise UserError(f"{self.option}: {str(p)!r} is a file; expected a folder (or a path where one can be made)")
+            raise UserError(f"{self.option}: {self.shown} is a file; expected a folder (or a path where one can be made)")
         if p.is_dir() and not self.overwrite:
             foreign = foreign_entries(p, self.command)
             if foreign:
@@ -344,9 +393,18 @@ class Stage:
         path = self.output.path
         record = read_record(path)
         old = set(record["files"]) if record is not None and record["command"] == self.output.command else set()
-        for f in sorted(old - set(files)):
-            (path / f).unlink(missing_ok=True)
+        for f in sorted(old - set(files), reverse=True):  # a folder's files before the folder
+            if f.endswith("/"):  # an empty folder it wrote: removed only while still empty
+                try:
+                    (path / f).rmdir()
+                except OSError:
+                    pass
+            else:
+                (path / f).unlink(missing_ok=True)
         for f in files + [RECORD]:
+            if f.endswith("/"):  # an empty folder of its output: made (one of the user's may stand there)
+                (path / f).mkdir(parents=True, exist_ok=True)
+                continue
             (path / f).parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.tmp / f, path / f)
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -73,11 +73,16 @@ def from_checkpoint(path: str | Path, key: str = "--checkpoint", run_id: str | N
     """A checkpoint folder (`core/checkpoint.py`: model.pt, meta.json; `best_model.pt` when the job
     selects on validation) or, with `run_id`, the downloaded `model` artifact folder of that run (its
     final checkpoint: a selecting job's must hold the selected weights)."""
+    if not str(path).strip():  # resolved, '' would be the working folder, and the error would name that
+        raise SourceError(f"{key}: {str(path)!r} is empty; expected a checkpoint folder (model.pt + meta.json)")
     check_local_input(str(path), key, "a checkpoint folder on this machine; a run's model in MLflow is --run-id or "
                       "--logged-model")
     p = Path(path).expanduser().resolve()
     if not p.exists():
         raise SourceError(f"{key}: {str(p)!r} does not exist")
+    if p.is_file() and p.name != ckpt.MODEL_FILE:  # a checkpoint's own model.pt names its folder
+        raise SourceError(f"{key}: {str(p)!r} is a file; expected a checkpoint folder (model.pt + meta.json), "
+                          "e.g. runs/NAME/checkpoint_...")
     folder = checkpoint_files(p, key)
     meta_file = folder / ckpt.META_FILE
     try:
