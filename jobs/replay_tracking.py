@@ -3,8 +3,9 @@
     python jobs/replay_tracking.py FILE [--tracking-uri URI]
 
 FILE is the `mlflow_unlogged.jsonl` the run named when it ended (by default under
-`<scale.storage_path>/<run name>/`). Replaying is idempotent: metric values the run already has are
-skipped. The file is renamed to `FILE.replayed` once everything in it is logged.
+`<scale.storage_path>/<run name>/`). The whole file is checked before anything is sent. Metric values
+the run already has are skipped, so a replay that stopped halfway can be run again. The file is renamed
+to `FILE.replayed` once everything in it is logged; a `*.replayed` file is refused (replayed already).
 """
 
 import argparse
@@ -24,8 +25,8 @@ def main(argv: list[str]) -> int:
 
         s = tracking.replay(args.file, args.tracking_uri)
         print(f"[xmodal] replayed into run(s) {', '.join(s.runs)}: {s.metrics_logged} metric values logged, "
-              f"{s.metrics_skipped} already there, {s.artifacts} artifacts, {s.terminated} status(es); "
-              f"file renamed to {s.path}")
+              f"{s.metrics_skipped} already there, {s.artifacts} artifacts, {s.tags} tag record(s), "
+              f"{s.terminated} status(es); file renamed to {s.path}")
 
     return user_errors(go)
 

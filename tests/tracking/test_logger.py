@@ -155,11 +155,18 @@ def test_server_that_never_returns_spools_and_replay_completes_the_run(server, t
     assert tracking.metric_history(server.uri, run_id, "final/acc") == [(7, 0.5)]
     run = tracking.get_run(server.uri, run_id)
     assert run.status == "FINISHED" and tracking.list_artifacts(server.uri, run_id, "model") == ["model/model.pt"]
-    # Again, through the command line: nothing new.
+    # Again, through the command line: the replayed file is refused (its terminated record would end the
+    # run again); renamed back, it replays with nothing new.
+    end_time = run.end_time
     out = subprocess.run([sys.executable, str(REPO / "jobs" / "replay_tracking.py"), str(summary.path)],
                          capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"{summary.path}: already replayed" in out.stderr, out.stderr
+    assert tracking.get_run(server.uri, run_id).end_time == end_time and summary.path.exists()
+    summary.path.rename(spool)
+    out = subprocess.run([sys.executable, str(REPO / "jobs" / "replay_tracking.py"), str(spool)],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "0 metric values logged, 8 already there" in out.stdout
+    assert "0 metric values logged, 8 already there" in out.stdout and f"file renamed to {summary.path}" in out.stdout
     assert loss_steps(server.uri, run_id) == list(range(1, 8))
 
 

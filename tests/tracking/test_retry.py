@@ -44,3 +44,36 @@ def test_a_server_never_reached_that_refuses_fails_at_once(tmp_path):
     assert time.monotonic() - t0 < tracking.WAIT_S / 10
     assert str(e.value).startswith(f"MLflow at {uri} (opening experiment 'e'): nothing listens there (")
     assert "mlflow.tracking_uri" in str(e.value)
+
+
+def test_a_value_mlflow_cannot_take_fails_at_once_and_an_outage_is_still_waited_for(tmp_path, mlflow_template):
+    """A step past 64 bits (SQLite: "Python int too large") and an artifact folder outside the run
+    (MLflow's "Invalid artifact path", code INTERNAL_ERROR) are the request's fault: raised at once, not
+    waited on for mlflow.outage_wait_s and then blamed on a lock. A locked database and a server away
+    (the same code INTERNAL_ERROR) are still waited for."""
+    import shutil
+
+    from mlflow.exceptions import MlflowException
+
+    from xmodal.tracking.retry import _permanent
+
+    shutil.copyfile(mlflow_template, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = tracking.create_run(uri, tracking.ensure_experiment(uri, "e"), "r", {}, {})
+    (tmp_path / "a.txt").write_text("a")
+    tracking.set_outage_wait(uri, 60)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(MlflowException, match="Python int too large to convert to SQLite INTEGER"):
+            tracking.log_metrics(uri, run_id, {"a": 1.0}, step=2 ** 70)
+        with pytest.raises(MlflowException, match="Invalid artifact path: '../../evil'"):
+            tracking.log_artifact(uri, run_id, tmp_path / "a.txt", "../../evil")
+        assert time.monotonic() - t0 < 30
+    finally:
+        tracking.set_outage_wait(uri, tracking.WAIT_S)
+    # what a lock and a server away raise, word for word (a real lock costs SQLite's 20 s busy timeout)
+    for away in (MlflowException("(sqlite3.OperationalError) database is locked\n[SQL: SELECT runs.run_uuid]"),
+                 MlflowException("API request to http://127.0.0.1:5000/api/2.0/mlflow/runs/log-batch failed with "
+                                 "exception HTTPConnectionPool(host='127.0.0.1', port=5000): Max retries exceeded"),
+                 ConnectionRefusedError(111, "Connection refused")):
+        assert not _permanent(away), away

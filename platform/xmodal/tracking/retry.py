@@ -86,8 +86,14 @@ _PERMANENT_CODES = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIS
                               "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED", "UNAUTHENTICATED",
                               "ENDPOINT_NOT_FOUND", "FEATURE_DISABLED", "NOT_FOUND"})
 # SQLite's errors that no wait mends (everything else from SQLite, "database is locked" first, is retried).
+# "int too large" is the value itself (a step or timestamp past 64 bits): sqlite3 says it before the
+# database is touched, so a lock or an outage never reads so.
 _PERMANENT_SQLITE = ("file is not a database", "database disk image is malformed", "unable to open database file",
-                     "out-of-date database schema")
+                     "out-of-date database schema", "Python int too large to convert to SQLite INTEGER")
+# MLflow's own check of an artifact folder, made in this process before any upload (its artifact
+# repositories' verify_artifact_path), under the code INTERNAL_ERROR, which an outage uses too: so the
+# message, which nothing else writes, not the code.
+_PERMANENT_MESSAGES = ("Invalid artifact path: ",)
 
 
 def _permanent(e: Exception) -> bool:
@@ -95,7 +101,7 @@ def _permanent(e: Exception) -> bool:
     if getattr(e, "error_code", None) in _PERMANENT_CODES:
         return True
     text = str(e)
-    return any(m in text for m in _PERMANENT_SQLITE)
+    return any(m in text for m in _PERMANENT_SQLITE) or text.startswith(_PERMANENT_MESSAGES)
 
 
 def _retried(uri: str, what: Callable[[], Any], pause: Callable[[float], bool]) -> tuple[bool, Any]:
