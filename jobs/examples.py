@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
         from xmodal import tracking
         from xmodal.examples import make_examples
 
-        uri = tracking.resolve_tracking_uri(args.tracking_uri)
+        uri = tracking.resolve_tracking_uri(args.tracking_uri, "--tracking-uri")
         built = make_examples(uri, args.run_id, args.split, args.examples, args.compare, args.out, args.overwrite,
                               args.log)
         print(f"[xmodal] {built.line}")

@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
 
         # before MLflow is opened: the default folder is checked once the sweep's name is known
         out = report_output(args.out, args.overwrite) if args.out is not None else None
-        uri = tracking.resolve_tracking_uri(args.tracking_uri)
+        uri = tracking.resolve_tracking_uri(args.tracking_uri, "--tracking-uri")
         rep = make_report(uri, experiment=args.experiment, parent_run_id=args.parent_run, out_dir=out,
                           metric=args.metric, log=not args.no_log, baseline=baseline, overwrite=args.overwrite,
                           mode=args.mode)

@@ -54,7 +54,7 @@ def checked(args: argparse.Namespace):
     at_least(args, 1, "repeats", "threads")
     folder_arg("--out", args.out)
     folder_arg("--work", args.work)  # (the scratch under it is made by `begin`, after these checks)
-    r = resolve(tracking.resolve_tracking_uri(args.tracking_uri), args.run_id, "--run-id")
+    r = resolve(tracking.resolve_tracking_uri(args.tracking_uri, "--tracking-uri"), args.run_id, "--run-id")
     if r.kind != "finetune":
         raise ExamplesError(f"--run-id: run {r.run_id!r} is {KINDS[r.kind].what}; this benchmark measures a "
                             "fine-tuning run's pages against its evaluation: expected a fine-tuning run")

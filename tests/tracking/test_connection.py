@@ -9,9 +9,20 @@ import pytest
 from xmodal import tracking
 
 
-def test_bad_tracking_uri_is_explained():
-    with pytest.raises(ValueError, match="mlflow.tracking_uri 'mlflow.db'"):
+def test_bad_tracking_uri_is_explained_naming_where_it_came_from(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(ValueError, match="mlflow.tracking_uri: 'mlflow.db' has no scheme; expected sqlite:///PATH "
+                                         r"\(a database file: sqlite:///mlflow.db\)"):
         tracking.resolve_tracking_uri("mlflow.db")
+    with pytest.raises(ValueError, match="--tracking-uri: 'sqlite://' is not a SQLite database file"):
+        tracking.resolve_tracking_uri("sqlite://", "--tracking-uri")
+    # an empty flag would fall back on another database than the one named; an empty config key is unset
+    with pytest.raises(ValueError, match="--tracking-uri: '' is empty"):
+        tracking.resolve_tracking_uri("", "--tracking-uri")
+    assert tracking.resolve_tracking_uri("").endswith("/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "runs.db")  # the environment's value is named as such
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI: 'runs.db' has no scheme"):
+        tracking.resolve_tracking_uri(None, "--tracking-uri")
 
 
 def test_a_sqlite_experiment_keeps_its_artifacts_beside_the_database(tmp_path, monkeypatch):

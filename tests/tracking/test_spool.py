@@ -165,6 +165,9 @@ def test_replay_into_a_file_that_is_not_an_mlflow_database_leaves_it_alone(tmp_p
             tracking.replay(f)
         with pytest.raises(UserError, match=f"{name}: {message}"):
             tracking.replay(f, uri)
+    # an empty --tracking-uri is refused: taken for none, the records would go to the stores they name
+    with pytest.raises(UserError, match="--tracking-uri: '' is empty"):
+        tracking.replay(f, "")
     assert (tmp_path / "empty.db").read_bytes() == b"" and f.exists()
     with sqlite3.connect(tmp_path / "other.db") as db:
         assert [r[0] for r in db.execute("select name from sqlite_master")] == ["notes"]

@@ -256,24 +256,6 @@ def export_output(out: str | Path, overwrite: bool) -> Output:
     return Output(out, "--out", "export", overwrite=overwrite)
 
 
-def tracking_option(uri: str | None) -> str | None:
-    """`--tracking-uri` as given, checked here so that its errors name the option: the shared resolver
-    (`tracking.resolve_tracking_uri`) names the config key `mlflow.tracking_uri`, and takes an empty value
-    for none (falling back on $MLFLOW_TRACKING_URI or ./mlflow.db: another database than the one named)."""
-    if uri is None:
-        return None
-    if not uri.strip():
-        raise ExportError(f"--tracking-uri: {uri!r} is empty; expected an MLflow URI such as sqlite:///PATH or "
-                          "http(s)://HOST:PORT (or leave the option out: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
-    if "://" not in uri:
-        raise ExportError(f"--tracking-uri: {uri!r} has no scheme; expected sqlite:///PATH (a database file: "
-                          f"sqlite:///{uri}), http(s)://HOST:PORT or another MLflow URI")
-    if uri.startswith("sqlite:") and not uri.startswith("sqlite:///"):  # `sqlite://`: a database in memory
-        raise ExportError(f"--tracking-uri: {uri!r} is not a SQLite database file; expected sqlite:///RELATIVE/PATH "
-                          "or sqlite:////ABSOLUTE/PATH")
-    return uri
-
-
 def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str | None = None,
                logged_model: str | None = None, tracking_uri: str | None = None, overwrite: bool = False
                ) -> ExportResult:
@@ -289,13 +271,14 @@ def run_export(to: str, out: str, *, run_id: str | None = None, checkpoint: str 
         raise ExportError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
     if logged_model is not None and not logged_model.startswith(("models:/", "runs:/")):
         raise ExportError(f"--logged-model {logged_model!r}: expected models:/MODEL_ID or runs:/RUN_ID/final_model")
-    tracking_uri = tracking_option(tracking_uri)
+    # before any work, named as the option; a checkpoint needs no store unless one is named
+    uri = tracking.resolve_tracking_uri(tracking_uri, "--tracking-uri") \
+        if checkpoint is None or tracking_uri is not None else None
     output = export_output(out, overwrite)
     with tempfile.TemporaryDirectory(prefix="xmodal-export-") as work:
         if checkpoint is not None:
             source = from_checkpoint(checkpoint)
         else:
-            uri = tracking.resolve_tracking_uri(tracking_uri)
             tracking.check_existing_store(uri)  # reading never creates a database
             source = (from_run(uri, run_id, Path(work)) if run_id is not None
                       else from_logged_model(uri, logged_model, Path(work)))

@@ -29,17 +29,23 @@ def _mlflow():
     return mlflow
 
 
-def resolve_tracking_uri(uri: str | None) -> str:
+def resolve_tracking_uri(uri: str | None, option: str = "mlflow.tracking_uri") -> str:
     """Explicit config > $MLFLOW_TRACKING_URI > ./mlflow.db. Relative SQLite paths become absolute,
-    because Train workers run in a Ray session folder, not the job's working directory."""
+    because Train workers run in a Ray session folder, not the job's working directory. `option`: how
+    the explicit value was given (the config key, or a command's `--tracking-uri`), which errors name.
+    An empty flag is an error: taken for none, it would fall back on another database than the one named."""
+    if option.startswith("--") and uri is not None and not uri.strip():
+        raise UserError(f"{option}: {uri!r} is empty; expected an MLflow URI such as sqlite:///PATH or "
+                        "http(s)://HOST:PORT (or leave the option out: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    named = option if uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else option
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
     elif "://" not in uri:
-        raise UserError(f"mlflow.tracking_uri {uri!r}: expected sqlite:///PATH, http(s)://HOST:PORT or another "
-                         "MLflow URI scheme")
+        raise UserError(f"{named}: {uri!r} has no scheme; expected sqlite:///PATH (a database file: sqlite:///{uri}), "
+                        "http(s)://HOST:PORT or another MLflow URI scheme")
     elif uri.startswith("sqlite:") and not uri.startswith("sqlite:///"):  # `sqlite://`: a database in memory
-        raise UserError(f"mlflow.tracking_uri {uri!r}: a SQLite URI is sqlite:///RELATIVE/PATH or "
+        raise UserError(f"{named}: {uri!r} is not a SQLite database file; expected sqlite:///RELATIVE/PATH or "
                         "sqlite:////ABSOLUTE/PATH")
     return uri
 

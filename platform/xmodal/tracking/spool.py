@@ -226,7 +226,8 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> ReplaySummary:
     records = read_spool(path)  # the whole file checked before anything is sent
     # the file's new name is an output: never over another (an earlier replay's file, kept)
     done = Output(p.with_name(p.name + ".replayed"), "FILE", "replay", file=True, overwrite=None)
-    uri_of = {r["uri"]: resolve_tracking_uri(tracking_uri) if tracking_uri else r["uri"] for r in records}
+    uri_of = {r["uri"]: resolve_tracking_uri(tracking_uri, "--tracking-uri") if tracking_uri is not None
+              else r["uri"] for r in records}
     for uri in dict.fromkeys(uri_of.values()):
         if uri.startswith(("http://", "https://")) and not reachable(uri):
             raise UserError(f"{p}: MLflow at {uri} is unreachable; start it (or pass --tracking-uri) and replay again")
