@@ -289,3 +289,19 @@ def test_a_reference_snapshot_fixes_the_architecture_and_loads_through_the_adapt
     assert line == f"encoder from reference {tmp_path / 'model_LXRT.pth'}"
     want = src.encoder.state_dict()
     assert all(torch.equal(v, want[k]) for k, v in objective.model.encoder.state_dict().items())
+
+
+@pytest.mark.parametrize("task", ["vqa", "gqa", "nlvr2"])
+def test_every_task_builds_its_set_on_the_embedded_stores_corpus(task, tmp_path):
+    """`jobs/finetune.py --task T` with no store builds T's set on the embedded store: its statements must
+    fit that corpus's vocabulary and max_seq_len (16). NLVR2's "... in both images" took 17 tokens there,
+    so the documented `--task nlvr2` failed on the default data. Fewer images, the same corpus rules."""
+    import dataclasses
+
+    from xmodal.data.finetune.synthetic import ensure_synthetic_finetune
+    from xmodal.jobs.pretrain_config import embedded_lxmert_store
+
+    options = dataclasses.replace(embedded_lxmert_store(), num_images=400)
+    store = build_synthetic_store(tmp_path / "images", options)
+    made = ensure_synthetic_finetune(task, store.path, tmp_path / task)
+    assert open_finetune(made.path).task == task and len(open_finetune(made.path).split("train")) > 0

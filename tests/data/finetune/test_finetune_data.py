@@ -394,7 +394,7 @@ def test_synthetic_vqa_oracle_is_perfect_and_text_alone_is_near_chance(syn_vqa, 
 def _nlvr2_truth(text: str, imgs, classes, colours, store_images) -> tuple[bool, str, tuple]:
     """(label from the store's true labels, template, what one image tells: per image)."""
     counts = {"a": 1, "two": 2, "three": 3, "four": 4}
-    if m := re.fullmatch(r"there is a (\w+) (\w+) in both images", text):
+    if m := re.fullmatch(r"there is a (\w+) (\w+) in both", text):
         c, col = classes[m[2]], colours.index(m[1])
         has = tuple(col in _facts(store_images, i, c)[1] for i in imgs)
         return all(has), "both", has

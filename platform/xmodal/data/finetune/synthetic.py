@@ -30,7 +30,7 @@ synthetic NLVR2: a statement about a pair of images, with `pairs_per_statement` 
 statement, half true and half false, identifiers "split-statement-pair-0" (NLVR2's
 "split-set_id-pair_id-sentence_id"; consistency = all pairs of one statement right). Templates, equally
 likely, each true only by looking at BOTH images:
-- both   "there is a red cube in both images": true pairs both hold a red cube group; false pairs
+- both   "there is a red cube in both": true pairs both hold a red cube group; false pairs
          exactly one does (the other often holds a cube of another colour);
 - total  "there are three cubes in total": both images hold 1..t-1 cubes; true iff the counts add
          up to t (t = 3 or 4: the store's vocabulary has no number words above four, and t = 2 could
@@ -283,7 +283,7 @@ def _both(f: ImageFacts, rng: np.random.Generator, anchor: int, c: int, p: int):
         return None
     true = [tuple(int(x) for x in rng.choice(s, 2, replace=False)) for _ in range(p)]
     false = [_swap(rng, int(rng.choice(s)), _pick(rng, near, not_s)) for _ in range(p)]
-    return f"there is a {f.colour_names[col]} {f.class_names[c]} in both images", true, false
+    return f"there is a {f.colour_names[col]} {f.class_names[c]} in both", true, false
 
 
 def _total(f: ImageFacts, rng: np.random.Generator, anchor: int, c: int, p: int):
