@@ -239,6 +239,9 @@ def read_state_dict_file(path: str | os.PathLike) -> dict[str, Tensor]:
         # torch's whole reason on one line: for a file that needs code to load, it names the blocked
         # global (e.g. `posix.system`), which is what tells a malicious file from a foreign one.
         reason = " ".join(str(e).split())
+        # ...but not its advice to rerun with weights_only=False, which would run a foreign file's code
+        found = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation of torch\.load.*)?$", reason)
+        reason = found.group(1) if found else reason
         raise PretrainedWeightsError(f"{path}: not a torch state dict file ({type(e).__name__}: {reason}); "
                                      "expected a file written by torch.save(model.state_dict())") from None
     if not isinstance(obj, Mapping) or not obj \
