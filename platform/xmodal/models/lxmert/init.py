@@ -224,6 +224,17 @@ class ReferenceWeights:
     head: str | None
 
 
+def _without_advice(reason: str) -> str:
+    """torch's reason for refusing a file, less its advice to rerun with weights_only=False (which would
+    run a foreign file's code) and its pointers to the docs and the issue tracker."""
+    found = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation of torch\.load.*)?$", reason)
+    if found:
+        return found.group(1)
+    advice = r"weights_only|Weights only load failed|trusted source|file an issue|documentation of torch\.load"
+    kept = [s for s in re.split(r"(?<=\.) ", reason) if not re.search(advice, s)]
+    return " ".join(kept) or "torch's weights-only loader refused it"
+
+
 def read_state_dict_file(path: str | os.PathLike) -> dict[str, Tensor]:
     """A file written by `torch.save(state_dict)`, read with `weights_only=True` (no code runs).
 
@@ -239,9 +250,7 @@ def read_state_dict_file(path: str | os.PathLike) -> dict[str, Tensor]:
         # torch's whole reason on one line: for a file that needs code to load, it names the blocked
         # global (e.g. `posix.system`), which is what tells a malicious file from a foreign one.
         reason = " ".join(str(e).split())
-        # ...but not its advice to rerun with weights_only=False, which would run a foreign file's code
-        found = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation of torch\.load.*)?$", reason)
-        reason = found.group(1) if found else reason
+        reason = _without_advice(reason)
         raise PretrainedWeightsError(f"{path}: not a torch state dict file ({type(e).__name__}: {reason}); "
                                      "expected a file written by torch.save(model.state_dict())") from None
     if not isinstance(obj, Mapping) or not obj \
