@@ -52,6 +52,35 @@ PRETRAIN = [
     Bad("text-flags-that-look-like-numbers", ["--run-name", "2024", "--experiment", "1e3", "--register", "7", *sets(
         "train.epochs=0")], ["train.epochs = 0"],
         not_said=["mlflow.run_name =", "mlflow.experiment =", "mlflow.registered_model ="]),
+    # a flag is `--set KEY=...`: beside a --set of its key, one of them would be dropped
+    Bad("seed-flag-and-set", ["--seed", "2", *sets("train.seed=1")],
+        ["--seed 2 and --set train.seed=1 both set train.seed", "expected one of them"]),
+    Bad("run-name-flag-and-set", sets("mlflow.run_name=a") + ["--run-name", "b"],
+        ["--run-name b", "--set mlflow.run_name=a", "both set mlflow.run_name"]),
+    Bad("storage-path-flag-and-set", ["--storage-path", "x", *sets("scale.storage_path=y")],
+        ["--storage-path x", "--set scale.storage_path=y", "both set scale.storage_path"]),
+    Bad("workers-flag-and-set-of-the-section", ["--num-workers", "2", *sets("scale={num_workers: 1}")],
+        ["--num-workers 2", "scale={num_workers: 1}", "both set scale.num_workers", "sets all of scale"]),
+    Bad("recipe-flag-and-set", ["--recipe", "lxmert-pretrain", *sets("recipe=lxmert-pretrain")],
+        ["--recipe lxmert-pretrain", "--set recipe=lxmert-pretrain", "both set recipe"]),
+    # a key twice in --set: the first value (bad or not) would be thrown away
+    Bad("set-key-twice", sets("train.max_steps=0", "train.max_steps=2"),
+        ["--set train.max_steps=0 and --set train.max_steps=2 both set train.max_steps", "expected each key once"]),
+    Bad("set-key-then-its-section", sets("train.epochs=1", "train={}"),
+        ["--set train.epochs=1", "train={}", "both set train.epochs", "sets all of train", "each key once"]),
+    Bad("set-section-then-its-key", sets("optim={lr: 0.1}", "optim.lr=0.2"),
+        ["optim={lr: 0.1}", "--set optim.lr=0.2", "both set optim.lr", "each key once"]),
+    Bad("set-list-then-an-item", sets("train.fail_at_step=[3]", "train.fail_at_step.0=4"),
+        ["both set train.fail_at_step.0"]),
+    # another layer is no conflict: --set over --config, --set over the recipe (only the bad value is named)
+    Bad("set-over-config-and-recipe", [CONFIG, "c.yaml", "--recipe", "lxmert-pretrain",
+                                       *sets("train.epochs=3", "train.batch_size=0")],
+        ["train.batch_size = 0"], files={"c.yaml": "train:\n  epochs: 2\n"}, not_said=["both set"]),
+    Bad("run-name-spaces", ["--run-name", " "], ["mlflow.run_name", "' '", "non-empty name"]),
+    Bad("run-name-trailing-space", ["--run-name", "run "], ["mlflow.run_name", "'run '", "trailing spaces"]),
+    Bad("experiment-spaces", ["--experiment", "  "], ["mlflow.experiment", "'  '", "non-empty name"]),
+    Bad("run-name-spaces-in-a-file", [CONFIG, "c.yaml"], ["c.yaml", "mlflow.run_name", "' '"],
+        files={"c.yaml": "mlflow:\n  run_name: ' '\n"}),
 ]
 
 FINETUNE = [
@@ -85,6 +114,12 @@ FINETUNE = [
     Bad("robust-seed-text", sets("robust.seed=abc"), ["robust.seed = 'abc'", "an integer"]),
     Bad("init-run-id-of-digits-is-text", ["--init", "run", "--init-run-id", "0123e4", *sets("train.epochs=0")],
         ["train.epochs = 0"], not_said=["init.run_id ="]),
+    Bad("store-flag-and-set", ["--store", "a", *sets("data.store=b")],
+        ["--store a and --set data.store=b both set data.store", "expected one of them"]),
+    Bad("init-flag-and-set", ["--init", "scratch", *sets("init.source=latest")],
+        ["--init scratch", "--set init.source=latest", "both set init.source"]),
+    Bad("task-twice-in-set", sets("task=vqa", "task=gqa"), ["--set task=vqa and --set task=gqa", "each key once"]),
+    Bad("run-name-spaces", ["--run-name", "\t"], ["mlflow.run_name", "'\\t'", "non-empty name"]),
 ]
 
 MULT = [
@@ -112,6 +147,12 @@ MULT = [
     Bad("preset-of-another-job", sets("preset=paper"), ["preset", "'paper'", "'paper_mosei'"]),
     Bad("config-unknown-key-in-model", [CONFIG, "c.yaml"], ["c.yaml", "model.dimension", "unknown key"],
         files={"c.yaml": "model:\n  dimension: 40\n"}),
+    Bad("seeds-set-and-flag", [*sets("seeds=[1,2]"), "--seeds", "3,4"],
+        ["--seeds 3,4", "--set 'seeds=[1,2]'", "both set seeds", "expected one of them"]),
+    Bad("seeds-twice-in-set", sets("seeds=[1]", "seeds=[2]"), ["both set seeds", "each key once"]),
+    Bad("workers-flag-and-set", ["--num-workers", "2", *sets("scale.num_workers=1")],
+        ["--num-workers 2 and --set scale.num_workers=1 both set scale.num_workers"]),
+    Bad("run-name-spaces", ["--run-name", " "], ["mlflow.run_name", "' '", "non-empty name"]),
 ]
 
 

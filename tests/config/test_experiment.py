@@ -1,8 +1,9 @@
+import json
 import re
 
 import pytest
 
-from xmodal.config.experiment import ConfigError, apply_overrides, flatten, load_config
+from xmodal.config.experiment import ConfigError, apply_overrides, check_each_key_once, flatten, load_config
 from xmodal.config.yaml_files import load_yaml
 from xmodal.jobs.pretrain_config import PretrainConfig
 
@@ -99,6 +100,39 @@ def test_override_syntax_errors():
         apply_overrides({}, ["train.epochs"])
     with pytest.raises(ConfigError, match="is a value, not a section"):
         apply_overrides({"preset": "tiny"}, ["preset.x=1"])
+
+
+@pytest.mark.parametrize("given, expected", [
+    ([("--seed 2", "train.seed=2"), ("--set train.seed=1", "train.seed=1")],
+     "--seed 2 and --set train.seed=1 both set train.seed; expected one of them"),
+    ([("--set a.b=0", "a.b=0"), ("--set a.b=2", "a.b=2")], "--set a.b=0 and --set a.b=2 both set a.b; expected each key once"),
+    ([("--set a.b=1", "a.b=1"), ("--set a={}", "a={}")],
+     "--set a.b=1 and --set a={} both set a.b (--set a={} sets all of a); expected each key once"),
+    ([("--set a={}", "a={}"), ("--set  a.b.c =1", " a.b.c =1")], "both set a.b.c (--set a={} sets all of a)"),
+])
+def test_a_key_set_twice_in_one_layer_is_refused_naming_both(given, expected):
+    with pytest.raises(ConfigError) as e:
+        check_each_key_once(given)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_distinct_keys_and_their_siblings_are_no_conflict():
+    check_each_key_once([(f"--set {s}", s) for s in ("train.epoch=1", "train.epochs=2", "trains=3", "preset=tiny",
+                                                     "model.hidden_size=8")])
+
+
+def test_a_set_wins_over_the_file_as_before(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  epochs: 2\n")
+    assert load_config(PretrainConfig, f, ["train.epochs=3"]).train.epochs == 3
+
+
+@pytest.mark.parametrize("key", ["mlflow.run_name", "mlflow.experiment"])
+@pytest.mark.parametrize("name", [" ", "\t", "run ", " run"])
+def test_names_of_spaces_or_with_spaces_around_are_refused(key, name):
+    with pytest.raises(ConfigError) as e:
+        load_config(PretrainConfig, overrides=[f"{key}={json.dumps(name)}"])
+    assert f"{key}: got {name!r}; expected a non-empty name without leading or trailing spaces" in str(e.value)
 
 
 def test_flatten_gives_dotted_params():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from xmodal.base.commands import add_verbose, setup_console, user_errors
 
@@ -34,6 +35,11 @@ def recipes_help(job: str) -> str:
             "beside a recipe wins, and the run's banner and MLflow params say so.\n\n" + describe(job))
 
 
+def shown(arg: str) -> str:
+    """A command-line argument as the user would type it again (quoted where the shell needs it), on one line."""
+    return shlex.quote(arg) if arg.isprintable() else repr(arg)
+
+
 def end_of_run_pages(plan, folder, data) -> bool:
     """A training run's example pages, logged into it before it ends (`engine.AfterRun`):
     `examples.end_of_run_pages`, imported only when a run ends (it loads torch and Pillow)."""
@@ -47,7 +53,7 @@ def job_main(argv: list[str], *, job: str, doc: str | None,
     """The shared command line of the training jobs: --config, --set and the JOB_FLAGS shortcuts
     (plus `extra`: flag -> (dotted key, value template, help)), validated into the job's config
     class and run by the engine. Bad input is reported as one clear line and exit code 2."""
-    from xmodal.config.experiment import load_config
+    from xmodal.config.experiment import check_each_key_once, load_config
     from xmodal.jobs.registry import job_spec
     from xmodal.runner.engine import run_job
 
@@ -65,11 +71,16 @@ def job_main(argv: list[str], *, job: str, doc: str | None,
     setup_console(args.verbose)
     # A flag's value is read as YAML like a --set value (--num-workers 2 is the integer 2), except a flag
     # of text (a name, a path, a run id), taken as written: --run-name 2024 is the name '2024'.
-    overrides = [f"{key}={json.dumps(value) if flag in TEXT_FLAGS else template.format(value)}"
-                 for flag, (key, template, _) in flags.items() if (value := getattr(args, flag)) is not None]
+    given = [(f"--{flag.replace('_', '-')} {shown(value)}",
+              f"{key}={json.dumps(value) if flag in TEXT_FLAGS else template.format(value)}")
+             for flag, (key, template, _) in flags.items() if (value := getattr(args, flag)) is not None]
+    given += [(f"--set {shown(item)}", item) for item in args.set]
 
     def go() -> None:
-        cfg = load_config(spec.config_class, args.config, overrides + args.set)
+        # The flags and --set are one layer over --config (and a recipe): a key set twice in it is refused,
+        # not left to the last one.
+        check_each_key_once(given)
+        cfg = load_config(spec.config_class, args.config, [item for _, item in given])
         run_job(spec, cfg, source=args.config or "defaults", after_run=end_of_run_pages)
 
     return user_errors(go)

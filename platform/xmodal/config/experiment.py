@@ -151,6 +151,14 @@ class MlflowConfig(Section):
     # (`jobs/sweep.py --register NAME`, alias `best`).
     registered_model: str | None = Field(None, pattern=MODEL_NAME_RE)
 
+    @field_validator("experiment", "run_name")
+    @classmethod
+    def _trimmed(cls, name: str | None) -> str | None:
+        # ' ' or 'run ' would name an MLflow run (and a folder) that looks unnamed or like another's.
+        if name and name.strip() != name:
+            raise ValueError(f"got {name!r}; expected a non-empty name without leading or trailing spaces")
+        return name
+
     @field_validator("run_name")
     @classmethod
     def _folder_name(cls, name: str | None) -> str | None:
@@ -492,6 +500,24 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         path, value = parse_override(item)
         data = set_dotted(data, ".".join(path), value, "--set ", ConfigError)
     return data
+
+
+def check_each_key_once(given: list[tuple[str, str]]) -> None:
+    """Refuse two overrides of one layer (`given`: (how the user wrote it, KEY=VALUE)) that set the same
+    key, or a section and a key inside it: applied in order, the later would silently throw the earlier
+    away (a flag is an override too: `--seed 2 --set train.seed=1`)."""
+    seen: list[tuple[str, list[str], bool]] = []  # (as written, key path, from --set)
+    for shown, item in given:
+        path, from_set = parse_override(item)[0], shown.startswith("--set ")
+        for before, other, other_set in seen:
+            n = min(len(path), len(other))
+            if path[:n] == other[:n]:
+                inner, outer = (path, other) if len(path) >= len(other) else (other, path)
+                whole = "" if inner == outer else f" ({before if outer is other else shown} sets all of " \
+                                                  f"{'.'.join(outer)})"
+                expected = "each key once" if from_set and other_set else "one of them"
+                raise ConfigError(f"{before} and {shown} both set {'.'.join(inner)}{whole}; expected {expected}")
+        seen.append((shown, path, from_set))
 
 
 def read_yaml(path: str | Path) -> dict:
