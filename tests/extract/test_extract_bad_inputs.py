@@ -92,6 +92,8 @@ def user(tmp_path) -> Path:
     for n in ("a.jpg", "a.png"):
         cv2.imwrite(str(tmp_path / "dup" / n), np.zeros((8, 8, 3), np.uint8))
     (tmp_path / "stray.json").write_text(json.dumps({"a.jpg": "a", "zzz.jpg": "z"}))
+    (tmp_path / "twice.json").write_text('{"a.jpg": "A", "a.jpg": "B"}')
+    (tmp_path / "both.json").write_text(json.dumps({"a.jpg": "A", str(imgs / "a.jpg"): "B"}))
     (tmp_path / "list.txt").write_text("imgs/a.jpg\nimgs/gone.jpg\n")
     (tmp_path / "feats.tsv").write_text("written before\n")
     tsv_file(tmp_path / "ref.tsv", ["x", "y"])
@@ -115,6 +117,10 @@ def cases(u: Path) -> dict[str, tuple[list, str]]:
         "ids not strings": ([imgs, o, *TINY, "--ids", u / "outside.json"], "entry 'a': expected an img_id string"),
         "ids naming no image": ([imgs, o, *TINY, "--ids", u / "stray.json"], "1 entry names no image of IMAGES, e.g. "
                                 "'zzz.jpg'"),
+        "ids giving a path twice": ([imgs, o, *TINY, "--ids", u / "twice.json"], f"--ids {u / 'twice.json'}: path "
+                                    "'a.jpg' is given twice (ids 'A' and 'B')"),
+        "ids naming an image twice": ([imgs, o, *TINY, "--ids", u / "both.json"], f"image {imgs / 'a.jpg'} is given two "
+                                      f"ids by two entries: 'a.jpg' -> 'A' and '{imgs / 'a.jpg'}' -> 'B'"),
         "bad boxes": ([imgs, o, *TINY, "--boxes", "50-10"], "--boxes '50-10': expected 1 <= MIN <= MAX <= 1000"),
         "boxes and boxes-from": ([imgs, o, *TINY, "--boxes", "36", "--boxes-from", u / "b.json"], "give one"),
         "missing boxes file": ([imgs, o, *TINY, "--boxes-from", u / "b.json"], "b.json: does not exist"),

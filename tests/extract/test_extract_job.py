@@ -130,19 +130,26 @@ def test_rejects_listed_and_max_rejected(ray_local, tmp_path, capsys):
     data = good[0].read_bytes()
     (tmp_path / "imgs" / "cut.jpg").write_bytes(data[: len(data) // 2])
     (tmp_path / "imgs" / "text.png").write_bytes(b"not a png at all")
+    # too thin once scaled (0 x 1000, 1 x 1000): OpenCV's resize, then the backbone's pool, failed the run
+    cv2.imwrite(str(tmp_path / "imgs" / "wide.png"), np.full((2, 4000, 3), 90, np.uint8))
+    cv2.imwrite(str(tmp_path / "imgs" / "tall.jpg"), np.full((3000, 3, 3), 90, np.uint8))
     out = tmp_path / "store"
-    rc, _, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "2", capsys=capsys)
-    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and "more than --max-rejected 2" in err
+    rc, _, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "4", capsys=capsys)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and "more than --max-rejected 4" in err
     assert "Traceback" not in err and not out.exists()
-    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "3", capsys=capsys)
+    rc, stdout, err = _run(tmp_path / "imgs", out, *TINY, "--max-rejected", "5", capsys=capsys)
     assert rc == 0, err
-    assert open_features(out).manifest.images == 2 and open_features(out).manifest.options["rejected"] == 3
+    assert open_features(out).manifest.images == 2 and open_features(out).manifest.options["rejected"] == 5
+    assert set(_rows(open_features(out))) == {p.stem for p in good}
     rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
     why = {Path(r["path"]).name: r["reason"] for r in rejects}
-    assert set(why) == {"empty.jpg", "cut.jpg", "text.png"}
+    assert set(why) == {"empty.jpg", "cut.jpg", "text.png", "wide.png", "tall.jpg"}
     assert "empty file" in why["empty.jpg"] and "truncated JPEG" in why["cut.jpg"]
     assert "not an image" in why["text.png"]
-    assert "rejected 3" in stdout and "skipped 2 already done" in stdout  # the failed run's images were kept
+    assert why["wide.png"].startswith("4000x2 pixels (width x height), scaled to 1000x0 for the detector")
+    assert why["tall.jpg"].startswith("3x3000 pixels (width x height), scaled to 1x1000 for the detector")
+    assert all("a side under 3 pixels leaves the backbone nothing" in why[n] for n in ("wide.png", "tall.jpg"))
+    assert "rejected 5" in stdout and "skipped 2 already done" in stdout  # the failed run's images were kept
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 import zlib
 
@@ -90,6 +91,29 @@ def test_ids_file(tmp_path, fmt):
     ids.write_text(json.dumps({"nope.jpg": "z"}) if fmt == "json" else "nope.jpg\tz\n")
     with pytest.raises(ExtractError, match=r"names no image of IMAGES, e.g. 'nope.jpg'"):
         assign_ids(list_images(str(tmp_path / "imgs")), read_id_map(str(ids)), str(ids))
+
+
+def test_an_image_given_twice_by_an_ids_file_is_refused(tmp_path):
+    """json.loads keeps the later of two equal keys without a word (the image got 'B', exit 0), and two
+    keys naming one image (relative and absolute) were reported as an entry naming no image."""
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "img0.jpg").write_bytes(b"?")
+    listing = list_images(str(tmp_path / "imgs"))
+    ids = tmp_path / "ids.json"
+    ids.write_text('{"img0.jpg": "A",\n "img0.jpg": "B"}')
+    with pytest.raises(ExtractError, match=rf"^--ids {re.escape(str(ids))}: path 'img0.jpg' is given twice "
+                                           r"\(ids 'A' and 'B'\); expected each path once$"):
+        read_id_map(str(ids))
+    ids.write_text('{"x": {"a": "1", "a": "2"}}')  # a repeat inside a value: the value is what is wrong
+    with pytest.raises(ExtractError, match=r"entry 'x': expected an img_id string, got \{'a': '2'\}"):
+        read_id_map(str(ids))
+    absolute = str(tmp_path / "imgs" / "img0.jpg")
+    for text in (json.dumps({"img0.jpg": "A", absolute: "B"}), f"img0.jpg\tA\n{absolute}\tB\n"):
+        ids.write_text(text)
+        with pytest.raises(ExtractError, match=re.escape(f"--ids {ids}: image {absolute} is given two ids by two "
+                                                         f"entries: 'img0.jpg' -> 'A' and '{absolute}' -> 'B'; "
+                                                         "expected one entry an image")):
+            assign_ids(listing, read_id_map(str(ids)), str(ids))
 
 
 def test_decode_equals_imread(tmp_path):

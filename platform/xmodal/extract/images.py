@@ -10,7 +10,8 @@ Ids (`assign_ids`): an image's id is its file name without the extension (`COCO_
 `extract_coco_image.py` takes the name up to its first dot (`name.split(".")[0]`); the two agree on
 every reference data set (COCO, Visual Genome, NLVR2, GQA names hold one dot), and differ only for
 names with several dots, where the stem keeps more of the name. `--ids FILE` (a JSON object or a
-TSV of `path<TAB>id` lines) gives other ids; two images with one id are an error naming both paths.
+TSV of `path<TAB>id` lines) gives other ids; two images with one id are an error naming both paths, as
+are a path given twice and one image named by two entries (its path as listed and its absolute path).
 
 Decoding (`decode`): `cv2.imdecode(bytes, cv2.IMREAD_COLOR)`, what the reference's `cv2.imread(path)`
 returns for the same file: BGR uint8 (H, W, 3), a grey image repeated over the three channels, an
@@ -184,6 +185,22 @@ def default_id(path: str) -> str:
     return Path(name).stem
 
 
+class _JsonObject(dict):
+    """A JSON object that remembers its first key given twice: `json.loads` keeps the last value of a
+    repeated key without a word, which would give an image the later of two ids silently."""
+
+    twice: tuple[str, object, object] | None = None  # (key, first value, second value)
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, object]]) -> _JsonObject:
+        obj = cls()
+        for k, v in pairs:
+            if k in obj and obj.twice is None:
+                obj.twice = (k, obj[k], v)
+            obj[k] = v
+        return obj
+
+
 def read_id_map(file: str) -> dict[str, str]:
     """`--ids FILE`: a JSON object {path: img_id}, or TSV lines `path<TAB>img_id`."""
     p = Path(file).expanduser()
@@ -196,13 +213,17 @@ def read_id_map(file: str) -> dict[str, str]:
         raise ExtractError(f"--ids {file}: cannot be read ({e})") from None
     if text.lstrip().startswith("{"):
         try:
-            raw = json.loads(text)
+            raw = json.loads(text, object_pairs_hook=_JsonObject.of)
         except json.JSONDecodeError as e:
             raise ExtractError(f"--ids {file}: not valid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        if raw.twice:
+            k, first, then = raw.twice
+            raise ExtractError(f"--ids {file}: path {k!r} is given twice (ids {first!r:.60} and {then!r:.60}); "
+                               "expected each path once")
         for k, v in raw.items():
             if not isinstance(v, str):
                 raise ExtractError(f"--ids {file}: entry {k!r}: expected an img_id string, got {v!r:.60}")
-        return raw
+        return dict(raw)
     out: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
@@ -232,11 +253,15 @@ def assign_ids(listing: Listing, id_map: dict[str, str] | None = None, ids_file:
         img_id = default_id(path)
         where = path
         if id_map:
-            for k in (path, *keys):
-                if k in id_map:
-                    img_id, where = id_map[k], f"--ids {ids_file}: entry {k!r}"
-                    used.add(k)
-                    break
+            named = [k for k in dict.fromkeys((path, *keys)) if k in id_map]
+            if len(named) > 1:  # 'x.jpg' and '/imgs/x.jpg': which id would win is the order of the keys
+                named.sort(key=list(id_map).index)  # as the file gives them
+                raise ExtractError(f"--ids {ids_file}: image {path} is given two ids by two entries: {named[0]!r} -> "
+                                   f"{id_map[named[0]]!r} and {named[1]!r} -> {id_map[named[1]]!r}; expected one "
+                                   "entry an image")
+            if named:
+                img_id, where = id_map[named[0]], f"--ids {ids_file}: entry {named[0]!r}"
+                used.add(named[0])
         check_id(img_id, where)
         refs.append(ImageRef(path, img_id, keys, remote, stat))
     if id_map:

@@ -38,6 +38,14 @@ from xmodal.extract.write import BOXES, IMAGE, ShardWrite, write_batch
 
 CARRIED = ("path", "source", "size", "mtime")  # what the actors pass on to the write tasks, image by image
 WRITE_CPUS = 0.25  # a write task's CPU reservation: it encodes and sends a shard, mostly waiting on I/O
+# The fewest pixels a side of the network's input (the image after the reference's scaling, `image.py:
+# target_size`) may have. The backbone's stem (`backbone.py: Stem`, the reference's conv1 and pool1) is a
+# 7x7 convolution, stride 2, pad 3 (n -> floor((n - 1) / 2) + 1), then a 3x3 max pool, stride 2, ceil
+# rounding, no padding (m -> ceil((m - 3) / 2) + 1): a side of 1 or 2 becomes 1, then 0, and torch's pool
+# raises (Caffe's `PoolingLayer::Reshape` computes the same 0); 3 becomes 2, then 1, and the rest of the network runs
+# (measured for DetectorConfig() and DetectorConfig.tiny(): 1000x3 and 3x1000 inputs). Only an extreme
+# aspect ratio comes to this: `--input-size` takes a SHORT of `plan.MIN_INPUT_SIDE` (32) at least.
+MIN_SCALED_SIDE = 3
 
 
 def prepare_blob(image_bgr: np.ndarray, cfg) -> tuple[np.ndarray, float]:
@@ -56,14 +64,33 @@ def prepare_blob(image_bgr: np.ndarray, cfg) -> tuple[np.ndarray, float]:
     return cv2.resize(im, None, None, fx=scale, fy=scale, interpolation=cv2.INTER_LINEAR), scale
 
 
+def too_thin(h: int, w: int, cfg) -> str:
+    """Why an image of h x w pixels is too thin for the detector once scaled as the reference scales it
+    (a side under `MIN_SCALED_SIDE`), or "". cfg is the detector's `InputConfig`."""
+    from xmodal.models.butd.image import target_size
+
+    _, (sh, sw) = target_size(h, w, cfg)
+    if min(sh, sw) >= MIN_SCALED_SIDE:
+        return ""
+    # SHORT >= 32 scales the short side past MIN_SCALED_SIDE: only the long side's cap (short * max_size / long)
+    # makes it thinner, and that rounds (half to even) to MIN_SCALED_SIDE or more for a ratio under this
+    ratio = cfg.max_size / (MIN_SCALED_SIDE - 0.5)
+    return (f"{w}x{h} pixels (width x height), scaled to {sw}x{sh} for the detector (short side to {cfg.scale}, "
+            f"long side at most {cfg.max_size}): a side under {MIN_SCALED_SIDE} pixels leaves the backbone nothing; "
+            f"expected a less extreme aspect ratio (under {ratio:g}:1)")
+
+
 def decode_batch(batch: pa.Table, resize: str = "opencv", input_cfg: Any = None) -> pa.Table:
     """Read and decode each image of the batch (columns path, img_id, given); add h, w (the image's size),
     bh, bw, scale and pixels (the blob's float32 bytes, or the image's uint8 BGR bytes where `resize` is
-    "generic"), and reject."""
+    "generic"), and reject. input_cfg: the detector's `InputConfig` (None: the reference's), which both
+    ways of resizing scale by."""
     from xmodal.data.location import Location
     from xmodal.extract.boxes import outside
     from xmodal.extract.images import decode
+    from xmodal.models.butd.config import InputConfig
 
+    cfg = InputConfig() if input_cfg is None else input_cfg
     hs, ws, bhs, bws, scales, pixels, rejects, kinds = [], [], [], [], [], [], [], []
     for row in batch.to_pylist():
         im, why, kind = None, "", ""
@@ -74,6 +101,9 @@ def decode_batch(batch: pa.Table, resize: str = "opencv", input_cfg: Any = None)
         else:
             im, why = decode(data)
             kind = IMAGE if im is None else ""
+        if im is not None and (thin := too_thin(im.shape[0], im.shape[1], cfg)):
+            # checked here for both resizes: OpenCV's would raise in this task, the device's in the actor
+            im, why, kind = None, thin, IMAGE
         if im is not None and row["given"]:
             boxes = np.frombuffer(row["given"], np.float32).reshape(-1, 4)
             bad = outside(boxes, im.shape[0], im.shape[1])
@@ -81,7 +111,7 @@ def decode_batch(batch: pa.Table, resize: str = "opencv", input_cfg: Any = None)
                 im, why, kind = None, bad, BOXES
         hs.append(0 if im is None else im.shape[0])
         ws.append(0 if im is None else im.shape[1])
-        blob, scale = (im, 1.0) if im is None or resize != "opencv" else prepare_blob(im, input_cfg)
+        blob, scale = (im, 1.0) if im is None or resize != "opencv" else prepare_blob(im, cfg)
         bhs.append(0 if blob is None else blob.shape[0])
         bws.append(0 if blob is None else blob.shape[1])
         scales.append(scale)
