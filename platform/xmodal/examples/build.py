@@ -97,9 +97,6 @@ def make_examples(uri: str, run_id: str, split: str | None = None, n: int = 48, 
     if log:
         check_loggable(a, compare_run)
     b = resolve(uri, compare_run, "--compare") if compare_run is not None else None
-    if b is not None and b.run_id == a.run_id:  # a self-comparison says nothing, and would log into the run
-        raise ExamplesError(f"--compare {compare_run}: the same run as --run-id; expected another run of the same "
-                            "task (another seed, recipe or preset)")
     if b is not None and (b.kind, run_task(b.run)) != (a.kind, run_task(a.run)):
         raise ExamplesError(f"--compare: run {b.run_id!r} is a {run_task(b.run)} run and run {a.run_id!r} a "
                             f"{run_task(a.run)} run; expected two runs of one task")
