@@ -76,3 +76,27 @@ def test_a_rerun_resumes_only_the_config_its_checkpoint_was_trained_with(tmp_pat
         f"mlflow.run_name = 'r1': the run's folder {tmp_path / 'r1'} holds its checkpoint at step 8, trained "
         "with optim.lr = 0.002, but this config has 0.005 (and 1 more: train.max_steps); a rerun resumes the "
         "same run: give the run's own settings to continue it, or another --run-name for a new run")
+
+
+def test_a_controller_that_cannot_write_to_the_storage_gives_one_line_naming_the_checkpoint_left(tmp_path):
+    """On a full disk Ray Train's controller can fail rewriting its list of checkpoints while a worker's
+    next checkpoint is copied; `fit()` then raises the controller's error, not the worker's. The driver's
+    line names the run's folder, the failure and the newest intact checkpoint, like a worker's write error."""
+    from ray.train import ControllerError, WorkerGroupError
+
+    a_checkpoint(tmp_path / "full", load_config(PretrainConfig, overrides=["preset=tiny", "mlflow.run_name=full"]))
+    full = OSError(28, "No space left on device")
+    line = recovery.controller_write_advice(ControllerError(full), str(tmp_path), "full")
+    (found,) = (tmp_path / "full").glob("checkpoint_*")
+    assert line == (f"writing Ray Train's list of the checkpoints of run full under {tmp_path}/full failed: "
+                    f"[Errno 28] No space left on device; the previous checkpoint (step 8, {found}) is intact: "
+                    "make the storage writable (or free space) and rerun with mlflow.run_name=full to resume")
+    nothing = recovery.controller_write_advice(ControllerError(full), str(tmp_path), "other")
+    assert nothing.endswith("failed: [Errno 28] No space left on device; no checkpoint was written before: make the "
+                            "storage writable (or free space) and rerun with mlflow.run_name=other to resume")
+    # not the storage, or not the controller: the error goes on as it is
+    assert recovery.controller_write_advice(ControllerError(ValueError("bad")), str(tmp_path), "full") is None
+    assert recovery.controller_write_advice(WorkerGroupError("w", {0: full}), str(tmp_path), "full") is None
+    # a worker's own write error, when it is what fit() raises, keeps its own line
+    write = ckpt.CheckpointWriteError("full", f"{tmp_path}/full", 12, "disk full", (8, str(found)))
+    assert recovery.checkpoint_write_error(WorkerGroupError("w", {0: write})) is write

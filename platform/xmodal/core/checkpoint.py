@@ -120,13 +120,18 @@ class CheckpointWriteError(RuntimeError):
 
     def advice(self) -> str:
         """The driver's one line: what failed, what is left, how to go on."""
-        if self.previous is None:
-            left = "no checkpoint was written before: make the storage writable (or free space) and rerun"
-        else:
-            step, path = self.previous
-            left = (f"the previous checkpoint (step {step}, {path}) is intact: make the storage writable "
-                    "(or free space) and rerun")
-        return f"{self}; {left} with mlflow.run_name={self.run_name} to resume"
+        return f"{self}; {resume_advice(self.run_name, self.previous)}"
+
+
+def resume_advice(run_name: str, previous: tuple[int, str] | None) -> str:
+    """The end of a storage failure's line: the checkpoint left, (step, path) or None, and how to go on."""
+    if previous is None:
+        left = "no checkpoint was written before: make the storage writable (or free space) and rerun"
+    else:
+        step, path = previous
+        left = (f"the previous checkpoint (step {step}, {path}) is intact: make the storage writable "
+                "(or free space) and rerun")
+    return f"{left} with mlflow.run_name={run_name} to resume"
 
 
 class CheckpointStorageError(UserError):

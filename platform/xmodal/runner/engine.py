@@ -235,8 +235,9 @@ def train_and_finish(spec: JobSpec, plan: RunPlan, data, trial: Trial | None = N
         if trial is None or trial.marks_end:
             end_failed(plan, e)
         write_error = recovery.checkpoint_write_error(e)
-        if write_error is not None:
-            raise ckpt.CheckpointStorageError(write_error.advice()) from None
+        advice = write_error.advice() if write_error else recovery.controller_write_advice(e, plan.storage, plan.run_name)
+        if advice is not None:
+            raise ckpt.CheckpointStorageError(advice) from None
         raise
     return RunResult(plan.run_id, plan.run_name, plan.tracking_uri, result.metrics or {}, result.checkpoint,
                      plan.baselines)

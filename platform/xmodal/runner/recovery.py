@@ -151,6 +151,29 @@ def _step(meta: dict) -> int:
 def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | None:
     """The CheckpointWriteError a worker raised, wherever it sits in what `fit()` raised: Ray Train's
     WorkerGroupError holds each worker's exception (`worker_failures`), a ControllerError its cause."""
+    return next((e for e in _chain(error) if isinstance(e, ckpt.CheckpointWriteError)), None)
+
+
+def controller_write_advice(error: BaseException, storage: str, run_name: str) -> str | None:
+    """The driver's one line when Ray Train's controller, not a worker, failed on the run's storage: it
+    rewrites its list of the run's checkpoints (`RAY_LIST`) when it registers one, and on a full disk that
+    write can fail while a worker's next checkpoint is being copied (the worker's own failure is then not
+    what `fit()` raises). None for any other error."""
+    failure = next((f for f in _chain(error) if isinstance(getattr(f, "controller_failure", None), BaseException)),
+                   None)
+    if failure is None or not ckpt.is_storage_failure(failure.controller_failure):
+        return None
+    try:
+        found, _ = newest_intact(*run_folder(storage, run_name))
+    except OSError:  # the storage cannot even be listed: the line says no checkpoint is known
+        found = None
+    text = " ".join(str(failure.controller_failure).split())
+    return (f"writing Ray Train's list of the checkpoints of run {run_name} under {storage.rstrip('/')}/{run_name} "
+            f"failed: {text}; " + ckpt.resume_advice(run_name, None if found is None else (found.step, found.path)))
+
+
+def _chain(error: BaseException):
+    """The error and every exception it holds: causes, contexts, a controller's or workers' failures."""
     seen: set[int] = set()
     todo: list[Any] = [error]
     while todo:
@@ -158,11 +181,9 @@ def checkpoint_write_error(error: BaseException) -> ckpt.CheckpointWriteError | 
         if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, ckpt.CheckpointWriteError):
-            return e
+        yield e
         todo += [e.__cause__, e.__context__, getattr(e, "controller_failure", None),
                  *(getattr(e, "worker_failures", None) or {}).values()]
-    return None
 
 
 def set_aside_unreadable_ray_list(fs, folder: str) -> str | None:
