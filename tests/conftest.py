@@ -111,14 +111,16 @@ def ray_local():
     """A fresh local Ray cluster shared by the tests that need one.
 
     Four logical CPUs on a 2-core machine: Train workers take fractions and
-    Ray Data's read tasks need CPUs of their own. The dashboard stays on
-    (Tune with ASHA needs it to free stopped trials' resources).
+    Ray Data's read tasks need CPUs of their own. No dashboard: no test asks
+    this Ray's (the job-submission tests start a `RayHead` of their own), ASHA
+    sweeps stop and free trials without it, and its processes took about 4 s
+    of CPU a minute while idle, for the whole session, on each xdist worker.
     """
     ray = pytest.importorskip("ray")
     from xmodal.runner.ray_cluster import start_local
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    start_local(num_cpus=4, include_dashboard=True, log_to_driver=True, object_store_memory=1_000_000_000)
+    start_local(num_cpus=4, include_dashboard=False, log_to_driver=True, object_store_memory=1_000_000_000)
     yield ray
     ray.shutdown()
 

@@ -500,10 +500,11 @@ def test_strict_placement_on_the_host_left_fails_within_its_tries(cluster):
         c.lost.add(host)
     c.wait_nodes([HEAD, *(a for h, a in WORKERS.items() if h not in c.lost)])
     # STRICT_SPREAD cannot place 2 workers on the one worker host left: each try to start the worker
-    # group times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), and after scale.max_failures retries
-    # the job fails with Ray Train's error, instead of trying every minute without end (Ray's default).
+    # group times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S), and after scale.max_failures retries (none
+    # here: each retry only waits out the same timeout again) the job fails with Ray Train's error, instead
+    # of trying every minute without end (Ray's default, which a limit not passed on would leave).
     began = time.monotonic()
-    strict = c.start("xhost-strict", "strict", placement="STRICT_SPREAD", max_failures=1)
+    strict = c.start("xhost-strict", "strict", placement="STRICT_SPREAD", max_failures=0)
     try:
         rc = strict.wait(timeout=240)
     except subprocess.TimeoutExpired:

@@ -240,6 +240,22 @@ def test_nlvr2_on_two_workers_survives_a_worker_fault_and_writes_the_prediction_
         assert f.keys() == c.keys() and f, key
         worst = max(abs(f[k] - c[k]) for k in c)
         assert worst <= 1e-5, f"{key}: the resumed run differs from the uninterrupted one by {worst}"
+    # The fault fired once (its marker), on rank 1; the run's record names its workers and data.
+    assert [m.name for m in (tmp_path / "runs" / "nlvr2" / ".faults").iterdir()] == ["step6-rank1"]
+    assert run.tags["xmodal.repro.workers"] == "2" and run.tags["xmodal.repro.data_manifest_sha256"] != "-"
+    # cost/*: the FLOPs counted on the same batch shape in each attempt; the wall time carried over the
+    # restart in the checkpoints; device-hours of 2 workers x the CPUs each reserved (scale.cpus_per_worker)
+    cost, clean_cost = ({k: v for k, v in tracking.get_run(uri, r).metrics.items() if k.startswith("cost/")}
+                        for r in (out.run_id, clean.run_id))
+    assert cost["cost/gflop_per_sample"] > 0
+    assert cost["cost/gflop_per_sample"] == pytest.approx(clean_cost["cost/gflop_per_sample"])
+    assert cost["cost/params"] == clean_cost["cost/params"] > 0
+    assert cost["cost/samples_per_s"] > 0 and cost["cost/peak_mem_gib"] > 0.1
+    with out.checkpoint.as_directory() as d:
+        meta = json.loads((Path(d) / "meta.json").read_text())
+    assert meta["finished"] and 0 < cost["cost/wall_s"] <= meta["wall_s"] < cost["cost/wall_s"] + 10
+    cpus = config(tmp_path, *TINY).scale.cpus_per_worker
+    assert cost["cost/device_hours"] == pytest.approx(cost["cost/wall_s"] * 2 * cpus / 3600)
 
 
 def test_a_transformers_checkpoint_fixes_the_architecture_and_loads_through_the_adapter(sets, tmp_path):
