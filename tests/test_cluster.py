@@ -520,14 +520,13 @@ base:
     mlflow: {{system_metrics: false}}
 metric: eval/loss/mlm
 mode: min
-num_samples: 2
-max_concurrent: 2
+num_samples: 1
+max_concurrent: 1
 seed: 0
 scheduler: {{type: fifo}}
 parameters:
   optim.lr: {{type: choice, values: [1.0e-2, 1.0e-3]}}
 try_first:
-  - {{optim.lr: 1.0e-2}}
   - {{optim.lr: 1.0e-3}}
 """
 
@@ -620,7 +619,7 @@ def test_sweep_runs_its_trials_across_both_nodes(rehearsal, s3):
     # never have been placed (no node), and its placement group is another one.
     for w in (w for w in workers if w["node_id"] in nodes):
         trials.setdefault(w["placement_group_id"], set()).add(nodes[w["node_id"]])
-    assert len(trials) >= 2 and all(on == {"node_a", "node_b"} for on in trials.values()), trials
+    assert trials and all(on == {"node_a", "node_b"} for on in trials.values()), trials
 
     # Tune's state and the trials' checkpoints in the shared storage path; one parent run, a child per trial.
     assert (r.shared / "sweeps" / "rehearsal-sweep").is_dir()
@@ -629,8 +628,11 @@ def test_sweep_runs_its_trials_across_both_nodes(rehearsal, s3):
     parent = tracking.find_run(r.tracking_uri, exp_id, "rehearsal-sweep")
     assert parent.status == "FINISHED"
     children = tracking.child_runs(r.tracking_uri, parent.run_id)
-    assert len(children) == 2 and all(c.status == "FINISHED" for c in children)
-    assert {c.params["optim.lr"] for c in children} == {"0.01", "0.001"}
+    # One trial: what the cluster adds to a sweep (Tune placing a trial's workers on two nodes, its state and
+    # checkpoints in the shared storage, its run through the head's server) is all in it; sweeps of several
+    # trials, their schedulers and faults are tests/sweep/test_sweep.py's.
+    assert len(children) == 1 and all(c.status == "FINISHED" for c in children)
+    assert {c.params["optim.lr"] for c in children} == {"0.001"}
     assert all(c.tags[T.KIND] == "trial" for c in children)
     # Each trial logged through the head's MLflow server: its metrics, and its model's files, which the
     # server put in its own artifact root.

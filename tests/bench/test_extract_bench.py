@@ -17,15 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = {"prepare", "backbone", "rpn", "roi_pool", "head", "select", "to_host"}
 
 
-def bench(*args: str) -> subprocess.CompletedProcess:
+def bench(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "jobs" / "benchmark.py"), "extract", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
+                          text=True, cwd=ROOT, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "platform"), **env})
 
 
-def test_tiny_extraction_benchmark_writes_every_row(tmp_path):
-    # the smallest run that writes every row: what is tested is the rows and fields, not the speed
+def test_tiny_extraction_benchmark_writes_every_row(tmp_path, ray_local):
+    # the smallest run that writes every row: what is tested is the rows and fields, not the speed. Its job
+    # row attaches to the shared test Ray (RAY_ADDRESS, as on a cluster) rather than start a Ray of its own.
     run = bench("--config", "tiny", "--images", "2", "--batch", "2", "--size", "48x64", "--input-size", "48:64",
-                "--job-images", "2", "--out", str(tmp_path))
+                "--job-images", "2", "--out", str(tmp_path), RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     printed = [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(("|", "Stage", "wrote"))]
     # every line of its own says RANDOM weights (the table's header line too)
