@@ -106,6 +106,23 @@ def _rehearsal_hosts_alone(request):
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread_under_xdist():
+    """Torch on one thread in each xdist worker (`pytest -n 2`, as `.ci/run` runs): two workers on two
+    cores, each with Ray's processes beside it, leave no core for a second thread, and OpenMP's threads
+    then spin waiting for each other. Measured on the 2-core machine with both cores otherwise busy: 150
+    steps of the embedded pretraining in-process took 25.5 s (17.8 CPU-s) on one thread and 156 s (137 CPU-s)
+    on two. A test that needs another count sets it itself (`one_thread` marks the modules that did so
+    before this); a run of one process keeps torch's default."""
+    if os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") == "1":
+        yield
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    yield
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A fresh local Ray cluster shared by the tests that need one.
